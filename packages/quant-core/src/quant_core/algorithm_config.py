@@ -1,0 +1,226 @@
+"""Typed settings of the accuracy-recovery algorithms (run by ``quant_algos`` through a
+backend). One frozen attrs class per algorithm; its ``kind`` tag names it in JSON.
+
+Example:
+    >>> from quant_core.algorithm_config import CLEConfig, AdaRoundConfig
+    >>> CLEConfig(steps=0).adaptive
+    True
+    >>> AdaRoundConfig(learning_rate=-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: learning_rate: -1 is out of range; allowed: a number > 0
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar
+
+import attrs
+
+from quant_core.spec import parse_enum
+
+
+def _in_range(cond: Any, allowed: str) -> Any:
+    def validator(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+        ok = False
+        try:
+            ok = not isinstance(value, bool) and bool(cond(value))
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{attribute.name}: {value!r} is out of range; allowed: {allowed}")
+
+    return validator
+
+
+def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if not isinstance(value, bool):
+        raise ValueError(f"{attribute.name}: {value!r} is not allowed; allowed: true, false")
+
+
+_positive_int = _in_range(lambda v: isinstance(v, int) and v > 0, "an integer > 0")
+_optional_positive_int = _in_range(lambda v: v is None or (isinstance(v, int) and v > 0), "null or an integer > 0")
+_positive = _in_range(lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0")
+_unit = _in_range(lambda v: isinstance(v, (int, float)) and 0.0 <= v <= 1.0, "a number from 0 to 1")
+
+
+def _device(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    ok = isinstance(value, str) and (value in ("cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()))
+    if not ok:
+        raise ValueError(f"{attribute.name}: {value!r} is not allowed; allowed: cpu, cuda, cuda:N")
+
+
+@attrs.frozen
+class CLEConfig:
+    """Cross-layer equalization of conv->conv and conv->depthwise->conv chains.
+
+    Args:
+        steps: equalization sweeps over the network; 0 means adaptive (repeat until
+            the relative change of the scales is below ``tolerance``, at most
+            ``max_steps`` sweeps).
+        replace_relu6_with_relu: rewrite Clip(0, 6)/Relu6 as Relu so that scaling
+            across the activation is exact (Quark's ``ReplaceClip6Relu``).
+        bias_in_scale: include the bias range when choosing the scales
+            (Quark's ``cle_scale_append_bias``).
+        absorb_high_bias: move large biases that the next layer can absorb.
+
+    Example:
+        >>> CLEConfig(steps=3).adaptive
+        False
+    """
+
+    kind: ClassVar[str] = "cle"
+    steps: int = attrs.field(
+        default=1, validator=_in_range(lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0: adaptive)")
+    )
+    tolerance: float = attrs.field(default=1e-3, validator=_positive)
+    max_steps: int = attrs.field(default=32, validator=_positive_int)
+    replace_relu6_with_relu: bool = attrs.field(default=True, validator=_bool)
+    bias_in_scale: bool = attrs.field(default=False, validator=_bool)
+    absorb_high_bias: bool = attrs.field(default=True, validator=_bool)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.steps == 0
+
+
+@attrs.frozen
+class BiasCorrectionConfig:
+    """Empirical bias correction: shift each layer's bias by the per-channel mean
+    difference between its float and quantized outputs on calibration data.
+
+    Example:
+        >>> BiasCorrectionConfig(num_samples=64).num_samples
+        64
+    """
+
+    kind: ClassVar[str] = "bias_correction"
+    num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+
+
+@attrs.frozen
+class SmoothQuantConfig:
+    """SmoothQuant: move activation outliers into the weights with per-input-channel
+    scales ``s = max|x|**alpha / max|w|**(1 - alpha)``.
+
+    Example:
+        >>> SmoothQuantConfig(alpha=0.75).alpha
+        0.75
+    """
+
+    kind: ClassVar[str] = "smoothquant"
+    alpha: float = attrs.field(default=0.5, validator=_unit)
+    num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+
+
+@attrs.frozen
+class AdaRoundConfig:
+    """AdaRound: learn whether each weight rounds up or down by reconstructing each
+    layer's float output from quantized upstream inputs (needs ``quant-algos[torch]``).
+
+    Example:
+        >>> AdaRoundConfig(device="cuda:0", num_iterations=500).device
+        'cuda:0'
+    """
+
+    kind: ClassVar[str] = "adaround"
+    device: str = attrs.field(default="cpu", validator=_device)
+    batch_size: int = attrs.field(default=32, validator=_positive_int)
+    num_iterations: int = attrs.field(default=1000, validator=_positive_int)
+    learning_rate: float = attrs.field(default=1e-2, validator=_positive)
+    reg_param: float = attrs.field(default=0.01, validator=_positive)
+    beta_start: float = attrs.field(default=20.0, validator=_positive)
+    beta_end: float = attrs.field(default=2.0, validator=_positive)
+    warm_start: float = attrs.field(default=0.2, validator=_unit)
+    early_stop: bool = attrs.field(default=True, validator=_bool)
+    num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+
+
+@attrs.frozen
+class AdaQuantConfig:
+    """AdaQuant: learn each layer's weights and bias (with quantization in the loop)
+    to reconstruct its float output (needs ``quant-algos[torch]``).
+
+    Example:
+        >>> AdaQuantConfig(learning_rate=1e-5).learning_rate
+        1e-05
+    """
+
+    kind: ClassVar[str] = "adaquant"
+    device: str = attrs.field(default="cpu", validator=_device)
+    batch_size: int = attrs.field(default=32, validator=_positive_int)
+    num_iterations: int = attrs.field(default=500, validator=_positive_int)
+    learning_rate: float = attrs.field(default=1e-5, validator=_positive)
+    early_stop: bool = attrs.field(default=True, validator=_bool)
+    num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+
+
+class PrecisionTarget(enum.Enum):
+    """Wider formats a sensitive layer can be raised to (activation / weight bits)."""
+
+    A16W8 = "a16w8"
+    A8W16 = "a8w16"
+    A16W16 = "a16w16"
+
+
+class SensitivityMetric(enum.Enum):
+    SQNR = "sqnr"
+    EVALUATE = "evaluate"
+
+
+def _targets(value: Any) -> tuple[PrecisionTarget, ...]:
+    items = (value,) if isinstance(value, (str, PrecisionTarget)) else tuple(value)
+    return tuple(parse_enum(PrecisionTarget, v, "target_types") for v in items)
+
+
+def _metric(value: Any) -> SensitivityMetric:
+    return parse_enum(SensitivityMetric, value, "metric")
+
+
+@attrs.frozen
+class MixedPrecisionConfig:
+    """Auto mixed precision: rank layers by sensitivity and raise the most sensitive
+    to a wider type until ``accuracy_target`` (an output SQNR in dB for the ``sqnr``
+    metric, else the user evaluate function's score) or ``size_budget`` (model size
+    relative to all-int8, e.g. 1.1) is met.
+
+    Example:
+        >>> MixedPrecisionConfig(target_types=["a16w8"], accuracy_target=30.0).target_types
+        (<PrecisionTarget.A16W8: 'a16w8'>,)
+    """
+
+    kind: ClassVar[str] = "mixed_precision"
+    target_types: tuple[PrecisionTarget, ...] = attrs.field(default=(PrecisionTarget.A16W8,), converter=_targets)
+    metric: SensitivityMetric = attrs.field(default=SensitivityMetric.SQNR, converter=_metric)
+    accuracy_target: float | None = attrs.field(
+        default=None, validator=_in_range(lambda v: v is None or isinstance(v, (int, float)), "null or a number")
+    )
+    size_budget: float | None = attrs.field(
+        default=None,
+        validator=_in_range(lambda v: v is None or (isinstance(v, (int, float)) and v >= 1.0), "null or a number >= 1"),
+    )
+    max_layers: int | None = attrs.field(default=None, validator=_optional_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.target_types:
+            raise ValueError("target_types: empty; allowed: one or more of a16w8, a8w16, a16w16")
+        if self.accuracy_target is None and self.size_budget is None and self.max_layers is None:
+            raise ValueError("accuracy_target, size_budget, max_layers: set at least one stopping rule")
+
+
+AlgorithmConfig = (
+    CLEConfig | BiasCorrectionConfig | SmoothQuantConfig | AdaRoundConfig | AdaQuantConfig | MixedPrecisionConfig
+)
+
+ALGORITHM_CONFIGS: dict[str, type] = {
+    cls.kind: cls
+    for cls in (
+        CLEConfig,
+        BiasCorrectionConfig,
+        SmoothQuantConfig,
+        AdaRoundConfig,
+        AdaQuantConfig,
+        MixedPrecisionConfig,
+    )
+}

@@ -1,0 +1,184 @@
+"""Typed calibration-method settings: which statistic an observer keeps and how it
+turns that statistic into a range.
+
+Each class is one method; its ``method`` tag names it in JSON. They are frozen and
+validated at construction, so a wrong value fails where it is written, naming the
+field and the allowed values.
+
+Example:
+    >>> from quant_core.observer_config import Percentile
+    >>> Percentile(percentile=99.99).percentile
+    99.99
+    >>> Percentile(percentile=120)
+    Traceback (most recent call last):
+    ...
+    ValueError: percentile: 120 is out of range; allowed: 0 < percentile <= 100
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+
+def _check(cond: bool, field: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ValueError(f"{field}: {value!r} is out of range; allowed: {allowed}")
+
+
+def _validate_bins(_inst: Any, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
+    _check(
+        isinstance(value, int) and not isinstance(value, bool) and 16 <= value <= 1 << 16 and value % 2 == 0,
+        attribute.name,
+        value,
+        "an even integer from 16 to 65536",
+    )
+
+
+@attrs.frozen
+class MinMax:
+    """Running minimum and maximum: exact, cheap, sensitive to outliers.
+
+    Example:
+        >>> MinMax().method
+        'minmax'
+    """
+
+    method: ClassVar[str] = "minmax"
+
+
+@attrs.frozen
+class MovingAverageMinMax:
+    """Exponential moving average of each batch's min and max (``momentum`` is the
+    weight kept by the old value), as QAT frameworks use for activations.
+
+    Example:
+        >>> MovingAverageMinMax(momentum=0.99).momentum
+        0.99
+    """
+
+    method: ClassVar[str] = "moving_average"
+    momentum: float = attrs.field(default=0.9)
+
+    @momentum.validator
+    def _v(self, attribute: attrs.Attribute, value: float) -> None:  # type: ignore[type-arg]
+        _check(0.0 < float(value) < 1.0, attribute.name, value, "0 < momentum < 1")
+
+
+@attrs.frozen
+class Percentile:
+    """Histogram, then clip to the ``percentile``-th percentile of |x| (symmetric
+    specs) or of each tail (asymmetric specs).
+
+    Example:
+        >>> Percentile(percentile=99.9, bins=1024).bins
+        1024
+    """
+
+    method: ClassVar[str] = "percentile"
+    percentile: float = attrs.field(default=99.999)
+    bins: int = attrs.field(default=2048, validator=_validate_bins)
+
+    @percentile.validator
+    def _v(self, attribute: attrs.Attribute, value: float) -> None:  # type: ignore[type-arg]
+        _check(0.0 < float(value) <= 100.0, attribute.name, value, "0 < percentile <= 100")
+
+
+@attrs.frozen
+class Entropy:
+    """Histogram, then the clipping threshold minimising the KL divergence between the
+    float and the quantized distribution (TensorRT's method).
+
+    Example:
+        >>> Entropy().num_quantized_bins
+        128
+    """
+
+    method: ClassVar[str] = "entropy"
+    bins: int = attrs.field(default=2048, validator=_validate_bins)
+    num_quantized_bins: int = attrs.field(default=128)
+
+    @num_quantized_bins.validator
+    def _v(self, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
+        _check(
+            isinstance(value, int) and 2 <= value <= self.bins, attribute.name, value, "2 <= num_quantized_bins <= bins"
+        )
+
+
+@attrs.frozen
+class MSE:
+    """Histogram, then the clipping range minimising the expected squared
+    quantization error over ``num_candidates`` evenly spaced thresholds.
+
+    Example:
+        >>> MSE(num_candidates=50).num_candidates
+        50
+    """
+
+    method: ClassVar[str] = "mse"
+    bins: int = attrs.field(default=2048, validator=_validate_bins)
+    num_candidates: int = attrs.field(default=100)
+
+    @num_candidates.validator
+    def _v(self, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
+        _check(isinstance(value, int) and 2 <= value <= 10000, attribute.name, value, "2 <= num_candidates <= 10000")
+
+
+@attrs.frozen
+class PowerOfTwoMSE:
+    """Quark's MinMSE for power-of-two scales: histogram, then try fix positions
+    from ``search_below`` under to ``search_above`` over the min-max position and keep
+    the one with the lowest expected squared error.
+
+    Example:
+        >>> PowerOfTwoMSE().search_above
+        3
+    """
+
+    method: ClassVar[str] = "minmse_pow2"
+    bins: int = attrs.field(default=2048, validator=_validate_bins)
+    search_below: int = attrs.field(default=1)
+    search_above: int = attrs.field(default=3)
+
+    @search_below.validator
+    def _vb(self, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
+        _check(isinstance(value, int) and 0 <= value <= 16, attribute.name, value, "0 <= value <= 16")
+
+    @search_above.validator
+    def _va(self, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
+        _check(isinstance(value, int) and 0 <= value <= 16, attribute.name, value, "0 <= value <= 16")
+
+
+ObserverConfig = MinMax | MovingAverageMinMax | Percentile | Entropy | MSE | PowerOfTwoMSE
+
+OBSERVER_CONFIGS: dict[str, type] = {
+    cls.method: cls
+    for cls in (
+        MinMax,
+        MovingAverageMinMax,
+        Percentile,
+        Entropy,
+        MSE,
+        PowerOfTwoMSE,
+    )
+}
+
+HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse", "minmse_pow2"})
+
+
+def observer_config(method: str, **params: Any) -> ObserverConfig:
+    """Build an observer config from its method name (as the CLI does).
+
+    Example:
+        >>> observer_config("percentile", percentile=99.9)
+        Percentile(percentile=99.9, bins=2048)
+    """
+    try:
+        cls = OBSERVER_CONFIGS[method]
+    except KeyError:
+        raise ValueError(
+            f"observer.method: {method!r} is not a known method; allowed: {', '.join(OBSERVER_CONFIGS)}"
+        ) from None
+    result: ObserverConfig = cls(**params)
+    return result

@@ -1,0 +1,59 @@
+"""Checking calibration batches before they touch an observer's state.
+
+Every observer reduces a batch to its minimum and maximum first; those two numbers
+also tell whether the batch holds NaN or infinities (``min``/``max`` propagate NaN),
+so the check costs nothing beyond the reduction the observer needs anyway.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Observers keep ranges as float64; values a float32 model cannot hold are not
+# calibration data (and would overflow the histogram's grid arithmetic).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def as_float_array(x: object) -> np.ndarray:
+    """``x`` as a float32 or float64 array without copying float32/float64 input.
+
+    float16 (and any narrower float) widens to float32 exactly; integers and bools go
+    to float64, which holds every int32 exactly.
+    """
+    a = np.asarray(x)
+    if a.dtype == np.float32 or a.dtype == np.float64:
+        return a
+    if np.issubdtype(a.dtype, np.floating):
+        return a.astype(np.float32)
+    if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+        return a.astype(np.float64)
+    raise ValueError(f"x: dtype {a.dtype} is not allowed; allowed: float or integer arrays")
+
+
+def check_finite_range(lo: np.ndarray, hi: np.ndarray, what: str = "x") -> None:
+    """Raise a ValueError when a batch's ``min``/``max`` reveal NaN, infinities or
+    values beyond float32."""
+    if np.isnan(lo).any() or np.isnan(hi).any():
+        raise ValueError(f"{what}: contains NaN; calibration data must be finite")
+    if np.isinf(lo).any() or np.isinf(hi).any():
+        raise ValueError(f"{what}: contains infinite values; calibration data must be finite")
+    if (np.abs(lo) > FLOAT32_MAX).any() or (np.abs(hi) > FLOAT32_MAX).any():
+        raise ValueError(f"{what}: values exceed the float32 range; calibration data must fit float32")
+
+
+def min_max(x: np.ndarray, axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Checked float64 ``(min, max)`` of a non-empty batch: scalars (shape ``()``), or
+    one value per index of ``axis`` when ``axis`` is given (all other axes reduced)."""
+    if axis is None:
+        lo, hi = np.min(x), np.max(x)
+    else:
+        if not 0 <= axis < x.ndim:
+            raise ValueError(
+                f"per_channel_axis: {axis} is out of range for a batch of shape {x.shape}; "
+                f"allowed: 0 <= per_channel_axis < {x.ndim}"
+            )
+        other = tuple(i for i in range(x.ndim) if i != axis)
+        lo, hi = np.min(x, axis=other), np.max(x, axis=other)
+    lo64, hi64 = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    check_finite_range(lo64, hi64)
+    return lo64, hi64

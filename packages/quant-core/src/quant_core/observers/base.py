@@ -1,0 +1,106 @@
+"""The observer protocol: streaming, mergeable statistics of one tensor.
+
+A backend reduces each batch to statistics on its own device and calls ``update``;
+``merge`` combines observers fed in different processes; ``state_dict`` /
+``from_state_dict`` move them between processes; ``qparams`` turns the statistic
+into quantization parameters with ``quant_core``'s one implementation of the math.
+Memory never depends on how many batches were seen.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import numpy as np
+
+from quant_core.qparams import QParams, qparams_from_range
+from quant_core.spec import QuantSpec
+
+StateDict = dict[str, Any]
+
+
+class Observer(abc.ABC):
+    """Base class of every observer. Subclasses register under their ``kind`` so that
+    :meth:`from_state_dict` can rebuild any of them.
+
+    Example:
+        >>> import numpy as np
+        >>> from quant_core.observers import make_observer
+        >>> from quant_core.spec import QuantSpec
+        >>> obs = make_observer(QuantSpec(dtype="int8"))
+        >>> obs.update(np.array([-0.5, 1.27]))
+        >>> copy = Observer.from_state_dict(obs.state_dict())  # e.g. sent from another process
+        >>> copy.qparams() == obs.qparams()
+        True
+    """
+
+    kind: ClassVar[str]
+    _registry: ClassVar[dict[str, type[Observer]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            Observer._registry[cls.kind] = cls
+
+    def __init__(self, spec: QuantSpec) -> None:
+        self.spec = spec
+
+    @abc.abstractmethod
+    def update(self, x: np.ndarray) -> None:
+        """Fold one batch (any shape) into the statistic."""
+
+    @abc.abstractmethod
+    def merge(self, other: Observer) -> None:
+        """Fold another observer of the same kind and spec into this one, in place."""
+
+    @abc.abstractmethod
+    def range(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ``(min, max)`` range the statistic selects for ``self.spec``."""
+
+    @property
+    @abc.abstractmethod
+    def empty(self) -> bool:
+        """True until the first ``update``."""
+
+    def qparams(self) -> QParams:
+        """Quantization parameters for ``self.spec`` from what was observed."""
+        if self.empty:
+            raise ValueError(f"{type(self).__name__}: no data observed; call update() first")
+        lo, hi = self.range()
+        return qparams_from_range(lo, hi, self.spec)
+
+    @abc.abstractmethod
+    def _state(self) -> StateDict:
+        """Observer-specific state: numpy arrays and plain Python values."""
+
+    @abc.abstractmethod
+    def _load_state(self, state: StateDict) -> None:
+        """Inverse of :meth:`_state`."""
+
+    def state_dict(self) -> StateDict:
+        """Everything needed to rebuild the observer (the spec as JSON-ready data)."""
+        from quant_core.serialization import to_data
+
+        return {"kind": self.kind, "spec": to_data(self.spec), **self._state()}
+
+    @staticmethod
+    def from_state_dict(state: StateDict) -> Observer:
+        """Rebuild an observer of any kind from :meth:`state_dict`'s output."""
+        from quant_core.serialization import from_data
+
+        kind = state.get("kind")
+        if kind not in Observer._registry:
+            raise ValueError(
+                f"kind: {kind!r} is not a known observer; allowed: {', '.join(sorted(Observer._registry))}"
+            )
+        cls = Observer._registry[kind]
+        observer = cls(from_data(QuantSpec, state["spec"]))
+        observer._load_state(state)
+        return observer
+
+    def _check_mergeable(self, other: Observer) -> None:
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+        if other.spec != self.spec:
+            raise ValueError("cannot merge observers built for different specs")

@@ -1,0 +1,71 @@
+"""Counting a batch into a :class:`~quant_core.observers.grid.HistogramGrid`, fast
+and exactly.
+
+A value's bin is ``floor(x * 2**-e) - offset``. Scaling by a power of two is exact
+unless the result underflows, ``floor`` of a float is an integer float, and ``offset`` is
+exact in float32 (``|offset| <= 2**24``), so the subtraction of two integers whose
+difference lies in ``[0, bins)`` is exact too. Float32 data is therefore binned exactly
+in float32 arithmetic (float64 data in float64). Underflow happens only for widths
+above 1 and tiny values; the one case it changes a bin is a tiny negative value scaled
+to ``-0.0``, which belongs to bin ``-1``, not ``0``, and is fixed explicitly.
+
+The batch is processed in chunks that stay in cache, with preallocated buffers, so the
+work is a handful of vectorised passes over L2-resident data plus ``np.bincount``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quant_core.observers.grid import HistogramGrid
+
+# 64 Ki elements: 256 KiB of float32 plus 512 KiB of indices stay in L2 (measured in
+# tools/bench/observers.py; 16 Ki-256 Ki all perform alike).
+CHUNK = 1 << 16
+
+
+def work_dtype(dtype: np.dtype, grid: HistogramGrid) -> type[np.floating]:
+    """The float type ``bin_counts`` computes in for data of ``dtype`` on ``grid``:
+    float32 for float32 data (``2**-e`` is then an exact, possibly subnormal, float32),
+    float64 otherwise.
+
+    Example:
+        >>> work_dtype(np.dtype(np.float32), HistogramGrid(exponent=-7, offset=0, bins=16)).__name__
+        'float32'
+    """
+    return np.float32 if dtype == np.float32 and -127 <= grid.exponent <= 149 else np.float64
+
+
+def bin_counts(x: np.ndarray, grid: HistogramGrid) -> np.ndarray:
+    """int64 counts of the values of ``x`` (float32 or float64, all inside the grid).
+
+    Example:
+        >>> import numpy as np
+        >>> g = HistogramGrid(exponent=-1, offset=-2, bins=4)  # edges -1, -0.5, 0, 0.5, 1
+        >>> bin_counts(np.array([-1.0, -0.01, 0.0, 0.99], np.float32), g).tolist()
+        [1, 1, 1, 1]
+    """
+    flat = x.reshape(-1)
+    work = work_dtype(flat.dtype, grid)
+    fix_underflow = grid.exponent > 0
+    scale = work(grid.inv_width)
+    offset = work(grid.offset)
+    n = min(CHUNK, flat.size)
+    buf = np.empty(n, work)
+    idx = np.empty(n, np.intp)
+    counts = np.zeros(grid.bins, np.int64)
+    for start in range(0, flat.size, CHUNK):
+        seg = flat[start : start + CHUNK]
+        m = seg.size
+        b, ix = buf[:m], idx[:m]
+        np.multiply(seg, scale, out=b)
+        np.floor(b, out=b)
+        if fix_underflow:
+            b[(b == 0) & (seg < 0)] = -1
+        np.subtract(b, offset, out=b)
+        ix[...] = b
+        chunk_counts = np.bincount(ix, minlength=grid.bins)
+        if chunk_counts.size != grid.bins:
+            raise ValueError("histogram: values fall outside the grid")
+        counts += chunk_counts
+    return counts

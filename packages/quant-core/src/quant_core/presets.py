@@ -1,0 +1,212 @@
+"""Named configs users ask for by name (``xint8``, ``a8w8``...).
+
+A preset holds specs only: which operators get which spec is each backend's
+policy (per-channel weights use axis 0, the Conv layout; backends remap it for
+Gemm/MatMul). ``bias=None`` means "int32 at input_scale * weight_scale", the form
+integer kernels need. ``docs/presets.md`` is generated from this registry
+by :mod:`quant_core.presets_doc` and a test keeps it in sync.
+
+Example:
+    >>> from quant_core.presets import get_preset, list_presets
+    >>> "xint8" in list_presets()
+    True
+    >>> cfg = get_preset("xint8")
+    >>> cfg.name, cfg.global_config.weight.scale_type.value
+    ('xint8', 'power_of_two')
+    >>> get_preset("int7")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: preset: 'int7' is not a known preset; allowed: xint8, ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from quant_core.algorithm_config import AdaRoundConfig, AlgorithmConfig, CLEConfig
+from quant_core.config import OperatorConfig, QuantConfig
+from quant_core.dtypes import DType
+from quant_core.observer_config import MinMax, ObserverConfig, Percentile, PowerOfTwoMSE
+from quant_core.spec import QuantSpec, ScaleType
+
+
+@attrs.frozen
+class Preset:
+    """One registry entry: a factory building the config, and what it is for.
+
+    Example:
+        >>> PRESETS["a8w8"].description.startswith("onnxruntime")
+        True
+    """
+
+    name: str
+    description: str
+    factory: Callable[[], QuantConfig]
+
+
+# ------------------------------------------------------------------- building blocks
+
+
+def _pow2_act(dtype: DType = DType.INT8) -> QuantSpec:
+    # Symmetric power-of-two activations found by Quark's MinMSE position search.
+    return QuantSpec(dtype=dtype, symmetric=True, scale_type=ScaleType.POWER_OF_TWO, observer=PowerOfTwoMSE())
+
+
+def _pow2_weight() -> QuantSpec:
+    return QuantSpec(dtype=DType.INT8, symmetric=True, scale_type=ScaleType.POWER_OF_TWO, observer=MinMax())
+
+
+def _asym_act(dtype: DType = DType.UINT8, observer: ObserverConfig | None = None) -> QuantSpec:
+    return QuantSpec(dtype=dtype, symmetric=False, observer=observer or MinMax())
+
+
+def _sym_weight(dtype: DType = DType.INT8, per_channel: bool = True) -> QuantSpec:
+    return QuantSpec(dtype=dtype, symmetric=True, per_channel_axis=0 if per_channel else None)
+
+
+def _config(name: str, act: QuantSpec, weight: QuantSpec, algorithms: tuple[AlgorithmConfig, ...] = ()) -> QuantConfig:
+    op = OperatorConfig(input=act, weight=weight, bias=None, output=act)
+    return QuantConfig(global_config=op, algorithms=algorithms, name=name)
+
+
+# --------------------------------------------------------------------------- presets
+
+
+def xint8() -> QuantConfig:
+    """int8 symmetric power-of-two per-tensor everywhere, MinMSE activations, int32
+    bias: the NPU default.
+
+    Example:
+        >>> xint8().global_config.input.observer.method
+        'minmse_pow2'
+    """
+    return _config("xint8", _pow2_act(), _pow2_weight())
+
+
+def xint8_u8() -> QuantConfig:
+    """xint8's numbers with activations written as uint8 at zero point 128, the form
+    onnxruntime's fast x86 kernels accept.
+
+    Example:
+        >>> xint8_u8().global_config.input.dtype.value
+        'uint8'
+    """
+    return _config("xint8_u8", _pow2_act(DType.UINT8), _pow2_weight())
+
+
+def a8w8() -> QuantConfig:
+    """uint8 asymmetric min-max activations, int8 symmetric per-channel weights, float scales.
+
+    Example:
+        >>> a8w8().global_config.weight.per_channel_axis
+        0
+    """
+    return _config("a8w8", _asym_act(), _sym_weight())
+
+
+def a8w8_per_tensor() -> QuantConfig:
+    """a8w8 with one weight scale per tensor.
+
+    Example:
+        >>> a8w8_per_tensor().global_config.weight.per_channel_axis is None
+        True
+    """
+    return _config("a8w8_per_tensor", _asym_act(), _sym_weight(per_channel=False))
+
+
+def a8w8_percentile() -> QuantConfig:
+    """a8w8 with activations clipped at the 99.999th percentile.
+
+    Example:
+        >>> a8w8_percentile().global_config.output.observer.percentile
+        99.999
+    """
+    return _config("a8w8_percentile", _asym_act(observer=Percentile(99.999)), _sym_weight())
+
+
+def a16w8() -> QuantConfig:
+    """uint16 asymmetric activations, int8 per-channel weights.
+
+    Example:
+        >>> a16w8().global_config.input.dtype.value
+        'uint16'
+    """
+    return _config("a16w8", _asym_act(DType.UINT16), _sym_weight())
+
+
+def w4a8() -> QuantConfig:
+    """int4 symmetric per-channel weights, uint8 asymmetric activations.
+
+    Example:
+        >>> w4a8().global_config.weight.dtype.value
+        'int4'
+    """
+    return _config("w4a8", _asym_act(), _sym_weight(DType.INT4))
+
+
+def int8_cnn_accurate() -> QuantConfig:
+    """a8w8 with percentile activations and AdaRound weights.
+
+    Example:
+        >>> int8_cnn_accurate().algorithm("adaround") is not None
+        True
+    """
+    return attrs.evolve(a8w8_percentile(), algorithms=(AdaRoundConfig(),), name="int8_cnn_accurate")
+
+
+def int8_cnn_cle() -> QuantConfig:
+    """xint8 after cross-layer equalization.
+
+    Example:
+        >>> [type(a).kind for a in int8_cnn_cle().algorithms]
+        ['cle']
+    """
+    return attrs.evolve(xint8(), algorithms=(CLEConfig(),), name="int8_cnn_cle")
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("xint8", "NPU default (AMD Ryzen AI / DPU XINT8); also runs anywhere as QDQ", xint8),
+        Preset("xint8_u8", "xint8 numerics on onnxruntime x86, where integer kernels need uint8 activations", xint8_u8),
+        Preset("a8w8", "onnxruntime CPU INT8: the fast, accurate default for CNNs", a8w8),
+        Preset("a8w8_per_tensor", "backends or runtimes without per-channel weights", a8w8_per_tensor),
+        Preset("a8w8_percentile", "models whose activations have rare outliers", a8w8_percentile),
+        Preset("a16w8", "accuracy-sensitive models (detection, segmentation, super-resolution)", a16w8),
+        Preset("w4a8", "smallest weights; expect an accuracy drop without AdaRound/QAT", w4a8),
+        Preset(
+            "int8_cnn_accurate",
+            "best PTQ accuracy for CNNs on onnxruntime when calibration time is available",
+            int8_cnn_accurate,
+        ),
+        Preset(
+            "int8_cnn_cle", "NPU CNNs whose per-tensor weights lose accuracy (MobileNet-style depthwise)", int8_cnn_cle
+        ),
+    )
+}
+
+
+def list_presets() -> tuple[str, ...]:
+    """Names of all presets, in table order.
+
+    Example:
+        >>> list_presets()[:3]
+        ('xint8', 'xint8_u8', 'a8w8')
+    """
+    return tuple(PRESETS)
+
+
+def get_preset(name: str) -> QuantConfig:
+    """A fresh config for the preset ``name`` (its ``name`` field is ``name``).
+
+    Example:
+        >>> get_preset("a16w8").name
+        'a16w8'
+    """
+    try:
+        preset = PRESETS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"preset: {name!r} is not a known preset; allowed: {', '.join(PRESETS)}") from None
+    return preset.factory()

@@ -1,0 +1,411 @@
+"""Strict, attrs-driven conversion between config objects and JSON-ready data.
+
+:func:`to_data` turns any attrs object of ``quant_core`` (``QuantSpec``,
+``QuantConfig``...) into dicts, lists and scalars: enums become their values,
+tuples lists, mappings objects, and observer/algorithm configs carry their
+``method``/``kind`` tag. :func:`from_data` reverses it driven by the field
+annotations, and rejects anything it does not understand with a ``ValueError``
+whose message starts with the JSON path of the offending field. Fields left out
+take their defaults, so hand-written files can be short.
+
+:func:`config_to_json` / :func:`config_from_json` add a ``schema_version`` so that
+files written today can be recognised after the format changes;
+:func:`save_config` writes atomically.
+
+Example:
+    >>> from quant_core.spec import QuantSpec
+    >>> to_data(QuantSpec(dtype="int8", per_channel_axis=0))["observer"]
+    {'method': 'minmax'}
+    >>> from_data(QuantSpec, {"dtype": "uint8", "symmetric": False}).dtype.value
+    'uint8'
+    >>> from_data(QuantSpec, {"dtype": "int8", "observer": {"method": "percentile", "bins": 3}})
+    Traceback (most recent call last):
+    ...
+    ValueError: $.observer.bins: 3 is out of range; allowed: an even integer from 16 to 65536
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import enum
+import functools
+import json
+import math
+import os
+import re
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+import attrs
+
+if typing.TYPE_CHECKING:
+    from quant_core.config import QuantConfig
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+"""Version of the JSON config format written by :func:`config_to_json`."""
+
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+
+# Class attributes that name a class inside a tagged union ("method" for observer
+# configs, "kind" for algorithm configs), in the order they are looked for.
+_TAG_NAMES = ("method", "kind")
+
+# An error message that starts with a field name ("bins: ...", "observer.method: ...")
+# is made absolute by prefixing the object's path with a dot.
+_FIELD_PREFIX = re.compile(r"^[A-Za-z_]\w*(?=[.:\[])")
+
+
+# --------------------------------------------------------------------------- to_data
+
+
+def to_data(obj: Any) -> Any:
+    """``obj`` as JSON-ready data (dicts, lists, str, int, float, bool, None).
+
+    Example:
+        >>> from quant_core.algorithm_config import CLEConfig
+        >>> to_data(CLEConfig(steps=2))["kind"], to_data(CLEConfig(steps=2))["steps"]
+        ('cle', 2)
+        >>> to_data((1, "a", None))
+        [1, 'a', None]
+    """
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise ValueError(f"{obj!r} cannot be written as JSON; allowed: finite numbers")
+        return obj
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if attrs.has(type(obj)):
+        data: dict[str, Any] = {}
+        tag = tag_name(type(obj))
+        if tag is not None:
+            data[tag] = getattr(type(obj), tag)
+        for field in attrs.fields(type(obj)):
+            data[field.name] = to_data(getattr(obj, field.name))
+        return data
+    if isinstance(obj, collections.abc.Mapping):
+        # Insertion order is kept: name overrides are matched first-to-last.
+        return {_key(k): to_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_data(v) for v in obj]
+    raise TypeError(f"to_data: {type(obj).__name__} is not serialisable")
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"to_data: mapping key {key!r} is not a string")
+    return key
+
+
+def tag_name(cls: type) -> str | None:
+    """The class attribute naming ``cls`` inside a tagged union, if it has one.
+
+    Example:
+        >>> from quant_core.observer_config import MinMax
+        >>> tag_name(MinMax)
+        'method'
+    """
+    field_names = {f.name for f in attrs.fields(cls)} if attrs.has(cls) else set()
+    for name in _TAG_NAMES:
+        if name not in field_names and isinstance(getattr(cls, name, None), str):
+            return name
+    return None
+
+
+# ------------------------------------------------------------------------- from_data
+
+
+@overload
+def from_data(cls: type[T], data: Any, path: str = "$") -> T: ...
+
+
+@overload
+def from_data(cls: Any, data: Any, path: str = "$") -> Any: ...
+
+
+def from_data(cls: Any, data: Any, path: str = "$") -> Any:
+    """Build a ``cls`` (an attrs class, enum, scalar type, or a union/tuple/mapping
+    of them) from JSON-ready ``data``, strictly.
+
+    Errors are ``ValueError`` messages starting with the path of the offending field
+    below ``path``: unknown keys, wrong types, missing required fields, values the
+    class's own validation refuses.
+
+    Example:
+        >>> from quant_core.spec import QuantSpec
+        >>> from_data(QuantSpec, {"dtype": "int8", "scale": 1})
+        Traceback (most recent call last):
+        ...
+        ValueError: $: unknown key 'scale'; allowed: dtype, symmetric, per_channel_axis, scale_type, rounding, observer, narrow_range, dynamic
+        >>> from_data(QuantSpec, {"dtype": "int8", "symmetric": "yes"})
+        Traceback (most recent call last):
+        ...
+        ValueError: $.symmetric: expected a boolean (true/false), got str 'yes'
+    """
+    return _from_data(cls, data, path)
+
+
+def _from_data(cls: Any, data: Any, path: str, nullable: bool = False) -> Any:
+    # ``nullable``: the field also accepts null, which type errors should mention.
+    origin = typing.get_origin(cls)
+    if cls is Any:
+        return data
+    if cls is type(None):
+        if data is not None:
+            _wrong_type(path, "null", data)
+        return None
+    if origin is typing.Union or origin is types.UnionType:
+        return _from_union(typing.get_args(cls), data, path)
+    if origin is not None:
+        return _from_generic(origin, typing.get_args(cls), data, path, nullable)
+    if isinstance(cls, type) and issubclass(cls, enum.Enum):
+        return _from_enum(cls, data, path)
+    if isinstance(cls, type) and attrs.has(cls):
+        return _from_attrs(cls, data, path, nullable)
+    if cls is bool:
+        if not isinstance(data, bool):
+            _wrong_type(path, "a boolean (true/false)", data, nullable)
+        return data
+    if cls is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            _wrong_type(path, "an integer", data, nullable)
+        return data
+    if cls is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            _wrong_type(path, "a number", data, nullable)
+        if not math.isfinite(data):
+            raise ValueError(f"{path}: {data!r} is not allowed; allowed: finite numbers")
+        return float(data)
+    if cls is str:
+        if not isinstance(data, str):
+            _wrong_type(path, "a string", data, nullable)
+        return data
+    raise TypeError(f"{path}: from_data does not support type {cls!r}")
+
+
+def _wrong_type(path: str, expected: str, data: Any, nullable: bool = False) -> typing.NoReturn:
+    shown = "null" if data is None else f"{type(data).__name__} {data!r}"
+    raise ValueError(f"{path}: expected {expected}{' or null' if nullable else ''}, got {shown}")
+
+
+def _from_enum(cls: type[enum.Enum], data: Any, path: str) -> enum.Enum:
+    allowed = ", ".join(str(m.value) for m in cls)
+    try:
+        return cls(data)
+    except (ValueError, TypeError):
+        raise ValueError(f"{path}: {data!r} is not allowed; allowed: {allowed}") from None
+
+
+def _from_union(args: tuple[Any, ...], data: Any, path: str) -> Any:
+    members = [a for a in args if a is not type(None)]
+    if data is None:
+        if len(members) < len(args):
+            return None
+        _wrong_type(path, _describe_union(members), data)
+    if len(members) == 1:
+        return _from_data(members[0], data, path, nullable=len(members) < len(args))
+    if all(isinstance(m, type) and attrs.has(m) for m in members):
+        return _from_tagged(tuple(members), data, path, nullable=len(members) < len(args))
+    # Untagged unions of scalars: the first type that accepts the value wins.
+    for member in members:
+        try:
+            return from_data(member, data, path)
+        except ValueError:
+            continue
+    _wrong_type(path, _describe_union(members), data)
+
+
+def _describe_union(members: list[Any]) -> str:
+    return " or ".join(getattr(m, "__name__", str(m)) for m in members)
+
+
+@functools.cache
+def _tagged_members(members: tuple[type, ...]) -> tuple[str, dict[str, type]]:
+    tags = {tag_name(m) for m in members}
+    if len(tags) != 1 or None in tags:
+        raise TypeError(f"union of {members} is not a tagged union (no common method/kind tag)")
+    tag = tags.pop()
+    assert tag is not None
+    return tag, {getattr(m, tag): m for m in members}
+
+
+def _from_tagged(members: tuple[type, ...], data: Any, path: str, nullable: bool = False) -> Any:
+    tag, by_tag = _tagged_members(members)
+    allowed = ", ".join(by_tag)
+    if not isinstance(data, collections.abc.Mapping):
+        _wrong_type(path, f"an object with a {tag!r} key", data, nullable)
+    if tag not in data:
+        raise ValueError(f"{path}: missing key {tag!r}; allowed {tag}s: {allowed}")
+    value = data[tag]
+    if not isinstance(value, str) or value not in by_tag:
+        raise ValueError(f"{path}.{tag}: {value!r} is not allowed; allowed: {allowed}")
+    return _from_attrs(by_tag[value], data, path)
+
+
+def _from_generic(origin: Any, args: tuple[Any, ...], data: Any, path: str, nullable: bool = False) -> Any:
+    if origin is typing.ClassVar:
+        raise TypeError(f"{path}: ClassVar is not a field")
+    if origin in (tuple, list, collections.abc.Sequence):
+        if not isinstance(data, (list, tuple)):
+            _wrong_type(path, "a list", data, nullable)
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(data) != len(args):
+                raise ValueError(f"{path}: expected a list of {len(args)} items, got {len(data)}")
+            items = [from_data(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True))]
+        else:
+            item_type = args[0] if args else Any
+            items = [from_data(item_type, v, f"{path}[{i}]") for i, v in enumerate(data)]
+        return items if origin is list else tuple(items)
+    if origin in (dict, collections.abc.Mapping):
+        if not isinstance(data, collections.abc.Mapping):
+            _wrong_type(path, "an object", data, nullable)
+        key_type, value_type = args if args else (str, Any)
+        result = {}
+        for key, value in data.items():
+            key_path = f"{path}[{key!r}]"
+            result[from_data(key_type, key, key_path)] = from_data(value_type, value, key_path)
+        return result
+    raise TypeError(f"{path}: from_data does not support {origin!r}")
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    # Modules use ``from __future__ import annotations``: resolve the strings once.
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in attrs.fields(cls)}
+
+
+def _from_attrs(cls: type, data: Any, path: str, nullable: bool = False) -> Any:
+    if not isinstance(data, collections.abc.Mapping):
+        _wrong_type(path, f"an object ({cls.__name__})", data, nullable)
+    types_ = _field_types(cls)
+    tag = tag_name(cls)
+    allowed_keys = ([tag] if tag else []) + list(types_)
+    for key in data:
+        if key not in allowed_keys:
+            raise ValueError(f"{path}: unknown key {key!r}; allowed: {', '.join(allowed_keys)}")
+    if tag is not None and tag in data and data[tag] != getattr(cls, tag):
+        raise ValueError(f"{path}.{tag}: {data[tag]!r} is not allowed here; allowed: {getattr(cls, tag)!r}")
+    kwargs: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        if not field.init:
+            continue
+        if field.name in data:
+            kwargs[field.alias] = from_data(types_[field.name], data[field.name], f"{path}.{field.name}")
+        elif field.default is attrs.NOTHING:
+            raise ValueError(f"{path}: missing required key {field.name!r}")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(_prefixed(path, str(exc))) from exc
+
+
+def _prefixed(path: str, message: str) -> str:
+    if message.startswith("$"):
+        return message
+    return f"{path}.{message}" if _FIELD_PREFIX.match(message) else f"{path}: {message}"
+
+
+# ------------------------------------------------------------------------------ JSON
+
+
+def config_to_json(config: QuantConfig, indent: int | None = 2) -> str:
+    """``config`` as JSON text with ``"schema_version"`` first; the same config always
+    gives the same text (fields in declaration order, name overrides in match order).
+
+    Example:
+        >>> from quant_core.presets import get_preset
+        >>> text = config_to_json(get_preset("xint8"))
+        >>> text.splitlines()[1]
+        '  "schema_version": 1,'
+        >>> config_from_json(text) == get_preset("xint8")
+        True
+    """
+    data = {"schema_version": SCHEMA_VERSION, **to_data(config)}
+    return json.dumps(data, indent=indent, allow_nan=False) + "\n"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a config; allowed: finite numbers")
+
+
+def config_from_json(text: str) -> QuantConfig:
+    """Parse a config written by :func:`config_to_json` (or by hand).
+
+    Example:
+        >>> config_from_json('{"schema_version": 1, "global_config": {"weight": {"dtype": "int8"}}}').global_config.input
+        >>> config_from_json('{"global_config": {}}')
+        Traceback (most recent call last):
+        ...
+        ValueError: $: missing key 'schema_version'; add "schema_version": 1 (supported: 1)
+    """
+    from quant_core.config import QuantConfig
+
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"$: invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        _wrong_type("$", "an object", data)
+    supported = ", ".join(map(str, SUPPORTED_SCHEMA_VERSIONS))
+    if "schema_version" not in data:
+        raise ValueError(
+            f"$: missing key 'schema_version'; add \"schema_version\": {SCHEMA_VERSION} (supported: {supported})"
+        )
+    version = data.pop("schema_version")
+    if isinstance(version, bool) or version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise ValueError(f"$.schema_version: {version!r} is not supported; allowed: {supported}")
+    return from_data(QuantConfig, data, "$")
+
+
+def save_config(config: QuantConfig, path: str | os.PathLike[str]) -> None:
+    """Write ``config`` as JSON to ``path`` atomically: readers see the old file or the
+    new one, never a partial write.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> from quant_core.presets import get_preset
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = pathlib.Path(d) / "q.json"
+        ...     save_config(get_preset("a8w8"), p)
+        ...     load_config(p).name
+        'a8w8'
+    """
+    target = Path(path)
+    text = config_to_json(config)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_config(path: str | os.PathLike[str]) -> QuantConfig:
+    """Read a config saved by :func:`save_config`; errors name the file and the field.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = pathlib.Path(d) / "q.json"
+        ...     _ = p.write_text('{"schema_version": 1, "global_config": {"input": {"dtype": "int9"}}}')
+        ...     load_config(p)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: .../q.json: $.global_config.input.dtype: 'int9' is not allowed; allowed: int4, ...
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        return config_from_json(text)
+    except ValueError as exc:
+        raise ValueError(f"{os.fspath(path)}: {exc}") from exc
