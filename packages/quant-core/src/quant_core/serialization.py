@@ -33,13 +33,14 @@ import json
 import math
 import os
 import re
-import tempfile
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import attrs
+
+from quant_core.atomic_io import atomic_write
 
 if typing.TYPE_CHECKING:
     from quant_core.config import QuantConfig
@@ -377,18 +378,7 @@ def save_config(config: QuantConfig, path: str | os.PathLike[str]) -> None:
         ...     load_config(p).name
         'a8w8'
     """
-    target = Path(path)
-    text = config_to_json(config)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, config_to_json(config))
 
 
 def load_config(path: str | os.PathLike[str]) -> QuantConfig:

@@ -1,0 +1,203 @@
+"""The torch side shared by AdaRound and AdaQuant: the pool on the device, the layer
+as a batched matrix product per group, the reconstruction loss, and the result."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import attrs
+import numpy as np
+
+from quant_algos.reconstruction_data import ConvGeometry, Pool, build_pool, check_activation, limit_samples
+from quant_core.qparams import QParams, dequantize, fake_quantize, quantize
+
+# Whole-pool evaluations run in chunks of this many rows to bound peak memory.
+_EVAL_ROWS = 16384
+
+
+@attrs.frozen(eq=False)
+class ReconstructionResult:
+    """Outcome of AdaRound/AdaQuant for one layer.
+
+    Attributes:
+        weight: float32 weight whose values are exactly the chosen codes dequantized
+            (``quantize(weight, qparams)`` gives ``codes``).
+        bias: the (possibly learned) bias, or None.
+        codes: the integer codes, in the qparams' numpy dtype.
+        loss_nearest: reconstruction loss on the pool with round-to-nearest weights.
+        loss: reconstruction loss on the pool with the returned weights.
+        iterations: optimisation steps done.
+        stopped_early: whether early stopping ended the run.
+        fell_back: True when the learned weights were worse than nearest rounding on
+            the pool and nearest rounding was returned instead.
+    """
+
+    weight: np.ndarray
+    bias: np.ndarray | None
+    codes: np.ndarray
+    loss_nearest: float
+    loss: float
+    iterations: int
+    stopped_early: bool
+    fell_back: bool
+
+
+def check_qparams(weight: np.ndarray, qp: QParams) -> None:
+    if qp.axis is not None:
+        if not 0 <= qp.axis < weight.ndim or qp.scale.shape != (weight.shape[qp.axis],):
+            raise ValueError(
+                f"weight_qparams: {qp.scale.size} scales along axis {qp.axis} do not fit weight {weight.shape}"
+            )
+    elif qp.scale.ndim != 0:
+        raise ValueError(f"weight_qparams: per-tensor qparams with scale shape {qp.scale.shape}")
+
+
+class LayerProblem:
+    """One layer's reconstruction problem on a torch device."""
+
+    def __init__(
+        self,
+        torch: ModuleType,
+        pool: Pool,
+        weight_shape: tuple[int, ...],
+        bias: np.ndarray | None,
+        float_weight: np.ndarray,
+        activation: str | None,
+        device: Any,
+        rows: int,
+        seed: int,
+    ) -> None:
+        check_activation(activation)
+        self.torch = torch
+        self.device = device
+        self.activation = activation
+        self.weight_shape = weight_shape
+        self.x = torch.from_numpy(pool.patches).to(device)
+        self.groups, self.size, self.k = self.x.shape
+        self.cout_g = weight_shape[0] // self.groups
+        self.rows = rows
+        self.bias = (
+            None if bias is None else self.grouped_bias(torch.from_numpy(np.asarray(bias, np.float32)).to(device))
+        )
+        with torch.no_grad():
+            if pool.targets is None:
+                w = torch.from_numpy(float_weight).to(device)
+                target = torch.cat([self.output(w, self.bias, sl) for sl in self.chunks()], dim=1)
+            else:
+                target = torch.from_numpy(pool.targets).to(device)
+            self.target = self.act(target)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def grouped_bias(self, b: Any) -> Any:
+        return b.reshape(self.groups, 1, self.cout_g)
+
+    def act(self, y: Any) -> Any:
+        if self.activation == "relu":
+            return self.torch.relu(y)
+        if self.activation == "relu6":
+            return self.torch.clamp(y, 0.0, 6.0)
+        return y
+
+    def chunks(self) -> list[slice]:
+        return [slice(i, min(i + _EVAL_ROWS, self.size)) for i in range(0, self.size, _EVAL_ROWS)]
+
+    def output(self, w: Any, b: Any, rows: slice) -> Any:
+        """Pre-activation output ``[G, m, Cout/G]`` of weight ``w`` (in its own shape)."""
+        x = self.x[:, rows]
+        wg = w.reshape(self.groups, self.cout_g, self.k)
+        if b is None:
+            return self.torch.bmm(x, wg.transpose(1, 2))
+        return self.torch.baddbmm(b, x, wg.transpose(1, 2))
+
+    def eval_rows(self) -> slice:
+        """A fixed slice of the (shuffled) pool for scoring during training."""
+        return slice(0, min(self.size, _EVAL_ROWS))
+
+    def next_batch(self) -> slice:
+        start = int(self.torch.randint(0, self.size - self.rows + 1, (1,), generator=self.gen))
+        return slice(start, start + self.rows)
+
+    def loss(self, w: Any, b: Any, rows: slice) -> Any:
+        """Squared error summed over channels, averaged over rows (AdaRound's objective)."""
+        diff = self.act(self.output(w, b, rows)) - self.target[:, rows]
+        return (diff * diff).sum() / (rows.stop - rows.start)
+
+    def full_loss(self, weight: np.ndarray, bias: np.ndarray | None) -> float:
+        torch = self.torch
+        with torch.no_grad():
+            w = torch.from_numpy(np.asarray(weight, np.float32)).to(self.device)
+            b = (
+                self.bias
+                if bias is None
+                else self.grouped_bias(torch.from_numpy(np.asarray(bias, np.float32)).to(self.device))
+            )
+            total = sum(float(self.loss(w, b, sl)) * (sl.stop - sl.start) for sl in self.chunks())
+        return total / self.size
+
+
+def prepare(
+    torch: ModuleType,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    qp: QParams,
+    inputs: np.ndarray,
+    targets: np.ndarray | None,
+    *,
+    geometry: ConvGeometry | None,
+    activation: str | None,
+    device: Any,
+    batch_size: int,
+    num_samples: int | None,
+    positions_per_sample: int,
+    max_pool_bytes: int,
+    seed: int,
+) -> tuple[np.ndarray, LayerProblem]:
+    """Validate the arguments and build the device-side problem."""
+    w = np.asarray(weight, np.float32)
+    check_qparams(w, qp)
+    check_activation(activation)
+    if geometry is not None and w.ndim == 4 and w.shape[0] % geometry.groups:
+        raise ValueError(f"groups: {geometry.groups} does not divide Cout={w.shape[0]}")
+    x = np.asarray(inputs) if not isinstance(inputs, np.ndarray) else inputs  # keeps np.memmap lazy
+    x = x if num_samples is None else x[:num_samples]
+    targets = limit_samples(targets, num_samples)
+    per = positions_per_sample
+    pool = build_pool(
+        w.shape,
+        x,
+        targets,
+        geometry,
+        positions_per_sample=per,
+        max_pool_bytes=max_pool_bytes,
+        min_rows=batch_size * per,
+        seed=seed,
+    )
+    rows = max(1, min(pool.patches.shape[1], batch_size * min(pool.rows_per_sample, per)))
+    problem = LayerProblem(torch, pool, w.shape, bias, w, activation, device, rows, seed)
+    return w, problem
+
+
+def finish(
+    problem: LayerProblem,
+    w: np.ndarray,
+    qp: QParams,
+    codes: np.ndarray,
+    bias: np.ndarray | None,
+    iterations: int,
+    stopped_early: bool,
+) -> ReconstructionResult:
+    """Score the learned codes against nearest rounding on the pool; keep the better."""
+    nearest = fake_quantize(w, qp)
+    loss_nearest = problem.full_loss(nearest, None)
+    learned = dequantize(codes, qp)
+    loss = problem.full_loss(learned, bias)
+    if loss > loss_nearest:
+        return ReconstructionResult(
+            nearest, problem_bias(problem), quantize(w, qp), loss_nearest, loss_nearest, iterations, stopped_early, True
+        )
+    return ReconstructionResult(learned, bias, codes, loss_nearest, loss, iterations, stopped_early, False)
+
+
+def problem_bias(problem: LayerProblem) -> np.ndarray | None:
+    return None if problem.bias is None else problem.bias.reshape(-1).cpu().numpy().copy()

@@ -1,0 +1,43 @@
+"""Lazy PyTorch import: only AdaRound and AdaQuant need it (the ``[torch]`` extra)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from types import ModuleType
+
+
+def require_torch(feature: str) -> ModuleType:
+    """``torch``, or an ImportError that names the extra to install."""
+    try:
+        return importlib.import_module("torch")
+    except ImportError as exc:
+        raise ImportError(f"{feature} needs PyTorch: pip install 'quant-algos[torch]'") from exc
+
+
+def torch_device(torch: ModuleType, device: str) -> object:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device: {device!r} was requested but CUDA is not available; use device='cpu'")
+    return torch.device(device)
+
+
+@contextlib.contextmanager
+def torch_threads(torch: ModuleType, num_threads: int | None) -> Iterator[None]:
+    """Run with ``num_threads`` intra-op threads (None: leave torch's setting).
+
+    A reconstruction step works on tensors of a few MB; with more than one thread the
+    synchronisation costs more than the work (measured: 10x the CPU time with 2
+    threads on a busy 2-core machine), so the loops default to 1.
+    """
+    if num_threads is None:
+        yield
+        return
+    if not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads: {num_threads!r} is not allowed; allowed: None or an integer >= 1")
+    old = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

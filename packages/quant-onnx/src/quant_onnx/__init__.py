@@ -1,0 +1,41 @@
+"""quant_onnx: post-training quantization of ONNX vision models to QDQ ONNX.
+
+Example:
+    >>> import quant_onnx
+    >>> callable(quant_onnx.quantize) and quant_onnx.DEFAULT_PRESET
+    'a8w8'
+"""
+
+from __future__ import annotations
+
+from quant_onnx.annotate import Annotation, TensorGroup, annotate
+from quant_onnx.api import DEFAULT_PRESET, ModelQuantizer, PreparedModel, QuantizationResult, quantize, resolve_config
+from quant_onnx.calibrate import CalibratedModel, calibrate
+from quant_onnx.compare import Comparison, compare_models
+from quant_onnx.dynamic import quantize_dynamic, quantize_dynamic_model
+from quant_onnx.errors import DataError, ModelError
+from quant_onnx.qdq_writer import WriterOptions, write_qdq
+
+__all__ = [
+    "DEFAULT_PRESET",
+    "Annotation",
+    "CalibratedModel",
+    "Comparison",
+    "DataError",
+    "ModelError",
+    "ModelQuantizer",
+    "PreparedModel",
+    "QuantizationResult",
+    "TensorGroup",
+    "WriterOptions",
+    "annotate",
+    "calibrate",
+    "compare_models",
+    "quantize",
+    "quantize_dynamic",
+    "quantize_dynamic_model",
+    "resolve_config",
+    "write_qdq",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,301 @@
+"""Capture tensors of an ONNX model with onnxruntime, batch by batch.
+
+The algorithm passes need a few intermediate tensors (a layer's input, its float
+output) over the calibration batches.
+
+- :class:`TensorCapture` runs a copy of the model pruned to the nodes those tensors
+  depend on and either yields the tensors batch by batch (streaming statistics, memory
+  independent of the number of samples) or concatenates them.
+- :class:`IncrementalRunner` walks a model layer by layer for the passes that change
+  weights as they go (bias correction, AdaRound): it keeps the live tensors of every
+  batch and each call runs only the nodes not run yet, so a whole sweep over the
+  network costs about one forward pass instead of one per layer (the nodes of a layer
+  run only after the pass has finished changing it).
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper
+    >>> nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["y"], name="neg")]
+    >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+    ...                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])
+    >>> model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    >>> batches = prepare_batches([{"x": np.array([[-1.0, 2.0]], np.float32)}] * 3, num_samples=2)
+    >>> TensorCapture(model, ["r"]).collect(batches)["r"].tolist()
+    [[0.0, 2.0], [0.0, 2.0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from quant_onnx.errors import DataError, ModelError
+from quant_onnx.graph import GraphIndex, node_inputs
+
+Feeds = Mapping[str, np.ndarray]
+
+
+def _num_rows(batch: Feeds) -> int:
+    return int(next(iter(batch.values())).shape[0]) if batch else 0
+
+
+def prepare_batches(batches: Iterable[Feeds], num_samples: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The first ``num_samples`` samples (all when None) of ``batches`` (validated
+    ``{input name: array}`` feeds, samples on the first axis) as a list, because every
+    pass reads them several times. DataError when there are none."""
+    out: list[dict[str, np.ndarray]] = []
+    seen = 0
+    for batch in batches:
+        if num_samples is not None and seen >= num_samples:
+            break
+        feeds = {name: np.asarray(value) for name, value in batch.items()}
+        rows = _num_rows(feeds)
+        if num_samples is not None and seen + rows > num_samples:
+            feeds = {name: value[: num_samples - seen] for name, value in feeds.items()}
+            rows = num_samples - seen
+        if rows:
+            out.append(feeds)
+            seen += rows
+    if not out:
+        raise DataError("calibration data: no samples")
+    return out
+
+
+def count_samples(batches: Sequence[Feeds]) -> int:
+    return sum(_num_rows(b) for b in batches)
+
+
+def pruned_model(model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph outputs are ``outputs`` and that keeps only the
+    nodes, inputs and initializers they depend on."""
+    index = GraphIndex(model.graph)
+    needed: set[str] = set()
+    keep: set[int] = set()
+    position = {id(node): i for i, node in enumerate(model.graph.node)}
+    stack = list(outputs)
+    while stack:
+        tensor = stack.pop()
+        if tensor in needed:
+            continue
+        needed.add(tensor)
+        producer = index.producer(tensor)
+        if producer is None:
+            if not (index.is_graph_input(tensor) or index.constant(tensor) is not None):
+                raise ModelError(f"capture: tensor {tensor!r} is not computed by the model")
+            continue
+        keep.add(position[id(producer)])
+        stack.extend(node_inputs(producer))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    kept_nodes = [graph.node[i] for i in sorted(keep)]
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    kept_inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(kept_inits)
+    kept_inputs = [v for v in graph.input if v.name in needed]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    del graph.output[:]
+    graph.output.extend(output_info(index, name) for name in outputs)
+    return out
+
+
+def output_info(index: GraphIndex, name: str) -> onnx.ValueInfoProto:
+    """A graph output declaration: typed when the type is known, else left for
+    onnxruntime to infer (QuantizeLinear outputs rarely have value_info)."""
+    elem = index.elem_type(name)
+    return helper.make_tensor_value_info(name, elem, None) if elem else onnx.ValueInfoProto(name=name)
+
+
+def with_graph(model: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.ModelProto:
+    """A model with ``model``'s header (IR version, opsets, functions) around ``graph``
+    (without copying ``model``'s own, possibly large, graph)."""
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    out.graph.CopyFrom(graph)
+    return out
+
+
+def session(model: onnx.ModelProto, *, full_optimization: bool = True) -> ort.InferenceSession:
+    """A CPU session; at full graph optimisation by default (integer kernels for QDQ
+    models, the way the model will run)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if full_optimization else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    )
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+class TensorCapture:
+    """Computes ``outputs`` (tensor names) of ``model`` over batches with onnxruntime.
+
+    Example:
+        >>> import numpy as np
+        >>> from onnx import TensorProto, helper
+        >>> g = helper.make_graph([helper.make_node("Abs", ["x"], ["y"], name="abs")], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+        >>> cap = TensorCapture(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10), ["y"])
+        >>> [b["y"].tolist() for b in cap.iterate([{"x": np.array([-1.0], np.float32)}])]
+        [[1.0]]
+    """
+
+    def __init__(self, model: onnx.ModelProto, outputs: Sequence[str]) -> None:
+        if not outputs:
+            raise ValueError("outputs: at least one tensor name is needed")
+        self.outputs = list(dict.fromkeys(outputs))
+        self._session = session(pruned_model(model, self.outputs))
+        self._inputs = [i.name for i in self._session.get_inputs()]
+
+    def run(self, batch: Feeds) -> dict[str, np.ndarray]:
+        """The outputs for one batch."""
+        missing = [name for name in self._inputs if name not in batch]
+        if missing:
+            raise DataError(f"calibration data: input {missing[0]!r} is missing")
+        values = self._session.run(self.outputs, {name: batch[name] for name in self._inputs})
+        return dict(zip(self.outputs, values, strict=True))
+
+    def iterate(self, batches: Iterable[Feeds]) -> Iterator[dict[str, np.ndarray]]:
+        """The outputs batch by batch (nothing is kept between batches)."""
+        for batch in batches:
+            yield self.run(batch)
+
+    def collect(self, batches: Iterable[Feeds]) -> dict[str, np.ndarray]:
+        """The outputs of all batches, concatenated along the first axis."""
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in self.outputs}
+        for values in self.iterate(batches):
+            for name, value in values.items():
+                parts[name].append(value)
+        return {name: np.concatenate(chunks, axis=0) for name, chunks in parts.items()}
+
+
+def _node_key(node: onnx.NodeProto) -> str:
+    """A node's identity that survives weight edits and node insertions: its first output."""
+    return next(o for o in node.output if o)
+
+
+class IncrementalRunner:
+    """Runs a model piece by piece over fixed batches, keeping each batch's live tensors.
+
+    ``compute(model, tensors)`` runs the nodes that ``tensors`` need and that have not
+    run yet (on the current ``model``: its weights may have changed between calls, its
+    structure only by added nodes), remembers the tensors later nodes will read and
+    returns the requested ones per batch. With ``commit=False`` nothing is remembered:
+    how a pass evaluates one layer before changing it.
+
+    Example:
+        >>> import numpy as np
+        >>> from onnx import TensorProto, helper
+        >>> nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+        >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        ...                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+        >>> model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+        >>> runner = IncrementalRunner([{"x": np.array([-1.0, 2.0], np.float32)}])
+        >>> runner.compute(model, ["r"])[0]["r"].tolist(), runner.compute(model, ["y"])[0]["y"].tolist()
+        ([0.0, 2.0], [-0.0, -2.0])
+        >>> runner.nodes_run
+        2
+    """
+
+    def __init__(self, batches: Sequence[Feeds]) -> None:
+        self._live = [{name: np.asarray(v) for name, v in batch.items()} for batch in batches]
+        self._done: set[str] = set()
+
+    @property
+    def nodes_run(self) -> int:
+        return len(self._done)
+
+    def concat(self, model: onnx.ModelProto, tensor: str, commit: bool = True) -> np.ndarray:
+        """One tensor over all batches, concatenated along the first (sample) axis."""
+        return np.concatenate([b[tensor] for b in self.compute(model, [tensor], commit=commit)], axis=0)
+
+    def compute(
+        self, model: onnx.ModelProto, tensors: Sequence[str], *, commit: bool = True
+    ) -> list[dict[str, np.ndarray]]:
+        index = GraphIndex(model.graph)
+        live = self._live[0].keys() if self._live else set()
+        segment: dict[str, onnx.NodeProto] = {}
+        inputs: set[str] = set()
+        stack = list(tensors)
+        while stack:
+            tensor = stack.pop()
+            if not tensor or tensor in live:
+                inputs.update([tensor] if tensor else [])
+                continue
+            if index.initializer_proto(tensor) is not None:
+                continue
+            producer = index.producer(tensor)
+            if producer is None:
+                raise ModelError(f"capture: tensor {tensor!r} is not computed by the model")
+            key = _node_key(producer)
+            if key in self._done:
+                raise ModelError(f"capture: tensor {tensor!r} was already released; request tensors in graph order")
+            if key not in segment:
+                segment[key] = producer
+                stack.extend(node_inputs(producer))
+        wanted = list(dict.fromkeys(tensors))
+        keep: list[str] = []
+        if segment and commit:
+            finished = self._done | segment.keys()
+            for node in segment.values():
+                for out in node.output:
+                    if out and any(_node_key(c) not in finished for c in index.consumers(out)):
+                        keep.append(out)
+        outputs = list(dict.fromkeys(wanted + keep))
+        results = self._run_segment(model, index, list(segment.values()), sorted(inputs), outputs) if segment else None
+        answer = []
+        for i, batch in enumerate(self._live):
+            values = results[i] if results is not None else {}
+            answer.append({t: values[t] if t in values else batch[t] for t in wanted})
+            if commit:
+                batch.update({t: values[t] for t in keep})
+        if commit and segment:
+            self._done |= segment.keys()
+            self._release(index)
+        return answer
+
+    def _release(self, index: GraphIndex) -> None:
+        """Drop the live tensors no pending node reads any more."""
+        for batch in self._live:
+            for tensor in list(batch):
+                if all(_node_key(c) in self._done for c in index.consumers(tensor)):
+                    del batch[tensor]
+
+    def _run_segment(
+        self,
+        model: onnx.ModelProto,
+        index: GraphIndex,
+        nodes: list[onnx.NodeProto],
+        inputs: list[str],
+        outputs: list[str],
+    ) -> list[dict[str, np.ndarray]]:
+        order = {_node_key(n): i for i, n in enumerate(index.topological_order())}
+        nodes = sorted(nodes, key=lambda n: order[_node_key(n)])
+        read = {name for node in nodes for name in node_inputs(node)}
+        first = self._live[0]
+        graph = helper.make_graph(
+            nodes,
+            "segment",
+            [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(first[t].dtype), None) for t in inputs],
+            [output_info(index, t) for t in outputs],
+            [t for t in model.graph.initializer if t.name in read],
+        )
+        # Basic optimisation only: a segment that starts at a DequantizeLinear output
+        # would otherwise be rewritten into a dynamically quantized kernel (the
+        # extended fusions quantize its float input again) and compute something else
+        # than the whole model does.
+        sess = session(with_graph(model, graph), full_optimization=False)
+        results = []
+        for batch in self._live:
+            values = sess.run(outputs, {t: batch[t] for t in inputs})
+            results.append(dict(zip(outputs, values, strict=True)))
+        return results

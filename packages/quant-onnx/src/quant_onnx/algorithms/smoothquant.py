@@ -1,0 +1,274 @@
+"""SmoothQuant on a float ONNX model (pre-pass, before calibration).
+
+For every activation ``X`` read only by MatMul/Gemm layers (or only by 1x1 group-1
+Convs) with initializer weights, the per-input-channel max |X| is measured on the
+calibration batches (``quant_algos.smoothquant.ActivationAbsMax``, streaming), the
+scales ``s`` come from ``quant_algos.smoothquant.smooth_layers`` and the layers'
+weights are multiplied by ``s`` along their input axis. ``1 / s`` is folded, exactly,
+into what produces ``X``:
+
+- a Conv/Gemm/MatMul, possibly through single-consumer Relu/LeakyRelu/PRelu/MaxPool/
+  AveragePool (they commute with a positive per-channel scale): its output channels;
+- a Mul by a constant, a LayerNormalization (scale and bias), a BatchNormalization;
+- otherwise a new ``Mul`` by the constant ``1 / s`` is inserted before the layers.
+
+The float function is unchanged (up to float rounding). Vision CNNs rarely need this
+pass; it targets activations with outlier channels feeding dense layers.
+
+Example:
+    See ``tests/test_algorithms_smoothquant.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import numpy as np
+import onnx
+from onnx import helper
+
+from quant_algos.layer import scale_outputs
+from quant_algos.smoothquant import ActivationAbsMax, smooth_layers
+from quant_core.algorithm_config import SmoothQuantConfig
+from quant_onnx.algorithms._graph import (
+    HOMOGENEOUS_ACTIVATIONS,
+    activation_kind,
+    attr,
+    copy_model,
+    initializer_users,
+    is_default_domain,
+    set_initializer,
+    sole_consumer,
+)
+from quant_onnx.algorithms.capture import Feeds, TensorCapture, prepare_batches
+from quant_onnx.algorithms.chains import layer_ref
+from quant_onnx.graph import GraphIndex
+
+#: Samples used when the config leaves ``num_samples`` unset.
+DEFAULT_NUM_SAMPLES = 512
+_OUTPUTS_PER_RUN = 32
+
+
+@attrs.frozen
+class SmoothedActivation:
+    """One smoothed activation: the tensor, the layers reading it, and where ``1/s`` went
+    (``"into:<node>"`` or ``"mul:<new node>"``)."""
+
+    tensor: str
+    layers: tuple[str, ...]
+    folded: str
+
+
+@attrs.frozen
+class SmoothQuantReport:
+    """What :func:`apply_smoothquant` did.
+
+    Example:
+        >>> SmoothQuantReport((SmoothedActivation("x", ("fc",), "mul:x_smooth"),), ()).to_dict()["smoothed"][0]["layers"]
+        ['fc']
+    """
+
+    smoothed: tuple[SmoothedActivation, ...]
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"smoothed": [attrs.asdict(s) for s in self.smoothed], "notes": list(self.notes)}
+
+
+@attrs.frozen(eq=False)
+class _Consumer:
+    node: onnx.NodeProto
+    weight_name: str
+    weight: np.ndarray
+    in_axis: int
+    family: str
+
+
+def _consumer(node: onnx.NodeProto, tensor: str, index: GraphIndex, graph: onnx.GraphProto) -> _Consumer | None:
+    if not is_default_domain(node) or len(node.input) < 2 or node.input[0] != tensor or tensor in node.input[1:]:
+        return None
+    weight = index.constant(node.input[1])
+    owned = index.initializer_proto(node.input[1]) is not None and initializer_users(graph, node.input[1]) == 1
+    if weight is None or not owned or weight.dtype != np.float32:
+        return None
+    if node.op_type == "MatMul" and weight.ndim == 2:
+        return _Consumer(node, node.input[1], weight, 0, "dense")
+    if node.op_type == "Gemm" and weight.ndim == 2 and not attr(node, "transA", 0):
+        return _Consumer(node, node.input[1], weight, 1 if attr(node, "transB", 0) else 0, "dense")
+    if (
+        node.op_type == "Conv"
+        and int(attr(node, "group", 1)) == 1  # type: ignore[call-overload]
+        and weight.ndim >= 3
+        and all(k == 1 for k in weight.shape[2:])
+    ):
+        return _Consumer(node, node.input[1], weight, 1, "conv")
+    return None
+
+
+def _candidates(model: onnx.ModelProto) -> tuple[dict[str, list[_Consumer]], list[str]]:
+    """Activation tensor -> the layers reading it, for activations every reader of
+    which can absorb a per-input-channel scale."""
+    graph = model.graph
+    index = GraphIndex(graph)
+    groups: dict[str, list[_Consumer]] = {}
+    notes: list[str] = []
+    for node in index.topological_order():
+        if node.op_type not in ("MatMul", "Gemm", "Conv") or not node.input or node.input[0] in groups:
+            continue
+        tensor = node.input[0]
+        if index.constant(tensor) is not None:
+            continue
+        readers = [_consumer(c, tensor, index, graph) for c in index.consumers(tensor)]
+        ok = [r for r in readers if r is not None]
+        if len(ok) != len(readers) or index.is_graph_output(tensor) or len({r.family for r in ok}) != 1:
+            notes.append(f"{tensor}: read by a node that cannot absorb the scale; left alone")
+            continue
+        groups[tensor] = ok
+    return groups, notes
+
+
+def _measure(
+    model: onnx.ModelProto, groups: dict[str, list[_Consumer]], feeds: list[dict]
+) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Per-channel max |x| and the rank of every candidate activation."""
+    tensors = list(groups)
+    absmax: dict[str, np.ndarray] = {}
+    ranks: dict[str, int] = {}
+    for start in range(0, len(tensors), _OUTPUTS_PER_RUN):
+        chunk = tensors[start : start + _OUTPUTS_PER_RUN]
+        accs = {t: ActivationAbsMax(channel_axis=1 if groups[t][0].family == "conv" else -1) for t in chunk}
+        for values in TensorCapture(model, chunk).iterate(feeds):
+            for t, v in values.items():
+                accs[t].update(v)
+                ranks[t] = v.ndim
+        absmax.update({t: acc.absmax() for t, acc in accs.items()})
+    return absmax, ranks
+
+
+def _owned_constant(index: GraphIndex, graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    if index.initializer_proto(name) is None or initializer_users(graph, name) != 1:
+        return None
+    return index.constant(name)
+
+
+def _fold_into_producer(
+    model: onnx.ModelProto, index: GraphIndex, tensor: str, family: str, rank: int | None, mult: np.ndarray
+) -> str | None:
+    """Fold ``x *= mult`` (per channel) into what produces ``tensor``; the node's name, or None."""
+    graph = model.graph
+    current = tensor
+    crossed = False
+    while True:
+        node = index.producer(current)
+        if node is None or not is_default_domain(node) or len(node.output) != 1:
+            return None
+        if crossed and sole_consumer(index, node.output[0]) is None:
+            return None
+        homogeneous = node.op_type in (*HOMOGENEOUS_ACTIVATIONS, "MaxPool", "AveragePool") or (
+            activation_kind(node, index) == "relu"
+        )
+        if homogeneous and node.op_type != "PRelu":
+            current, crossed = node.input[0], True
+            continue
+        break
+    ref = layer_ref(node, index, graph)
+    if ref is not None and ref.family == family:
+        scaled = scale_outputs(ref.layer, 1.0 / mult)
+        set_initializer(
+            model, ref.weight_name, np.ascontiguousarray(scaled.weight.T if ref.transposed else scaled.weight)
+        )
+        if ref.bias_name is not None and scaled.bias is not None:
+            set_initializer(model, ref.bias_name, scaled.bias)
+        return node.name
+    if crossed or rank is None:
+        return None  # the remaining forms are only exact directly on the tensor
+    axis = 1 if family == "conv" else rank - 1
+    shape = [1] * rank
+    shape[axis] = -1
+    m = mult.reshape(shape)
+    if node.op_type == "Mul":
+        for i in (0, 1):
+            c = _owned_constant(index, graph, node.input[i])
+            if c is not None and c.ndim <= rank:
+                new = (c.astype(np.float64) * m).astype(c.dtype)
+                if new.ndim == rank and new.shape[axis] == mult.size:
+                    set_initializer(model, node.input[i], new)
+                    return node.name
+        return None
+    if node.op_type in ("LayerNormalization", "BatchNormalization"):
+        if node.op_type == "LayerNormalization" and (
+            family != "dense" or int(attr(node, "axis", -1)) not in (-1, rank - 1)
+        ):  # type: ignore[call-overload]
+            return None
+        if node.op_type == "BatchNormalization" and family != "conv":
+            return None
+        params = [node.input[1]] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
+        values = [_owned_constant(index, graph, p) for p in params]
+        if any(v is None or v.shape != (mult.size,) for v in values):
+            return None
+        for p, v in zip(params, values, strict=True):
+            assert v is not None
+            set_initializer(model, p, (v.astype(np.float64) * mult).astype(v.dtype))
+        return node.name
+    return None
+
+
+def _insert_mul(
+    model: onnx.ModelProto, index: GraphIndex, tensor: str, family: str, rank: int | None, mult: np.ndarray
+) -> str:
+    shape = [-1] if family == "dense" else [-1] + [1] * max((rank or 4) - 2, 0)
+    const = index.unique_name(f"{tensor}_smooth_scale")
+    out = index.unique_name(f"{tensor}_smoothed")
+    name = index.unique_name(f"{tensor}_smooth")
+    set_initializer(model, const, mult.astype(np.float32).reshape(shape))
+    readers = {n.name for n in index.consumers(tensor)}
+    position = 0
+    for i, node in enumerate(model.graph.node):
+        if tensor in node.output:
+            position = i + 1
+        if node.name in readers:
+            for j, inp in enumerate(node.input):
+                if inp == tensor:
+                    node.input[j] = out
+    model.graph.node.insert(position, helper.make_node("Mul", [tensor, const], [out], name=name))
+    return name
+
+
+def apply_smoothquant_with_report(
+    model: onnx.ModelProto, batches: Iterable[Feeds], config: SmoothQuantConfig
+) -> tuple[onnx.ModelProto, SmoothQuantReport]:
+    """:func:`apply_smoothquant` that also returns a :class:`SmoothQuantReport`."""
+    groups, notes = _candidates(model)
+    out = copy_model(model)
+    if not groups:
+        return out, SmoothQuantReport((), (*notes, "no MatMul/Gemm/1x1-Conv inputs to smooth"))
+    absmax, ranks = _measure(model, groups, prepare_batches(batches, config.num_samples or DEFAULT_NUM_SAMPLES))
+    smoothed = []
+    for tensor, readers in groups.items():
+        current = GraphIndex(out.graph)  # weights as earlier smoothing left them
+        weights = [np.asarray(current.constant(r.weight_name)) for r in readers]
+        result = smooth_layers(absmax[tensor], [(w, r.in_axis) for w, r in zip(weights, readers, strict=True)], config)
+        if np.allclose(result.scales, 1.0):
+            continue
+        index = GraphIndex(out.graph)
+        rank = ranks[tensor]
+        family = readers[0].family
+        folded = _fold_into_producer(out, index, tensor, family, rank, result.input_multiplier)
+        where = (
+            f"into:{folded}"
+            if folded
+            else f"mul:{_insert_mul(out, index, tensor, family, rank, result.input_multiplier)}"
+        )
+        for reader, weight in zip(readers, result.weights, strict=True):
+            set_initializer(out, reader.weight_name, weight)
+        smoothed.append(SmoothedActivation(tensor, tuple(r.node.name for r in readers), where))
+    return out, SmoothQuantReport(tuple(smoothed), tuple(notes))
+
+
+def apply_smoothquant(model: onnx.ModelProto, batches: Iterable[Feeds], config: SmoothQuantConfig) -> onnx.ModelProto:
+    """A copy of ``model`` (pre-processed float model) with SmoothQuant applied; the
+    float function is unchanged. ``batches``: calibration feeds, first
+    ``config.num_samples`` samples (``DEFAULT_NUM_SAMPLES`` when unset)."""
+    return apply_smoothquant_with_report(model, batches, config)[0]

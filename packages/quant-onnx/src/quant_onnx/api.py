@@ -1,0 +1,359 @@
+"""Python entry points: :func:`quantize` and :class:`ModelQuantizer`.
+
+The quantizer runs in phases, each with a typed result, so that accuracy algorithms
+can hook in between them:
+
+1. :meth:`ModelQuantizer.prepare`: load (a copy), pre-process (BN folding, constant
+   folding, Pad folding, opset raised where the formats need it), name every node, run
+   the model hooks (e.g. cross-layer equalisation, which edits float weights), annotate.
+   -> :class:`PreparedModel`
+2. :meth:`ModelQuantizer.calibrate`: stream the data through onnxruntime into observers,
+   then run the calibrated hooks (bias correction, AdaRound: they may replace weights
+   and qparams). -> :class:`~quant_onnx.calibrate.CalibratedModel`
+3. :meth:`ModelQuantizer.write`: the QDQ model. -> ``onnx.ModelProto``
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from onnx import helper, numpy_helper, TensorProto
+    >>> w = numpy_helper.from_array(np.full((4, 3, 1, 1), 0.5, np.float32), "w")
+    >>> g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 4])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 4, 4])], [w])
+    >>> model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    >>> data = np.random.default_rng(0).normal(size=(8, 3, 4, 4)).astype(np.float32)
+    >>> out = os.path.join(tempfile.mkdtemp(), "q.onnx")
+    >>> result = quantize(model, out, "a8w8", data, quiet=True)
+    >>> sorted({n.op_type for n in result.model.graph.node})
+    ['Conv', 'DequantizeLinear', 'QuantizeLinear']
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import onnx
+
+from quant_core.config import QuantConfig
+from quant_core.presets import get_preset
+from quant_core.spec import QuantSpec
+from quant_onnx.annotate import Annotation, annotate, ensure_node_names
+from quant_onnx.calibrate import CalibratedModel, calibrate
+from quant_onnx.compare import Comparison, compare_models
+from quant_onnx.data import ImageOptions, calibration_batches
+from quant_onnx.errors import ModelError
+from quant_onnx.model_io import load_model, opset_version, save_model
+from quant_onnx.preprocess import PreprocessOptions, preprocess_with_report
+from quant_onnx.qdq_writer import WriterOptions, encode_activation_dtype, required_opset, write_qdq_with_notes
+from quant_onnx.report import build_report, write_report
+
+_LOG = logging.getLogger(__name__)
+
+DEFAULT_PRESET = "a8w8"
+"""What an onnxruntime user expects: uint8 activations, int8 per-channel weights."""
+
+ModelSource = str | os.PathLike[str] | bytes | onnx.ModelProto
+ModelHook = Callable[[onnx.ModelProto], onnx.ModelProto]
+"""Edits the pre-processed float model before annotation (returns a new model)."""
+CalibratedHook = Callable[[CalibratedModel, Sequence[Mapping[str, np.ndarray]]], CalibratedModel]
+"""Refines a calibrated model given a few held calibration batches (returns a new one)."""
+QDQHook = Callable[[onnx.ModelProto, CalibratedModel, Sequence[Mapping[str, np.ndarray]]], onnx.ModelProto]
+"""Post-pass on the written QDQ model (e.g. bias correction or AdaRound editing its
+integer initializers), given the calibrated state and the held batches."""
+
+
+def resolve_config(config: QuantConfig | str | os.PathLike[str] | None) -> QuantConfig:
+    """A :class:`QuantConfig` from a config, a preset name, a ``.json`` config file or
+    ``None`` (the ``a8w8`` preset).
+
+    Example:
+        >>> resolve_config(None).name
+        'a8w8'
+    """
+    if config is None:
+        return get_preset(DEFAULT_PRESET)
+    if isinstance(config, QuantConfig):
+        return config
+    if isinstance(config, os.PathLike) or (isinstance(config, str) and config.endswith(".json")):
+        from quant_core.serialization import load_config
+
+        return load_config(config)
+    if isinstance(config, str):
+        return get_preset(config)
+    raise ValueError(
+        f"config: {type(config).__name__} is not allowed; allowed: a QuantConfig, a preset name, a .json path"
+    )
+
+
+def config_specs(config: QuantConfig) -> list[QuantSpec]:
+    """Every spec a config can hand out (global, per op type, per name)."""
+    operators = [config.global_config, *config.op_type_overrides.values(), *config.name_overrides.values()]
+    return [s for op in operators for s in (op.input, op.weight, op.bias, op.output) if s is not None]
+
+
+@attrs.frozen(eq=False)
+class PreparedModel:
+    """Phase 1's result: the pre-processed float model (named nodes) and its annotation.
+
+    Example:
+        >>> PreparedModel(onnx.ModelProto(), None, {}).preprocess_changes
+        {}
+    """
+
+    model: onnx.ModelProto
+    annotation: Annotation
+    preprocess_changes: Mapping[str, int]
+
+
+@attrs.frozen(eq=False)
+class QuantizationResult:
+    """What :meth:`ModelQuantizer.quantize` produced.
+
+    Example:
+        >>> QuantizationResult(onnx.ModelProto(), None, None, None).output_path is None
+        True
+    """
+
+    model: onnx.ModelProto
+    calibrated: CalibratedModel | None
+    report: dict[str, Any] | None
+    output_path: Path | None
+
+
+class _HeldBatches:
+    """Passes batches through while keeping the first ``limit`` samples (for hooks and
+    the report's SQNR): the data may be a one-shot generator."""
+
+    def __init__(self, batches: Iterable[Mapping[str, np.ndarray]], limit: int) -> None:
+        self.batches = batches
+        self.limit = limit
+        self.held: list[dict[str, np.ndarray]] = []
+        self._count = 0
+
+    def __iter__(self) -> Iterator[Mapping[str, np.ndarray]]:
+        for batch in self.batches:
+            if self._count < self.limit:
+                n = len(next(iter(batch.values())))
+                take = min(n, self.limit - self._count)
+                self.held.append({k: np.array(v[:take]) for k, v in batch.items()})
+                self._count += take
+            yield batch
+
+
+class ModelQuantizer:
+    """Static post-training quantization of an ONNX model to QDQ, in phases.
+
+    Args:
+        config: a ``QuantConfig``, a preset name, a ``.json`` config path, or ``None``
+            for ``a8w8``.
+        preprocess_options: pre-processing passes (default: all exact ones).
+        writer_options: encoding of the QDQ model (default: uint8 activations for x86).
+        model_hooks: run on the pre-processed float model before annotation.
+        calibrated_hooks: run on the calibrated model before writing.
+        qdq_hooks: run by :meth:`quantize` on the written QDQ model.
+        hold_samples: calibration samples kept in memory for hooks and the report.
+        share_concat_scales: Concat's inputs and output share one scale (range = union).
+        quiet: no progress bars.
+
+    Example:
+        >>> import numpy as np
+        >>> from onnx import helper, TensorProto
+        >>> g = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+        >>> quantizer = ModelQuantizer("a8w8", quiet=True)
+        >>> prepared = quantizer.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8))
+        >>> calibrated = quantizer.calibrate(prepared, np.ones((4, 2), np.float32))
+        >>> [n.op_type for n in quantizer.write(calibrated).graph.node]
+        ['QuantizeLinear', 'DequantizeLinear', 'Add', 'QuantizeLinear', 'DequantizeLinear']
+    """
+
+    def __init__(
+        self,
+        config: QuantConfig | str | os.PathLike[str] | None = None,
+        *,
+        preprocess_options: PreprocessOptions | None = None,
+        writer_options: WriterOptions | None = None,
+        model_hooks: Sequence[ModelHook] = (),
+        calibrated_hooks: Sequence[CalibratedHook] = (),
+        qdq_hooks: Sequence[QDQHook] = (),
+        hold_samples: int = 32,
+        share_concat_scales: bool = True,
+        quiet: bool = False,
+    ) -> None:
+        self.config = resolve_config(config)
+        self.preprocess_options = preprocess_options or PreprocessOptions()
+        self.writer_options = writer_options or WriterOptions()
+        self.model_hooks = tuple(model_hooks)
+        self.calibrated_hooks = tuple(calibrated_hooks)
+        self.qdq_hooks = tuple(qdq_hooks)
+        self.hold_samples = hold_samples
+        self.share_concat_scales = share_concat_scales
+        self.quiet = quiet
+        self.notes: list[str] = []
+        if self.config.algorithms and not (self.calibrated_hooks or self.model_hooks or self.qdq_hooks):
+            kinds = ", ".join(type(a).kind for a in self.config.algorithms)  # type: ignore[attr-defined]
+            message = f"config algorithms ({kinds}) are not run by quant_onnx yet; quantizing without them"
+            _LOG.warning(message)
+            self.notes.append(message)
+
+    def required_opset(self) -> int:
+        """The opset the QDQ formats of this config need."""
+        encoding = self.writer_options.activation_encoding
+        return required_opset(
+            encode_activation_dtype(s.dtype, encoding) for s in config_specs(self.config) if s.is_quantized
+        )
+
+    def prepare(self, model: ModelSource) -> PreparedModel:
+        """Phase 1 (see the module docstring). ``model`` is never modified."""
+        loaded = load_model(model)
+        options = self.preprocess_options
+        needed = self.required_opset()
+        if opset_version(loaded) < needed and (options.target_opset or 0) < needed:
+            options = attrs.evolve(options, target_opset=needed)
+        result = preprocess_with_report(loaded, options)
+        float_model = result.model
+        ensure_node_names(float_model)
+        for hook in self.model_hooks:
+            float_model = hook(float_model)
+            ensure_node_names(float_model)
+        annotation = annotate(float_model, self.config, share_concat_scales=self.share_concat_scales)
+        return PreparedModel(float_model, annotation, dict(result.changes))
+
+    def calibration_batches(
+        self,
+        prepared: PreparedModel,
+        calibration_data: Any,
+        *,
+        num_samples: int | None = None,
+        batch_size: int | None = None,
+        image_options: ImageOptions | None = None,
+    ) -> Iterable[Mapping[str, np.ndarray]]:
+        """Validated feeds for ``prepared``'s inputs (see :mod:`quant_onnx.data`)."""
+        return calibration_batches(
+            prepared.model,
+            calibration_data,
+            batch_size=batch_size or self.config.calibration.batch_size,
+            num_samples=num_samples if num_samples is not None else self.config.calibration.num_samples,
+            image_options=image_options,
+        )
+
+    def calibrate(
+        self,
+        prepared: PreparedModel,
+        calibration_data: Any,
+        *,
+        num_samples: int | None = None,
+        batch_size: int | None = None,
+        image_options: ImageOptions | None = None,
+    ) -> CalibratedModel:
+        """Phase 2 (see the module docstring). ``calibration_data``: see :func:`quantize`."""
+        calibrated, _held = self._calibrate(prepared, calibration_data, num_samples, batch_size, image_options)
+        return calibrated
+
+    def _calibrate(
+        self,
+        prepared: PreparedModel,
+        data: Any,
+        num_samples: int | None,
+        batch_size: int | None,
+        image_options: ImageOptions | None,
+    ) -> tuple[CalibratedModel, list[dict[str, np.ndarray]]]:
+        batches = self.calibration_batches(
+            prepared, data, num_samples=num_samples, batch_size=batch_size, image_options=image_options
+        )
+        held = _HeldBatches(batches, self.hold_samples)
+        size = batch_size or self.config.calibration.batch_size
+        count = num_samples if num_samples is not None else self.config.calibration.num_samples
+        total = None if count is None else -(-count // size)
+        calibrated = calibrate(prepared.model, prepared.annotation, held, total_batches=total, quiet=self.quiet)
+        for hook in self.calibrated_hooks:
+            calibrated = hook(calibrated, held.held)
+        return calibrated, held.held
+
+    def write(self, calibrated: CalibratedModel) -> onnx.ModelProto:
+        """Phase 3: the QDQ model (the writer's notes are added to :attr:`notes`)."""
+        model, notes = write_qdq_with_notes(calibrated, self.writer_options)
+        self.notes.extend(notes)
+        return model
+
+    def quantize(
+        self,
+        model_in: ModelSource,
+        model_out: str | os.PathLike[str] | None,
+        calibration_data: Any,
+        *,
+        num_samples: int | None = None,
+        batch_size: int | None = None,
+        report_path: str | os.PathLike[str] | None = None,
+        image_options: ImageOptions | None = None,
+    ) -> QuantizationResult:
+        """All phases; writes ``model_out`` (atomically) and ``report_path`` when given.
+        Nothing is written when any input is invalid."""
+        input_path = model_in if isinstance(model_in, str | os.PathLike) else None
+        if model_out is not None and input_path is not None and _same_path(model_out, input_path):
+            raise ModelError(f"output path '{model_out}' is the input model; choose another output file")
+        prepared = self.prepare(model_in)
+        calibrated, held = self._calibrate(prepared, calibration_data, num_samples, batch_size, image_options)
+        quantized = self.write(calibrated)
+        for hook in self.qdq_hooks:
+            quantized = hook(quantized, calibrated, held)
+        report = None
+        if report_path is not None:
+            comparison: Comparison | None = None
+            if held:
+                comparison = compare_models(prepared.model, quantized, held, quiet=True)
+            files = {
+                "input": None if input_path is None else str(input_path),
+                "output": None if model_out is None else str(model_out),
+            }
+            report = build_report(calibrated, config=self.config, comparison=comparison, notes=self.notes, files=files)
+        path = None
+        if model_out is not None:
+            path = save_model(quantized, model_out, input_path=input_path)
+        if report is not None and report_path is not None:
+            write_report(report, report_path)
+        return QuantizationResult(quantized, calibrated, report, path)
+
+
+def _same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return os.path.samefile(pa, pb)
+    return pa.resolve() == pb.resolve()
+
+
+def quantize(
+    model_in: ModelSource,
+    model_out: str | os.PathLike[str] | None,
+    config: QuantConfig | str | os.PathLike[str] | None,
+    calibration_data: Any,
+    *,
+    num_samples: int | None = None,
+    batch_size: int | None = None,
+    preprocess_options: PreprocessOptions | None = None,
+    report_path: str | os.PathLike[str] | None = None,
+    quiet: bool = False,
+    image_options: ImageOptions | None = None,
+) -> QuantizationResult:
+    """Quantize ``model_in`` (path, bytes or ModelProto; never modified) to a QDQ model at
+    ``model_out`` (``None``: only returned) with ``config`` (a ``QuantConfig``, a preset
+    name such as ``"a8w8"`` or ``"xint8"``, a ``.json`` path, or ``None`` for a8w8),
+    calibrated on ``calibration_data``: an iterable of ``{input_name: array}`` dicts, an
+    array (single-input models; first axis = samples), or a ``.npy``/``.npz``/image-folder
+    path. See the module docstring for the phases."""
+    quantizer = ModelQuantizer(config, preprocess_options=preprocess_options, quiet=quiet)
+    return quantizer.quantize(
+        model_in,
+        model_out,
+        calibration_data,
+        num_samples=num_samples,
+        batch_size=batch_size,
+        report_path=report_path,
+        image_options=image_options,
+    )

@@ -1,0 +1,178 @@
+"""Streaming calibration: run onnxruntime batch by batch, feed ``quant_core`` observers,
+drop the tensors.
+
+The model is copied with every tensor to observe added as a graph output; each batch's
+arrays go straight into the observers and are released before the next batch, so peak
+memory depends on the batch size, never on the number of samples. One observer per
+:class:`~quant_onnx.annotate.TensorGroup` sees every observed member, which gives a
+shared-scale group (Concat inputs) the union of its members' ranges.
+
+The result, :class:`CalibratedModel`, is the seam between phases: accuracy algorithms
+(CLE before calibration; bias correction, AdaRound after) read and replace its float
+model, activation qparams and weight qparams before :mod:`qdq_writer` writes it.
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import helper, TensorProto
+    >>> from quant_core.presets import get_preset
+    >>> from quant_onnx.annotate import annotate
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])
+    >>> model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    >>> batches = [{"x": np.array([[-1.0, 2.0]], np.float32)}, {"x": np.array([[3.0, 0.0]], np.float32)}]
+    >>> cal = calibrate(model, annotate(model, get_preset("a8w8")), batches, quiet=True)
+    >>> [float(v) for v in cal.activation_ranges["x"]]
+    [-1.0, 3.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+from tqdm.auto import tqdm
+
+from quant_core.observers import make_observer
+from quant_core.observers.base import Observer
+from quant_core.qparams import QParams
+from quant_onnx.annotate import Annotation, WeightSlot
+from quant_onnx.errors import DataError
+from quant_onnx.graph import GraphIndex
+from quant_onnx.policy import float_attribute
+from quant_onnx.weights import constant_qparams
+
+
+@attrs.frozen(eq=False)
+class CalibratedModel:
+    """A float model with every quantization decision made: the input of the writer.
+
+    Args:
+        model: the pre-processed float model to quantize (algorithms may replace it,
+            e.g. with weights snapped to their quantization grid by AdaRound).
+        annotation: which tensor gets which spec.
+        activation_qparams: tensor group key -> qparams in the spec's own encoding (the
+            writer may re-encode int8 as uint8 for onnxruntime on x86).
+        activation_ranges: tensor group key -> the observed ``(min, max)``.
+        weight_qparams: weighted node name -> its weight's qparams.
+
+    Example:
+        >>> empty = Annotation(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
+        >>> CalibratedModel(onnx.ModelProto(), empty, {}, {}, {}).qparams_of("x") is None
+        True
+    """
+
+    model: onnx.ModelProto
+    annotation: Annotation
+    activation_qparams: Mapping[str, QParams]
+    activation_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    weight_qparams: Mapping[str, QParams]
+
+    def qparams_of(self, tensor: str) -> QParams | None:
+        """Qparams of an activation tensor (through its group), or ``None`` when it stays float."""
+        group = self.annotation.group_of(tensor)
+        return None if group is None else self.activation_qparams[group.key]
+
+    def evolve(self, **changes: Any) -> CalibratedModel:
+        """A copy with fields replaced (how algorithms hand back their changes)."""
+        result: CalibratedModel = attrs.evolve(self, **changes)
+        return result
+
+
+def weight_qparams(model: onnx.ModelProto, weights: Iterable[WeightSlot]) -> dict[str, QParams]:
+    """Qparams of every weight slot from the weight values (node name -> qparams)."""
+    index = GraphIndex(model.graph)
+    result = {}
+    for slot in weights:
+        value = index.constant(slot.tensor)
+        if value is None:
+            raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
+        result[slot.node] = constant_qparams(_effective_weight(model, slot, value), slot.spec)
+    return result
+
+
+def _effective_weight(model: onnx.ModelProto, slot: WeightSlot, value: np.ndarray) -> np.ndarray:
+    """The weight as the kernel uses it: Gemm's ``alpha`` is folded into it by the writer."""
+    if slot.op_type != "Gemm":
+        return value
+    node = next(n for n in model.graph.node if n.name == slot.node)
+    alpha = float_attribute(node, "alpha", 1.0)
+    return value if alpha == 1.0 else (value * np.float32(alpha)).astype(np.float32)
+
+
+def augmented_model(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
+    """A copy of ``model`` that also outputs ``tensors`` (already-existing outputs are kept)."""
+    augmented = onnx.ModelProto()
+    augmented.CopyFrom(model)
+    index = GraphIndex(augmented.graph)
+    existing = {o.name for o in augmented.graph.output}
+    for name in tensors:
+        if name not in existing:
+            elem = index.elem_type(name) or TensorProto.FLOAT
+            augmented.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+            existing.add(name)
+    return augmented
+
+
+def inference_session(model: onnx.ModelProto, level: ort.GraphOptimizationLevel) -> ort.InferenceSession:
+    """A CPU session on an in-memory model."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def calibrate(
+    model: onnx.ModelProto,
+    annotation: Annotation,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    *,
+    total_batches: int | None = None,
+    quiet: bool = False,
+) -> CalibratedModel:
+    """Observe every annotated activation over ``batches`` (validated feeds: input name ->
+    array) and return the :class:`CalibratedModel`. ``total_batches`` sizes the progress bar."""
+    index = GraphIndex(model.graph)
+    observers: dict[str, Observer] = {group.key: make_observer(group.spec) for group in annotation.groups}
+    feeds_of: dict[str, list[str]] = {}  # tensor -> observer keys
+    for group in annotation.groups:
+        for name in group.observed:
+            feeds_of.setdefault(name, []).append(group.key)
+    run_outputs = []
+    for name, keys in feeds_of.items():
+        value = index.constant(name)
+        if value is not None:
+            for key in keys:
+                observers[key].update(value)
+        elif not index.is_graph_input(name):
+            run_outputs.append(name)
+    inputs_to_observe = [name for name in feeds_of if index.is_graph_input(name)]
+    session = inference_session(augmented_model(model, run_outputs), ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    seen = 0
+    for batch in tqdm(batches, total=total_batches, desc="calibrating", unit="batch", disable=quiet):
+        feeds = {name: np.asarray(value) for name, value in batch.items()}
+        for name in inputs_to_observe:
+            for key in feeds_of[name]:
+                observers[key].update(feeds[name])
+        if run_outputs:
+            values = session.run(run_outputs, feeds)
+            for name, value in zip(run_outputs, values, strict=True):
+                for key in feeds_of[name]:
+                    observers[key].update(value)
+            del values  # released before the next batch: memory does not grow with samples
+        seen += 1
+    if seen == 0:
+        raise DataError("calibration data: no samples")
+    qparams: dict[str, QParams] = {}
+    ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for key, observer in observers.items():
+        if observer.empty:
+            raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
+        ranges[key] = observer.range()
+        qparams[key] = observer.qparams()
+    return CalibratedModel(model, annotation, qparams, ranges, weight_qparams(model, annotation.weights))

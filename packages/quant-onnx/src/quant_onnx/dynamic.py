@@ -1,0 +1,196 @@
+"""Dynamic quantization: weights quantized offline, activations at run time.
+
+For users of ``onnxruntime.quantization.quantize_dynamic``; no calibration data. Each
+Conv, MatMul and Gemm with a constant weight becomes::
+
+    x -> DynamicQuantizeLinear -> (x_q uint8, x_scale, x_zp)     (one per input tensor)
+    ConvInteger / MatMulInteger(x_q, w_q int8, x_zp, 0) -> int32
+    Cast(float) * (x_scale * w_scale) [+ bias] -> y
+
+Weights are symmetric (zero point 0), per channel along the output-channel axis when
+the config's weight spec is per channel; ``DynamicQuantizeLinear`` fixes the activation
+format (uint8, asymmetric, per tensor).
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import helper, numpy_helper, TensorProto
+    >>> w = numpy_helper.from_array(np.ones((3, 2), np.float32), "w")
+    >>> g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], [w])
+    >>> m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    >>> [n.op_type for n in quantize_dynamic_model(m).graph.node]
+    ['DynamicQuantizeLinear', 'MatMulInteger', 'Cast', 'Mul', 'Mul']
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quant_core.config import QuantConfig
+from quant_core.dtypes import DType
+from quant_core.spec import QuantSpec
+from quant_onnx.annotate import ensure_node_names
+from quant_onnx.graph import GraphIndex
+from quant_onnx.model_io import load_model, save_model
+from quant_onnx.policy import float_attribute, int_attribute, weight_channel_axis
+from quant_onnx.preprocess import PreprocessOptions, preprocess
+from quant_onnx.weights import constant_qparams, quantize_constant
+
+_DYNAMIC_OPS = ("Conv", "MatMul", "Gemm")
+_CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+class _DynamicWriter:
+    def __init__(self, model: onnx.ModelProto, config: QuantConfig) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.config = config
+        self.index = GraphIndex(self.graph)
+        self.quantized_inputs: dict[str, tuple[str, str, str]] = {}
+        self.replaced: set[str] = set()
+        self.notes: list[str] = []
+
+    def name(self, prefix: str) -> str:
+        return self.index.unique_name(prefix)
+
+    def const(self, prefix: str, value: np.ndarray) -> str:
+        name = self.name(prefix)
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def weight_spec(self, node: onnx.NodeProto) -> QuantSpec | None:
+        cfg = self.config.for_node(node.name, node.op_type)
+        spec = None if cfg is None else cfg.weight
+        if spec is None or not spec.is_quantized:
+            return None
+        if spec.dtype not in (DType.INT8, DType.UINT8) or not spec.symmetric:
+            self.notes.append(f"node {node.name!r}: dynamic mode needs an 8-bit symmetric weight spec; kept float")
+            return None
+        return spec.evolve(dtype=DType.INT8)
+
+    def dynamic_input(self, tensor: str, out: list[onnx.NodeProto]) -> tuple[str, str, str]:
+        if tensor not in self.quantized_inputs:
+            outputs = (
+                self.name(f"{tensor}_quantized"),
+                self.name(f"{tensor}_scale"),
+                self.name(f"{tensor}_zero_point"),
+            )
+            out.append(
+                helper.make_node(
+                    "DynamicQuantizeLinear", [tensor], list(outputs), name=self.name(f"{tensor}_DynamicQuantizeLinear")
+                )
+            )
+            self.quantized_inputs[tensor] = outputs
+        return self.quantized_inputs[tensor]
+
+    def rewrite(self, node: onnx.NodeProto, out: list[onnx.NodeProto]) -> bool:
+        if node.op_type not in _DYNAMIC_OPS or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            return False
+        weight = self.index.constant(node.input[1])
+        spec = self.weight_spec(node)
+        if weight is None or spec is None or weight.dtype != np.float32:
+            return False
+        bias = self.index.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if node.op_type == "Gemm":
+            if int_attribute(node, "transA", 0) != 0 or (len(node.input) > 2 and node.input[2] and bias is None):
+                return False
+            weight = weight.T if int_attribute(node, "transB", 0) else weight
+            weight = (weight * np.float32(float_attribute(node, "alpha", 1.0))).astype(np.float32)
+            if bias is not None:
+                bias = (bias * np.float32(float_attribute(node, "beta", 1.0))).astype(np.float32)
+        if node.op_type == "MatMul" and weight.ndim != 2:
+            return False
+        is_conv = node.op_type == "Conv"
+        axis = 0 if is_conv else 1  # Gemm weights are stored as [K, N] here
+        if spec.per_channel_axis is not None:
+            spec = spec.evolve(per_channel_axis=axis if not is_conv else weight_channel_axis(node, weight.ndim))
+        qp = constant_qparams(weight, spec)
+        base = node.input[1]
+        w_q = self.const(f"{base}_quantized", quantize_constant(weight, qp, spec))
+        w_zp = self.const(f"{base}_zero_point", np.zeros((), np.int8))
+        x_q, x_scale, x_zp = self.dynamic_input(node.input[0], out)
+        acc = self.name(f"{node.name}_int32")
+        if is_conv:
+            attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in _CONV_ATTRIBUTES}
+            out.append(
+                helper.make_node(
+                    "ConvInteger",
+                    [x_q, w_q, x_zp, w_zp],
+                    [acc],
+                    name=self.name(f"{node.name}_ConvInteger"),
+                    **attributes,
+                )
+            )
+        else:
+            out.append(
+                helper.make_node(
+                    "MatMulInteger", [x_q, w_q, x_zp, w_zp], [acc], name=self.name(f"{node.name}_MatMulInteger")
+                )
+            )
+        shape = (-1, 1, 1)[: weight.ndim - 1] if is_conv else (-1,)
+        w_scale = self.const(
+            f"{base}_scale", np.asarray(qp.scale, np.float32).reshape(shape if qp.axis is not None else ())
+        )
+        as_float = self.name(f"{node.name}_float")
+        out.append(
+            helper.make_node("Cast", [acc], [as_float], to=TensorProto.FLOAT, name=self.name(f"{node.name}_Cast"))
+        )
+        scale = self.name(f"{node.name}_scale")
+        out.append(helper.make_node("Mul", [x_scale, w_scale], [scale], name=self.name(f"{node.name}_scale_Mul")))
+        result = node.output[0]
+        scaled = result if bias is None else self.name(f"{node.name}_scaled")
+        out.append(helper.make_node("Mul", [as_float, scale], [scaled], name=self.name(f"{node.name}_Mul")))
+        if bias is not None:
+            b = bias.reshape(shape) if is_conv else bias
+            b_name = self.const(f"{node.input[2]}_bias", b.astype(np.float32))
+            out.append(helper.make_node("Add", [scaled, b_name], [result], name=self.name(f"{node.name}_bias_Add")))
+            self.replaced.add(node.input[2])
+        self.replaced.add(node.input[1])
+        return True
+
+    def run(self) -> onnx.ModelProto:
+        nodes: list[onnx.NodeProto] = []
+        for node in self.graph.node:
+            if not self.rewrite(node, nodes):
+                nodes.append(node)
+        used = {name for node in nodes for name in node.input} | {o.name for o in self.graph.output}
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
+        kept = [t for t in self.graph.initializer if t.name in used or t.name not in self.replaced]
+        del self.graph.initializer[:]
+        self.graph.initializer.extend(kept)
+        return self.model
+
+
+def quantize_dynamic_model(
+    model: onnx.ModelProto | str | os.PathLike[str] | bytes,
+    config: QuantConfig | str | None = None,
+    *,
+    preprocess_options: PreprocessOptions | None = None,
+) -> onnx.ModelProto:
+    """The dynamically quantized model (see the module docstring); ``model`` is not
+    modified. ``config``: only the weight specs (and exclusions) are used; default a8w8."""
+    from quant_onnx.api import resolve_config
+
+    float_model = preprocess(load_model(model), preprocess_options)
+    ensure_node_names(float_model)
+    return _DynamicWriter(float_model, resolve_config(config)).run()
+
+
+def quantize_dynamic(
+    model_in: str | os.PathLike[str] | onnx.ModelProto,
+    model_out: str | os.PathLike[str],
+    config: QuantConfig | str | None = None,
+    *,
+    preprocess_options: PreprocessOptions | None = None,
+) -> onnx.ModelProto:
+    """Quantize dynamically and write ``model_out`` atomically (never over the input)."""
+    quantized = quantize_dynamic_model(model_in, config, preprocess_options=preprocess_options)
+    input_path = model_in if isinstance(model_in, str | os.PathLike) else None
+    save_model(quantized, model_out, input_path=input_path)
+    return quantized

@@ -1,0 +1,41 @@
+"""Exceptions raised by quant_onnx for invalid user input.
+
+Both derive from ValueError so callers that only know "bad input" can catch one type.
+
+Example:
+    >>> from quant_onnx.errors import DataError
+    >>> try:
+    ...     raise DataError("calibration data: input 'x' contains NaN")
+    ... except ValueError as exc:
+    ...     print(exc)
+    calibration data: input 'x' contains NaN
+"""
+
+from __future__ import annotations
+
+
+class ModelError(ValueError):
+    """The ONNX model cannot be read, validated or handled (one-line message naming file/node/op).
+
+    Example:
+        >>> str(ModelError("model 'a.onnx': file not found"))
+        "model 'a.onnx': file not found"
+    """
+
+
+class DataError(ValueError):
+    """Calibration data does not fit the model (one-line message naming the input).
+
+    Example:
+        >>> isinstance(DataError("calibration data: no samples"), ValueError)
+        True
+    """
+
+
+class MissingDependencyError(ImportError):
+    """An optional dependency (extra) is needed for the requested feature.
+
+    Example:
+        >>> str(MissingDependencyError("reading images needs Pillow: pip install 'quant-onnx[images]'"))[:22]
+        'reading images needs P'
+    """

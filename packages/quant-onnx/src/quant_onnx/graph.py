@@ -1,0 +1,279 @@
+"""Read-only index over an ONNX graph: producers, consumers, constants, shapes, fresh names.
+
+The index is a snapshot: passes that edit the graph build a new index afterwards.
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper, numpy_helper
+    >>> w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])
+    >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])
+    >>> g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g", [x], [y], [w])
+    >>> idx = GraphIndex(g)
+    >>> idx.producer("y").name, [n.name for n in idx.consumers("w")], idx.constant("w").shape
+    ('mm', ['mm'], (2, 2))
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+Dim = int | str | None
+
+
+def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
+        for sub in graphs:
+            local = {i.name for i in sub.input} | {t.name for t in sub.initializer}
+            for inner in sub.node:
+                local.update(inner.output)
+            for inner in sub.node:
+                names.update(n for n in inner.input if n and n not in local)
+                names.update(n for n in subgraph_inputs(inner) if n not in local)
+            names.update(o.name for o in sub.output if o.name not in local)
+    return names
+
+
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """Explicit non-empty inputs plus implicit subgraph inputs, in a stable order."""
+    explicit = [n for n in node.input if n]
+    implicit = sorted(subgraph_inputs(node) - set(explicit))
+    return explicit + implicit
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """Value of a Constant node (any of its value attributes), or None for sparse/unknown forms."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+        return None
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+        if attr.name == "value_string":
+            return np.array(attr.s.decode("utf-8"), dtype=object)
+        if attr.name == "value_strings":
+            return np.array([s.decode("utf-8") for s in attr.strings], dtype=object)
+    return None
+
+
+class GraphIndex:
+    """Lookup tables over one GraphProto (main graph; subgraph reads count as consumers).
+
+    Example:
+        >>> from onnx import TensorProto, helper
+        >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])
+        >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
+        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g", [x], [y])
+        >>> idx = GraphIndex(g)
+        >>> idx.shape("x"), idx.is_graph_output("y"), idx.unique_name("r")
+        ([1, 3], True, 'r_1')
+    """
+
+    def __init__(self, graph: onnx.GraphProto, value_info: Iterable[onnx.ValueInfoProto] = ()) -> None:
+        self.graph = graph
+        self._initializers = {t.name: t for t in graph.initializer}
+        self._producers: dict[str, onnx.NodeProto] = {}
+        self._consumers: dict[str, list[onnx.NodeProto]] = {}
+        self._names: set[str] = set()
+        for node in graph.node:
+            self._names.add(node.name)
+            for out in node.output:
+                if out:
+                    self._producers[out] = node
+                    self._names.add(out)
+            for name in node_inputs(node):
+                self._consumers.setdefault(name, []).append(node)
+        self._graph_inputs = {v.name for v in graph.input}
+        self._graph_outputs = {v.name for v in graph.output}
+        self._value_info: dict[str, onnx.ValueInfoProto] = {}
+        for vi in [*graph.input, *graph.output, *graph.value_info, *value_info]:
+            self._value_info.setdefault(vi.name, vi)
+        self._names.update(self._initializers, self._graph_inputs, self._graph_outputs, self._value_info)
+        self._constant_cache: dict[str, np.ndarray | None] = {}
+
+    @classmethod
+    def from_model(cls, model: onnx.ModelProto, *, infer_shapes: bool = True) -> GraphIndex:
+        """Index `model.graph` (the caller's own node objects) with shapes/dtypes from shape inference.
+
+        Inference runs on a weightless copy; the model itself is not modified.
+        """
+        if not infer_shapes:
+            return cls(model.graph)
+        from quant_onnx.preprocess.shape_inference import inferred_value_info  # lazy: preprocess imports graph
+
+        return cls(model.graph, inferred_value_info(model))
+
+    # --- structure -------------------------------------------------------------------------
+    def producer(self, tensor: str) -> onnx.NodeProto | None:
+        """Node writing `tensor`, or None for graph inputs and initializers."""
+        return self._producers.get(tensor)
+
+    def consumers(self, tensor: str) -> list[onnx.NodeProto]:
+        """Nodes reading `tensor` (in graph order; a node reading it twice appears once)."""
+        return list(self._consumers.get(tensor, []))
+
+    def is_graph_output(self, tensor: str) -> bool:
+        return tensor in self._graph_outputs
+
+    def is_graph_input(self, tensor: str) -> bool:
+        """True for real (fed) inputs; initializers also listed as graph inputs count as constants."""
+        return tensor in self._graph_inputs and tensor not in self._initializers
+
+    def used(self, tensor: str) -> bool:
+        """True when a node or the graph output reads `tensor`."""
+        return bool(self._consumers.get(tensor)) or tensor in self._graph_outputs
+
+    def topological_order(self) -> list[onnx.NodeProto]:
+        """Nodes sorted so that every node comes after its producers (stable w.r.t. graph order)."""
+        return topological_sort(self.graph.node, available=self._initializers.keys() | self._graph_inputs)
+
+    # --- constants --------------------------------------------------------------------------
+    def initializer_proto(self, name: str) -> onnx.TensorProto | None:
+        return self._initializers.get(name)
+
+    def constant(self, tensor: str) -> np.ndarray | None:
+        """Value of an initializer or Constant-node output; None if computed at run time or fed.
+
+        An initializer that is also a graph input counts as a constant (old exporters list weights as inputs).
+        """
+        if tensor in self._constant_cache:
+            return self._constant_cache[tensor]
+        value: np.ndarray | None = None
+        if tensor in self._initializers:
+            value = numpy_helper.to_array(self._initializers[tensor])
+        else:
+            node = self._producers.get(tensor)
+            if node is not None and node.op_type == "Constant":
+                value = constant_node_value(node)
+        self._constant_cache[tensor] = value
+        return value
+
+    # Alias named in the module map.
+    initializer = constant
+
+    def is_constant(self, tensor: str) -> bool:
+        """True for the empty name (omitted optional input) and for any constant tensor."""
+        if not tensor:
+            return True
+        if tensor in self._initializers:
+            return True
+        node = self._producers.get(tensor)
+        return node is not None and node.op_type == "Constant" and constant_node_value(node) is not None
+
+    # --- value info ---------------------------------------------------------------------------
+    def value_info(self, tensor: str) -> onnx.ValueInfoProto | None:
+        return self._value_info.get(tensor)
+
+    def elem_type(self, tensor: str) -> int | None:
+        """onnx.TensorProto data type of `tensor` (0/None when unknown)."""
+        if tensor in self._initializers:
+            return int(self._initializers[tensor].data_type)
+        vi = self._value_info.get(tensor)
+        if vi is None or not vi.type.HasField("tensor_type"):
+            return None
+        return int(vi.type.tensor_type.elem_type) or None
+
+    def dtype(self, tensor: str) -> np.dtype | None:
+        """numpy dtype of `tensor`, or None when unknown."""
+        elem = self.elem_type(tensor)
+        return None if elem is None else np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+
+    def shape(self, tensor: str) -> list[Dim] | None:
+        """Dims of `tensor`: int for fixed, str for symbolic, None for unknown; None if rank unknown."""
+        if tensor in self._initializers:
+            return [int(d) for d in self._initializers[tensor].dims]
+        vi = self._value_info.get(tensor)
+        if vi is None:
+            return None
+        return value_info_shape(vi)
+
+    # --- names --------------------------------------------------------------------------------
+    def unique_name(self, prefix: str) -> str:
+        """A tensor/node name not used in the graph, derived from `prefix` (prefix, prefix_1, ...).
+
+        Reserves the name so successive calls give distinct names.
+        """
+        name = prefix
+        counter = 0
+        while name in self._names or not name:
+            counter += 1
+            name = f"{prefix}_{counter}"
+        self._names.add(name)
+        return name
+
+
+def value_info_shape(vi: onnx.ValueInfoProto) -> list[Dim] | None:
+    """Dims of a tensor ValueInfoProto (int, symbolic str, or None) or None when the rank is unknown."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for d in vi.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return dims
+
+
+def topological_sort(nodes: Iterable[onnx.NodeProto], available: Iterable[str] = ()) -> list[onnx.NodeProto]:
+    """Kahn's algorithm, stable: among ready nodes the one earliest in the input order goes first.
+
+    Nodes whose inputs are never produced (graph inputs not listed in `available`) are still emitted,
+    so an incomplete list never loses nodes; cycles are appended in their original order.
+    """
+    node_list = list(nodes)
+    produced_by: dict[str, int] = {}
+    for i, node in enumerate(node_list):
+        for out in node.output:
+            if out:
+                produced_by[out] = i
+    known = set(available)
+    deps: list[set[int]] = []
+    users: dict[int, list[int]] = {}
+    for i, node in enumerate(node_list):
+        d = {produced_by[n] for n in node_inputs(node) if n in produced_by and n not in known and produced_by[n] != i}
+        deps.append(d)
+        for j in d:
+            users.setdefault(j, []).append(i)
+    ready = [i for i, d in enumerate(deps) if not d]
+    heapq.heapify(ready)
+    order: list[int] = []
+    remaining = [len(d) for d in deps]
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, []):
+            remaining[u] -= 1
+            if remaining[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) < len(node_list):
+        seen = set(order)
+        order.extend(i for i in range(len(node_list)) if i not in seen)
+    return [node_list[i] for i in order]
+
+
+def iter_all_tensor_names(graph: onnx.GraphProto) -> Iterator[str]:
+    """Every name defined or used in the main graph (for uniqueness checks)."""
+    for node in graph.node:
+        yield from (n for n in node.input if n)
+        yield from (n for n in node.output if n)
+    yield from (t.name for t in graph.initializer)
+    yield from (v.name for v in graph.input)
+    yield from (v.name for v in graph.output)

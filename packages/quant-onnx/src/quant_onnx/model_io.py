@@ -1,0 +1,167 @@
+"""Loading, validating, hashing and atomically saving ONNX models.
+
+Example:
+    >>> import onnx
+    >>> from onnx import TensorProto, helper
+    >>> from quant_onnx.model_io import load_model, opset_version
+    >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
+    >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    >>> m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    >>> opset_version(load_model(m))
+    13
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from quant_core.atomic_io import atomic_write
+from quant_onnx.errors import ModelError
+
+#: Opsets of the default domain accepted for *input* models.
+MIN_OPSET = 11
+MAX_OPSET = 21
+#: Protobuf cannot serialise a single message above 2 GiB; bigger models need external data.
+_PROTOBUF_LIMIT = 2**31 - 1
+
+PathLike = str | os.PathLike[str]
+
+
+def opset_version(model: onnx.ModelProto) -> int:
+    """Opset of the default ONNX domain ('' or 'ai.onnx'); ModelError if the model declares none."""
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            return int(opset.version)
+    raise ModelError("model declares no opset for the default ONNX domain")
+
+
+def load_model(
+    source: PathLike | bytes | onnx.ModelProto,
+    *,
+    check: bool = True,
+    min_opset: int = MIN_OPSET,
+    max_opset: int = MAX_OPSET,
+) -> onnx.ModelProto:
+    """Return a validated *copy* of an ONNX model given as a path, serialized bytes or a ModelProto.
+
+    External weight files next to the model are loaded.  Errors are one-line ModelErrors for:
+    missing file, file that is not ONNX, checker failure, default-domain opset outside
+    [min_opset, max_opset].  The source is never modified.
+    """
+    label = "<in-memory model>"
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+    elif isinstance(source, bytes | bytearray):
+        model = _parse_bytes(bytes(source), label)
+    else:
+        path = Path(source)
+        label = str(path)
+        if not path.is_file():
+            raise ModelError(f"model '{label}': file not found")
+        model = _parse_bytes(path.read_bytes(), label)
+        if _has_external_data(model):
+            try:
+                onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+            except (OSError, ValueError) as exc:
+                raise ModelError(f"model '{label}': cannot load external data: {_one_line(exc)}") from exc
+    if not model.graph.node and not model.graph.output:
+        raise ModelError(f"model '{label}': not an ONNX model (empty graph)")
+    try:
+        version = opset_version(model)
+    except ModelError as exc:
+        raise ModelError(f"model '{label}': {exc}") from None
+    if not min_opset <= version <= max_opset:
+        raise ModelError(f"model '{label}': opset {version} is not supported (allowed: {min_opset} to {max_opset})")
+    if check:
+        check_model(model, label)
+    return model
+
+
+def check_model(model: onnx.ModelProto, label: str = "<in-memory model>") -> None:
+    """Run onnx.checker on models under 2 GiB; ModelError with the first line of the finding."""
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise ModelError(f"model '{label}': fails onnx.checker: {_one_line(exc)}") from exc
+    except ValueError as exc:
+        if "too large" not in str(exc):  # the in-memory checker cannot take protos above 2 GiB
+            raise ModelError(f"model '{label}': fails onnx.checker: {_one_line(exc)}") from exc
+
+
+def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike | None = None) -> Path:
+    """Write `model` to `path` atomically (temp file in the same folder, then os.replace).
+
+    `input_path` is the file the model was read from: saving over it is refused, because the input
+    file must never be modified.  Models above 2 GiB are written with their tensors in `<name>.data`.
+    """
+    target = Path(path)
+    if input_path is not None and _same_file(target, Path(input_path)):
+        raise ModelError(f"output path '{target}' is the input model; choose another output file")
+    if target.is_dir():
+        raise ModelError(f"output path '{target}' is a directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if model.ByteSize() < _PROTOBUF_LIMIT:
+        return atomic_write(target, model.SerializeToString(deterministic=True))
+    # Over protobuf's 2 GiB limit: tensors go to `<name>.data`, written under a temp name
+    # and renamed before the model file that names it.
+    data_name = target.name + ".data"
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        to_save = onnx.ModelProto()
+        to_save.CopyFrom(model)
+        tmp_data = "tensors.data"
+        onnx.save_model(to_save, str(Path(scratch) / "model.onnx"), save_as_external_data=True, location=tmp_data)
+        for tensor in onnx.external_data_helper._get_all_tensors(to_save):
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = data_name
+        os.replace(Path(scratch) / tmp_data, target.parent / data_name)
+        return atomic_write(target, to_save.SerializeToString())
+
+
+def model_hash(model: onnx.ModelProto) -> str:
+    """SHA-256 hex digest of the deterministic serialization (equal models hash equal)."""
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+def model_size(model: onnx.ModelProto) -> int:
+    """Serialized size of the model in bytes (including inline weights)."""
+    return int(model.ByteSize())
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes taken by the main graph's initializers (the weight payload)."""
+    return sum(int(t.ByteSize()) for t in model.graph.initializer)
+
+
+def _parse_bytes(data: bytes, label: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelError(f"model '{label}': not an ONNX model ({_one_line(exc) or 'protobuf decode error'})") from exc
+    if not model.HasField("graph"):
+        raise ModelError(f"model '{label}': not an ONNX model (no graph)")
+    return model
+
+
+def _has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,429 @@
+"""Write a :class:`~quant_onnx.calibrate.CalibratedModel` as a QDQ ONNX model that
+onnxruntime runs with its integer kernels (see ``ONNXRUNTIME-INT8.md``).
+
+- Weights become integer initializers behind a DequantizeLinear (per-channel axis
+  from the annotation), biases int32 at ``input_scale * weight_scale`` with zero point
+  0; Gemm's ``alpha``/``beta`` are folded so both are 1.
+- Every quantized activation gets one QuantizeLinear after its producer and one
+  DequantizeLinear per consumer, so each Conv/Gemm/MatMul reads DQs only it consumes
+  and writes exactly one Q. Graph outputs stay float: the producer's output is renamed
+  and a final DequantizeLinear writes the output name.
+- A fused Relu/Clip is dropped when the QuantizeLinear after its producer saturates at
+  exactly its bounds; otherwise it stays between a DQ and a Q with the same qparams.
+- ``activation_encoding="x86_uint8"`` (default) stores int8 activations as uint8 with
+  the zero point shifted by 128 (the same real values, the encoding x86 kernels take);
+  ``"as_spec"`` keeps the spec's dtype.
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import helper, numpy_helper, TensorProto
+    >>> from quant_core.presets import get_preset
+    >>> from quant_onnx.annotate import annotate
+    >>> from quant_onnx.calibrate import calibrate
+    >>> w = numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w")
+    >>> g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+    ...     helper.make_node("Relu", ["c"], ["y"], name="relu")], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])], [w])
+    >>> m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    >>> data = [{"x": np.random.default_rng(0).normal(size=(1, 3, 2, 2)).astype(np.float32)}]
+    >>> q = write_qdq(calibrate(m, annotate(m, get_preset("a8w8")), data, quiet=True))
+    >>> [n.op_type for n in q.graph.node]
+    ['QuantizeLinear', 'DequantizeLinear', 'DequantizeLinear', 'Conv', 'QuantizeLinear', 'DequantizeLinear']
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Literal
+
+import attrs
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quant_core.dtypes import DType
+from quant_core.qparams import QParams, quantize
+from quant_onnx.annotate import BiasSlot, FusedActivation
+from quant_onnx.calibrate import CalibratedModel
+from quant_onnx.graph import GraphIndex
+from quant_onnx.policy import float_attribute
+from quant_onnx.weights import constant_qparams, quantize_bias, quantize_constant
+
+_LOG = logging.getLogger(__name__)
+
+ActivationEncoding = Literal["x86_uint8", "as_spec"]
+
+ONNX_DTYPES = {
+    DType.INT4: TensorProto.INT4,
+    DType.UINT4: TensorProto.UINT4,
+    DType.INT8: TensorProto.INT8,
+    DType.UINT8: TensorProto.UINT8,
+    DType.INT16: TensorProto.INT16,
+    DType.UINT16: TensorProto.UINT16,
+    DType.INT32: TensorProto.INT32,
+}
+
+# QuantizeLinear/DequantizeLinear accept these formats from this default-domain opset on.
+_OPSET_FOR_DTYPE = {DType.INT4: 21, DType.UINT4: 21, DType.INT16: 21, DType.UINT16: 21}
+BASE_QDQ_OPSET = 13
+"""Per-channel DequantizeLinear (``axis``) needs opset 13."""
+
+
+def required_opset(dtypes: Iterable[DType]) -> int:
+    """The default-domain opset a QDQ model with these formats needs.
+
+    Example:
+        >>> required_opset([DType.UINT8, DType.INT8]), required_opset([DType.INT16])
+        (13, 21)
+    """
+    return max([BASE_QDQ_OPSET, *(_OPSET_FOR_DTYPE.get(d, BASE_QDQ_OPSET) for d in dtypes)])
+
+
+@attrs.frozen
+class WriterOptions:
+    """How the QDQ model is encoded.
+
+    Args:
+        activation_encoding: ``"x86_uint8"`` stores int8 activations as uint8 with zero
+            point + 128 (identical real values; what onnxruntime's x86 kernels fuse);
+            ``"as_spec"`` keeps the spec's dtype (NPU flows, ARM).
+        drop_fused_activations: remove a fused Relu/Clip when the quantizer's saturation
+            reproduces it exactly.
+
+    Example:
+        >>> WriterOptions(activation_encoding="as_spec").activation_encoding
+        'as_spec'
+    """
+
+    activation_encoding: ActivationEncoding = attrs.field(default="x86_uint8")
+    drop_fused_activations: bool = True
+
+    @activation_encoding.validator
+    def _check(self, _attribute: object, value: str) -> None:
+        if value not in ("x86_uint8", "as_spec"):
+            raise ValueError(f"activation_encoding: {value!r} is not allowed; allowed: x86_uint8, as_spec")
+
+
+def encode_activation_dtype(dtype: DType, encoding: ActivationEncoding) -> DType:
+    """The stored format of an activation spec's dtype (int8 -> uint8 for x86).
+
+    Example:
+        >>> encode_activation_dtype(DType.INT8, "x86_uint8").value
+        'uint8'
+    """
+    return DType.UINT8 if encoding == "x86_uint8" and dtype is DType.INT8 else dtype
+
+
+def encode_activation(qp: QParams, encoding: ActivationEncoding) -> QParams:
+    """``qp`` in the stored encoding: int8 -> uint8 with ``zero_point + 128`` for x86.
+
+    Example:
+        >>> qp = encode_activation(QParams.per_tensor(0.5, 0, "int8"), "x86_uint8")
+        >>> qp.dtype.value, int(qp.zero_point)
+        ('uint8', 128)
+    """
+    if encode_activation_dtype(qp.dtype, encoding) is qp.dtype:
+        return qp
+    return attrs.evolve(qp, zero_point=qp.zero_point + 128, dtype=DType.UINT8)
+
+
+def bound_is_absorbed(qp: QParams, bound: float, code: int) -> bool:
+    """True when ``bound`` (infinite: nothing to apply) quantizes to ``code`` (qmin for a
+    lower bound, qmax for an upper one): saturation then applies the bound exactly."""
+    return not np.isfinite(bound) or int(quantize(np.array(bound, np.float32), qp)) == code
+
+
+def activation_is_absorbed(qp: QParams, bounds: tuple[float, float]) -> bool:
+    """True when quantizing with ``qp`` already applies ``clip(x, lo, hi)``: every value
+    below ``lo`` maps to the code of ``lo`` (= qmin) and every value above ``hi`` to the
+    code of ``hi`` (= qmax).
+
+    Example:
+        >>> activation_is_absorbed(QParams.per_tensor(0.1, 0, "uint8"), (0.0, float("inf")))
+        True
+        >>> activation_is_absorbed(QParams.per_tensor(0.1, 128, "uint8"), (0.0, float("inf")))
+        False
+    """
+    lo, hi = bounds
+    return bound_is_absorbed(qp, lo, qp.qmin) and bound_is_absorbed(qp, hi, qp.qmax)
+
+
+class _Writer:
+    def __init__(self, calibrated: CalibratedModel, options: WriterOptions) -> None:
+        self.cal = calibrated
+        self.options = options
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(calibrated.model)
+        self.graph = self.model.graph
+        self.index = GraphIndex(self.graph)
+        self.nodes = {node.name: node for node in self.graph.node}
+        self.before: dict[str, list[onnx.NodeProto]] = {}  # node name -> DQs to place before it
+        self.after: dict[str, list[onnx.NodeProto]] = {}  # node name -> Q (and output DQ) after it
+        self.head: list[onnx.NodeProto] = []
+        self.removed_nodes: set[str] = set()
+        self.replaced: set[str] = set()  # float constants now stored as integers
+        self.vanished: set[str] = set()  # tensors that no longer exist
+        self.dequantized: dict[str, str] = {}  # float tensor -> quantized integer initializer name
+        self.notes: list[str] = []
+        self.folded: dict[str, np.ndarray] = {}  # constants created here (Gemm alpha/beta folded)
+
+    # --- helpers -----------------------------------------------------------------------------
+    def initializer(self, prefix: str, value: np.ndarray, dtype: DType | None = None) -> str:
+        name = self.index.unique_name(prefix)
+        if dtype in (DType.INT4, DType.UINT4):
+            tensor = helper.make_tensor(name, ONNX_DTYPES[dtype], value.shape, value.reshape(-1).tolist())
+        else:
+            tensor = numpy_helper.from_array(np.array(value, order="C"), name)
+        self.graph.initializer.append(tensor)
+        return name
+
+    def qparam_initializers(self, base: str, qp: QParams) -> tuple[str, str]:
+        scale = self.initializer(f"{base}_scale", np.asarray(qp.scale, np.float32))
+        zero_point = np.asarray(qp.zero_point).astype(qp.dtype.numpy_dtype)
+        return scale, self.initializer(f"{base}_zero_point", zero_point, qp.dtype)
+
+    def qdq_node(self, op: str, source: str, output: str, params: tuple[str, str], qp: QParams) -> onnx.NodeProto:
+        name = self.index.unique_name(f"{output}_{op}")
+        node = helper.make_node(op, [source, *params], [output], name=name)
+        if qp.axis is not None:
+            node.attribute.append(helper.make_attribute("axis", int(qp.axis)))
+        return node
+
+    def dequantize_for_consumers(
+        self, quantized: str, float_name: str, params: tuple[str, str], qp: QParams, consumers: list[onnx.NodeProto]
+    ) -> None:
+        """One DequantizeLinear per consumer node (what lets onnxruntime fuse each one)."""
+        for consumer in consumers:
+            output = self.index.unique_name(f"{float_name}_DequantizeLinear_Output")
+            self.before.setdefault(consumer.name, []).append(
+                self.qdq_node("DequantizeLinear", quantized, output, params, qp)
+            )
+            for i, name in enumerate(consumer.input):
+                if name == float_name:
+                    consumer.input[i] = output
+
+    def main_consumers(self, tensor: str) -> list[onnx.NodeProto]:
+        """Consumers in the main graph (subgraphs keep reading the float tensor)."""
+        unique = {c.name: c for c in self.index.consumers(tensor) if tensor in c.input}
+        return list(unique.values())
+
+    # --- passes --------------------------------------------------------------------------------
+    def drop_fused(self, fused: FusedActivation) -> None:
+        qp = self.cal.qparams_of(fused.post_tensor)
+        if qp is None:
+            return
+        if not activation_is_absorbed(qp, fused.bounds):
+            self.simplify_kept(fused, qp)
+            return
+        producer = self.nodes[fused.producer]
+        for i, name in enumerate(producer.output):
+            if name == fused.pre_tensor:
+                producer.output[i] = fused.post_tensor
+        self.removed_nodes.add(fused.node)
+        self.vanished.add(fused.pre_tensor)
+
+    def simplify_kept(self, fused: FusedActivation, qp: QParams) -> None:
+        """A kept Clip whose upper bound saturation already applies loses that bound
+        (Clip(0, 6) becomes Relu): onnxruntime converts float bounds to codes and a huge
+        ``bound / scale`` (tiny activations) overflows there."""
+        node = self.nodes[fused.node]
+        lo, hi = fused.bounds
+        if node.op_type != "Clip" or not np.isfinite(hi) or not bound_is_absorbed(qp, hi, qp.qmax):
+            return
+        if lo == 0.0:
+            node.op_type = "Relu"
+            del node.input[1:]
+        elif len(node.input) > 2:
+            del node.input[2:]
+
+    def constant(self, name: str) -> np.ndarray | None:
+        return self.folded[name] if name in self.folded else self.index.constant(name)
+
+    def normalize_gemm(self, node: onnx.NodeProto) -> None:
+        """Fold ``alpha`` into the weight and ``beta`` into the bias (integer Gemm needs 1, 1)."""
+        alpha = float_attribute(node, "alpha", 1.0)
+        beta = float_attribute(node, "beta", 1.0)
+        if len(node.input) > 2 and node.input[2] and beta != 1.0:
+            bias = self.constant(node.input[2])
+            if bias is not None:  # a run-time C keeps beta; the Gemm then stays as written
+                self.replaced.add(node.input[2])
+                node.input[2] = self.fold(f"{node.input[2]}_beta", bias * np.float32(beta))
+                beta = 1.0
+        if alpha != 1.0:
+            weight = self.constant(node.input[1])
+            if weight is not None:
+                self.replaced.add(node.input[1])
+                node.input[1] = self.fold(f"{node.input[1]}_alpha", weight * np.float32(alpha))
+                alpha = 1.0
+        kept = [a for a in node.attribute if a.name not in ("alpha", "beta")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        if alpha != 1.0:
+            node.attribute.append(helper.make_attribute("alpha", alpha))
+        if beta != 1.0:
+            node.attribute.append(helper.make_attribute("beta", beta))
+
+    def fold(self, prefix: str, value: np.ndarray) -> str:
+        name = self.initializer(prefix, value.astype(np.float32))
+        self.folded[name] = value.astype(np.float32)
+        return name
+
+    def store_constant(self, node: onnx.NodeProto, index: int, codes: np.ndarray, qp: QParams) -> None:
+        """Replace ``node``'s constant input ``index`` by integer codes behind a DequantizeLinear."""
+        source = node.input[index]
+        quantized = self.initializer(f"{source}_quantized", codes, qp.dtype)
+        params = self.qparam_initializers(source, qp)
+        output = self.index.unique_name(f"{source}_DequantizeLinear_Output")
+        self.before.setdefault(node.name, []).append(self.qdq_node("DequantizeLinear", quantized, output, params, qp))
+        node.input[index] = output
+        self.replaced.add(source)
+
+    def write_weights(self) -> None:
+        for slot in self.cal.annotation.weights:
+            node = self.nodes[slot.node]
+            if node.op_type == "Gemm":
+                self.normalize_gemm(node)
+            value = self.constant(node.input[slot.input_index])
+            if value is None:  # the float model given to the writer no longer has it constant
+                raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
+            qp = self.cal.weight_qparams[slot.node]
+            self.store_constant(node, slot.input_index, quantize_constant(value, qp, slot.spec), qp)
+
+    def write_bias(self, slot: BiasSlot) -> None:
+        node = self.nodes[slot.node]
+        value = self.constant(node.input[slot.input_index])
+        input_qp = self.cal.qparams_of(slot.input_tensor)
+        if value is None or input_qp is None:
+            self.notes.append(f"node {slot.node!r}: bias kept float (its input is not quantized)")
+            return
+        if slot.spec is not None and not slot.spec.is_quantized:
+            return
+        if slot.spec is not None and slot.spec.dtype is not DType.INT32:
+            qp = constant_qparams(value, slot.spec)
+            self.store_constant(node, slot.input_index, quantize_constant(value, qp, slot.spec), qp)
+            return
+        weight_qp = self.cal.weight_qparams[slot.node]
+        if weight_qp.scale.ndim and value.size != weight_qp.scale.shape[0]:
+            self.notes.append(f"node {slot.node!r}: bias of shape {list(value.shape)} kept float (not one per channel)")
+            return
+        if weight_qp.scale.ndim:
+            value = value.reshape(-1)  # Gemm's C may be [1, N]; the int32 bias is per channel
+        bias = quantize_bias(value, input_qp.scale, weight_qp)
+        if bias.saturated:
+            self.notes.append(f"node {slot.node!r}: {bias.saturated} bias values saturated int32")
+        self.store_constant(node, slot.input_index, bias.values, bias.qparams)
+
+    def write_activation(self, tensor: str, qp: QParams) -> None:
+        consumers = self.main_consumers(tensor)
+        value = self.index.constant(tensor)
+        is_output = self.index.is_graph_output(tensor)
+        if not consumers and not is_output:
+            return
+        spec = self.cal.annotation.group_of(tensor).spec  # type: ignore[union-attr]
+        if value is not None:  # a constant operand (e.g. Add's): stored as integers
+            params = self.qparam_initializers(tensor, qp)
+            quantized = self.initializer(f"{tensor}_quantized", quantize_constant(value, qp, spec), qp.dtype)
+            self.dequantize_for_consumers(quantized, tensor, params, qp, consumers)
+            self.replaced.add(tensor)
+            return
+        producer = self.index.producer(tensor)
+        source = tensor
+        if is_output:
+            source = self.index.unique_name(f"{tensor}_float")
+            if producer is not None:
+                for i, name in enumerate(producer.output):
+                    if name == tensor:
+                        producer.output[i] = source
+        params = self.qparam_initializers(tensor, qp)
+        quantized = self.index.unique_name(f"{tensor}_QuantizeLinear_Output")
+        q_nodes = [self.qdq_node("QuantizeLinear", source, quantized, params, qp)]
+        if is_output:
+            q_nodes.append(self.qdq_node("DequantizeLinear", quantized, tensor, params, qp))
+        if producer is None:
+            self.head.extend(q_nodes)
+        else:
+            self.after.setdefault(producer.name, []).extend(q_nodes)
+        self.dequantize_for_consumers(quantized, tensor, params, qp, consumers)
+
+    def assemble(self) -> None:
+        ordered: list[onnx.NodeProto] = list(self.head)
+        for node in self.graph.node:
+            ordered.extend(self.before.get(node.name, ()))
+            ordered.append(node)
+            ordered.extend(self.after.get(node.name, ()))
+        used = {name for node in ordered for name in node.input} | {o.name for o in self.graph.output}
+        ordered = [
+            n
+            for n in ordered
+            if not (n.op_type == "Constant" and n.output[0] in self.replaced and n.output[0] not in used)
+        ]
+        del self.graph.node[:]
+        self.graph.node.extend(ordered)
+        kept = [t for t in self.graph.initializer if t.name in used or t.name not in self.replaced]
+        del self.graph.initializer[:]
+        self.graph.initializer.extend(kept)
+        inputs = [v for v in self.graph.input if not (v.name in self.replaced and v.name not in used)]
+        del self.graph.input[:]
+        self.graph.input.extend(inputs)
+        infos = [v for v in self.graph.value_info if v.name not in self.vanished]
+        del self.graph.value_info[:]
+        self.graph.value_info.extend(infos)
+
+    def run(self) -> onnx.ModelProto:
+        annotation = self.cal.annotation
+        if self.options.drop_fused_activations:
+            for fused in annotation.fused:
+                self.drop_fused(fused)
+            kept = [node for node in self.graph.node if node.name not in self.removed_nodes]
+            del self.graph.node[:]
+            self.graph.node.extend(kept)
+            # extend() copies the protos: re-index the copies (producers changed too).
+            self.nodes = {node.name: node for node in self.graph.node}
+            self.index = GraphIndex(self.graph)
+        self.write_weights()
+        for bias in annotation.biases:
+            self.write_bias(bias)
+        for group in annotation.groups:
+            qp = encode_activation(self.cal.activation_qparams[group.key], self.options.activation_encoding)
+            for tensor in group.members:
+                if tensor not in self.vanished:
+                    self.write_activation(tensor, qp)
+        self.assemble()
+        self.raise_opset_check()
+        return self.model
+
+    def raise_opset_check(self) -> None:
+        dtypes = {self._dtype(t) for t in self.graph.initializer if t.name.endswith("_zero_point")}
+        needed = required_opset(d for d in dtypes if d is not None)
+        for opset in self.model.opset_import:
+            if opset.domain in ("", "ai.onnx") and opset.version < needed:
+                raise ValueError(
+                    f"model opset {opset.version} is too old for these QDQ formats; allowed: >= {needed} "
+                    "(ModelQuantizer.prepare raises it)"
+                )
+
+    @staticmethod
+    def _dtype(tensor: onnx.TensorProto) -> DType | None:
+        for dtype, onnx_type in ONNX_DTYPES.items():
+            if tensor.data_type == onnx_type:
+                return dtype
+        return None
+
+
+def write_qdq(calibrated: CalibratedModel, options: WriterOptions | None = None) -> onnx.ModelProto:
+    """The QDQ model for ``calibrated`` (a new model; the calibrated one is not modified)."""
+    return write_qdq_with_notes(calibrated, options)[0]
+
+
+def write_qdq_with_notes(
+    calibrated: CalibratedModel, options: WriterOptions | None = None
+) -> tuple[onnx.ModelProto, list[str]]:
+    """:func:`write_qdq` plus what the writer had to decide (biases kept float, int32
+    saturation), for reports."""
+    writer = _Writer(calibrated, options or WriterOptions())
+    model = writer.run()
+    for note in writer.notes:
+        _LOG.warning(note)
+    return model, list(writer.notes)

@@ -1,0 +1,128 @@
+"""The ``--report`` JSON: every quantized tensor's spec, observed range, scale and zero
+point, the nodes left in float and why, and the per-layer SQNR against the float model.
+
+Example:
+    >>> import json
+
+    >>> from quant_onnx.annotate import Annotation
+    >>> from quant_onnx.calibrate import CalibratedModel
+    >>> import onnx
+    >>> empty = Annotation(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
+    >>> report = build_report(CalibratedModel(onnx.ModelProto(), empty, {}, {}, {}))
+    >>> sorted(report)[:3]
+    ['activations', 'biases', 'comparison']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quant_core.atomic_io import atomic_write
+from quant_core.config import QuantConfig
+from quant_core.qparams import QParams
+from quant_core.serialization import to_data
+from quant_onnx.calibrate import CalibratedModel
+from quant_onnx.compare import Comparison
+
+REPORT_VERSION = 1
+
+
+def _plain(value: Any) -> Any:
+    array = np.asarray(value)
+    if array.ndim == 0:
+        item = array.item()
+        return item if not isinstance(item, float) or np.isfinite(item) else str(item)
+    return [_plain(v) for v in array]
+
+
+def qparams_data(qp: QParams) -> dict[str, Any]:
+    """JSON-ready qparams (per-channel values as lists).
+
+    Example:
+        >>> qparams_data(QParams.per_tensor(0.5, 3, "uint8"))["zero_point"]
+        3
+    """
+    return {
+        "dtype": qp.dtype.value,
+        "axis": qp.axis,
+        "scale": _plain(qp.scale),
+        "zero_point": _plain(qp.zero_point),
+        "fix_pos": None if qp.fix_pos is None else _plain(qp.fix_pos),
+    }
+
+
+def build_report(
+    calibrated: CalibratedModel,
+    *,
+    config: QuantConfig | None = None,
+    comparison: Comparison | None = None,
+    notes: Sequence[str] = (),
+    files: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report as a JSON-ready dict (see the module docstring)."""
+    ann = calibrated.annotation
+    activations = []
+    for group in ann.groups:
+        lo, hi = calibrated.activation_ranges.get(group.key, (None, None))
+        activations.append(
+            {
+                "tensors": list(group.members),
+                "observed": list(group.observed),
+                "spec": to_data(group.spec),
+                "range": None if lo is None else [_plain(lo), _plain(hi)],
+                **qparams_data(calibrated.activation_qparams[group.key]),
+            }
+        )
+    weights = [
+        {
+            "node": slot.node,
+            "op_type": slot.op_type,
+            "tensor": slot.tensor,
+            "spec": to_data(slot.spec),
+            **qparams_data(calibrated.weight_qparams[slot.node]),
+        }
+        for slot in ann.weights
+    ]
+    biases = [
+        {
+            "node": b.node,
+            "tensor": b.tensor,
+            "spec": None if b.spec is None else to_data(b.spec),
+            "scale": "input*weight",
+        }
+        for b in ann.biases
+    ]
+    return {
+        "report_version": REPORT_VERSION,
+        "files": files or {},
+        "config": None if config is None else to_data(config),
+        "summary": {
+            "quantized_nodes": len(ann.quantized_nodes),
+            "float_nodes": len(ann.float_nodes),
+            "activation_groups": len(ann.groups),
+            "weights": len(ann.weights),
+        },
+        "activations": activations,
+        "weights": weights,
+        "biases": biases,
+        "fused_activations": [
+            {"node": f.node, "op_type": f.op_type, "producer": f.producer, "bounds": [_plain(b) for b in f.bounds]}
+            for f in ann.fused
+        ],
+        "quantized_nodes": [{"name": n, "op_type": t} for n, t in ann.quantized_nodes],
+        "float_nodes": [{"name": f.name, "op_type": f.op_type, "reason": f.reason} for f in ann.float_nodes],
+        "comparison": None if comparison is None else comparison.to_data(),
+        "notes": [*ann.notes, *notes],
+    }
+
+
+def write_report(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``report`` as JSON atomically (temp file in the same folder + rename)."""
+    text = json.dumps(report, indent=2, sort_keys=False) + "\n"
+    return atomic_write(path, text)

@@ -1,0 +1,53 @@
+"""Tensor capture with onnxruntime: pruned runs, batch handling, the incremental walk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from algorithms_models import batches_for, mobilenet_block, write_qdq
+
+from quant_onnx.algorithms.capture import IncrementalRunner, TensorCapture, count_samples, prepare_batches, pruned_model
+from quant_onnx.algorithms.qdq_layers import find_qdq_layers
+from quant_onnx.errors import DataError, ModelError
+
+
+def test_prepare_batches_limits_samples_and_slices_the_last_batch():
+    batches = [{"x": np.zeros((4, 2), np.float32)}] * 3
+    out = prepare_batches(iter(batches), num_samples=6)
+    assert [b["x"].shape[0] for b in out] == [4, 2] and count_samples(out) == 6
+    assert count_samples(prepare_batches(batches)) == 12
+    with pytest.raises(DataError, match="no samples"):
+        prepare_batches([])
+
+
+def test_pruned_model_keeps_only_what_the_outputs_need():
+    model = mobilenet_block()
+    pruned = pruned_model(model, ["r1"])
+    assert [n.name for n in pruned.graph.node] == ["conv1", "clip1"]
+    assert {t.name for t in pruned.graph.initializer} == {"w1", "b1", "zero", "six"}
+    with pytest.raises(ModelError, match="not computed"):
+        pruned_model(model, ["nope"])
+
+
+def test_incremental_runner_matches_whole_model_runs_and_runs_each_node_once():
+    model = mobilenet_block()
+    batches = batches_for(model, count=3, batch=4)
+    qdq = write_qdq(model, batches)
+    layers = find_qdq_layers(qdq)
+    runner = IncrementalRunner(batches)
+    reference = TensorCapture(qdq, [layer.input_tensor for layer in layers] + ["y"]).collect(batches)
+    for layer in layers:
+        got = runner.concat(qdq, layer.input_tensor)
+        np.testing.assert_allclose(got, reference[layer.input_tensor], rtol=1e-5, atol=1e-5)
+        # Evaluating the layer without committing leaves it pending.
+        runner.compute(qdq, [layer.output_tensor], commit=False)
+    np.testing.assert_allclose(runner.concat(qdq, "y"), reference["y"], rtol=1e-4, atol=1e-4)
+    assert runner.nodes_run == len(qdq.graph.node)
+    with pytest.raises(ModelError, match="already released"):
+        runner.compute(qdq, [layers[0].input_tensor])
+
+
+def test_capture_reports_missing_inputs():
+    model = mobilenet_block()
+    with pytest.raises(DataError, match="'x' is missing"):
+        TensorCapture(model, ["y"]).run({"other": np.zeros((1, 3, 16, 16), np.float32)})

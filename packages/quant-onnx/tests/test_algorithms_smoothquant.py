@@ -1,0 +1,127 @@
+"""SmoothQuant on ONNX graphs: function kept, 1/s folded exactly where possible."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from algorithms_models import make_model, run
+from onnx import TensorProto, helper, numpy_helper
+
+from quant_core.algorithm_config import SmoothQuantConfig
+from quant_onnx.algorithms.capture import TensorCapture
+from quant_onnx.algorithms.smoothquant import apply_smoothquant, apply_smoothquant_with_report
+
+RNG = np.random.default_rng(0)
+OUTLIERS = np.array([1.0, 50.0, 1.0, 0.5, 20.0, 1.0], np.float32)
+
+
+def _init(name, value):
+    return numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+
+def _dense(name, x, w, y, b=None, **attrs):
+    return helper.make_node("Gemm", [x, w] + ([b] if b else []), [y], name=name, **attrs)
+
+
+def _model(nodes, inits, in_shape, out_shape):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, in_shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)
+    return make_model(nodes, [x], [y], inits)
+
+
+def _batches(shape, scale=None, count=3):
+    out = []
+    for _ in range(count):
+        x = RNG.normal(size=(8, *shape)).astype(np.float32)
+        if scale is not None:
+            x = x * scale
+        out.append({"x": x})
+    return out
+
+
+def gemm_producer_model():
+    w0 = RNG.normal(size=(4, 6)).astype(np.float32) * OUTLIERS  # [in, out]: outlier output channels
+    inits = [_init("w0", w0), _init("b0", np.ones(6)), _init("w1", RNG.normal(size=(3, 6))), _init("b1", np.zeros(3))]
+    nodes = [
+        _dense("fc0", "x", "w0", "h", "b0"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        _dense("fc1", "r", "w1", "y", "b1", transB=1),
+    ]
+    return _model(nodes, inits, ["N", 4], ["N", 3]), _batches((4,))
+
+
+def input_model():
+    inits = [_init("w", RNG.normal(size=(6, 3)))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    return _model(nodes, inits, ["N", 5, 6], ["N", 5, 3]), _batches((5, 6), OUTLIERS)
+
+
+def mul_model():
+    inits = [_init("c", OUTLIERS), _init("w", RNG.normal(size=(6, 3)))]
+    nodes = [helper.make_node("Mul", ["x", "c"], ["m"], name="mul"), helper.make_node("MatMul", ["m", "w"], ["y"], name="mm")]
+    return _model(nodes, inits, ["N", 6], ["N", 3]), _batches((6,))
+
+
+def layernorm_model():
+    inits = [_init("g", OUTLIERS), _init("beta", RNG.normal(size=6)), _init("w", RNG.normal(size=(6, 3)))]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g", "beta"], ["n"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["n", "w"], ["y"], name="mm"),
+    ]
+    return _model(nodes, inits, ["N", 4, 6], ["N", 4, 3]), _batches((4, 6))
+
+
+def conv_model():
+    w0 = RNG.normal(size=(6, 3, 3, 3)).astype(np.float32) * OUTLIERS.reshape(6, 1, 1, 1)
+    inits = [_init("w0", w0), _init("w1", RNG.normal(size=(4, 6, 1, 1)))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w1"], ["y"], name="conv1"),
+    ]
+    return _model(nodes, inits, ["N", 3, 5, 5], ["N", 4, 5, 5]), _batches((3, 5, 5))
+
+
+@pytest.mark.parametrize(
+    ("builder", "tensor", "folded"),
+    [
+        (gemm_producer_model, "r", "into:fc0"),
+        (input_model, "x", "mul:"),
+        (mul_model, "m", "into:mul"),
+        (layernorm_model, "n", "into:ln"),
+        (conv_model, "r", "into:conv0"),
+    ],
+)
+def test_smoothquant_keeps_function_and_flattens_channels(builder, tensor, folded):
+    model, batches = builder()
+    before = model.SerializeToString()
+    out, report = apply_smoothquant_with_report(model, batches, SmoothQuantConfig(alpha=0.5))
+    assert model.SerializeToString() == before
+    smoothed = next(s for s in report.smoothed if s.tensor == tensor)
+    assert smoothed.folded.startswith(folded)
+    ya, yb = run(model, batches), run(out, batches)
+    np.testing.assert_allclose(yb, ya, rtol=1e-4, atol=1e-4 * float(np.abs(ya).max()))
+
+    def spread(m, name):
+        value = TensorCapture(m, [name]).collect(batches)[name]
+        axis = 1 if builder is conv_model else value.ndim - 1
+        absmax = np.abs(np.moveaxis(value, axis, -1)).reshape(-1, value.shape[axis]).max(axis=0)
+        return absmax.max() / absmax.min()
+
+    reader_input = tensor if not folded.startswith("mul:") else f"{tensor}_smoothed"
+    assert spread(out, reader_input) < spread(model, tensor) / 2
+
+
+def test_alpha_zero_is_a_no_op_on_the_activation_side():
+    model, batches = input_model()
+    out = apply_smoothquant(model, batches, SmoothQuantConfig(alpha=0.0))
+    np.testing.assert_allclose(run(out, batches), run(model, batches), rtol=1e-4, atol=1e-4)
+
+
+def test_activation_with_a_non_dense_reader_is_left_alone():
+    model, batches = input_model()
+    model.graph.node.append(helper.make_node("Relu", ["x"], ["x_relu"], name="other"))
+    model.graph.output.append(helper.make_tensor_value_info("x_relu", TensorProto.FLOAT, None))
+    out, report = apply_smoothquant_with_report(model, batches, SmoothQuantConfig())
+    assert report.smoothed == () and report.notes
+    assert out.SerializeToString() == model.SerializeToString()

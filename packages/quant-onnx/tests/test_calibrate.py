@@ -1,0 +1,101 @@
+"""Streaming calibration: ranges, batching, memory, errors."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from model_builders import GraphBuilder, ort_run, random_inputs, small_cnn
+
+from quant_core.presets import get_preset
+from quant_onnx.annotate import annotate
+from quant_onnx.calibrate import augmented_model, calibrate
+from quant_onnx.config_overrides import override_config
+from quant_onnx.errors import DataError
+
+
+def _batches(x: np.ndarray, size: int):
+    return [{"x": x[i : i + size]} for i in range(0, len(x), size)]
+
+
+def _concat_model():
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, 4, 4])
+    left = b.conv(x, 3, 4)
+    right = b.node("Mul", [x, b.const(np.array(5.0, np.float32))])
+    return b.model([b.node("Concat", [left, right], axis=1)], rank=4), left, right
+
+
+def test_minmax_ranges_match_numpy_over_every_batch_size() -> None:
+    model, left, right = _concat_model()
+    x = random_inputs(model, 10)
+    ann = annotate(model, get_preset("a8w8"))
+    lefts, rights = ort_run(augmented_model(model, [left, right]), x, "basic")[1:]
+    expected = (min(lefts.min(), rights.min()), max(lefts.max(), rights.max()))
+    for size in (1, 3, 4, 10):  # 3 and 4 leave a ragged last batch
+        cal = calibrate(model, ann, _batches(x, size), quiet=True)
+        lo, hi = cal.activation_ranges[ann.group_of(left).key]
+        assert (float(lo), float(hi)) == pytest.approx(expected, rel=1e-6)
+        x_lo, x_hi = cal.activation_ranges["x"]
+        assert (float(x_lo), float(x_hi)) == (float(x.min()), float(x.max()))
+
+
+def test_concat_inputs_share_the_union_range() -> None:
+    model, left, right = _concat_model()
+    ann = annotate(model, get_preset("a8w8"))
+    cal = calibrate(model, ann, _batches(random_inputs(model, 8), 4), quiet=True)
+    assert cal.qparams_of(left) == cal.qparams_of(right)
+
+
+def test_weight_qparams_come_from_the_weights() -> None:
+    model = small_cnn()
+    ann = annotate(model, get_preset("a8w8"))
+    cal = calibrate(model, ann, _batches(random_inputs(model, 4), 4), quiet=True)
+    slot = ann.weights[0]
+    w = next(t for t in model.graph.initializer if t.name == slot.tensor)
+    from onnx import numpy_helper
+
+    amax = np.abs(numpy_helper.to_array(w)).reshape(w.dims[0], -1).max(axis=1)
+    np.testing.assert_allclose(cal.weight_qparams[slot.node].scale, amax / 127, rtol=1e-6)
+
+
+def test_calibration_releases_every_batch() -> None:
+    """Peak memory must not grow with the sample count: nothing keeps earlier batches."""
+    model = small_cnn()
+    ann = annotate(model, get_preset("a8w8"))
+    alive: list[weakref.ref] = []
+
+    def stream():
+        for i in range(6):
+            batch = random_inputs(model, 4, seed=i)
+            alive.append(weakref.ref(batch))
+            yield {"x": batch}
+
+    calibrate(model, ann, stream(), quiet=True)
+    gc.collect()
+    assert sum(ref() is not None for ref in alive) == 0
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy", "mse"])
+def test_histogram_methods_calibrate(method: str) -> None:
+    model = small_cnn()
+    config = override_config(get_preset("a8w8"), calib_method=method)
+    ann = annotate(model, config)
+    cal = calibrate(model, ann, _batches(random_inputs(model, 8), 4), quiet=True)
+    lo, hi = cal.activation_ranges["x"]
+    assert lo < 0 < hi
+
+
+def test_no_batches_is_a_data_error() -> None:
+    model = small_cnn()
+    with pytest.raises(DataError, match="no samples"):
+        calibrate(model, annotate(model, get_preset("a8w8")), [], quiet=True)
+
+
+def test_quiet_shows_no_progress_bar(capsys) -> None:
+    model = small_cnn()
+    calibrate(model, annotate(model, get_preset("a8w8")), _batches(random_inputs(model, 4), 2), quiet=True)
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""

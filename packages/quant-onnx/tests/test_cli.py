@@ -1,0 +1,150 @@
+"""The quant-onnx command line: success paths and exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from model_builders import float_island_net, random_inputs, small_cnn
+
+from quant_onnx.cli import main
+
+
+@pytest.fixture
+def files(tmp_path):
+    model = tmp_path / "float.onnx"
+    onnx.save(small_cnn(), model)
+    data = tmp_path / "calib.npy"
+    np.save(data, random_inputs(small_cnn(), 12))
+    return model, data
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("quant-onnx: error: ")
+    return err[0]
+
+
+def test_quantize_with_report(files, tmp_path, capsys) -> None:
+    model, data = files
+    out, report = tmp_path / "q.onnx", tmp_path / "r.json"
+    args = ["quantize", str(model), str(out), "--calib-data", str(data), "--num-calib", "8", "--batch-size", "4"]
+    assert main([*args, "--per-tensor", "--calib-method", "percentile", "--report", str(report), "--quiet"]) == 0
+    onnx.checker.check_model(onnx.load(out))
+    content = json.loads(report.read_text())
+    weights = content["weights"]
+    assert weights and all(w["axis"] is None for w in weights)
+    assert content["activations"][0]["spec"]["observer"]["method"] == "percentile"
+
+
+def test_quantize_with_npz_exclude_and_preset(files, tmp_path) -> None:
+    model, _data = files
+    npz = tmp_path / "calib.npz"
+    np.savez(npz, x=random_inputs(small_cnn(), 6))
+    out = tmp_path / "q.onnx"
+    assert (
+        main(
+            [
+                "quantize",
+                str(model),
+                str(out),
+                "--calib-data",
+                str(npz),
+                "--preset",
+                "xint8",
+                "--exclude",
+                "Gemm",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    quantized = onnx.load(out)
+    gemm = next(n for n in quantized.graph.node if n.op_type == "Gemm")
+    floats = {t.name for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    assert gemm.input[1] in floats  # excluded: its weight stays float
+    assert "Conv" in {n.op_type for n in quantized.graph.node}
+
+
+def test_dynamic_needs_no_calibration_data(files, tmp_path) -> None:
+    model, _data = files
+    out = tmp_path / "d.onnx"
+    assert main(["quantize", str(model), str(out), "--dynamic"]) == 0
+    assert "ConvInteger" in {n.op_type for n in onnx.load(out).graph.node}
+
+
+def test_inspect_lists_quantized_and_float_ops(tmp_path, capsys) -> None:
+    path = tmp_path / "island.onnx"
+    onnx.save(float_island_net(), path)
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "HardSwish" in text and "stays float" in text and "Sin" in text
+    assert main(["inspect", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["float_nodes"][0]["op_type"] == "Sin" and info["quantized"]["Conv"] == 2
+
+
+def test_compare_prints_agreement_and_layers(files, tmp_path, capsys) -> None:
+    model, data = files
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), str(out), "--calib-data", str(data), "--quiet"]) == 0
+    capsys.readouterr()
+    assert (
+        main(["compare", str(model), str(out), "--data", str(data), "--quiet", "--json", str(tmp_path / "c.json")]) == 0
+    )
+    text = capsys.readouterr().out
+    assert "top-1 agreement" in text and "SQNR" in text
+    assert json.loads((tmp_path / "c.json").read_text())["layers"]
+
+
+def _bad_inputs(tmp_path, model, data):
+    not_onnx = tmp_path / "junk.onnx"
+    not_onnx.write_bytes(b"this is not a protobuf at all \x00\xff")
+    broken = small_cnn()
+    broken.graph.node[0].input[1] = "missing_weight"
+    broken_path = tmp_path / "broken.onnx"
+    onnx.save(broken, broken_path)
+    wrong_name = tmp_path / "wrong.npz"
+    np.savez(wrong_name, y=random_inputs(small_cnn(), 2))
+    wrong_shape = tmp_path / "shape.npy"
+    np.save(wrong_shape, np.zeros((2, 3, 5, 5), np.float32))
+    nan = tmp_path / "nan.npy"
+    np.save(nan, np.full((2, 3, 16, 16), np.inf, np.float32))
+    empty = tmp_path / "empty.npy"
+    np.save(empty, np.zeros((0, 3, 16, 16), np.float32))
+    return {
+        "not onnx": ([str(not_onnx), "OUT", "--calib-data", str(data)], "junk.onnx"),
+        "checker": ([str(broken_path), "OUT", "--calib-data", str(data)], "broken.onnx"),
+        "missing model": ([str(tmp_path / "none.onnx"), "OUT", "--calib-data", str(data)], "none.onnx"),
+        "input name": ([str(model), "OUT", "--calib-data", str(wrong_name)], "'y'"),
+        "shape": ([str(model), "OUT", "--calib-data", str(wrong_shape)], "x"),
+        "nan": ([str(model), "OUT", "--calib-data", str(nan)], "x"),
+        "no samples": ([str(model), "OUT", "--calib-data", str(empty)], "sample"),
+        "same path": ([str(model), str(model), "--calib-data", str(data)], "input model"),
+        "no data": ([str(model), "OUT"], "--calib-data"),
+        "bad preset": ([str(model), "OUT", "--calib-data", str(data), "--preset", "nope"], "preset"),
+        "bad count": ([str(model), "OUT", "--calib-data", str(data), "--num-calib", "0"], "--num-calib"),
+    }
+
+
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(files, tmp_path, capsys) -> None:
+    model, data = files
+    before = model.read_bytes()
+    for label, (args, needle) in _bad_inputs(tmp_path, model, data).items():
+        out = tmp_path / f"out_{label.replace(' ', '_')}.onnx"
+        argv = ["quantize", *[str(out) if a == "OUT" else a for a in args], "--quiet"]
+        assert main(argv) == 2, label
+        line = _error_line(capsys)
+        assert needle in line, (label, line)
+        assert not out.exists(), label
+    assert model.read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_usage_errors_exit_2(capsys) -> None:
+    assert main(["quantize"]) == 2
+    assert main(["frobnicate"]) == 2
+    assert main(["quantize", "a.onnx", "b.onnx", "--per-channel", "--per-tensor"]) == 2

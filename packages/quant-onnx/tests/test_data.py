@@ -1,0 +1,232 @@
+"""Calibration data reading, batching and validation."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from conftest import conv_bn_relu_model, make_model, vi
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import helper
+
+from quant_onnx.data import (
+    CalibrationReader,
+    ImageOptions,
+    InputSpec,
+    calibration_batches,
+    iter_npz,
+    load_calibration_data,
+    model_inputs,
+)
+from quant_onnx.errors import DataError, MissingDependencyError
+
+F32 = np.dtype("float32")
+IMG = [InputSpec("x", ("N", 3, 4, 4), F32)]
+
+
+def samples(n: int, shape=(3, 4, 4), seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, *shape)).astype(np.float32)
+
+
+def two_input_specs() -> list[InputSpec]:
+    return [InputSpec("a", ("N", 2), F32), InputSpec("b", ("N", 3), F32)]
+
+
+def test_model_inputs_skips_initializers_and_reads_dims():
+    model = conv_bn_relu_model()
+    model.graph.input.append(vi("w", [8, 3, 3, 3]))
+    specs = model_inputs(model)
+    assert specs == [InputSpec("x", ("N", 3, 8, 8), F32)]
+    assert specs[0].describe_shape() == "[N,3,8,8]"
+
+
+@given(
+    n=st.integers(1, 23),
+    batch=st.integers(1, 8),
+    limit=st.one_of(st.none(), st.integers(1, 30)),
+    chunk=st.integers(1, 9),
+)
+@settings(max_examples=60, deadline=None)
+def test_rebatching_preserves_order_and_counts(n, batch, limit, chunk):
+    data = samples(n, (2,))
+    chunks = [data[i : i + chunk] for i in range(0, n, chunk)]
+    specs = [InputSpec("x", ("N", 2), F32)]
+    out = list(calibration_batches(specs, chunks, batch_size=batch, num_samples=limit))
+    expected = data[: n if limit is None else min(n, limit)]
+    assert all(b["x"].shape[0] == batch for b in out[:-1])
+    assert 1 <= out[-1]["x"].shape[0] <= batch
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in out]), expected)
+
+
+def test_array_dict_and_sample_iterables():
+    data = samples(5)
+    for source in (data, {"x": data}, list(data), [{"x": s} for s in data], iter([data[:2], data[2:]])):
+        out = list(calibration_batches(IMG, source, batch_size=2))
+        assert [b["x"].shape[0] for b in out] == [2, 2, 1]
+        np.testing.assert_array_equal(np.concatenate([b["x"] for b in out]), data)
+
+
+def test_multi_input_dicts_and_cast_to_model_dtype():
+    specs = two_input_specs()
+    items = [{"a": np.ones((3, 2)), "b": np.zeros((3, 3))}, {"a": np.ones(2), "b": np.zeros(3)}]
+    out = list(calibration_batches(specs, items, batch_size=4))
+    assert [b["a"].shape for b in out] == [(4, 2)]
+    assert out[0]["a"].dtype == np.float32 and out[0]["b"].dtype == np.float32
+
+
+def test_fixed_batch_dim_forces_batch_size_and_drops_remainder():
+    specs = [InputSpec("x", (1, 3, 4, 4), F32)]
+    reader = CalibrationReader(specs, samples(3), batch_size=8)
+    assert reader.batch_size == 1
+    assert [b["x"].shape for b in reader] == [(1, 3, 4, 4)] * 3
+    specs2 = [InputSpec("x", (2, 3, 4, 4), F32)]
+    assert len(list(calibration_batches(specs2, samples(5)))) == 2
+
+
+def test_reader_from_model_and_iterable_twice():
+    reader = CalibrationReader(conv_bn_relu_model(), samples(4, (3, 8, 8)), batch_size=3)
+    assert [b["x"].shape[0] for b in reader] == [3, 1]
+    assert [b["x"].shape[0] for b in reader] == [3, 1]  # re-iterable over an array source
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"y": samples(2)}, "unknown input 'y' (model inputs: 'x')"),
+        (samples(2, (1, 28, 28)), "input 'x' expected shape [N,3,4,4] got [N,1,28,28]"),
+        (samples(2, (3, 4)), "input 'x' expected shape [N,3,4,4] got [N,2,3,4]"),  # read as one sample
+        (np.ones((2, 3), np.float32), "input 'x' expected shape [N,3,4,4] got [2,3]"),
+        (np.zeros((2, 3, 4, 4), np.uint8), "input 'x' expected dtype float32 got uint8"),
+        (np.full((2, 3, 4, 4), np.nan, np.float32), "input 'x' contains NaN"),
+        (np.full((2, 3, 4, 4), np.inf, np.float32), "input 'x' contains Inf"),
+        ([], "no samples for input 'x'"),
+        (samples(0), "no samples for input 'x'"),
+        (42, "unsupported type int"),
+    ],
+)
+def test_validation_errors_name_the_input(data, message):
+    with pytest.raises(DataError) as info:
+        list(calibration_batches(IMG, data, batch_size=2))
+    assert str(info.value).startswith("calibration data: ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_input_and_mismatched_counts():
+    specs = two_input_specs()
+    with pytest.raises(DataError, match="input 'b' is missing"):
+        list(calibration_batches(specs, [{"a": np.ones(2)}]))
+    with pytest.raises(DataError, match="different sample counts"):
+        list(calibration_batches(specs, {"a": np.ones((2, 2)), "b": np.ones((3, 3))}))
+    with pytest.raises(DataError, match="single-input model"):
+        list(calibration_batches(specs, np.ones((2, 2))))
+
+
+def test_symbolic_dims_need_consistent_sample_shapes():
+    specs = [InputSpec("x", ("N", 3, "H", "W"), F32)]
+    items = [samples(1, (3, 4, 4))[0], samples(1, (3, 5, 5))[0]]
+    with pytest.raises(DataError, match="input 'x' samples have different shapes"):
+        list(calibration_batches(specs, items, batch_size=2))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="batch_size"):
+        CalibrationReader(IMG, samples(1), batch_size=0)
+    with pytest.raises(ValueError, match="num_samples"):
+        CalibrationReader(IMG, samples(1), num_samples=0)
+
+
+def test_npy_is_memory_mapped(tmp_path):
+    data = samples(7)
+    path = tmp_path / "calib.npy"
+    np.save(path, data)
+    chunks = list(load_calibration_data(path, IMG))
+    assert isinstance(chunks[0]["x"], np.memmap)
+    out = list(calibration_batches(IMG, str(path), batch_size=3, num_samples=5))
+    assert [b["x"].shape[0] for b in out] == [3, 2]
+    assert not isinstance(out[0]["x"], np.memmap)
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in out]), data[:5])
+
+
+def test_npz_keys_are_input_names_and_read_lazily(tmp_path):
+    path = tmp_path / "calib.npz"
+    np.savez(path, a=np.ones((4, 2), np.float32), b=np.zeros((4, 3), np.float32), extra=np.ones(1))
+    reader = iter_npz(path)  # keep the generator alive: it owns the open archive
+    chunk = next(reader)
+    assert dict.__getitem__(chunk, "a") is None  # nothing decompressed yet
+    assert chunk["a"].shape == (4, 2)
+    with pytest.raises(DataError, match="unknown input 'extra'"):
+        list(calibration_batches(two_input_specs(), path))
+    np.savez(path, a=np.ones((4, 2), np.float32), b=np.zeros((4, 3), np.float32))
+    out = list(calibration_batches(two_input_specs(), path, batch_size=3))
+    assert [b["b"].shape for b in out] == [(3, 3), (1, 3)]
+
+
+def test_unsupported_paths(tmp_path):
+    (tmp_path / "data.csv").write_text("1,2")
+    with pytest.raises(DataError, match=r"unsupported type '\.csv'"):
+        list(calibration_batches(IMG, tmp_path / "data.csv"))
+    with pytest.raises(DataError, match="neither a file nor a folder"):
+        list(calibration_batches(IMG, tmp_path / "missing.npy"))
+    with pytest.raises(DataError, match="no image files"):
+        list(calibration_batches(IMG, tmp_path))
+
+
+def _write_images(folder, count=3, size=(6, 5), mode="RGB"):
+    image = pytest.importorskip("PIL.Image")
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    arrays = []
+    for i in range(count):
+        shape = (size[0], size[1], 3) if mode == "RGB" else size
+        pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+        image.fromarray(pixels, mode).save(folder / f"img{i}.png")
+        arrays.append(pixels)
+    return arrays
+
+
+def test_image_folder_nchw_with_mean_std(tmp_path):
+    pixels = _write_images(tmp_path / "imgs", size=(4, 4))
+    options = ImageOptions(mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.25))
+    out = list(calibration_batches(IMG, tmp_path / "imgs", batch_size=2, image_options=options))
+    assert [b["x"].shape for b in out] == [(2, 3, 4, 4), (1, 3, 4, 4)]
+    expected = ((pixels[0] / 255.0 - np.array([0.5, 0.4, 0.3])) / np.array([0.2, 0.2, 0.25])).transpose(2, 0, 1)
+    np.testing.assert_allclose(out[0]["x"][0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_image_folder_resizes_to_model_and_nhwc_grayscale(tmp_path):
+    _write_images(tmp_path / "g", size=(9, 7), mode="L")
+    specs = [InputSpec("img", ("N", 4, 4, 1), F32)]
+    out = list(calibration_batches(specs, tmp_path / "g", batch_size=4, image_options=ImageOptions(layout="nhwc")))
+    assert out[0]["img"].shape == (3, 4, 4, 1)
+    assert out[0]["img"].min() >= 0.0 and out[0]["img"].max() <= 1.0
+
+
+def test_image_options_validation():
+    with pytest.raises(ValueError, match="layout"):
+        ImageOptions(layout="chw")
+    with pytest.raises(ValueError, match="std"):
+        ImageOptions(std=(0.0,))
+    with pytest.raises(ValueError, match="resize"):
+        ImageOptions(resize=(0, 3))
+
+
+def test_missing_pillow_names_the_extra(tmp_path, monkeypatch):
+    (tmp_path / "a.png").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(MissingDependencyError, match=r"quant-onnx\[images\]"):
+        list(calibration_batches(IMG, tmp_path))
+
+
+def test_model_without_inputs_is_an_error():
+    model = make_model([helper.make_node("Constant", [], ["y"], value_float=1.0)], [], [vi("y", [])])
+    with pytest.raises(DataError, match="no inputs"):
+        CalibrationReader(model, [])
+
+
+def test_one_shot_iterator_cannot_be_read_twice():
+    reader = CalibrationReader(IMG, iter(samples(2)), batch_size=2)
+    assert len(list(reader)) == 1
+    with pytest.raises(DataError, match="already consumed"):
+        list(reader)

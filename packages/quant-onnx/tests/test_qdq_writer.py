@@ -1,0 +1,236 @@
+"""The QDQ writer: numerics against quant_core and onnxruntime, structure, encodings."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from model_builders import (
+    GraphBuilder,
+    conv_transpose_net,
+    float_island_net,
+    mlp,
+    ort_run,
+    quantize_in_memory,
+    random_inputs,
+    reference_run,
+    small_cnn,
+)
+from onnx import numpy_helper
+
+from quant_core.qparams import QParams, bias_qparams, fake_quantize, sqnr_db
+from quant_onnx.qdq_writer import WriterOptions, activation_is_absorbed, encode_activation
+
+COMPUTE = ("Conv", "Gemm", "MatMul")
+
+
+def _index(model: onnx.ModelProto):
+    producers = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return producers, consumers, inits
+
+
+def _dq_value(node: onnx.NodeProto, inits) -> np.ndarray:
+    q, scale, zp = (inits[name] for name in node.input[:3])
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    shape = [1] * q.ndim
+    if scale.ndim:
+        shape[axis] = -1
+    return ((q.astype(np.int64) - zp.reshape(shape)) * scale.reshape(shape)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    model = small_cnn()
+    x = random_inputs(model, 32)
+    calibrated, quantized = quantize_in_memory(model, "a8w8", x)
+    return model, x, calibrated, quantized
+
+
+def test_weights_dequantize_to_the_quant_core_reference(cnn) -> None:
+    model, _x, calibrated, quantized = cnn
+    producers, _consumers, inits = _index(quantized)
+    floats = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for slot in calibrated.annotation.weights:
+        node = next(n for n in quantized.graph.node if n.name == slot.node)
+        dq = producers[node.input[1]]
+        assert dq.op_type == "DequantizeLinear"
+        assert inits[dq.input[0]].dtype == np.int8
+        reference = fake_quantize(floats[slot.tensor], calibrated.weight_qparams[slot.node])
+        np.testing.assert_array_equal(_dq_value(dq, inits), reference)
+        assert slot.tensor not in inits  # the float weight is gone: ~4x smaller file
+
+
+def test_bias_is_int32_at_input_times_weight_scale(cnn) -> None:
+    _model, _x, calibrated, quantized = cnn
+    producers, _consumers, inits = _index(quantized)
+    for bias in calibrated.annotation.biases:
+        node = next(n for n in quantized.graph.node if n.name == bias.node)
+        dq = producers[node.input[2]]
+        codes, scale, zp = (inits[name] for name in dq.input)
+        assert codes.dtype == np.int32 and not zp.any()
+        input_scale = encode_activation(calibrated.qparams_of(bias.input_tensor), "x86_uint8").scale
+        expected = bias_qparams(input_scale, calibrated.weight_qparams[bias.node]).scale
+        np.testing.assert_array_equal(scale, expected)
+
+
+def test_each_compute_node_reads_private_dqs_and_writes_one_q(cnn) -> None:
+    _model, _x, _calibrated, quantized = cnn
+    producers, consumers, _inits = _index(quantized)
+    outputs = {o.name for o in quantized.graph.output}
+    for node in quantized.graph.node:
+        if node.op_type in COMPUTE:
+            for name in node.input:
+                if name:
+                    assert producers[name].op_type == "DequantizeLinear", (node.name, name)
+                    assert len(consumers[name]) == 1
+            assert [c.op_type for c in consumers[node.output[0]]] == ["QuantizeLinear"]
+            assert node.output[0] not in outputs
+    for output in outputs:
+        assert producers[output].op_type == "DequantizeLinear"
+
+
+def test_activations_are_uint8_and_fused_relus_are_dropped(cnn) -> None:
+    _model, _x, calibrated, quantized = cnn
+    _producers, _consumers, inits = _index(quantized)
+    q_types = {inits[n.input[2]].dtype for n in quantized.graph.node if n.op_type == "QuantizeLinear"}
+    assert q_types == {np.dtype(np.uint8)}
+    assert [n.op_type for n in quantized.graph.node].count("Relu") == 0
+    kept_clips = [n for n in quantized.graph.node if n.op_type == "Clip"]
+    for clip in kept_clips:  # kept only where saturation cannot reproduce it
+        fused = next(f for f in calibrated.annotation.fused if f.node == clip.name)
+        assert not activation_is_absorbed(calibrated.qparams_of(fused.post_tensor), fused.bounds)
+
+
+def test_quantized_output_is_close_to_float_in_onnxruntime_and_reference(cnn) -> None:
+    model, x, _calibrated, quantized = cnn
+    expected = ort_run(model, x)[0]
+    actual = ort_run(quantized, x)[0]
+    assert sqnr_db(expected, actual) > 30
+    reference = reference_run(quantized, {"x": x[:4]})[0]
+    assert sqnr_db(ort_run(quantized, x[:4], "basic")[0], reference) > 40
+
+
+def test_symmetric_int8_activations_are_written_as_uint8_zero_point_128() -> None:
+    model = small_cnn()
+    x = random_inputs(model, 16)
+    _cal, x86 = quantize_in_memory(model, "xint8", x)
+    _cal, spec = quantize_in_memory(model, "xint8", x, activation_encoding="as_spec")
+    _p, _c, inits = _index(x86)
+    zps = {(inits[n.input[2]].dtype, int(inits[n.input[2]])) for n in x86.graph.node if n.op_type == "QuantizeLinear"}
+    assert zps == {(np.dtype(np.uint8), 128)}
+    _p, _c, inits = _index(spec)
+    zps = {(inits[n.input[2]].dtype, int(inits[n.input[2]])) for n in spec.graph.node if n.op_type == "QuantizeLinear"}
+    assert zps == {(np.dtype(np.int8), 0)}
+    # zero point 128 cannot absorb Relu: it stays, between a DQ and a Q with the same qparams.
+    assert "Relu" in [n.op_type for n in x86.graph.node]
+    ref_x86 = reference_run(x86, {"x": x})[0]
+    ref_spec = reference_run(spec, {"x": x})[0]
+    np.testing.assert_allclose(ref_x86, ref_spec, rtol=0, atol=1e-5)
+
+
+def test_gemm_alpha_beta_are_folded_and_matmul_is_per_column() -> None:
+    model = mlp()
+    x = random_inputs(model, 32)
+    calibrated, quantized = quantize_in_memory(model, "a8w8", x)
+    gemm = next(n for n in quantized.graph.node if n.op_type == "Gemm")
+    assert {a.name for a in gemm.attribute} <= {"transA", "transB"}
+    assert sqnr_db(ort_run(model, x)[0], ort_run(quantized, x)[0]) > 30
+    matmul = next(s for s in calibrated.annotation.weights if s.op_type == "MatMul")
+    assert calibrated.weight_qparams[matmul.node].scale.shape == (16,)
+
+
+def test_conv_transpose_weights_are_per_channel_on_axis_1() -> None:
+    model = conv_transpose_net()
+    x = random_inputs(model, 16)
+    calibrated, quantized = quantize_in_memory(model, "a8w8", x)
+    slot = next(s for s in calibrated.annotation.weights if s.op_type == "ConvTranspose")
+    qp = calibrated.weight_qparams[slot.node]
+    assert qp.axis == 1 and qp.scale.shape == (5,)
+    producers, _c, _i = _index(quantized)
+    node = next(n for n in quantized.graph.node if n.op_type == "ConvTranspose")
+    assert next(a.i for a in producers[node.input[1]].attribute if a.name == "axis") == 1
+    assert sqnr_db(ort_run(model, x)[0], ort_run(quantized, x)[0]) > 30
+
+
+def test_float_islands_and_unsupported_ops() -> None:
+    model = float_island_net()
+    x = random_inputs(model, 16)
+    _cal, quantized = quantize_in_memory(model, "a8w8", x)
+    producers, _c, _i = _index(quantized)
+    hswish = next(n for n in quantized.graph.node if n.op_type == "HardSwish")
+    assert producers[hswish.input[0]].op_type == "DequantizeLinear"
+    sin = next(n for n in quantized.graph.node if n.op_type == "Sin")
+    assert producers[sin.input[0]].op_type == "DequantizeLinear"  # float consumer of a quantized tensor
+    assert sqnr_db(ort_run(model, x)[0], ort_run(quantized, x)[0]) > 25
+
+
+def test_int16_activations_raise_the_opset_and_beat_8_bit() -> None:
+    from quant_onnx.api import ModelQuantizer
+
+    model = small_cnn()
+    x = random_inputs(model, 16)
+    results = {}
+    for preset in ("a8w8", "a16w8"):
+        quantizer = ModelQuantizer(preset, quiet=True)
+        prepared = quantizer.prepare(model)
+        quantized = quantizer.write(quantizer.calibrate(prepared, x))
+        results[preset] = sqnr_db(ort_run(model, x)[0], ort_run(quantized, x)[0])
+        if preset == "a16w8":
+            assert quantized.opset_import[0].version >= 21
+    assert results["a16w8"] > results["a8w8"]
+
+
+def test_writing_is_deterministic() -> None:
+    model = small_cnn()
+    x = random_inputs(model, 16)
+    first = quantize_in_memory(model, "a8w8", x)[1].SerializeToString(deterministic=True)
+    second = quantize_in_memory(model, "a8w8", x)[1].SerializeToString(deterministic=True)
+    assert first == second
+
+
+def test_activation_is_absorbed_needs_exact_saturation() -> None:
+    qp = QParams.per_tensor(6.0 / 255, 0, "uint8")
+    assert activation_is_absorbed(qp, (0.0, 6.0))
+    assert not activation_is_absorbed(QParams.per_tensor(8.0 / 255, 0, "uint8"), (0.0, 6.0))
+    assert not activation_is_absorbed(QParams.per_tensor(0.1, 10, "uint8"), (0.0, float("inf")))
+
+
+def test_writer_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="activation_encoding"):
+        WriterOptions(activation_encoding="int8")  # type: ignore[arg-type]
+
+
+def test_kept_clip_loses_the_bound_saturation_applies() -> None:
+    """Symmetric activations (zero point 128) cannot absorb Clip(0, 6)'s lower bound; when
+    the upper bound saturates anyway the Clip becomes a Relu (onnxruntime overflows
+    converting huge bound/scale ratios of a kept Clip)."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 3, 4, 4])
+    lo, hi = b.const(np.array(0.0, np.float32)), b.const(np.array(6.0, np.float32))
+    y = b.node("Clip", [b.conv(x, 3, 8, bias=False), lo, hi])
+    model = b.model([b.conv(y, 8, 8, bias=False)], rank=4)
+    data = random_inputs(model, 16) * 1e-9  # tiny activations: 6 / scale overflows int32
+    _cal, quantized = quantize_in_memory(model, "xint8", data)
+    ops = [n.op_type for n in quantized.graph.node]
+    assert "Clip" not in ops and ops.count("Relu") == 1
+    expected = ort_run(model, data)[0]
+    assert sqnr_db(expected, ort_run(quantized, data)[0]) > 25
+    assert sqnr_db(expected, ort_run(quantized, data, "basic")[0]) > 25
+
+
+def test_int4_weights_use_opset_21_int4_initializers() -> None:
+    from quant_onnx.api import ModelQuantizer
+
+    model = small_cnn()
+    x = random_inputs(model, 16)
+    quantizer = ModelQuantizer("w4a8", quiet=True)
+    quantized = quantizer.write(quantizer.calibrate(quantizer.prepare(model), x))
+    assert quantized.opset_import[0].version >= 21
+    int4 = [t for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.INT4]
+    assert len(int4) == 2 * 7  # weight codes and zero points of 6 convs + 1 gemm
+    assert sqnr_db(ort_run(model, x)[0], ort_run(quantized, x)[0]) > 12
