@@ -3,12 +3,14 @@ as a batched matrix product per group, the reconstruction loss, and the result."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
 
+from quant_algos._torch import require_torch, torch_device, torch_threads
 from quant_algos.reconstruction_data import ConvGeometry, Pool, build_pool, check_activation, limit_samples
 from quant_core.qparams import QParams, dequantize, fake_quantize, quantize
 
@@ -201,3 +203,60 @@ def finish(
 
 def problem_bias(problem: LayerProblem) -> np.ndarray | None:
     return None if problem.bias is None else problem.bias.reshape(-1).cpu().numpy().copy()
+
+
+class _ReconstructionConfig(Protocol):
+    @property
+    def device(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def num_samples(self) -> int | None: ...
+
+
+Solver = Callable[..., "ReconstructionResult"]
+"""``solver(torch, w, problem, qp, config, device, name=..., quiet=...)``: one algorithm's loop."""
+
+
+def solve_layer(
+    algorithm: str,
+    solver: Solver,
+    config: _ReconstructionConfig,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    weight_qparams: QParams,
+    inputs: np.ndarray,
+    targets: np.ndarray | None,
+    *,
+    geometry: ConvGeometry | None,
+    activation: str | None,
+    name: str,
+    quiet: bool,
+    seed: int,
+    positions_per_sample: int,
+    max_pool_bytes: int,
+    num_threads: int | None,
+) -> ReconstructionResult:
+    """What AdaRound and AdaQuant share: import torch (naming the extra when it is
+    missing), pin the thread count, validate and build the layer problem on the
+    configured device, then run ``solver`` on it."""
+    torch = require_torch(algorithm)
+    with torch_threads(torch, num_threads):
+        device = torch_device(torch, config.device)
+        w, problem = prepare(
+            torch,
+            weight,
+            bias,
+            weight_qparams,
+            inputs,
+            targets,
+            geometry=geometry,
+            activation=activation,
+            device=device,
+            batch_size=config.batch_size,
+            num_samples=config.num_samples,
+            positions_per_sample=positions_per_sample,
+            max_pool_bytes=max_pool_bytes,
+            seed=seed,
+        )
+        return solver(torch, w, problem, weight_qparams, config, device, name=name, quiet=quiet)

@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from quant_algos._reconstruction import ReconstructionResult, finish, prepare
-from quant_algos._torch import require_torch, torch_device, torch_threads
+from quant_algos._reconstruction import LayerProblem, ReconstructionResult, finish, solve_layer
 from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.algorithm_config import AdaQuantConfig
 from quant_core.qparams import QParams, quantize
@@ -61,62 +60,37 @@ def adaquant_layer(
     200 iterations. The returned ``weight`` is the learned weight quantized with
     ``weight_qparams`` and dequantized; ``bias`` is the learned float bias.
     """
-    torch = require_torch("AdaQuant")
-    with torch_threads(torch, num_threads):
-        return _adaquant_layer(
-            torch,
-            weight,
-            bias,
-            weight_qparams,
-            inputs,
-            targets,
-            config,
-            geometry=geometry,
-            activation=activation,
-            name=name,
-            quiet=quiet,
-            seed=seed,
-            positions_per_sample=positions_per_sample,
-            max_pool_bytes=max_pool_bytes,
-        )
-
-
-def _adaquant_layer(
-    torch: Any,
-    weight: np.ndarray,
-    bias: np.ndarray | None,
-    weight_qparams: QParams,
-    inputs: np.ndarray,
-    targets: np.ndarray | None,
-    config: AdaQuantConfig | None,
-    *,
-    geometry: ConvGeometry | None,
-    activation: str | None,
-    name: str,
-    quiet: bool,
-    seed: int,
-    positions_per_sample: int,
-    max_pool_bytes: int,
-) -> ReconstructionResult:
-    cfg = config or AdaQuantConfig()
-    qp = weight_qparams
-    device = torch_device(torch, cfg.device)
-    w, problem = prepare(
-        torch,
+    return solve_layer(
+        "AdaQuant",
+        _adaquant_layer,
+        config or AdaQuantConfig(),
         weight,
         bias,
-        qp,
+        weight_qparams,
         inputs,
         targets,
         geometry=geometry,
         activation=activation,
-        device=device,
-        batch_size=cfg.batch_size,
-        num_samples=cfg.num_samples,
+        name=name,
+        quiet=quiet,
+        seed=seed,
         positions_per_sample=positions_per_sample,
         max_pool_bytes=max_pool_bytes,
-        seed=seed,
+        num_threads=num_threads,
     )
+
+
+def _adaquant_layer(
+    torch: Any,
+    w: np.ndarray,
+    problem: LayerProblem,
+    qp: QParams,
+    cfg: AdaQuantConfig,
+    device: Any,
+    *,
+    name: str,
+    quiet: bool,
+) -> ReconstructionResult:
     shape = qp.broadcast_shape(w.ndim)
     scale = torch.from_numpy(qp.scale.reshape(shape).astype(np.float32)).to(device)
     zp = torch.from_numpy(qp.zero_point.reshape(shape).astype(np.float32)).to(device)

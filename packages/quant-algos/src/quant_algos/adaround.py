@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from quant_algos._reconstruction import ReconstructionResult, finish, prepare
-from quant_algos._torch import require_torch, torch_device, torch_threads
+from quant_algos._reconstruction import LayerProblem, ReconstructionResult, finish, problem_bias, solve_layer
 from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.algorithm_config import AdaRoundConfig
 from quant_core.qparams import QParams, round_values
@@ -99,62 +98,37 @@ def adaround_layer(
         :class:`ReconstructionResult`; ``weight`` is ``(floor(w/s) + [h(V) >= 0.5]) * s``
         (never worse than nearest rounding on the pool: otherwise nearest is returned).
     """
-    torch = require_torch("AdaRound")
-    with torch_threads(torch, num_threads):
-        return _adaround_layer(
-            torch,
-            weight,
-            bias,
-            weight_qparams,
-            inputs,
-            targets,
-            config,
-            geometry=geometry,
-            activation=activation,
-            name=name,
-            quiet=quiet,
-            seed=seed,
-            positions_per_sample=positions_per_sample,
-            max_pool_bytes=max_pool_bytes,
-        )
-
-
-def _adaround_layer(
-    torch: Any,
-    weight: np.ndarray,
-    bias: np.ndarray | None,
-    weight_qparams: QParams,
-    inputs: np.ndarray,
-    targets: np.ndarray | None,
-    config: AdaRoundConfig | None,
-    *,
-    geometry: ConvGeometry | None,
-    activation: str | None,
-    name: str,
-    quiet: bool,
-    seed: int,
-    positions_per_sample: int,
-    max_pool_bytes: int,
-) -> ReconstructionResult:
-    cfg = config or AdaRoundConfig()
-    qp = weight_qparams
-    device = torch_device(torch, cfg.device)
-    w, problem = prepare(
-        torch,
+    return solve_layer(
+        "AdaRound",
+        _adaround_layer,
+        config or AdaRoundConfig(),
         weight,
         bias,
-        qp,
+        weight_qparams,
         inputs,
         targets,
         geometry=geometry,
         activation=activation,
-        device=device,
-        batch_size=cfg.batch_size,
-        num_samples=cfg.num_samples,
+        name=name,
+        quiet=quiet,
+        seed=seed,
         positions_per_sample=positions_per_sample,
         max_pool_bytes=max_pool_bytes,
-        seed=seed,
+        num_threads=num_threads,
     )
+
+
+def _adaround_layer(
+    torch: Any,
+    w: np.ndarray,
+    problem: LayerProblem,
+    qp: QParams,
+    cfg: AdaRoundConfig,
+    device: Any,
+    *,
+    name: str,
+    quiet: bool,
+) -> ReconstructionResult:
     shape = qp.broadcast_shape(w.ndim)
     scale_np = qp.scale.reshape(shape)
     zp_np = qp.zero_point.reshape(shape).astype(np.float32)
@@ -205,5 +179,4 @@ def _adaround_layer(
     with torch.no_grad():
         up = (h_of(v) >= 0.5).cpu().numpy().astype(np.float32)
     codes = np.clip(w_floor_np + up + zp_np, qp.qmin, qp.qmax).astype(qp.dtype.numpy_dtype)
-    bias_out = None if bias is None else np.asarray(bias)
-    return finish(problem, w, qp, codes, bias_out, done, stopped_early)
+    return finish(problem, w, qp, codes, problem_bias(problem), done, stopped_early)
