@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+
 from quant_core.observers import make_observer
 from quant_core.presets import get_preset
 from quant_core.serialization import load_config, save_config
@@ -84,7 +85,7 @@ def test_config_file_gives_same_weights_in_both_backends(exported, tmp_path):
         torch_weights.append(fake_quantize(weight, observer.qparams()).numpy())
 
     assert len(onnx_weights) == 3
-    for onnx_w, torch_w in zip(onnx_weights[:2], torch_weights[:2]):
+    for onnx_w, torch_w in zip(onnx_weights[:2], torch_weights[:2], strict=False):
         np.testing.assert_array_equal(onnx_w, torch_w)
     # Gemm stores the Linear weight transposed when the exporter chose transB=0.
     fc_onnx = onnx_weights[2] if onnx_weights[2].shape == torch_weights[2].shape else onnx_weights[2].T
