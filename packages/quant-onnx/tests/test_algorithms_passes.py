@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 from algorithms_models import batches_for, conv_relu_conv, run, write_qdq
 
-from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, BiasCorrectionConfig, CLEConfig, SmoothQuantConfig
+from quant_core.algorithm_config import (
+    AdaQuantConfig,
+    AdaRoundConfig,
+    BiasCorrectionConfig,
+    CLEConfig,
+    SmoothQuantConfig,
+)
 from quant_core.presets import get_preset
 from quant_onnx.algorithms import adaround as adaround_module
 from quant_onnx.algorithms import apply_adaquant, apply_adaround, run_post_passes, run_pre_passes
@@ -35,21 +41,27 @@ def test_smoothquant_needs_data():
         run_pre_passes(conv_relu_conv(), _config(SmoothQuantConfig()), None)
 
 
-def test_post_passes_bias_correction_and_mixed_precision_needs_quantizer():
+def test_post_passes_bias_correction_and_mixed_precision_without_the_quantizer():
+    from quant_core.algorithm_config import MixedPrecisionConfig
+
     model = conv_relu_conv()
     batches = batches_for(model, count=2)
     qdq = write_qdq(model, batches)
     result = run_post_passes(model, qdq, _config(BiasCorrectionConfig()), batches, quiet=True)
     assert "bias_correction" in result.reports
-    from quant_core.algorithm_config import MixedPrecisionConfig
-
-    with pytest.raises(ValueError, match="quantize_fn"):
-        run_post_passes(model, qdq, _config(MixedPrecisionConfig(max_layers=1)), batches, quiet=True)
+    # Without a quantizer the search's rewrite of the QDQ model is the result.
+    raised = run_post_passes(model, qdq, _config(MixedPrecisionConfig(max_layers=1)), batches, quiet=True)
+    report = raised.reports["mixed_precision"]
+    assert len(report["raised"]) == 1
+    assert report["final_score"] == pytest.approx(report["search_score"])
+    assert report["final_score"] >= report["baseline_score"]
 
 
 def test_without_torch_adaround_names_the_extra(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(adaround_module.importlib.util, "find_spec", lambda n, *a: None if n == "torch" else real(n, *a))
+    monkeypatch.setattr(
+        adaround_module.importlib.util, "find_spec", lambda n, *a: None if n == "torch" else real(n, *a)
+    )
     model = conv_relu_conv()
     batches = batches_for(model, count=1)
     qdq = write_qdq(model, batches)

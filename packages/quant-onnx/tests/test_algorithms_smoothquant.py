@@ -58,7 +58,10 @@ def input_model():
 
 def mul_model():
     inits = [_init("c", OUTLIERS), _init("w", RNG.normal(size=(6, 3)))]
-    nodes = [helper.make_node("Mul", ["x", "c"], ["m"], name="mul"), helper.make_node("MatMul", ["m", "w"], ["y"], name="mm")]
+    nodes = [
+        helper.make_node("Mul", ["x", "c"], ["m"], name="mul"),
+        helper.make_node("MatMul", ["m", "w"], ["y"], name="mm"),
+    ]
     return _model(nodes, inits, ["N", 6], ["N", 3]), _batches((6,))
 
 

@@ -144,9 +144,20 @@ def test_phases_and_hooks_form_a_seam(model_file) -> None:
     assert prepared.model is calibrated.model
 
 
-def test_algorithms_that_are_not_wired_are_reported() -> None:
-    quantizer = ModelQuantizer("int8_cnn_accurate", quiet=True)
-    assert any("adaround" in note for note in quantizer.notes)
+def test_config_algorithms_run_and_are_reported(tmp_path) -> None:
+    from quant_core.algorithm_config import BiasCorrectionConfig, CLEConfig
+
+    model = small_cnn()
+    x = random_inputs(model, 32)
+    config = get_preset("xint8").evolve(algorithms=(CLEConfig(), BiasCorrectionConfig()))
+    batches = ({"x": x[i : i + 8]} for i in range(0, 32, 8))  # one-shot: the algorithms need it held
+    result = quantize(model, tmp_path / "q.onnx", config, batches, report_path=tmp_path / "r.json", quiet=True)
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert set(report["algorithms"]) == {"cle", "bias_correction"}
+    assert report["algorithms"]["cle"]["chains"]
+    plain = quantize(model, None, "xint8", x, quiet=True).model
+    expected = ort_run(model, x)[0]
+    assert sqnr_db(expected, ort_run(result.model, x)[0]) > sqnr_db(expected, ort_run(plain, x)[0])
 
 
 def test_unnamed_nodes_and_constant_weights_are_handled(tmp_path) -> None:

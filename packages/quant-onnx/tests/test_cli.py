@@ -148,3 +148,24 @@ def test_usage_errors_exit_2(capsys) -> None:
     assert main(["quantize"]) == 2
     assert main(["frobnicate"]) == 2
     assert main(["quantize", "a.onnx", "b.onnx", "--per-channel", "--per-tensor"]) == 2
+
+
+def test_algorithm_flags_run_and_land_in_the_report(files, tmp_path) -> None:
+    model, data = files
+    out, report = tmp_path / "q.onnx", tmp_path / "r.json"
+    args = ["quantize", str(model), str(out), "--calib-data", str(data), "--preset", "xint8", "--quiet"]
+    flags = ["--cle", "--smoothquant", "0.5", "--bias-correction", "--mixed-precision", "a16w8", "--mp-max-layers", "1"]
+    assert main([*args, *flags, "--report", str(report)]) == 0
+    algorithms = json.loads(report.read_text())["algorithms"]
+    assert set(algorithms) == {"cle", "smoothquant", "bias_correction", "mixed_precision"}
+    assert len(algorithms["mixed_precision"]["raised"]) == 1
+    onnx.checker.check_model(onnx.load(out))
+
+
+def test_mixed_precision_without_a_stopping_rule_is_a_usage_error(files, tmp_path, capsys) -> None:
+    model, data = files
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(model), str(out), "--calib-data", str(data), "--mixed-precision", "a16w8", "--quiet"]
+    assert main(args) == 2
+    assert "accuracy_target" in _error_line(capsys)
+    assert not out.exists()

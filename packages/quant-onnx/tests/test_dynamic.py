@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from model_builders import mlp, ort_run, random_inputs, small_cnn
+from model_builders import cpu_has_vnni, mlp, ort_run, random_inputs, small_cnn
 from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from quant_core.qparams import sqnr_db
 from quant_onnx.config_overrides import override_config
@@ -25,9 +26,13 @@ def test_dynamic_matches_float_and_onnxruntime(build, tmp_path) -> None:
     onnx.save(model, tmp_path / "f.onnx")
     ort_quantize_dynamic(tmp_path / "f.onnx", tmp_path / "r.onnx", weight_type=QuantType.QInt8, per_channel=True)
     theirs = ort_run(onnx.load(tmp_path / "r.onnx"), x)[0]
+    # The graph itself, run by onnx's reference evaluator: exact integer arithmetic.
+    reference = ReferenceEvaluator(ours).run(None, {model.graph.input[0].name: x})[0]
+    assert sqnr_db(expected, reference) > 35
     ours_sqnr = sqnr_db(expected, ort_run(ours, x)[0])
-    assert ours_sqnr > 35
     assert ours_sqnr > sqnr_db(expected, theirs) - 4
+    if cpu_has_vnni():  # elsewhere onnxruntime's u8 x s8 kernels saturate, ours and theirs alike
+        assert ours_sqnr > 35
 
 
 def test_dynamic_graph_uses_integer_ops_and_int8_weights() -> None:

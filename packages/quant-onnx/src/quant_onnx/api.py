@@ -5,12 +5,16 @@ can hook in between them:
 
 1. :meth:`ModelQuantizer.prepare`: load (a copy), pre-process (BN folding, constant
    folding, Pad folding, opset raised where the formats need it), name every node, run
-   the model hooks (e.g. cross-layer equalisation, which edits float weights), annotate.
-   -> :class:`PreparedModel`
+   the model hooks, annotate. -> :class:`PreparedModel`
 2. :meth:`ModelQuantizer.calibrate`: stream the data through onnxruntime into observers,
-   then run the calibrated hooks (bias correction, AdaRound: they may replace weights
-   and qparams). -> :class:`~quant_onnx.calibrate.CalibratedModel`
+   then run the calibrated hooks. -> :class:`~quant_onnx.calibrate.CalibratedModel`
 3. :meth:`ModelQuantizer.write`: the QDQ model. -> ``onnx.ModelProto``
+
+:meth:`ModelQuantizer.quantize` also runs the config's ``algorithms``
+(:mod:`quant_onnx.algorithms`): CLE and SmoothQuant on the float model between phases 1
+and 2 (the model is annotated again after them), mixed precision, AdaRound, AdaQuant
+and bias correction on the QDQ model after phase 3. These read the calibration set
+several times, so with algorithms configured it is held in memory.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -40,8 +44,10 @@ import numpy as np
 import onnx
 
 from quant_core.config import QuantConfig
+from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
+from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
 from quant_onnx.annotate import Annotation, annotate, ensure_node_names
 from quant_onnx.calibrate import CalibratedModel, calibrate
 from quant_onnx.compare import Comparison, compare_models
@@ -158,6 +164,8 @@ class ModelQuantizer:
         qdq_hooks: run by :meth:`quantize` on the written QDQ model.
         hold_samples: calibration samples kept in memory for hooks and the report.
         share_concat_scales: Concat's inputs and output share one scale (range = union).
+        evaluate: ``model -> score`` (higher is better) for mixed precision's
+            ``evaluate`` metric.
         quiet: no progress bars.
 
     Example:
@@ -184,6 +192,7 @@ class ModelQuantizer:
         qdq_hooks: Sequence[QDQHook] = (),
         hold_samples: int = 32,
         share_concat_scales: bool = True,
+        evaluate: EvaluateFn | None = None,
         quiet: bool = False,
     ) -> None:
         self.config = resolve_config(config)
@@ -194,13 +203,9 @@ class ModelQuantizer:
         self.qdq_hooks = tuple(qdq_hooks)
         self.hold_samples = hold_samples
         self.share_concat_scales = share_concat_scales
+        self.evaluate = evaluate
         self.quiet = quiet
         self.notes: list[str] = []
-        if self.config.algorithms and not (self.calibrated_hooks or self.model_hooks or self.qdq_hooks):
-            kinds = ", ".join(type(a).kind for a in self.config.algorithms)  # type: ignore[attr-defined]
-            message = f"config algorithms ({kinds}) are not run by quant_onnx yet; quantizing without them"
-            _LOG.warning(message)
-            self.notes.append(message)
 
     def required_opset(self) -> int:
         """The opset the QDQ formats of this config need."""
@@ -222,8 +227,12 @@ class ModelQuantizer:
         for hook in self.model_hooks:
             float_model = hook(float_model)
             ensure_node_names(float_model)
+        return self.reannotate(float_model, dict(result.changes))
+
+    def reannotate(self, float_model: onnx.ModelProto, preprocess_changes: Mapping[str, int]) -> PreparedModel:
+        """A :class:`PreparedModel` for an edited float model (same inputs and node names)."""
         annotation = annotate(float_model, self.config, share_concat_scales=self.share_concat_scales)
-        return PreparedModel(float_model, annotation, dict(result.changes))
+        return PreparedModel(float_model, annotation, dict(preprocess_changes))
 
     def calibration_batches(
         self,
@@ -299,8 +308,27 @@ class ModelQuantizer:
         if model_out is not None and input_path is not None and _same_path(model_out, input_path):
             raise ModelError(f"output path '{model_out}' is the input model; choose another output file")
         prepared = self.prepare(model_in)
+        feeds: list[Mapping[str, np.ndarray]] | None = None
+        algorithm_reports: dict[str, Any] = {}
+        if self.config.algorithms:
+            feeds = list(
+                self.calibration_batches(
+                    prepared, calibration_data, num_samples=num_samples, batch_size=batch_size, image_options=image_options
+                )
+            )
+            pre = run_pre_passes(prepared.model, self.config, feeds, quiet=self.quiet)
+            if pre.reports:
+                prepared = self.reannotate(pre.model, prepared.preprocess_changes)
+            algorithm_reports.update(pre.reports)
+            calibration_data = feeds
         calibrated, held = self._calibrate(prepared, calibration_data, num_samples, batch_size, image_options)
         quantized = self.write(calibrated)
+        if feeds is not None:
+            post = run_post_passes(
+                prepared.model, quantized, self.config, feeds, evaluate=self.evaluate, quiet=self.quiet
+            )
+            quantized = post.model
+            algorithm_reports.update(post.reports)
         for hook in self.qdq_hooks:
             quantized = hook(quantized, calibrated, held)
         report = None
@@ -313,6 +341,8 @@ class ModelQuantizer:
                 "output": None if model_out is None else str(model_out),
             }
             report = build_report(calibrated, config=self.config, comparison=comparison, notes=self.notes, files=files)
+            if algorithm_reports:
+                report["algorithms"] = algorithm_reports
         path = None
         if model_out is not None:
             path = save_model(quantized, model_out, input_path=input_path)
@@ -340,14 +370,16 @@ def quantize(
     report_path: str | os.PathLike[str] | None = None,
     quiet: bool = False,
     image_options: ImageOptions | None = None,
+    evaluate: EvaluateFn | None = None,
 ) -> QuantizationResult:
     """Quantize ``model_in`` (path, bytes or ModelProto; never modified) to a QDQ model at
     ``model_out`` (``None``: only returned) with ``config`` (a ``QuantConfig``, a preset
     name such as ``"a8w8"`` or ``"xint8"``, a ``.json`` path, or ``None`` for a8w8),
     calibrated on ``calibration_data``: an iterable of ``{input_name: array}`` dicts, an
     array (single-input models; first axis = samples), or a ``.npy``/``.npz``/image-folder
-    path. See the module docstring for the phases."""
-    quantizer = ModelQuantizer(config, preprocess_options=preprocess_options, quiet=quiet)
+    path. ``evaluate``: the score mixed precision's ``evaluate`` metric uses. See the
+    module docstring for the phases and the algorithms."""
+    quantizer = ModelQuantizer(config, preprocess_options=preprocess_options, evaluate=evaluate, quiet=quiet)
     return quantizer.quantize(
         model_in,
         model_out,

@@ -43,6 +43,61 @@ def _add_image_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", choices=("nchw", "nhwc"), default=None, help="image folders: tensor layout")
 
 
+def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
+    """Accuracy recovery; each replaces the preset's own setting of the same algorithm."""
+    group = parser.add_argument_group("accuracy recovery (defaults: quant_core.algorithm_config)")
+    group.add_argument("--cle", action="store_true", help="cross-layer equalization (Clip(0,6) -> Relu)")
+    group.add_argument("--bias-correction", action="store_true", help="empirical bias correction")
+    group.add_argument("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
+    group.add_argument("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
+    group.add_argument("--adaquant", action="store_true", help="AdaQuant (needs quant-onnx[torch])")
+    group.add_argument("--iterations", type=int, help="AdaRound/AdaQuant iterations per layer")
+    group.add_argument(
+        "--mixed-precision",
+        nargs="+",
+        choices=("a16w8", "a8w16", "a16w16"),
+        metavar="TYPE",
+        help="raise the most sensitive layers to TYPE (a16w8, a8w16, a16w16)",
+    )
+    group.add_argument("--mp-target-sqnr", type=float, metavar="DB", help="mixed precision: output SQNR to reach")
+    group.add_argument("--mp-size-budget", type=float, metavar="RATIO", help="mixed precision: size vs all-int8")
+    group.add_argument("--mp-max-layers", type=int, metavar="N", help="mixed precision: raise at most N layers")
+
+
+def _algorithms(args: argparse.Namespace) -> list[Any]:
+    from quant_core.algorithm_config import (
+        AdaQuantConfig,
+        AdaRoundConfig,
+        BiasCorrectionConfig,
+        CLEConfig,
+        MixedPrecisionConfig,
+        SmoothQuantConfig,
+    )
+
+    iterations = {} if args.iterations is None else {"num_iterations": args.iterations}
+    chosen: list[Any] = []
+    if args.cle:
+        chosen.append(CLEConfig())
+    if args.smoothquant is not None:
+        chosen.append(SmoothQuantConfig(alpha=args.smoothquant))
+    if args.mixed_precision:
+        chosen.append(
+            MixedPrecisionConfig(
+                target_types=args.mixed_precision,
+                accuracy_target=args.mp_target_sqnr,
+                size_budget=args.mp_size_budget,
+                max_layers=args.mp_max_layers,
+            )
+        )
+    if args.adaround:
+        chosen.append(AdaRoundConfig(**iterations))
+    if args.adaquant:
+        chosen.append(AdaQuantConfig(**iterations))
+    if args.bias_correction:
+        chosen.append(BiasCorrectionConfig())
+    return chosen
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="quant-onnx", description="Post-training quantization of ONNX models to QDQ.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -64,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--report", help="write a JSON report here")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.add_argument("--dynamic", action="store_true", help="dynamic quantization (no calibration data)")
+    _add_algorithm_options(q)
     _add_image_options(q)
 
     i = sub.add_parser("inspect", help="ops, what would be quantized, what would stay float")
@@ -115,7 +171,11 @@ def _quantize(args: argparse.Namespace) -> int:
         raise ValueError(f"model '{args.model}': file not found")
 
     config = override_config(
-        _config(args), per_channel=args.per_channel, calib_method=args.calib_method, exclude=args.exclude
+        _config(args),
+        per_channel=args.per_channel,
+        calib_method=args.calib_method,
+        exclude=args.exclude,
+        algorithms=_algorithms(args),
     )
     if args.dynamic:
         from quant_onnx.dynamic import quantize_dynamic

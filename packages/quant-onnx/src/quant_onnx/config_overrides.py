@@ -1,11 +1,14 @@
 """Command-line style edits of a :class:`~quant_core.config.QuantConfig`: per-channel or
-per-tensor weights, the activation calibration method, extra exclusions.
+per-tensor weights, the activation calibration method, extra exclusions, algorithms.
 
 Example:
+    >>> from quant_core.algorithm_config import CLEConfig
     >>> from quant_core.presets import get_preset
     >>> cfg = override_config(get_preset("a8w8"), per_channel=False, calib_method="percentile", exclude=["head*"])
     >>> cfg.global_config.weight.per_channel_axis, cfg.global_config.input.observer.method, cfg.exclude
     (None, 'percentile', ('head*',))
+    >>> [type(a).kind for a in override_config(cfg, algorithms=[CLEConfig(steps=4)]).algorithms]
+    ['cle']
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from quant_core.algorithm_config import AlgorithmConfig
 from quant_core.config import OperatorConfig, QuantConfig
 from quant_core.observer_config import PowerOfTwoMSE, observer_config
 from quant_core.spec import QuantSpec, ScaleType
@@ -53,9 +57,11 @@ def override_config(
     per_channel: bool | None = None,
     calib_method: str | None = None,
     exclude: Sequence[str] = (),
+    algorithms: Sequence[AlgorithmConfig] = (),
 ) -> QuantConfig:
-    """A copy of ``config`` with weight granularity, activation calibration method and
-    exclusions changed (``None``/empty leaves a setting as it is)."""
+    """A copy of ``config`` with weight granularity, activation calibration method,
+    exclusions and algorithms changed (``None``/empty leaves a setting as it is). An
+    algorithm replaces the config's own of the same kind, in place; new kinds go last."""
 
     def edit(op: OperatorConfig) -> OperatorConfig:
         return _operator(op, per_channel, calib_method)
@@ -65,4 +71,13 @@ def override_config(
         op_type_overrides={k: edit(v) for k, v in config.op_type_overrides.items()},
         name_overrides={k: edit(v) for k, v in config.name_overrides.items()},
         exclude=(*config.exclude, *exclude),
+        algorithms=_merge_algorithms(config.algorithms, algorithms),
     )
+
+
+def _merge_algorithms(
+    current: Sequence[AlgorithmConfig], extra: Sequence[AlgorithmConfig]
+) -> tuple[AlgorithmConfig, ...]:
+    given = {type(a).kind: a for a in extra}
+    merged = [given.pop(type(a).kind, a) for a in current]
+    return (*merged, *given.values())

@@ -102,7 +102,13 @@ def initializer_index(graph: onnx.GraphProto) -> dict[str, int]:
     return {t.name: i for i, t in enumerate(graph.initializer)}
 
 
-def set_initializer(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
+def int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    """An integer attribute (``group``, ``axis``, ``transB``...)."""
+    value = attr(node, name, default)
+    return int(value) if isinstance(value, (int, np.integer)) else default
+
+
+def set_initializer(model: onnx.ModelProto, name: str, value: np.ndarray | np.generic) -> None:
     """Replace the initializer ``name`` of ``model`` (a copy the pass owns) by ``value``,
     keeping its position; appended when it does not exist yet."""
     tensor = numpy_helper.from_array(np.ascontiguousarray(value), name)

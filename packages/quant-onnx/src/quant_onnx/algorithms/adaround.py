@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,13 +54,16 @@ def require_torch(feature: str) -> None:
 @attrs.frozen
 class LayerOutcome:
     """One layer's result: reconstruction loss with nearest rounding and with the
-    learned weights (on the layer's pool), iterations, and whether nearest was kept."""
+    learned weights (on the layer's pool), iterations, whether nearest was kept, and
+    the seconds spent capturing its data and learning."""
 
     name: str
     loss_nearest: float
     loss: float
     iterations: int
     fell_back: bool
+    capture_seconds: float = 0.0
+    learn_seconds: float = 0.0
 
 
 @attrs.frozen
@@ -107,10 +111,12 @@ def _reconstruct(
         if skip is not None:
             notes.append(skip)
             continue
+        start = time.perf_counter()
         inputs = quantized.concat(out, layer.input_tensor)
         targets = reference.concat(float_model, pair.float_output)
         geometry = layer.geometry((int(inputs.shape[2]), int(inputs.shape[3]))) if layer.op_type == "Conv" else None
         bias = layer.bias.values() if layer.bias is not None else None
+        captured = time.perf_counter()
         result = solve(
             pair.float_weight,
             bias,
@@ -124,6 +130,7 @@ def _reconstruct(
             quiet=quiet,
         )
         del inputs, targets
+        learned = time.perf_counter()
         codes = np.asarray(result.codes)
         set_initializer(out, layer.weight.codes_name, layer.weight.with_codes(layer.to_oi(codes).copy()).codes)
         if learn_bias and result.bias is not None and not result.fell_back:
@@ -137,6 +144,8 @@ def _reconstruct(
                 float(result.loss),
                 int(result.iterations),
                 bool(result.fell_back),
+                round(captured - start, 3),
+                round(learned - captured, 3),
             )
         )
     return out, ReconstructionReport(method, tuple(outcomes), tuple(notes))

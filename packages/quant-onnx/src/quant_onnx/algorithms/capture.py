@@ -33,6 +33,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from quant_onnx.calibrate import inference_session
 from quant_onnx.errors import DataError, ModelError
 from quant_onnx.graph import GraphIndex, node_inputs
 
@@ -124,15 +125,17 @@ def with_graph(model: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.ModelProt
     return out
 
 
-def session(model: onnx.ModelProto, *, full_optimization: bool = True) -> ort.InferenceSession:
-    """A CPU session; at full graph optimisation by default (integer kernels for QDQ
-    models, the way the model will run)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if full_optimization else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    )
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+def session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """A CPU session that computes what the graph says on every CPU.
+
+    Float graphs run fully optimised (their fusions are exact). Graphs holding Q/DQ nodes
+    stay at basic optimisation: the extended fusions would move them into onnxruntime's
+    integer kernels, whose u8 x s8 products saturate on x86 CPUs without VNNI, and they
+    would rewrite a segment that starts at a DequantizeLinear output into a dynamically
+    quantized kernel. Algorithms must not depend on the machine they run on."""
+    has_qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if has_qdq else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return inference_session(model, level)
 
 
 class TensorCapture:
@@ -289,11 +292,7 @@ class IncrementalRunner:
             [output_info(index, t) for t in outputs],
             [t for t in model.graph.initializer if t.name in read],
         )
-        # Basic optimisation only: a segment that starts at a DequantizeLinear output
-        # would otherwise be rewritten into a dynamically quantized kernel (the
-        # extended fusions quantize its float input again) and compute something else
-        # than the whole model does.
-        sess = session(with_graph(model, graph), full_optimization=False)
+        sess = session(with_graph(model, graph))
         results = []
         for batch in self._live:
             values = sess.run(outputs, {t: batch[t] for t in inputs})

@@ -33,6 +33,7 @@ from quant_onnx.algorithms._graph import (
     activation_kind,
     attr,
     initializer_users,
+    int_attr,
     is_default_domain,
     sole_consumer,
 )
@@ -114,7 +115,7 @@ def layer_ref(node: onnx.NodeProto, index: GraphIndex, graph: onnx.GraphProto) -
             return None
     transposed = False
     if node.op_type == "Conv":
-        groups = int(attr(node, "group", 1))  # type: ignore[call-overload]
+        groups = int_attr(node, "group", 1)
     else:
         groups = 1
         if weight.ndim != 2:

@@ -134,8 +134,10 @@ class _Rewriter:
 
     def _widen_input(self, model: onnx.ModelProto, index: GraphIndex, node: onnx.NodeProto, layer: QDQLayer) -> float:
         dq = index.producer(node.input[0])
-        q = index.producer(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-        if q is None or q.op_type != "QuantizeLinear" or len(dq.input) < 2:
+        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+            return 1.0
+        q = index.producer(dq.input[0])
+        if q is None or q.op_type != "QuantizeLinear":
             return 1.0
         scale = float(np.asarray(index.constant(dq.input[1])).reshape(-1)[0])
         zp_value = index.constant(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
@@ -198,10 +200,11 @@ def _output_sqnr(float_outputs: Sequence[np.ndarray], model: onnx.ModelProto, ba
 
 def apply_mixed_precision(
     float_model: onnx.ModelProto,
-    quantize_fn: QuantizeFn,
+    quantize_fn: QuantizeFn | None,
     batches: Iterable[Feeds],
     config: MixedPrecisionConfig,
     *,
+    base: onnx.ModelProto | None = None,
     evaluate: EvaluateFn | None = None,
     num_samples: int = DEFAULT_NUM_SAMPLES,
     quiet: bool = False,
@@ -210,7 +213,10 @@ def apply_mixed_precision(
 
     Args:
         float_model: the float model the quantizer writes from (same node names).
-        quantize_fn: ``overrides (node name -> PrecisionTarget) -> QDQ model``.
+        quantize_fn: ``overrides (node name -> PrecisionTarget) -> QDQ model``; ``None``
+            to start from ``base`` and return the search's own rewrite of it (no second
+            calibration).
+        base: the QDQ model to start from when ``quantize_fn`` is ``None``.
         batches: calibration feeds; the first ``num_samples`` samples are scored.
         config: target types, accuracy target (dB of output SQNR for metric ``sqnr``,
             else ``evaluate``'s units), size budget, max layers.
@@ -220,8 +226,12 @@ def apply_mixed_precision(
     """
     if config.metric is SensitivityMetric.EVALUATE and evaluate is None:
         raise ValueError("evaluate: metric 'evaluate' needs an evaluate(model) -> score function")
+    if quantize_fn is None and base is None:
+        raise ValueError("base: mixed precision needs the QDQ model (base=) or the quantizer (quantize_fn=)")
     feeds = prepare_batches(batches, num_samples)
-    base = quantize_fn({})
+    if quantize_fn is not None:
+        base = quantize_fn({})
+    assert base is not None
     pairs, notes = match_float_layers(float_model, base)
     layers = {p.layer.name: (p.layer, p.float_weight) for p in pairs}
     rewriter = _Rewriter(base, layers)
@@ -245,7 +255,10 @@ def apply_mixed_precision(
         total_size=total,
         quiet=quiet,
     )
-    final = quantize_fn(dict(result.raised)) if result.raised else base
+    if not result.raised:
+        final = base
+    else:
+        final = quantize_fn(dict(result.raised)) if quantize_fn is not None else rewriter.apply(result.raised)
     final_score = score(final) if result.raised else result.baseline_score
     target = config.accuracy_target
     report = MixedPrecisionReport(

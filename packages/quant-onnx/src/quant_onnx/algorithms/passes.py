@@ -12,11 +12,11 @@ Each returns the new model and a JSON-ready report per algorithm kind.
 Example:
     >>> import numpy as np
     >>> from onnx import TensorProto, helper
-    >>> from quant_core.config import QuantConfig
+    >>> from quant_core.presets import get_preset
     >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
     ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
-    >>> result = run_pre_passes(helper.make_model(g), QuantConfig(), None)
+    >>> result = run_pre_passes(helper.make_model(g), get_preset("a8w8"), None)
     >>> result.reports
     {}
 """
@@ -108,7 +108,8 @@ def run_post_passes(
         qdq_model: the quantizer's QDQ model.
         config: the quantization config (its ``algorithms``).
         batches: calibration feeds (needed by every post-pass).
-        quantize_fn: ``overrides -> QDQ model``, needed when mixed precision is configured.
+        quantize_fn: ``overrides -> QDQ model`` for mixed precision's final model; without
+            it the search's rewrite of ``qdq_model`` is returned.
         evaluate: the user's score for mixed precision's ``evaluate`` metric.
         quiet: no progress bars.
     """
@@ -117,10 +118,10 @@ def run_post_passes(
     feeds = _reusable(batches, bool(kinds), ", ".join(kinds))
     model = qdq_model
     for mp in _configured(config, MixedPrecisionConfig.kind):
-        if quantize_fn is None:
-            raise ValueError("quantize_fn: mixed precision needs the quantizer (overrides -> QDQ model)")
         assert feeds is not None
-        model, mp_report = apply_mixed_precision(float_model, quantize_fn, feeds, mp, evaluate=evaluate, quiet=quiet)
+        model, mp_report = apply_mixed_precision(
+            float_model, quantize_fn, feeds, mp, base=model, evaluate=evaluate, quiet=quiet
+        )
         reports["mixed_precision"] = mp_report.to_dict()
     steps: Sequence[tuple[str, Any]] = [
         ("adaround", apply_adaround_with_report),

@@ -33,6 +33,7 @@ from quant_core.qparams import QParams, dequantize, quantize
 from quant_onnx.algorithms._graph import (
     activation_kind,
     attr,
+    int_attr,
     is_default_domain,
     nodes_by_name,
     set_initializer,
@@ -41,7 +42,7 @@ from quant_onnx.algorithms._graph import (
 from quant_onnx.errors import ModelError
 from quant_onnx.graph import GraphIndex
 
-_DTYPES = {
+_DTYPES: dict[int, DType] = {
     TensorProto.INT4: DType.INT4,
     TensorProto.UINT4: DType.UINT4,
     TensorProto.INT8: DType.INT8,
@@ -108,10 +109,10 @@ def read_dequantize(node: onnx.NodeProto, index: GraphIndex) -> QuantizedInitial
     if zero_point is None:
         return None
     scale = np.asarray(scale, np.float32)
-    axis: int | None = None
-    if scale.ndim == 1 and not (scale.size == 1 and codes.ndim and codes.shape[int(attr(node, "axis", 1))] != 1):
-        axis = int(attr(node, "axis", 1)) % max(codes.ndim, 1)  # type: ignore[call-overload]
-    else:
+    axis: int | None = int_attr(node, "axis", 1) % max(codes.ndim, 1)
+    # A one-element 1-D scale is per tensor unless the channel axis really has one channel.
+    if scale.ndim != 1 or (scale.size == 1 and codes.ndim and codes.shape[axis] != 1):
+        axis = None
         scale = scale.reshape(())
         zero_point = np.asarray(zero_point).reshape(())
     narrow = dtype.signed and dtype is not DType.INT32 and codes.size > 0 and int(codes.min()) > dtype.qmin
@@ -124,6 +125,10 @@ def read_dequantize(node: onnx.NodeProto, index: GraphIndex) -> QuantizedInitial
         fix_pos=_power_of_two_positions(scale),
     )
     return QuantizedInitializer(node.input[0], codes, qp)
+
+
+def _ints(value: object, default: list[int]) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else list(default)
 
 
 @attrs.frozen(eq=False)
@@ -196,9 +201,9 @@ class QDQLayer:
         if self.op_type != "Conv":
             return None
         kernel = self.weight.codes.shape[2:]
-        strides = list(attr(self.node, "strides", [1, 1]))  # type: ignore[call-overload]
-        dilations = list(attr(self.node, "dilations", [1, 1]))  # type: ignore[call-overload]
-        pads = list(attr(self.node, "pads", [0, 0, 0, 0]))  # type: ignore[call-overload]
+        strides = _ints(attr(self.node, "strides"), [1, 1])
+        dilations = _ints(attr(self.node, "dilations"), [1, 1])
+        pads = _ints(attr(self.node, "pads"), [0, 0, 0, 0])
         auto_pad = attr(self.node, "auto_pad", b"NOTSET")
         auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -210,7 +215,7 @@ class QDQLayer:
                 pads[i], pads[i + 2] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
         elif auto_pad == "VALID":
             pads = [0, 0, 0, 0]
-        return ConvGeometry(strides=strides, pads=pads, dilations=dilations, groups=int(attr(self.node, "group", 1)))  # type: ignore[call-overload]
+        return ConvGeometry(strides=strides, pads=pads, dilations=dilations, groups=int_attr(self.node, "group", 1))
 
 
 def _layer_of(node: onnx.NodeProto, index: GraphIndex) -> QDQLayer | None:

@@ -38,6 +38,7 @@ from quant_onnx.algorithms._graph import (
     attr,
     copy_model,
     initializer_users,
+    int_attr,
     is_default_domain,
     set_initializer,
     sole_consumer,
@@ -74,7 +75,8 @@ class SmoothQuantReport:
     notes: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"smoothed": [attrs.asdict(s) for s in self.smoothed], "notes": list(self.notes)}
+        smoothed = [attrs.asdict(s) | {"layers": list(s.layers)} for s in self.smoothed]
+        return {"smoothed": smoothed, "notes": list(self.notes)}
 
 
 @attrs.frozen(eq=False)
@@ -99,7 +101,7 @@ def _consumer(node: onnx.NodeProto, tensor: str, index: GraphIndex, graph: onnx.
         return _Consumer(node, node.input[1], weight, 1 if attr(node, "transB", 0) else 0, "dense")
     if (
         node.op_type == "Conv"
-        and int(attr(node, "group", 1)) == 1  # type: ignore[call-overload]
+        and int_attr(node, "group", 1) == 1
         and weight.ndim >= 3
         and all(k == 1 for k in weight.shape[2:])
     ):
@@ -199,8 +201,8 @@ def _fold_into_producer(
         return None
     if node.op_type in ("LayerNormalization", "BatchNormalization"):
         if node.op_type == "LayerNormalization" and (
-            family != "dense" or int(attr(node, "axis", -1)) not in (-1, rank - 1)
-        ):  # type: ignore[call-overload]
+            family != "dense" or int_attr(node, "axis", -1) not in (-1, rank - 1)
+        ):
             return None
         if node.op_type == "BatchNormalization" and family != "conv":
             return None
