@@ -33,7 +33,6 @@ Example:
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -44,9 +43,9 @@ import numpy as np
 import onnx
 
 from quant_core.config import QuantConfig
-from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
+from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
 from quant_onnx.annotate import Annotation, annotate, ensure_node_names
 from quant_onnx.calibrate import CalibratedModel, calibrate
@@ -57,8 +56,6 @@ from quant_onnx.model_io import load_model, opset_version, save_model
 from quant_onnx.preprocess import PreprocessOptions, preprocess_with_report
 from quant_onnx.qdq_writer import WriterOptions, encode_activation_dtype, required_opset, write_qdq_with_notes
 from quant_onnx.report import build_report, write_report
-
-_LOG = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "a8w8"
 """What an onnxruntime user expects: uint8 activations, int8 per-channel weights."""
@@ -313,7 +310,11 @@ class ModelQuantizer:
         if self.config.algorithms:
             feeds = list(
                 self.calibration_batches(
-                    prepared, calibration_data, num_samples=num_samples, batch_size=batch_size, image_options=image_options
+                    prepared,
+                    calibration_data,
+                    num_samples=num_samples,
+                    batch_size=batch_size,
+                    image_options=image_options,
                 )
             )
             pre = run_pre_passes(prepared.model, self.config, feeds, quiet=self.quiet)
