@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import weakref
 
+import attrs
 import numpy as np
 import pytest
 from model_builders import GraphBuilder, ort_run, random_inputs, small_cnn
 
+from quant_core.observer_config import MovingAverageMinMax
 from quant_core.presets import get_preset
 from quant_onnx.annotate import annotate
 from quant_onnx.calibrate import augmented_model, calibrate
@@ -99,3 +102,55 @@ def test_quiet_shows_no_progress_bar(capsys) -> None:
     calibrate(model, annotate(model, get_preset("a8w8")), _batches(random_inputs(model, 4), 2), quiet=True)
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
+
+
+class _RecordingSession:
+    """Wraps an onnxruntime session and records the batch size of every run."""
+
+    def __init__(self, session, sizes: list[int]) -> None:
+        self._session, self._sizes = session, sizes
+
+    def run(self, outputs, feeds):
+        self._sizes.append(len(next(iter(feeds.values()))))
+        return self._session.run(outputs, feeds)
+
+
+def _record_runs(monkeypatch) -> list[int]:
+    calibrate_module = importlib.import_module("quant_onnx.calibrate")  # the package re-exports a function of that name
+
+    sizes: list[int] = []
+    real = calibrate_module.inference_session
+    monkeypatch.setattr(calibrate_module, "inference_session", lambda *a: _RecordingSession(real(*a), sizes))
+    return sizes
+
+
+def test_large_batches_run_in_chunks_with_the_same_ranges(monkeypatch) -> None:
+    calibrate_module = importlib.import_module("quant_onnx.calibrate")  # the package re-exports a function of that name
+
+    model, left, _ = _concat_model()
+    x = random_inputs(model, 10)
+    ann = annotate(model, get_preset("a8w8"))
+    whole = calibrate(model, ann, _batches(x, 10), quiet=True)
+    sizes = _record_runs(monkeypatch)
+    # Room for about three samples' observed tensors per run.
+    per_sample = sum(v[:1].nbytes for v in ort_run(augmented_model(model, [left]), x, "basic")[1:])
+    monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 3 * per_sample + 1)
+    chunked = calibrate(model, ann, _batches(x, 10), quiet=True)
+    assert sizes[0] == 1 and max(sizes) < 10 and sum(sizes) == 10
+    for key, (lo, hi) in whole.activation_ranges.items():
+        assert (float(lo), float(hi)) == tuple(float(v) for v in chunked.activation_ranges[key])
+
+
+def test_moving_average_sees_the_users_batches(monkeypatch) -> None:
+    calibrate_module = importlib.import_module("quant_onnx.calibrate")  # the package re-exports a function of that name
+
+    model, _, _ = _concat_model()
+    config = get_preset("a8w8")
+    ops = config.global_config
+    moving = MovingAverageMinMax()
+    ops = attrs.evolve(ops, input=ops.input.evolve(observer=moving), output=ops.output.evolve(observer=moving))
+    config = config.evolve(global_config=ops)
+    sizes = _record_runs(monkeypatch)
+    monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 1)
+    calibrate(model, annotate(model, config), _batches(random_inputs(model, 10), 4), quiet=True)
+    assert sizes == [4, 4, 2]

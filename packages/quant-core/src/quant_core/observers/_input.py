@@ -7,6 +7,8 @@ so the check costs nothing beyond the reduction the observer needs anyway.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # Observers keep ranges as float64; values a float32 model cannot hold are not
@@ -45,7 +47,12 @@ def min_max(x: np.ndarray, axis: int | None = None) -> tuple[np.ndarray, np.ndar
     """Checked float64 ``(min, max)`` of a non-empty batch: scalars (shape ``()``), or
     one value per index of ``axis`` when ``axis`` is given (all other axes reduced)."""
     if axis is None:
-        lo, hi = np.min(x), np.max(x)
+        # Scalar fast path: calibration calls this once per tensor per run, thousands of
+        # times, where numpy's scalar checks would cost as much as the reduction itself.
+        lo_f, hi_f = float(x.min()), float(x.max())
+        if math.isfinite(lo_f) and math.isfinite(hi_f) and max(-lo_f, hi_f, lo_f, -hi_f) <= FLOAT32_MAX:
+            return np.array(lo_f), np.array(hi_f)
+        lo, hi = np.asarray(lo_f), np.asarray(hi_f)
     else:
         if not 0 <= axis < x.ndim:
             raise ValueError(
