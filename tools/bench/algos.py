@@ -1,0 +1,294 @@
+"""Accuracy-recovery table (issue 4): float / PTQ / +CLE / +AdaRound / mixed precision, one run.
+
+Rows per model, each quantized by ``quant_onnx.quantize`` in its own subprocess (wall time and
+peak-memory increase measured as in ``onnx_ptq``), scored like ``onnx_ptq`` (Fashion-MNIST
+top-1 on 10k test images; EfficientNet-Lite0 top-1 agreement with float on crops of photos
+never used for calibration):
+
+    float | a8w8 per-tensor, per-channel (references) | xint8 | xint8 + CLE (int8_cnn_cle)
+    | xint8 + CLE + AdaRound | xint8 + mixed precision | w4a8 | w4a8 + CLE + AdaRound
+
+Mixed precision gets an ``evaluate`` callback: top-1 agreement with float on the last
+``HELD_OUT`` *calibration* photos, never the evaluation photos. Accuracy is scored node by node
+(see ``models.EVAL_LEVEL``); the "ORT integer kernels" column is the same model through
+onnxruntime's fused integer kernels on this CPU.
+
+Example:
+    $ python -m tools.bench.algos --models efficientnet_lite0 --rows xint8 xint8_cle
+    $ python -m tools.bench.algos --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: make `tools.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench import common
+from tools.bench.models import (
+    EVAL_LEVEL,
+    MODELS,
+    NUM_CALIB,
+    calibration_batches,
+    evaluate,
+    input_name,
+    load_data,
+    reference_predictions,
+    score_quantized,
+)
+
+WORK_DIR = common.CACHE_DIR / "bench" / "algos"
+DEFAULT_RESULTS = WORK_DIR / "results.json"
+DEFAULT_MODELS = ("efficientnet_lite0", "fmnist_mobilenetv2", "fmnist_resnet18")
+# Mixed precision stops once this agreement (EfficientNet) / accuracy fraction of float (Fashion-MNIST) is met.
+MIXED_PRECISION_TARGET = 0.90
+# How many calibration samples the mixed-precision evaluate callback holds out (taken from the end).
+HELD_OUT = 128
+
+
+@dataclass(frozen=True)
+class Row:
+    """A table row: label and the quant_core config it runs (None = the float model).
+
+    Example:
+        >>> ROWS["xint8_cle"].label
+        'xint8 + CLE'
+    """
+
+    key: str
+    label: str
+    build: Callable[[], Any] | None  # -> QuantConfig
+
+
+def _preset(name: str) -> Callable[[], Any]:
+    def build() -> Any:
+        from quant_core.presets import get_preset
+
+        return get_preset(name)
+
+    return build
+
+
+def _with_algorithms(preset: str, *kinds: str) -> Callable[[], Any]:
+    def build() -> Any:
+        from quant_core.algorithm_config import AdaRoundConfig, CLEConfig, MixedPrecisionConfig
+        from quant_core.presets import get_preset
+
+        factories: dict[str, Callable[[], Any]] = {
+            "cle": CLEConfig,
+            "adaround": AdaRoundConfig,
+            "mixed_precision": lambda: MixedPrecisionConfig(
+                target_types=("a16w8",),
+                metric="evaluate",
+                accuracy_target=MIXED_PRECISION_TARGET,
+            ),
+        }
+        config = get_preset(preset)
+        algorithms = tuple(factories[k]() for k in kinds)
+        return config.evolve(algorithms=algorithms, name=f"{preset}+{'+'.join(kinds)}")
+
+    return build
+
+
+ROWS: dict[str, Row] = {
+    r.key: r
+    for r in (
+        Row("float", "float", None),
+        Row("a8w8_per_tensor", "a8w8 per-tensor MinMax (reference)", _preset("a8w8_per_tensor")),
+        Row("a8w8", "a8w8 per-channel MinMax (reference)", _preset("a8w8")),
+        Row("xint8", "xint8 PTQ", _preset("xint8")),
+        Row("xint8_cle", "xint8 + CLE", _preset("int8_cnn_cle")),
+        Row("xint8_cle_adaround", "xint8 + CLE + AdaRound", _with_algorithms("xint8", "cle", "adaround")),
+        Row("xint8_mixed", "xint8 + mixed precision", _with_algorithms("xint8", "mixed_precision")),
+        Row("w4a8", "w4a8 PTQ", _preset("w4a8")),
+        Row("w4a8_cle_adaround", "w4a8 + CLE + AdaRound", _with_algorithms("w4a8", "cle", "adaround")),
+    )
+}
+
+
+def agreement_callback(held_out: np.ndarray, float_path: str) -> Callable[[Any], float]:
+    """``evaluate(model) -> top-1 agreement with float`` on ``held_out`` (model: path or ModelProto)."""
+    reference = common.top1(common.predict(float_path, held_out, level=EVAL_LEVEL))
+
+    def evaluate_model(model: Any) -> float:
+        source = model if isinstance(model, str | Path) else model.SerializeToString()
+        return common.agreement(common.top1(common.predict(source, held_out, level=EVAL_LEVEL)), reference)
+
+    return evaluate_model
+
+
+def algos_job(model_in: str, model_out: str, row: str, calib_path: str, batch_size: int) -> Callable[[], dict]:
+    """Subprocess setup: build ``row``'s config and calibration batches; the work quantizes."""
+    import quant_onnx  # noqa: F401  (import cost belongs to the baseline)
+
+    batches = calibration_batches(calib_path, input_name(model_in), batch_size)
+    config = ROWS[row].build()  # type: ignore[misc]
+    kwargs: dict[str, Any] = {}
+    if config.algorithm("mixed_precision") is not None:
+        held_out = np.load(calib_path)[-HELD_OUT:]
+        kwargs["evaluate"] = agreement_callback(held_out, model_in)
+
+    def work() -> dict[str, Any]:
+        with common.captured_warnings() as seen:
+            result = common.quant_onnx_quantize(model_in, model_out, config, batches, **kwargs)
+        return {"report": summarise_result(result), "warnings": seen[:20]}
+
+    return work
+
+
+def summarise_result(result: Any) -> Any:
+    """A small JSON-able view of ``QuantizationResult.report`` (layers raised, algorithm notes)."""
+    report = getattr(result, "report", None)
+    if not isinstance(report, dict):
+        return None
+    keep = ("mixed_precision", "algorithms", "raised_layers", "notes", "unsupported")
+    return {k: v for k, v in report.items() if k in keep} or None
+
+
+def run_model(name: str, args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
+    model = MODELS[name]
+    print(f"\n== {name}", flush=True)
+    float_path = model.ensure()
+    data = load_data(model, args.num_calib, args.num_eval)
+    reference = reference_predictions(model, float_path, data)
+    entry = results["models"].setdefault(name, {"rows": {}})
+    entry.update({"metric": model.metric, "num_calib": args.num_calib, "num_eval": len(data.eval_x)})
+    work = WORK_DIR / name
+    for key in args.rows:
+        row = ROWS[key]
+        if row.build is None:
+            entry["rows"][key] = {"ok": True, "metric": evaluate(float_path, data, reference, model.metric)}
+            continue
+        if args.resume and entry["rows"].get(key, {}).get("ok"):
+            continue
+        if not common.api_available("quant_onnx", "quantize"):
+            entry["rows"][key] = {"ok": False, "error": "quant_onnx.quantize not available yet"}
+            continue
+        out = work / f"{key}.onnx"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        print(f"  {row.label:<40}", end=" ", flush=True)
+        measured = common.measure_in_subprocess(
+            "tools.bench.algos:algos_job",
+            {
+                "model_in": str(float_path),
+                "model_out": str(out),
+                "row": key,
+                "calib_path": str(data.calib_path),
+                "batch_size": args.calib_batch,
+            },
+            timeout_s=args.timeout,
+            mem_limit_mb=args.mem_limit_mb,
+            quiet=not args.verbose,
+        )
+        if measured.get("ok"):
+            measured.update(score_quantized(out, data, reference, model.metric))
+            print(
+                f"{measured['wall_s']:7.1f} s  metric {common.fmt(measured['metric'], 4)} "
+                f"(kernels {common.fmt(measured['metric_kernels'], 4)})",
+                flush=True,
+            )
+        else:
+            print(f"FAILED: {measured.get('error')}", flush=True)
+        entry["rows"][key] = measured
+        save()
+
+
+def tables(results: dict[str, Any]) -> str:
+    """Markdown: one row per model and config, with the gap to float and the disagreement vs plain PTQ."""
+    rows = []
+    for name, entry in results["models"].items():
+        float_metric = entry["rows"].get("float", {}).get("metric")
+        for key, r in entry["rows"].items():
+            metric = r.get("metric") if r.get("ok") else None
+            base = entry["rows"].get("w4a8" if key.startswith("w4a8") else "xint8", {}).get("metric")
+            disagreement_ratio = (
+                common.ratio(1 - metric, 1 - base)
+                if entry.get("metric") == "agreement" and metric is not None and base is not None and key != "float"
+                else None
+            )
+            extras = r.get("extras") or {}
+            notes = json.dumps(extras["report"])[:200] if extras.get("report") else ""
+            rows.append(
+                [
+                    name,
+                    ROWS[key].label if key in ROWS else key,
+                    metric,
+                    None if metric is None or float_metric is None else 100 * (metric - float_metric),
+                    disagreement_ratio,
+                    r.get("metric_kernels") if r.get("ok") else None,
+                    r.get("wall_s"),
+                    r.get("peak_increase_mb"),
+                    notes or (r.get("error") if not r.get("ok") else None),
+                ]
+            )
+    return common.markdown_table(
+        [
+            "model",
+            "config",
+            "top-1 / agreement",
+            "Δ vs float (pt)",
+            "disagreement / plain PTQ",
+            "metric (ORT integer kernels)",
+            "quantize s",
+            "peak +MB",
+            "notes",
+        ],
+        rows,
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(MODELS))
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--num-calib", type=int, default=NUM_CALIB)
+    parser.add_argument("--num-eval", type=int, default=None)
+    parser.add_argument("--calib-batch", type=int, default=16)
+    parser.add_argument("--mem-limit-mb", type=float, default=14000)
+    parser.add_argument("--timeout", type=float, default=1800, help="per row; AdaRound's target is < 600 s")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="64 calibration samples, small eval set")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    if "float" not in args.rows:
+        args.rows = ["float", *args.rows]
+    if args.quick:
+        args.num_calib = min(args.num_calib, 64)
+        args.num_eval = args.num_eval or 256
+        if args.results == DEFAULT_RESULTS:
+            args.results = WORK_DIR / "results_quick.json"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    common.use_checkout_packages()
+    results = common.load_results(args.results, args.resume)
+    results["settings"] = {"num_calib": args.num_calib, "calib_batch": args.calib_batch, "quick": args.quick}
+
+    def save() -> None:
+        common.write_json(args.results, results)
+
+    for name in args.models:
+        try:
+            run_model(name, args, results, save)
+        except FileNotFoundError as exc:
+            print(f"  skipped: {exc}")
+    save()
+    print("\n" + tables(results))
+    print(f"results: {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
