@@ -51,6 +51,20 @@ def test_mobilenet_block_triple_with_relu6_replacement_keeps_the_relu_function()
     np.testing.assert_allclose(ranges[1], input_ranges(Layer(_weight(out, "w3"))), rtol=1e-4)
 
 
+@pytest.mark.parametrize("gain", [0.01, 100.0])
+def test_relu6_replacement_checked_on_data_keeps_the_float_function(gain):
+    """With calibration data, only Clip(0, 6) nodes that clip nothing become Relu."""
+    model = mobilenet_block(relu6=True)
+    batches = [{k: v * np.float32(gain) for k, v in b.items()} for b in batches_for(model)]
+    out, report = apply_cle(model, CLEConfig(absorb_high_bias=False, steps=0), batches)
+    if gain < 1:  # clip1's inputs stay below 6 (clip2's biases still reach it)
+        assert "clip1" in report.replaced_relu6 and report.chains
+    else:  # both clip: kept, and nothing crosses them
+        assert report.replaced_relu6 == () and report.chains == ()
+        assert any("kept 2 Clip(0, 6) of 2" in note for note in report.notes)
+    _assert_same_function(model, out, batches)
+
+
 def test_relu6_without_replacement_forms_no_chain():
     model = mobilenet_block(relu6=True)
     out, report = apply_cle(model, CLEConfig(replace_relu6_with_relu=False))

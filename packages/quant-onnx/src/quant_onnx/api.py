@@ -115,17 +115,19 @@ class PreparedModel:
 
 @attrs.frozen(eq=False)
 class QuantizationResult:
-    """What :meth:`ModelQuantizer.quantize` produced.
+    """What :meth:`ModelQuantizer.quantize` produced. ``report`` is the full report (only when a
+    report path was given); ``algorithms`` what each config algorithm did (always).
 
     Example:
-        >>> QuantizationResult(onnx.ModelProto(), None, None, None).output_path is None
-        True
+        >>> QuantizationResult(onnx.ModelProto(), None, None, None).algorithms
+        {}
     """
 
     model: onnx.ModelProto
     calibrated: CalibratedModel | None
     report: dict[str, Any] | None
     output_path: Path | None
+    algorithms: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 class _HeldBatches:
@@ -349,7 +351,7 @@ class ModelQuantizer:
             path = save_model(quantized, model_out, input_path=input_path)
         if report is not None and report_path is not None:
             write_report(report, report_path)
-        return QuantizationResult(quantized, calibrated, report, path)
+        return QuantizationResult(quantized, calibrated, report, path, algorithm_reports)
 
 
 def _same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import attrs
 import numpy as np
 import onnx
@@ -147,8 +149,12 @@ def _zero_pad(node: onnx.NodeProto, index: GraphIndex) -> bool:
     return True
 
 
+def _may_replace(node: onnx.NodeProto, replace_relu6: bool | Collection[str]) -> bool:
+    return replace_relu6 if isinstance(replace_relu6, bool) else node.name in replace_relu6
+
+
 def _follow(
-    ref: LayerRef, index: GraphIndex, layers: dict[str, LayerRef], replace_relu6: bool
+    ref: LayerRef, index: GraphIndex, layers: dict[str, LayerRef], replace_relu6: bool | Collection[str]
 ) -> tuple[str, tuple[str, ...], tuple[str, ...], bool] | None:
     """The next layer reached from ``ref`` through commuting single-consumer ops."""
     tensor = ref.node.output[0]
@@ -165,7 +171,7 @@ def _follow(
                 return None
             return node.name, tuple(passed), tuple(relu6), absorbable
         kind = activation_kind(node, index)
-        if kind == "relu6" and replace_relu6:
+        if kind == "relu6" and _may_replace(node, replace_relu6):
             relu6.append(node.name)
         elif kind == "relu" or node.op_type in _CHANNEL_WISE:
             pass
@@ -183,9 +189,10 @@ def _follow(
         tensor = node.output[0]
 
 
-def find_chains(model: onnx.ModelProto, replace_relu6: bool) -> ChainSearch:
+def find_chains(model: onnx.ModelProto, replace_relu6: bool | Collection[str]) -> ChainSearch:
     """Layers, links and chains of ``model`` (see the module docstring); chains come in
-    topological order and every link belongs to exactly one chain."""
+    topological order and every link belongs to exactly one chain. ``replace_relu6``: whether
+    chains may pass Clip(0, 6) nodes (to be replaced by Relu), or the names of those that may."""
     graph = model.graph
     index = GraphIndex(graph)
     order = index.topological_order()

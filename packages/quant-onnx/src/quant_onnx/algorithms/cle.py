@@ -3,8 +3,11 @@
 Finds conv->conv and conv->depthwise->conv chains (:mod:`chains`), equalizes them with
 ``quant_algos.cle.equalize_chains`` and writes the rescaled weights and biases into a
 new model. With ``replace_relu6_with_relu`` the Clip(0, 6) nodes inside chains become
-Relu first (as Quark's ``ReplaceClip6Relu`` does): that changes the float function
-where activations exceed 6, and is reported. High-bias absorption needs each first
+Relu first, as Quark's ``ReplaceClip6Relu`` does, but only those that the calibration
+batches show clip nothing (no input above 6, ``RELU6_CLIPPED_FRACTION``): elsewhere the replacement changes the float function. Unchecked, it takes
+EfficientNet-Lite0 (ReLU6 after every conv) from 1.0 to 0.23 top-1 agreement with
+itself, before any quantization. Without calibration batches every Clip(0, 6) in a chain
+is replaced and the report says it was unchecked. High-bias absorption needs each first
 layer's per-channel pre-activation mean and standard deviation; they are measured on
 the calibration batches when given (BatchNorm is already folded), else absorption is
 skipped and the report says so.
@@ -44,6 +47,9 @@ from quant_onnx.graph import GraphIndex
 # Outputs captured per onnxruntime run when measuring statistics: bounds the memory of
 # one batch's intermediate tensors on wide networks.
 _OUTPUTS_PER_RUN = 16
+#: A Clip(0, 6) may become Relu when at most this fraction of its calibration inputs exceeds 6:
+#: even 1e-4 moved 0.75% of EfficientNet-Lite0's top-1 predictions.
+RELU6_CLIPPED_FRACTION = 0.0
 
 
 @attrs.frozen
@@ -146,6 +152,22 @@ def _pre_activation_stats(
     return out
 
 
+def _clipped_fractions(model: onnx.ModelProto, clips: Sequence[str], batches: Sequence[Feeds]) -> dict[str, float]:
+    """Fraction of each Clip(0, 6) node's input values above 6 over ``batches``."""
+    inputs = {node.name: node.input[0] for node in model.graph.node if node.name in set(clips)}
+    above: dict[str, int] = dict.fromkeys(inputs, 0)
+    total: dict[str, int] = dict.fromkeys(inputs, 0)
+    names = sorted(inputs)
+    for start in range(0, len(names), _OUTPUTS_PER_RUN):
+        chunk = names[start : start + _OUTPUTS_PER_RUN]
+        for values in TensorCapture(model, [inputs[n] for n in chunk]).iterate(batches):
+            for name in chunk:
+                value = values[inputs[name]]
+                above[name] += int(np.count_nonzero(value > 6.0))
+                total[name] += int(value.size)
+    return {name: above[name] / max(total[name], 1) for name in names}
+
+
 def _replace_with_relu(model: onnx.ModelProto, names: set[str]) -> None:
     for i, node in enumerate(model.graph.node):
         if node.name in names:
@@ -190,8 +212,24 @@ def apply_cle(
             ``num_samples`` samples); without them absorption is skipped.
         num_samples: samples used to measure the pre-activation statistics.
     """
-    search = find_chains(model, replace_relu6=config.replace_relu6_with_relu)
     notes: list[str] = []
+    prepared = None if batches is None else prepare_batches(batches, num_samples)
+    replace: bool | set[str] = config.replace_relu6_with_relu
+    if config.replace_relu6_with_relu:
+        candidates = sorted({n for link in find_chains(model, replace_relu6=True).links.values() for n in link.relu6})
+        if prepared is None:
+            notes.append("Clip(0, 6) replaced by Relu unchecked: no calibration data to check what they clip")
+        elif candidates:
+            fractions = _clipped_fractions(model, candidates, prepared)
+            replace = {name for name, f in fractions.items() if f <= RELU6_CLIPPED_FRACTION}
+            kept = sorted((f, name) for name, f in fractions.items() if f > RELU6_CLIPPED_FRACTION)
+            if kept:
+                worst = ", ".join(f"{name} ({f:.2%})" for f, name in kept[::-1][:5])
+                notes.append(
+                    f"kept {len(kept)} Clip(0, 6) of {len(candidates)}: they clip calibration inputs above 6 "
+                    f"(Relu would change the float function), e.g. {worst}"
+                )
+    search = find_chains(model, replace_relu6=replace)
     if not search.chains:
         notes.append("no equalizable chains found")
         return copy_model(model), CLEReport((), (), (), 0, True, 0.0, tuple(notes))
@@ -206,7 +244,8 @@ def apply_cle(
         if batches is None:
             notes.append("high-bias absorption skipped: no calibration data given")
         elif firsts:
-            expected_mins = _pre_activation_stats(model, firsts, prepare_batches(batches, num_samples))
+            assert prepared is not None
+            expected_mins = _pre_activation_stats(model, firsts, prepared)
     layers = {name: search.layers[name].layer for name in in_chains}
     result = equalize_chains(layers, search.chains, config, expected_mins or None)
     out = copy_model(model)
