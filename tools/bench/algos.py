@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -145,13 +144,34 @@ def algos_job(model_in: str, model_out: str, row: str, calib_path: str, batch_si
     return work
 
 
+def describe_algorithms(report: dict[str, Any]) -> str:
+    """One table cell: which layers mixed precision raised, how many layers AdaRound changed.
+
+    Example:
+        >>> describe_algorithms({"mixed_precision": {"raised": {"conv1": "a16w8"}, "final_score": 0.91}})
+        'mixed precision raised 1 layer(s) (final score 0.91): conv1 a16w8'
+    """
+    parts = []
+    mp = report.get("mixed_precision")
+    if mp:
+        raised = ", ".join(f"{name} {fmt}" for name, fmt in mp.get("raised", {}).items())
+        parts.append(
+            f"mixed precision raised {len(mp.get('raised', {}))} layer(s) "
+            f"(final score {common.fmt(mp.get('final_score'), 3)}): {raised}"
+        )
+    for kind in ("adaround", "adaquant"):
+        rec = report.get(kind)
+        if rec:
+            layers = rec.get("layers", [])
+            parts.append(f"{kind}: {len(layers)} layers")
+    return "; ".join(parts)
+
+
 def summarise_result(result: Any) -> Any:
-    """A small JSON-able view of ``QuantizationResult.report`` (layers raised, algorithm notes)."""
-    report = getattr(result, "report", None)
-    if not isinstance(report, dict):
-        return None
-    keep = ("mixed_precision", "algorithms", "raised_layers", "notes", "unsupported")
-    return {k: v for k, v in report.items() if k in keep} or None
+    """A JSON-able view of what each algorithm did (``QuantizationResult.algorithms``): layers
+    raised by mixed precision, CLE chains, AdaRound per-layer losses."""
+    algorithms = getattr(result, "algorithms", None)
+    return dict(algorithms) if algorithms else None
 
 
 def run_model(name: str, args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
@@ -216,7 +236,7 @@ def tables(results: dict[str, Any]) -> str:
                 else None
             )
             extras = r.get("extras") or {}
-            notes = json.dumps(extras["report"])[:200] if extras.get("report") else ""
+            notes = describe_algorithms(extras.get("report") or {})
             rows.append(
                 [
                     name,

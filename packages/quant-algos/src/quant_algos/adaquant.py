@@ -51,7 +51,7 @@ def adaquant_layer(
     seed: int = 0,
     positions_per_sample: int = 64,
     max_pool_bytes: int = 64 << 20,
-    num_threads: int | None = 1,
+    num_threads: int | None = None,
 ) -> ReconstructionResult:
     """Learn the weights (and the bias, when the layer has one) of one Conv2d or Gemm
     layer; the arguments are those of :func:`quant_algos.adaround.adaround_layer`.

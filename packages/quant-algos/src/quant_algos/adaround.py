@@ -68,7 +68,7 @@ def adaround_layer(
     seed: int = 0,
     positions_per_sample: int = 64,
     max_pool_bytes: int = 64 << 20,
-    num_threads: int | None = 1,
+    num_threads: int | None = None,
 ) -> ReconstructionResult:
     """Learn the rounding of one Conv2d (``geometry`` given) or Gemm layer.
 
@@ -91,8 +91,8 @@ def adaround_layer(
         seed: minibatch and pool sampling seed (results are deterministic for a seed).
         positions_per_sample: output positions per sample in a minibatch.
         max_pool_bytes: memory for the pool of (patch, target) rows.
-        num_threads: torch intra-op threads during the run (None: unchanged); 1 is
-            fastest for these small tensors on CPU.
+        num_threads: torch intra-op threads during the run (None: torch's default, every
+            core: 1.6x faster than one thread on EfficientNet-Lite0's layers on 2 cores).
 
     Returns:
         :class:`ReconstructionResult`; ``weight`` is ``(floor(w/s) + [h(V) >= 0.5]) * s``
