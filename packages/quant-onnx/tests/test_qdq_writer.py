@@ -11,6 +11,7 @@ from model_builders import (
     cpu_has_vnni,
     float_island_net,
     mlp,
+    optimized_op_types,
     ort_run,
     quantize_in_memory,
     random_inputs,
@@ -241,3 +242,30 @@ def test_int4_weights_use_opset_21_int4_initializers() -> None:
     int4 = [t for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.INT4]
     assert len(int4) == 2 * 7  # weight codes and zero points of 6 convs + 1 gemm
     assert sqnr_db(ort_run(model, x)[0], ort_run(quantized, x)[0]) > 12
+
+
+def _torch_style_flatten_net() -> onnx.ModelProto:
+    """Conv -> GlobalAveragePool -> Reshape to [x.size(0), -1] -> Gemm, the batch size read
+    from the model input (torch's ``x.view(x.size(0), -1)`` as exported)."""
+    b = GraphBuilder(3)
+    x = b.input("x", ["N", 3, 8, 8])
+    pooled = b.node("GlobalAveragePool", [b.node("Relu", [b.conv(x, 3, 8)])])
+    batch = b.node(
+        "Unsqueeze", [b.node("Gather", [b.node("Shape", [x]), b.const(np.array(0))]), b.const(np.array([0]))]
+    )
+    shape = b.node("Concat", [batch, b.const(np.array([-1]))], axis=0)
+    return b.model([b.gemm(b.node("Reshape", [pooled, shape]), 8, 4)])
+
+
+def test_shape_readers_read_the_quantized_tensor_not_a_dequantized_copy(tmp_path) -> None:
+    model = _torch_style_flatten_net()
+    x = random_inputs(model, 20)
+    _calibrated, quantized = quantize_in_memory(model, "a8w8", x)
+    producers, _consumers, _inits = _index(quantized)
+    shape_node = next(n for n in quantized.graph.node if n.op_type == "Shape")
+    assert producers[shape_node.input[0]].op_type == "QuantizeLinear"
+    assert "DequantizeLinear" not in optimized_op_types(quantized, tmp_path)[:-1]  # only the output's DQ
+    reference = ort_run(quantized, x[:7])[0]
+    np.testing.assert_array_equal(reference_run(quantized, {"x": x[:7]})[0], reference)
+    assert reference.shape == (7, 4)
+    assert sqnr_db(ort_run(model, x[:7])[0], reference) > 20

@@ -6,7 +6,10 @@ onnxruntime runs with its integer kernels (see ``ONNXRUNTIME-INT8.md``).
   0; Gemm's ``alpha``/``beta`` are folded so both are 1.
 - Every quantized activation gets one QuantizeLinear after its producer and one
   DequantizeLinear per consumer, so each Conv/Gemm/MatMul reads DQs only it consumes
-  and writes exactly one Q. Graph outputs stay float: the producer's output is renamed
+  and writes exactly one Q. Ops that read only a tensor's shape (Shape, Size) read the
+  quantized tensor itself: a DQ there would dequantize a whole activation (the model
+  input, for torch's ``x.view(x.size(0), -1)``) to throw the values away.
+  Graph outputs stay float: the producer's output is renamed
   and a final DequantizeLinear writes the output name.
 - A fused Relu/Clip is dropped when the QuantizeLinear after its producer saturates at
   exactly its bounds; otherwise it stays between a DQ and a Q with the same qparams.
@@ -69,6 +72,9 @@ ONNX_DTYPES = {
 _OPSET_FOR_DTYPE = {DType.INT4: 21, DType.UINT4: 21, DType.INT16: 21, DType.UINT16: 21}
 BASE_QDQ_OPSET = 13
 """Per-channel DequantizeLinear (``axis``) needs opset 13."""
+
+SHAPE_READERS = frozenset({"Shape", "Size"})
+"""Ops whose output depends only on their input's shape."""
 
 
 def required_opset(dtypes: Iterable[DType]) -> int:
@@ -194,8 +200,15 @@ class _Writer:
     def dequantize_for_consumers(
         self, quantized: str, float_name: str, params: tuple[str, str], qp: QParams, consumers: list[onnx.NodeProto]
     ) -> None:
-        """One DequantizeLinear per consumer node (what lets onnxruntime fuse each one)."""
+        """One DequantizeLinear per consumer node (what lets onnxruntime fuse each one);
+        shape readers read ``quantized`` directly (4-bit codes excepted: not every
+        onnxruntime Shape kernel takes them)."""
         for consumer in consumers:
+            if consumer.op_type in SHAPE_READERS and consumer.domain in ("", "ai.onnx") and qp.dtype.bits >= 8:
+                for i, name in enumerate(consumer.input):
+                    if name == float_name:
+                        consumer.input[i] = quantized
+                continue
             output = self.index.unique_name(f"{float_name}_DequantizeLinear_Output")
             self.before.setdefault(consumer.name, []).append(
                 self.qdq_node("DequantizeLinear", quantized, output, params, qp)
