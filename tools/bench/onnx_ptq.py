@@ -313,6 +313,14 @@ def _lower_bound(r: dict[str, Any] | None, key: str, killed_key: str) -> float |
     return _get(r, key)
 
 
+def _ratio_cell(ours: Any, ort: dict[str, Any] | None, denominator: float | None) -> Any:
+    """ours / ORT, printed as an upper bound ("<x") when ORT was killed before finishing."""
+    value = common.ratio(ours, denominator)
+    if value is not None and ort and ort.get("killed"):
+        return f"<{common.fmt(value, 3)}"
+    return value
+
+
 def tables(results: dict[str, Any]) -> str:
     """The markdown tables of ``results`` (quantization cost/accuracy; speed/size)."""
     cost_rows, speed_rows = [], []
@@ -332,10 +340,10 @@ def tables(results: dict[str, Any]) -> str:
                     cfg["label"],
                     _time_cell(ort),
                     _time_cell(ours),
-                    common.ratio(_get(ours, "wall_s"), ort_t),
+                    _ratio_cell(_get(ours, "wall_s"), ort, ort_t),
                     _mem_cell(ort),
                     _mem_cell(ours),
-                    common.ratio(_get(ours, "peak_increase_mb"), ort_m),
+                    _ratio_cell(_get(ours, "peak_increase_mb"), ort, ort_m),
                     entry.get("float_metric") if metric else None,
                     ort_metric,
                     our_metric,

@@ -170,15 +170,8 @@ MBV2_SETTING_32 = [
     (6, 160, 3, 1),
     (6, 320, 1, 1),
 ]
-MBV2_SETTING_IMAGENET = [
-    (1, 16, 1, 1),
-    (6, 24, 2, 2),
-    (6, 32, 3, 2),
-    (6, 64, 4, 2),
-    (6, 96, 3, 1),
-    (6, 160, 3, 2),
-    (6, 320, 1, 1),
-]
+# ImageNet: the 160-channel stage downsamples too.
+MBV2_SETTING_IMAGENET = [*MBV2_SETTING_32[:5], (6, 160, 3, 2), MBV2_SETTING_32[6]]
 
 
 class MobileNetV2(nn.Module):
