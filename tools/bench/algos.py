@@ -6,7 +6,8 @@ top-1 on 10k test images; EfficientNet-Lite0 top-1 agreement with float on crops
 never used for calibration):
 
     float | a8w8 per-tensor, per-channel (references) | xint8 | xint8 + CLE (int8_cnn_cle)
-    | xint8 + CLE + AdaRound | xint8 + mixed precision | w4a8 | w4a8 + CLE + AdaRound
+    | xint8 + CLE + AdaRound | xint8 + CLE + bias correction | xint8 + CLE + AdaQuant
+    | xint8 + mixed precision | w4a8 | w4a8 + CLE + AdaRound
 
 Mixed precision gets an ``evaluate`` callback: top-1 agreement with float on the last
 ``HELD_OUT`` *calibration* photos, never the evaluation photos. Accuracy is scored node by node
@@ -48,8 +49,9 @@ from tools.bench.models import (
 WORK_DIR = common.CACHE_DIR / "bench" / "algos"
 DEFAULT_RESULTS = WORK_DIR / "results.json"
 DEFAULT_MODELS = ("efficientnet_lite0", "fmnist_mobilenetv2", "fmnist_resnet18")
-# Mixed precision stops once this agreement (EfficientNet) / accuracy fraction of float (Fashion-MNIST) is met.
-MIXED_PRECISION_TARGET = 0.90
+# Mixed precision stops once top-1 agreement with float on the held-out calibration samples reaches this
+# (0.90 is out of reach on EfficientNet-Lite0 at xint8 activations: with every layer at A8W16 it measured 0.867).
+MIXED_PRECISION_TARGET = 0.80
 # How many calibration samples the mixed-precision evaluate callback holds out (taken from the end).
 HELD_OUT = 128
 
@@ -79,12 +81,20 @@ def _preset(name: str) -> Callable[[], Any]:
 
 def _with_algorithms(preset: str, *kinds: str) -> Callable[[], Any]:
     def build() -> Any:
-        from quant_core.algorithm_config import AdaRoundConfig, CLEConfig, MixedPrecisionConfig
+        from quant_core.algorithm_config import (
+            AdaQuantConfig,
+            AdaRoundConfig,
+            BiasCorrectionConfig,
+            CLEConfig,
+            MixedPrecisionConfig,
+        )
         from quant_core.presets import get_preset
 
         factories: dict[str, Callable[[], Any]] = {
             "cle": CLEConfig,
             "adaround": AdaRoundConfig,
+            "adaquant": AdaQuantConfig,
+            "bias_correction": BiasCorrectionConfig,
             "mixed_precision": lambda: MixedPrecisionConfig(
                 # the loss is in the weights (pow2 per-tensor int8), so raise weights to 16 bits
                 target_types=("a8w16",),
@@ -108,6 +118,13 @@ ROWS: dict[str, Row] = {
         Row("xint8", "xint8 PTQ", _preset("xint8")),
         Row("xint8_cle", "xint8 + CLE", _preset("int8_cnn_cle")),
         Row("xint8_cle_adaround", "xint8 + CLE + AdaRound", _with_algorithms("xint8", "cle", "adaround")),
+        Row("xint8_cle_bc", "xint8 + CLE + bias correction", _with_algorithms("xint8", "cle", "bias_correction")),
+        Row(
+            "xint8_cle_adaround_bc",
+            "xint8 + CLE + AdaRound + bias correction",
+            _with_algorithms("xint8", "cle", "adaround", "bias_correction"),
+        ),
+        Row("xint8_cle_adaquant", "xint8 + CLE + AdaQuant", _with_algorithms("xint8", "cle", "adaquant")),
         Row("xint8_mixed", "xint8 + mixed precision (A8W16)", _with_algorithms("xint8", "mixed_precision")),
         Row("w4a8", "w4a8 PTQ", _preset("w4a8")),
         Row("w4a8_cle_adaround", "w4a8 + CLE + AdaRound", _with_algorithms("w4a8", "cle", "adaround")),
