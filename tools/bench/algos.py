@@ -245,7 +245,9 @@ def tables(results: dict[str, Any]) -> str:
     rows = []
     for name, entry in results["models"].items():
         float_metric = entry["rows"].get("float", {}).get("metric")
-        for key, r in entry["rows"].items():
+        order = list(ROWS)
+        ranked = sorted(entry["rows"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        for key, r in ranked:
             metric = r.get("metric") if r.get("ok") else None
             base = entry["rows"].get("w4a8" if key.startswith("w4a8") else "xint8", {}).get("metric")
             disagreement_ratio = (
