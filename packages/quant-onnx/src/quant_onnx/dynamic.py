@@ -35,7 +35,7 @@ from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
 from quant_core.spec import QuantSpec
 from quant_onnx.annotate import ensure_node_names
-from quant_onnx.graph import GraphIndex
+from quant_onnx.graph import GraphIndex, is_default_domain
 from quant_onnx.model_io import load_model, save_model
 from quant_onnx.policy import float_attribute, int_attribute, weight_channel_axis
 from quant_onnx.preprocess import PreprocessOptions, preprocess
@@ -89,7 +89,7 @@ class _DynamicWriter:
         return self.quantized_inputs[tensor]
 
     def rewrite(self, node: onnx.NodeProto, out: list[onnx.NodeProto]) -> bool:
-        if node.op_type not in _DYNAMIC_OPS or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        if node.op_type not in _DYNAMIC_OPS or not is_default_domain(node) or len(node.input) < 2:
             return False
         weight = self.index.constant(node.input[1])
         spec = self.weight_spec(node)

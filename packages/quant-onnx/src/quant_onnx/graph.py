@@ -23,6 +23,15 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+DEFAULT_DOMAINS = ("", "ai.onnx")
+"""Names of the default ONNX operator domain."""
+
+
+def is_default_domain(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is a standard ONNX op (not a custom or com.microsoft one)."""
+    return node.domain in DEFAULT_DOMAINS
+
+
 Dim = int | str | None
 
 
@@ -51,7 +60,7 @@ def node_inputs(node: onnx.NodeProto) -> list[str]:
 
 def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     """Value of a Constant node (any of its value attributes), or None for sparse/unknown forms."""
-    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+    if node.op_type != "Constant" or not is_default_domain(node):
         return None
     for attr in node.attribute:
         if attr.name == "value":

@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 
 from quant_core.atomic_io import atomic_write
 from quant_onnx.errors import ModelError
+from quant_onnx.graph import DEFAULT_DOMAINS
 
 #: Opsets of the default domain accepted for *input* models.
 MIN_OPSET = 11
@@ -37,7 +38,7 @@ PathLike = str | os.PathLike[str]
 def opset_version(model: onnx.ModelProto) -> int:
     """Opset of the default ONNX domain ('' or 'ai.onnx'); ModelError if the model declares none."""
     for opset in model.opset_import:
-        if opset.domain in ("", "ai.onnx"):
+        if opset.domain in DEFAULT_DOMAINS:
             return int(opset.version)
     raise ModelError("model declares no opset for the default ONNX domain")
 

@@ -26,6 +26,8 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_onnx.graph import is_default_domain
+
 ConstantLookup = Callable[[str], "np.ndarray | None"]
 
 
@@ -139,7 +141,7 @@ def policy_for(node: onnx.NodeProto, constant: ConstantLookup | None = None) -> 
     are not constants is a general op. ``constant`` reads constant inputs (a name ->
     array or ``None``).
     """
-    if node.domain not in ("", "ai.onnx"):
+    if not is_default_domain(node):
         return None
     rule = POLICIES.get(node.op_type)
     if rule is None:

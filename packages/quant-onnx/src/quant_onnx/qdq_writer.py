@@ -50,7 +50,7 @@ from quant_core.dtypes import DType
 from quant_core.qparams import QParams, quantize
 from quant_onnx.annotate import BiasSlot, FusedActivation
 from quant_onnx.calibrate import CalibratedModel
-from quant_onnx.graph import GraphIndex
+from quant_onnx.graph import DEFAULT_DOMAINS, GraphIndex, is_default_domain
 from quant_onnx.policy import float_attribute
 from quant_onnx.weights import constant_qparams, quantize_bias, quantize_constant
 
@@ -204,18 +204,16 @@ class _Writer:
         shape readers read ``quantized`` directly (4-bit codes excepted: not every
         onnxruntime Shape kernel takes them)."""
         for consumer in consumers:
-            if consumer.op_type in SHAPE_READERS and consumer.domain in ("", "ai.onnx") and qp.dtype.bits >= 8:
-                for i, name in enumerate(consumer.input):
-                    if name == float_name:
-                        consumer.input[i] = quantized
-                continue
-            output = self.index.unique_name(f"{float_name}_DequantizeLinear_Output")
-            self.before.setdefault(consumer.name, []).append(
-                self.qdq_node("DequantizeLinear", quantized, output, params, qp)
-            )
+            if consumer.op_type in SHAPE_READERS and is_default_domain(consumer) and qp.dtype.bits >= 8:
+                source = quantized
+            else:
+                source = self.index.unique_name(f"{float_name}_DequantizeLinear_Output")
+                self.before.setdefault(consumer.name, []).append(
+                    self.qdq_node("DequantizeLinear", quantized, source, params, qp)
+                )
             for i, name in enumerate(consumer.input):
                 if name == float_name:
-                    consumer.input[i] = output
+                    consumer.input[i] = source
 
     def main_consumers(self, tensor: str) -> list[onnx.NodeProto]:
         """Consumers in the main graph (subgraphs keep reading the float tensor)."""
@@ -411,7 +409,7 @@ class _Writer:
         dtypes = {self._dtype(t) for t in self.graph.initializer if t.name.endswith("_zero_point")}
         needed = required_opset(d for d in dtypes if d is not None)
         for opset in self.model.opset_import:
-            if opset.domain in ("", "ai.onnx") and opset.version < needed:
+            if opset.domain in DEFAULT_DOMAINS and opset.version < needed:
                 raise ValueError(
                     f"model opset {opset.version} is too old for these QDQ formats; allowed: >= {needed} "
                     "(ModelQuantizer.prepare raises it)"

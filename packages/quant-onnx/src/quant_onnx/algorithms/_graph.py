@@ -21,7 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quant_onnx.errors import ModelError
-from quant_onnx.graph import GraphIndex
+from quant_onnx.graph import GraphIndex, is_default_domain
 
 # Activations f with f(x / s) == f(x) / s for every s > 0: scaling can cross them.
 HOMOGENEOUS_ACTIVATIONS = ("Relu", "LeakyRelu", "PRelu")
@@ -40,10 +40,6 @@ def attr(node: onnx.NodeProto, name: str, default: object = None) -> object:
         if a.name == name:
             return helper.get_attribute_value(a)
     return default
-
-
-def is_default_domain(node: onnx.NodeProto) -> bool:
-    return node.domain in ("", "ai.onnx")
 
 
 def clip_bounds(node: onnx.NodeProto, index: GraphIndex) -> tuple[float, float] | None:

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
+from quant_onnx.graph import is_default_domain as is_default_domain  # re-exported for the passes
 
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -16,10 +16,6 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
-
-
-def is_default_domain(node: onnx.NodeProto) -> bool:
-    return node.domain in DEFAULT_DOMAINS
 
 
 def get_attr(node: onnx.NodeProto, name: str, default: object = None) -> object:
