@@ -243,10 +243,10 @@ def run_model(name: str, args: argparse.Namespace, results: dict[str, Any], save
 def tables(results: dict[str, Any]) -> str:
     """Markdown: one row per model and config, with the gap to float and the disagreement vs plain PTQ."""
     rows = []
+    position = {key: i for i, key in enumerate(ROWS)}  # table order; unknown keys last
     for name, entry in results["models"].items():
         float_metric = entry["rows"].get("float", {}).get("metric")
-        order = list(ROWS)
-        ranked = sorted(entry["rows"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        ranked = sorted(entry["rows"].items(), key=lambda kv: position.get(kv[0], len(position)))
         for key, r in ranked:
             metric = r.get("metric") if r.get("ok") else None
             base = entry["rows"].get("w4a8" if key.startswith("w4a8") else "xint8", {}).get("metric")

@@ -231,7 +231,6 @@ def run_model(model: BenchModel, args: argparse.Namespace, results: dict[str, An
             model_in = ort_in if quantizer == "ort" else float_path
             print(f"  {pair.label:<24} {quantizer:<5}", end=" ", flush=True)
             measured = _measure_repeated(
-                args.calib_repeats,
                 JOBS[quantizer],
                 {
                     "model_in": str(model_in),
@@ -320,11 +319,11 @@ def _ratio_cell(ours: Any, ort: dict[str, Any] | None, denominator: float | None
     return value
 
 
-def _measure_repeated(repeats: int, job: str, params: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """``repeats`` fresh-subprocess runs of ``job``: the median wall time (all runs kept in
-    ``wall_s_runs``) and the largest peak-memory increase; the first failure ends it."""
+def _measure_repeated(job: str, params: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``args.calib_repeats`` fresh-subprocess runs of ``job``: the median wall time (all runs
+    kept in ``wall_s_runs``) and the largest peak-memory increase; the first failure ends it."""
     runs = []
-    for _ in range(repeats):
+    for _ in range(args.calib_repeats):
         measured = common.measure_in_subprocess(
             job, params, timeout_s=args.timeout, mem_limit_mb=args.mem_limit_mb, quiet=not args.verbose
         )
@@ -499,6 +498,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="64 calibration samples, MinMax only, small eval set")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.calib_repeats < 1:
+        parser.error(f"--calib-repeats: {args.calib_repeats} is not allowed; use 1 or more")
     args.per_channel = {"both": [False, True], "on": [True], "off": [False]}[args.per_channel]
     if args.quick:
         args.num_calib = min(args.num_calib, 64)
