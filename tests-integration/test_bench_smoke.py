@@ -209,7 +209,7 @@ def test_our_config_swaps_the_activation_observer() -> None:
     assert config.global_config.output.observer.method == "entropy"
     assert config.global_config.weight.per_channel_axis is None
     assert config.calibration.num_samples == 512
-    assert our_config(True, "minmax", 8, 4).global_config.weight.per_channel_axis == 0
+    assert our_config(True, "minmax", 8, 4).global_config.weight.per_channel_axis == "output"
 
 
 def test_onnx_ptq_tables_render_partial_results() -> None:

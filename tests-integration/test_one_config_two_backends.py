@@ -75,7 +75,8 @@ def test_config_file_gives_same_weights_in_both_backends(exported, tmp_path):
     qdq = quant_onnx.quantize(path, tmp_path / "q.onnx", config, data, quiet=True).model
     onnx_weights = list(_dequantized_weights(qdq).values())
 
-    weight_spec = config.global_config.weight
+    # torch's Conv2d and Linear keep output channels on axis 0 of their weights.
+    weight_spec = config.global_config.weight.evolve(per_channel_axis=0)
     torch_weights = []
     for layer in (model.conv1, model.conv2, model.fc):
         observer = make_observer(weight_spec)

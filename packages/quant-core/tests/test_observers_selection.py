@@ -45,7 +45,7 @@ def test_error_model_matches_sampled_fake_quantize(mode: RoundMode, dtype: DType
     t = (np.arange(per) + rng.uniform(size=per)) / per
     samples = lower[:, None] + (upper - lower)[:, None] * t
     one = QParams.per_tensor(float(scale), zero_point, dtype)
-    err = (fake_quantize(samples, one, mode).astype(np.float64) - samples.astype(np.float32)) ** 2
+    err = (fake_quantize(samples, one.evolve(rounding=mode)).astype(np.float64) - samples.astype(np.float32)) ** 2
     sampled = float(err.mean(axis=1) @ counts)
     assert model == pytest.approx(sampled, rel=5e-3, abs=1e-9 + 1e-6 * float(scale) ** 2 * counts.sum())
 
@@ -169,7 +169,7 @@ def test_mse_choice_is_near_the_brute_force_optimum_on_the_data(symmetric: bool)
     spec = QuantSpec(dtype="int8" if symmetric else "uint8", symmetric=symmetric, observer=MSE(num_candidates=50))
     obs = make_observer(spec)
     obs.update(x)
-    chosen = quantization_error(x, obs.qparams(), spec.rounding)
+    chosen = quantization_error(x, obs.qparams())
     # Brute force over a dense set of ranges, errors measured on the raw data.
     lo_max, hi_max = float(x.min()), float(x.max())
     fractions = np.linspace(0.02, 1.0, 200)
@@ -177,8 +177,8 @@ def test_mse_choice_is_near_the_brute_force_optimum_on_the_data(symmetric: bool)
         ranges = [(-t, t) for t in fractions * max(-lo_max, hi_max)]
     else:
         ranges = [(lo_max * a, hi_max * b) for a in fractions[::20] for b in fractions[::5]]
-    best = min(quantization_error(x, qparams_from_range(lo, hi, spec), spec.rounding) for lo, hi in ranges)
-    minmax_error = quantization_error(x, qparams_from_range(lo_max, hi_max, spec), spec.rounding)
+    best = min(quantization_error(x, qparams_from_range(lo, hi, spec)) for lo, hi in ranges)
+    minmax_error = quantization_error(x, qparams_from_range(lo_max, hi_max, spec))
     assert chosen <= best * 1.05
     assert chosen < minmax_error
 
@@ -203,7 +203,7 @@ def test_pow2_mse_gives_exact_power_of_two_and_best_position(rounding: str, symm
         factor = 2.0 ** (base - pos)
         cand = qparams_from_range(min(float(x.min()), 0.0) * factor, float(x.max()) * factor, spec)
         assert int(cand.fix_pos) == pos  # type: ignore[arg-type]
-        errors[pos] = quantization_error(x, cand, spec.rounding)
+        errors[pos] = quantization_error(x, cand)
     assert errors[int(qp.fix_pos)] <= min(errors.values()) * 1.02
 
 

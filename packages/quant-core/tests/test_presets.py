@@ -10,7 +10,7 @@ from quant_core.dtypes import DType
 from quant_core.observer_config import MinMax, Percentile, PowerOfTwoMSE
 from quant_core.presets import PRESETS, get_preset, list_presets
 from quant_core.presets_doc import TABLE_BEGIN, TABLE_END, main, presets_table, render_doc
-from quant_core.spec import RoundMode, ScaleType
+from quant_core.spec import OUTPUT_CHANNELS, RoundMode, ScaleType
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "presets.md"
 REQUIRED = {"xint8", "a8w8", "a16w8", "int8_cnn_accurate", "int8_cnn_cle"}
@@ -57,7 +57,7 @@ def test_a8w8_family() -> None:
     op = get_preset("a8w8").global_config
     assert op.input is not None and op.weight is not None
     assert op.input.dtype is DType.UINT8 and not op.input.symmetric and op.input.scale_type is ScaleType.FLOAT
-    assert op.weight.dtype is DType.INT8 and op.weight.per_channel_axis == 0
+    assert op.weight.dtype is DType.INT8 and op.weight.per_channel_axis == OUTPUT_CHANNELS
     assert get_preset("a8w8_per_tensor").global_config.weight.per_channel_axis is None  # type: ignore[union-attr]
     assert get_preset("a16w8").global_config.input.dtype is DType.UINT16  # type: ignore[union-attr]
     assert get_preset("w4a8").global_config.weight.dtype is DType.INT4  # type: ignore[union-attr]

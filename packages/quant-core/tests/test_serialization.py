@@ -82,7 +82,7 @@ def test_tag_names() -> None:
 def test_short_hand_written_config_takes_defaults() -> None:
     text = json.dumps(
         {
-            "schema_version": 1,
+            "schema_version": 2,
             "global_config": {"input": {"dtype": "uint8", "symmetric": False}, "weight": {"dtype": "int8"}},
             "exclude": ["Softmax"],
             "algorithms": [{"kind": "cle"}, {"kind": "adaround", "num_iterations": 10}],
@@ -141,7 +141,7 @@ def _set(data: dict[str, Any], path: list[Any], value: Any) -> dict[str, Any]:
         (
             ["global_config", "weight", "per_channel_axis"],
             0.5,
-            "$.global_config.weight.per_channel_axis: expected an integer or null, got float 0.5",
+            "$.global_config.weight.per_channel_axis: expected an integer or a string or null, got float 0.5",
         ),
         (
             ["global_config", "weight"],
@@ -227,15 +227,15 @@ def test_error_path_inside_overrides_and_lists() -> None:
 
 
 def test_missing_global_config() -> None:
-    assert _error({"schema_version": 1}).startswith("$: missing required key 'global_config'")
+    assert _error({"schema_version": 2}).startswith("$: missing required key 'global_config'")
 
 
 @pytest.mark.parametrize(
     ("version", "expected"),
     [
-        (None, "$: missing key 'schema_version'; add \"schema_version\": 1"),
-        (2, "$.schema_version: 2 is not supported; allowed: 1"),
-        ("1", "$.schema_version: '1' is not supported; allowed: 1"),
+        (None, "$: missing key 'schema_version'; add \"schema_version\": 2"),
+        (3, "$.schema_version: 3 is not supported; allowed: 1, 2"),
+        ("1", "$.schema_version: '1' is not supported; allowed: 1, 2"),
         (True, "$.schema_version: True is not supported"),
         (1.5, "$.schema_version: 1.5 is not supported"),
     ],
@@ -304,3 +304,23 @@ def test_load_error_names_the_file(tmp_path: Path) -> None:
     path.write_text('{"schema_version": 1, "global_config": {"output": {"dtype": "int8", "x": 1}}}', encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad\.json: \$\.global_config\.output: unknown key 'x'"):
         load_config(path)
+
+
+def test_version_1_weight_axes_mean_output_channels() -> None:
+    """Version 1 files said "per channel" with an integer axis that backends replaced by each
+    op's output-channel axis; they keep that meaning, while version 2 takes axes as written."""
+    weight = {"dtype": "int8", "per_channel_axis": 0}
+    old = {
+        "schema_version": 1,
+        "global_config": {"weight": weight, "input": {"dtype": "uint8", "per_channel_axis": None}},
+        "op_type_overrides": {"MatMul": {"weight": {"dtype": "int8", "per_channel_axis": 1}}},
+        "name_overrides": {"fc*": {"weight": {"dtype": "int8"}}},
+    }
+    config = config_from_json(json.dumps(old))
+    assert config.global_config.weight.per_channel_axis == "output"  # type: ignore[union-attr]
+    assert config.op_type_overrides["MatMul"].weight.per_channel_axis == "output"  # type: ignore[union-attr]
+    assert config.name_overrides["fc*"].weight.per_channel_axis is None  # type: ignore[union-attr]
+    assert config.global_config.input.per_channel_axis is None  # type: ignore[union-attr]
+    new = config_from_json(json.dumps({**old, "schema_version": 2}))
+    assert new.global_config.weight.per_channel_axis == 0  # type: ignore[union-attr]
+    assert new.op_type_overrides["MatMul"].weight.per_channel_axis == 1  # type: ignore[union-attr]

@@ -194,7 +194,7 @@ def quantize_in_memory(
     model: onnx.ModelProto, config: object, data: np.ndarray, batch_size: int = 16, **writer: object
 ):
     """(calibrated, qdq model) for ``model`` quantized on ``data`` without pre-processing."""
-    from quant_onnx.annotate import annotate, ensure_node_names
+    from quant_onnx.annotate import ensure_node_names, plan_model
     from quant_onnx.api import resolve_config
     from quant_onnx.calibrate import calibrate
     from quant_onnx.qdq_writer import WriterOptions, write_qdq
@@ -204,7 +204,7 @@ def quantize_in_memory(
     ensure_node_names(model_copy)
     name = model_copy.graph.input[0].name
     batches = [{name: data[i : i + batch_size]} for i in range(0, len(data), batch_size)]
-    calibrated = calibrate(model_copy, annotate(model_copy, resolve_config(config)), batches, quiet=True)
+    calibrated = calibrate(model_copy, plan_model(model_copy, resolve_config(config)), batches, quiet=True)
     return calibrated, write_qdq(calibrated, WriterOptions(**writer))  # type: ignore[arg-type]
 
 

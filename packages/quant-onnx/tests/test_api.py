@@ -184,6 +184,6 @@ def test_opsets_and_op_coverage_end_to_end(build, opset) -> None:
     model = build(opset=opset)
     x = random_inputs(model, 16)
     result = quantize(model, None, "a8w8", x, quiet=True)
-    assert result.calibrated.annotation.float_nodes == ()
+    assert result.calibrated.plan.float_nodes == ()
     assert result.model.opset_import[0].version >= max(13, opset)
     assert sqnr_db(ort_run(model, x)[0], ort_run(result.model, x)[0]) > 30

@@ -13,7 +13,7 @@ from model_builders import GraphBuilder, ort_run, random_inputs, small_cnn
 
 from quant_core.observer_config import MovingAverageMinMax
 from quant_core.presets import get_preset
-from quant_onnx.annotate import annotate
+from quant_onnx.annotate import plan_model
 from quant_onnx.calibrate import augmented_model, calibrate
 from quant_onnx.config_overrides import override_config
 from quant_onnx.errors import DataError
@@ -34,7 +34,7 @@ def _concat_model():
 def test_minmax_ranges_match_numpy_over_every_batch_size() -> None:
     model, left, right = _concat_model()
     x = random_inputs(model, 10)
-    ann = annotate(model, get_preset("a8w8"))
+    ann = plan_model(model, get_preset("a8w8"))
     lefts, rights = ort_run(augmented_model(model, [left, right]), x, "basic")[1:]
     expected = (min(lefts.min(), rights.min()), max(lefts.max(), rights.max()))
     for size in (1, 3, 4, 10):  # 3 and 4 leave a ragged last batch
@@ -47,14 +47,14 @@ def test_minmax_ranges_match_numpy_over_every_batch_size() -> None:
 
 def test_concat_inputs_share_the_union_range() -> None:
     model, left, right = _concat_model()
-    ann = annotate(model, get_preset("a8w8"))
+    ann = plan_model(model, get_preset("a8w8"))
     cal = calibrate(model, ann, _batches(random_inputs(model, 8), 4), quiet=True)
     assert cal.qparams_of(left) == cal.qparams_of(right)
 
 
 def test_weight_qparams_come_from_the_weights() -> None:
     model = small_cnn()
-    ann = annotate(model, get_preset("a8w8"))
+    ann = plan_model(model, get_preset("a8w8"))
     cal = calibrate(model, ann, _batches(random_inputs(model, 4), 4), quiet=True)
     slot = ann.weights[0]
     w = next(t for t in model.graph.initializer if t.name == slot.tensor)
@@ -67,7 +67,7 @@ def test_weight_qparams_come_from_the_weights() -> None:
 def test_calibration_releases_every_batch() -> None:
     """Peak memory must not grow with the sample count: nothing keeps earlier batches."""
     model = small_cnn()
-    ann = annotate(model, get_preset("a8w8"))
+    ann = plan_model(model, get_preset("a8w8"))
     alive: list[weakref.ref] = []
 
     def stream():
@@ -85,7 +85,7 @@ def test_calibration_releases_every_batch() -> None:
 def test_histogram_methods_calibrate(method: str) -> None:
     model = small_cnn()
     config = override_config(get_preset("a8w8"), calib_method=method)
-    ann = annotate(model, config)
+    ann = plan_model(model, config)
     cal = calibrate(model, ann, _batches(random_inputs(model, 8), 4), quiet=True)
     lo, hi = cal.activation_ranges["x"]
     assert lo < 0 < hi
@@ -94,12 +94,12 @@ def test_histogram_methods_calibrate(method: str) -> None:
 def test_no_batches_is_a_data_error() -> None:
     model = small_cnn()
     with pytest.raises(DataError, match="no samples"):
-        calibrate(model, annotate(model, get_preset("a8w8")), [], quiet=True)
+        calibrate(model, plan_model(model, get_preset("a8w8")), [], quiet=True)
 
 
 def test_quiet_shows_no_progress_bar(capsys) -> None:
     model = small_cnn()
-    calibrate(model, annotate(model, get_preset("a8w8")), _batches(random_inputs(model, 4), 2), quiet=True)
+    calibrate(model, plan_model(model, get_preset("a8w8")), _batches(random_inputs(model, 4), 2), quiet=True)
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
 
@@ -129,7 +129,7 @@ def test_large_batches_run_in_chunks_with_the_same_ranges(monkeypatch) -> None:
 
     model, left, _ = _concat_model()
     x = random_inputs(model, 10)
-    ann = annotate(model, get_preset("a8w8"))
+    ann = plan_model(model, get_preset("a8w8"))
     whole = calibrate(model, ann, _batches(x, 10), quiet=True)
     sizes = _record_runs(monkeypatch)
     # Room for about three samples' observed tensors per run.
@@ -152,5 +152,5 @@ def test_moving_average_sees_the_users_batches(monkeypatch) -> None:
     config = config.evolve(global_config=ops)
     sizes = _record_runs(monkeypatch)
     monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 1)
-    calibrate(model, annotate(model, config), _batches(random_inputs(model, 10), 4), quiet=True)
+    calibrate(model, plan_model(model, config), _batches(random_inputs(model, 10), 4), quiet=True)
     assert sizes == [4, 4, 2]

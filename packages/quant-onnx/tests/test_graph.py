@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from quant_onnx.graph import GraphIndex, node_inputs, topological_sort
+from quant_onnx.preprocess.shape_inference import typed_index
 
 
 def test_producers_consumers_constants():
@@ -97,9 +98,9 @@ def test_constant_value_forms():
     assert idx.constant("d").dtype == np.int32
 
 
-def test_from_model_infers_shapes_without_touching_the_model():
+def test_typed_index_infers_shapes_without_touching_the_model():
     model = identity_weight_model()
-    idx = GraphIndex.from_model(model)
+    idx = typed_index(model)
     assert idx.shape("c1") == ["N", 3, 5, 5] and idx.dtype("c1") == np.float32
     assert len(model.graph.value_info) == 0
     assert idx.producer("c1") is model.graph.node[2]  # the caller's own node objects

@@ -57,7 +57,7 @@ def test_weights_dequantize_to_the_quant_core_reference(cnn) -> None:
     model, _x, calibrated, quantized = cnn
     producers, _consumers, inits = _index(quantized)
     floats = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for slot in calibrated.annotation.weights:
+    for slot in calibrated.plan.weights:
         node = next(n for n in quantized.graph.node if n.name == slot.node)
         dq = producers[node.input[1]]
         assert dq.op_type == "DequantizeLinear"
@@ -70,7 +70,7 @@ def test_weights_dequantize_to_the_quant_core_reference(cnn) -> None:
 def test_bias_is_int32_at_input_times_weight_scale(cnn) -> None:
     _model, _x, calibrated, quantized = cnn
     producers, _consumers, inits = _index(quantized)
-    for bias in calibrated.annotation.biases:
+    for bias in calibrated.plan.biases:
         node = next(n for n in quantized.graph.node if n.name == bias.node)
         dq = producers[node.input[2]]
         codes, scale, zp = (inits[name] for name in dq.input)
@@ -104,7 +104,7 @@ def test_activations_are_uint8_and_fused_relus_are_dropped(cnn) -> None:
     assert [n.op_type for n in quantized.graph.node].count("Relu") == 0
     kept_clips = [n for n in quantized.graph.node if n.op_type == "Clip"]
     for clip in kept_clips:  # kept only where saturation cannot reproduce it
-        fused = next(f for f in calibrated.annotation.fused if f.node == clip.name)
+        fused = next(f for f in calibrated.plan.fused if f.node == clip.name)
         assert not activation_is_absorbed(calibrated.qparams_of(fused.post_tensor), fused.bounds)
 
 
@@ -148,7 +148,7 @@ def test_gemm_alpha_beta_are_folded_and_matmul_is_per_column() -> None:
     gemm = next(n for n in quantized.graph.node if n.op_type == "Gemm")
     assert {a.name for a in gemm.attribute} <= {"transA", "transB"}
     assert sqnr_db(ort_run(model, x)[0], ort_run(quantized, x)[0]) > 30
-    matmul = next(s for s in calibrated.annotation.weights if s.op_type == "MatMul")
+    matmul = next(s for s in calibrated.plan.weights if s.op_type == "MatMul")
     assert calibrated.weight_qparams[matmul.node].scale.shape == (16,)
 
 
@@ -156,7 +156,7 @@ def test_conv_transpose_weights_are_per_channel_on_axis_1() -> None:
     model = conv_transpose_net()
     x = random_inputs(model, 16)
     calibrated, quantized = quantize_in_memory(model, "a8w8", x)
-    slot = next(s for s in calibrated.annotation.weights if s.op_type == "ConvTranspose")
+    slot = next(s for s in calibrated.plan.weights if s.op_type == "ConvTranspose")
     qp = calibrated.weight_qparams[slot.node]
     assert qp.axis == 1 and qp.scale.shape == (5,)
     producers, _c, _i = _index(quantized)

@@ -1,8 +1,8 @@
 """Named configs users ask for by name (``xint8``, ``a8w8``...).
 
-A preset holds specs only: which operators get which spec is each backend's
-policy (per-channel weights use axis 0, the Conv layout; backends remap it for
-Gemm/MatMul). ``bias=None`` means "int32 at input_scale * weight_scale", the form
+A preset holds specs only: which operators get which spec is the planner's business
+(:mod:`quant_core.plan`); per-channel weights are per *output* channel
+(:data:`~quant_core.spec.OUTPUT_CHANNELS`), on whichever axis each op keeps them. ``bias=None`` means "int32 at input_scale * weight_scale", the form
 integer kernels need. ``docs/presets.md`` is generated from this registry
 by :mod:`quant_core.presets_doc` and a test keeps it in sync.
 
@@ -29,7 +29,7 @@ from quant_core.algorithm_config import AdaRoundConfig, AlgorithmConfig, CLEConf
 from quant_core.config import OperatorConfig, QuantConfig
 from quant_core.dtypes import DType
 from quant_core.observer_config import MinMax, ObserverConfig, Percentile, PowerOfTwoMSE
-from quant_core.spec import QuantSpec, ScaleType
+from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 
 @attrs.frozen
@@ -63,7 +63,7 @@ def _asym_act(dtype: DType = DType.UINT8, observer: ObserverConfig | None = None
 
 
 def _sym_weight(dtype: DType = DType.INT8, per_channel: bool = True) -> QuantSpec:
-    return QuantSpec(dtype=dtype, symmetric=True, per_channel_axis=0 if per_channel else None)
+    return QuantSpec(dtype=dtype, symmetric=True, per_channel_axis=OUTPUT_CHANNELS if per_channel else None)
 
 
 def _config(name: str, act: QuantSpec, weight: QuantSpec, algorithms: tuple[AlgorithmConfig, ...] = ()) -> QuantConfig:
@@ -101,7 +101,7 @@ def a8w8() -> QuantConfig:
 
     Example:
         >>> a8w8().global_config.weight.per_channel_axis
-        0
+        'output'
     """
     return _config("a8w8", _asym_act(), _sym_weight())
 

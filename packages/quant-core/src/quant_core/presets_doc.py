@@ -19,7 +19,7 @@ from quant_core.algorithm_config import AlgorithmConfig
 from quant_core.observer_config import ObserverConfig
 from quant_core.presets import PRESETS
 from quant_core.serialization import to_data
-from quant_core.spec import QuantSpec, ScaleType
+from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 
 def describe_spec(spec: QuantSpec | None, default_bias: bool = False) -> str:
@@ -38,7 +38,11 @@ def describe_spec(spec: QuantSpec | None, default_bias: bool = False) -> str:
     parts = [f"{spec.dtype.value} {'symmetric' if spec.symmetric else 'asymmetric'}"]
     if spec.narrow_range:
         parts[0] += " narrow"
-    parts.append("per-tensor" if spec.per_channel_axis is None else f"per-channel (axis {spec.per_channel_axis})")
+    axis = spec.per_channel_axis
+    if axis is None:
+        parts.append("per-tensor")
+    else:
+        parts.append("per-output-channel" if axis == OUTPUT_CHANNELS else f"per-channel (axis {axis})")
     parts.append("power-of-two scale" if spec.scale_type is ScaleType.POWER_OF_TWO else "float scale")
     if spec.rounding.value != "half_even":
         parts.append(f"round {spec.rounding.value}")

@@ -43,13 +43,17 @@ def _eq_arrays(a: np.ndarray | None, b: np.ndarray | None) -> bool:
 
 @attrs.frozen(eq=False)
 class QParams:
-    """Scale and zero point of one tensor (arrays: shape ``()`` per tensor, ``(C,)``
-    per channel along ``axis``).
+    """Everything needed to reproduce one tensor's integer codes: scale and zero point
+    (arrays: shape ``()`` per tensor, ``(C,)`` per channel along ``axis``), the storage
+    format, whether the lowest code is dropped (``narrow_range``), the power-of-two
+    position (``fix_pos``, ``None`` for float scales) and the rounding mode. Every
+    quantizer (weights, biases, AdaRound, mixed precision, the NPU simulator) takes its
+    rounding from here.
 
     Example:
-        >>> qp = QParams.per_tensor(0.5, 0, "int8")
-        >>> qp.qmin, qp.qmax
-        (-128, 127)
+        >>> qp = QParams.per_tensor(0.5, 0, "int8", rounding="half_up")
+        >>> qp.qmin, qp.qmax, qp.rounding.value, qp.scale_type.value
+        (-128, 127, 'half_up', 'float')
     """
 
     scale: np.ndarray
@@ -58,10 +62,16 @@ class QParams:
     axis: int | None = None
     narrow_range: bool = False
     fix_pos: np.ndarray | None = None
+    rounding: RoundMode = attrs.field(default=RoundMode.HALF_EVEN, converter=RoundMode)
 
     @staticmethod
     def per_tensor(
-        scale: float, zero_point: int, dtype: DType | str, narrow_range: bool = False, fix_pos: int | None = None
+        scale: float,
+        zero_point: int,
+        dtype: DType | str,
+        narrow_range: bool = False,
+        fix_pos: int | None = None,
+        rounding: RoundMode | str = RoundMode.HALF_EVEN,
     ) -> QParams:
         return QParams(
             scale=np.asarray(scale, np.float32),
@@ -69,6 +79,7 @@ class QParams:
             dtype=DType.parse(dtype),
             narrow_range=narrow_range,
             fix_pos=None if fix_pos is None else np.asarray(fix_pos, np.int64),
+            rounding=RoundMode(rounding),
         )
 
     @property
@@ -83,6 +94,10 @@ class QParams:
     def is_power_of_two(self) -> bool:
         return self.fix_pos is not None
 
+    @property
+    def scale_type(self) -> ScaleType:
+        return ScaleType.POWER_OF_TWO if self.fix_pos is not None else ScaleType.FLOAT
+
     def broadcast_shape(self, ndim: int) -> tuple[int, ...]:
         """Shape that broadcasts the per-channel arrays against a rank-``ndim`` tensor."""
         if self.axis is None:
@@ -91,6 +106,16 @@ class QParams:
         shape[self.axis] = -1
         return tuple(shape)
 
+    def evolve(self, **changes: Any) -> QParams:
+        """A copy with ``changes`` applied.
+
+        Example:
+            >>> QParams.per_tensor(0.5, 0, "int8").evolve(dtype=DType.INT16).dtype.value
+            'int16'
+        """
+        result: QParams = attrs.evolve(self, **changes)
+        return result
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, QParams):
             return NotImplemented
@@ -98,6 +123,7 @@ class QParams:
             self.dtype is other.dtype
             and self.axis == other.axis
             and self.narrow_range == other.narrow_range
+            and self.rounding is other.rounding
             and _eq_arrays(self.scale, other.scale)
             and _eq_arrays(self.zero_point, other.zero_point)
             and _eq_arrays(self.fix_pos, other.fix_pos)
@@ -153,9 +179,10 @@ def qparams_from_range(min_val: ArrayLike, max_val: ArrayLike, spec: QuantSpec) 
         raise ValueError(f"min_val and max_val shapes differ: {lo.shape} vs {hi.shape}")
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
         raise ValueError("range: min_val and max_val must be finite")
-    if spec.per_channel_axis is None and lo.ndim != 0:
+    axis = spec.channel_axis
+    if axis is None and lo.ndim != 0:
         raise ValueError(f"per-tensor spec got a range of shape {lo.shape}; expected scalars")
-    if spec.per_channel_axis is not None and lo.ndim != 1:
+    if axis is not None and lo.ndim != 1:
         raise ValueError(f"per-channel spec got a range of shape {lo.shape}; expected one value per channel")
     qmin, qmax = spec.qrange
     pow2 = spec.scale_type is ScaleType.POWER_OF_TWO
@@ -178,9 +205,10 @@ def qparams_from_range(min_val: ArrayLike, max_val: ArrayLike, spec: QuantSpec) 
         scale=scale32,
         zero_point=zero_point,
         dtype=spec.dtype,
-        axis=spec.per_channel_axis,
+        axis=axis,
         narrow_range=spec.narrow_range,
         fix_pos=fix_pos,
+        rounding=spec.rounding,
     )
 
 
@@ -223,8 +251,9 @@ def _reshaped(qp: QParams, ndim: int) -> tuple[np.ndarray, np.ndarray]:
     return qp.scale.reshape(shape), qp.zero_point.reshape(shape)
 
 
-def quantize(x: ArrayLike, qp: QParams, rounding: RoundMode | str = RoundMode.HALF_EVEN) -> np.ndarray:
-    """Integer codes of ``x`` (float32 arithmetic, saturating), in ``qp.dtype``'s numpy type.
+def quantize(x: ArrayLike, qp: QParams) -> np.ndarray:
+    """Integer codes of ``x`` (float32 arithmetic, ``qp.rounding``, saturating; NaN gives
+    the lowest code), in ``qp.dtype``'s numpy type.
 
     Example:
         >>> import numpy as np
@@ -234,8 +263,11 @@ def quantize(x: ArrayLike, qp: QParams, rounding: RoundMode | str = RoundMode.HA
     xf = np.asarray(x, np.float32)
     scale, zero_point = _reshaped(qp, xf.ndim)
     # Divide and round in float32 as ONNX does; add the zero point and saturate in
-    # float64, where int32's limits (and uint16/int32 zero points) are exact.
-    q = round_values(xf / scale, rounding).astype(np.float64) + zero_point
+    # float64, where int32's limits (and uint16/int32 zero points) are exact. NaN becomes
+    # the lowest code, as onnxruntime's QuantizeLinear makes it.
+    with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN saturate below
+        q = round_values(xf / scale, qp.rounding).astype(np.float64) + zero_point
+    q = np.where(np.isnan(q), qp.qmin, q)
     codes: np.ndarray = np.clip(q, qp.qmin, qp.qmax).astype(qp.dtype.numpy_dtype)
     return codes
 
@@ -248,15 +280,15 @@ def dequantize(q: ArrayLike, qp: QParams) -> np.ndarray:
     return values
 
 
-def fake_quantize(x: ArrayLike, qp: QParams, rounding: RoundMode | str = RoundMode.HALF_EVEN) -> np.ndarray:
+def fake_quantize(x: ArrayLike, qp: QParams) -> np.ndarray:
     """``dequantize(quantize(x))``: the float values a quantized model computes with."""
-    return dequantize(quantize(x, qp, rounding), qp)
+    return dequantize(quantize(x, qp), qp)
 
 
-def quantization_error(x: ArrayLike, qp: QParams, rounding: RoundMode | str = RoundMode.HALF_EVEN) -> float:
+def quantization_error(x: ArrayLike, qp: QParams) -> float:
     """Mean squared error of fake-quantizing ``x``."""
     xf = np.asarray(x, np.float32)
-    diff = fake_quantize(xf, qp, rounding).astype(np.float64) - xf
+    diff = fake_quantize(xf, qp).astype(np.float64) - xf
     return float(np.mean(diff * diff)) if diff.size else 0.0
 
 
@@ -282,7 +314,8 @@ def sqnr_db(reference: ArrayLike, approx: ArrayLike) -> float:
 def bias_qparams(input_scale: ArrayLike, weight_qp: QParams, dtype: DType | str = DType.INT32) -> QParams:
     """Bias qparams fixed by the conv/gemm it feeds: scale ``input_scale * weight_scale``
     (per channel when the weight is), zero point 0, as onnxruntime's integer kernels
-    and NPUs require. Power-of-two positions add.
+    and NPUs require. Power-of-two positions add; the bias rounds like its weight.
+    Whether a bias fits at this scale is :mod:`quant_core.bias`'s decision.
 
     Example:
         >>> w = QParams.per_tensor(0.25, 0, "int8", fix_pos=2)
@@ -304,4 +337,5 @@ def bias_qparams(input_scale: ArrayLike, weight_qp: QParams, dtype: DType | str 
         dtype=dt,
         axis=None if scale.ndim == 0 else 0,
         fix_pos=fix_pos,
+        rounding=weight_qp.rounding,
     )

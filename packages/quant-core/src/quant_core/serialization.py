@@ -47,10 +47,15 @@ if typing.TYPE_CHECKING:
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
-"""Version of the JSON config format written by :func:`config_to_json`."""
+SCHEMA_VERSION = 2
+"""Version of the JSON config format written by :func:`config_to_json`.
 
-SUPPORTED_SCHEMA_VERSIONS = (1,)
+2: a weight's integer ``per_channel_axis`` is that axis, taken as written (refused where
+it is not the op's output-channel axis); ``"output"`` asks for the output channels. In
+version 1 every weight axis meant "the output channels" (backends replaced it), so
+version-1 files are read with their integer weight axes as ``"output"``."""
+
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
 
 # Class attributes that name a class inside a tagged union ("method" for observer
 # configs, "kind" for algorithm configs), in the order they are looked for.
@@ -219,11 +224,14 @@ def _from_union(args: tuple[Any, ...], data: Any, path: str) -> Any:
             return from_data(member, data, path)
         except ValueError:
             continue
-    _wrong_type(path, _describe_union(members), data)
+    _wrong_type(path, _describe_union(members), data, nullable=len(members) < len(args))
+
+
+_SCALAR_NAMES = {int: "an integer", str: "a string", float: "a number", bool: "a boolean (true/false)"}
 
 
 def _describe_union(members: list[Any]) -> str:
-    return " or ".join(getattr(m, "__name__", str(m)) for m in members)
+    return " or ".join(_SCALAR_NAMES.get(m, getattr(m, "__name__", str(m))) for m in members)
 
 
 @functools.cache
@@ -324,7 +332,7 @@ def config_to_json(config: QuantConfig, indent: int | None = 2) -> str:
         >>> from quant_core.presets import get_preset
         >>> text = config_to_json(get_preset("xint8"))
         >>> text.splitlines()[1]
-        '  "schema_version": 1,'
+        '  "schema_version": 2,'
         >>> config_from_json(text) == get_preset("xint8")
         True
     """
@@ -340,11 +348,14 @@ def config_from_json(text: str) -> QuantConfig:
     """Parse a config written by :func:`config_to_json` (or by hand).
 
     Example:
-        >>> config_from_json('{"schema_version": 1, "global_config": {"weight": {"dtype": "int8"}}}').global_config.input
+        >>> config_from_json('{"schema_version": 2, "global_config": {"weight": {"dtype": "int8"}}}').global_config.input
         >>> config_from_json('{"global_config": {}}')
         Traceback (most recent call last):
         ...
-        ValueError: $: missing key 'schema_version'; add "schema_version": 1 (supported: 1)
+        ValueError: $: missing key 'schema_version'; add "schema_version": 2 (supported: 1, 2)
+        >>> old = '{"schema_version": 1, "global_config": {"weight": {"dtype": "int8", "per_channel_axis": 0}}}'
+        >>> config_from_json(old).global_config.weight.per_channel_axis
+        'output'
     """
     from quant_core.config import QuantConfig
 
@@ -362,7 +373,24 @@ def config_from_json(text: str) -> QuantConfig:
     version = data.pop("schema_version")
     if isinstance(version, bool) or version not in SUPPORTED_SCHEMA_VERSIONS:
         raise ValueError(f"$.schema_version: {version!r} is not supported; allowed: {supported}")
+    if version == 1:
+        _weight_axes_to_output_channels(data)
     return from_data(QuantConfig, data, "$")
+
+
+def _weight_axes_to_output_channels(data: dict[str, Any]) -> None:
+    """Version 1 -> 2: integer weight axes meant "the output channels" (module docstring)."""
+    from quant_core.spec import OUTPUT_CHANNELS
+
+    operators = [data.get("global_config")]
+    for key in ("op_type_overrides", "name_overrides"):
+        overrides = data.get(key)
+        if isinstance(overrides, dict):
+            operators.extend(overrides.values())
+    for operator in operators:
+        weight = operator.get("weight") if isinstance(operator, dict) else None
+        if isinstance(weight, dict) and isinstance(weight.get("per_channel_axis"), int):
+            weight["per_channel_axis"] = OUTPUT_CHANNELS
 
 
 def save_config(config: QuantConfig, path: str | os.PathLike[str]) -> None:
@@ -388,7 +416,7 @@ def load_config(path: str | os.PathLike[str]) -> QuantConfig:
         >>> import tempfile, pathlib
         >>> with tempfile.TemporaryDirectory() as d:
         ...     p = pathlib.Path(d) / "q.json"
-        ...     _ = p.write_text('{"schema_version": 1, "global_config": {"input": {"dtype": "int9"}}}')
+        ...     _ = p.write_text('{"schema_version": 2, "global_config": {"input": {"dtype": "int9"}}}')
         ...     load_config(p)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...

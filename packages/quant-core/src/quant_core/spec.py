@@ -16,6 +16,10 @@ Example:
     Traceback (most recent call last):
     ...
     ValueError: rounding: 'nearest' is not allowed; allowed: half_even, half_up, half_away, floor, ceil, toward_zero
+    >>> QuantSpec(dtype="int8", per_channel_axis=OUTPUT_CHANNELS).channel_axis
+    Traceback (most recent call last):
+    ...
+    ValueError: per_channel_axis: 'output' names no axis yet; the planner resolves it to the op's output-channel axis
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ from quant_core.observer_config import (
 )
 
 E = TypeVar("E", bound=enum.Enum)
+
+OUTPUT_CHANNELS = "output"
+"""``per_channel_axis`` value meaning "one scale per output channel, on whichever axis the
+op's weight layout keeps them" (Conv ``[Cout, Cin/g, k...]``: 0; Gemm ``transB=0`` and
+MatMul ``[K, N]``: the last). The planner resolves it per op; an integer axis is taken as
+written and refused where it is not the op's output-channel axis."""
 
 
 class Granularity(enum.Enum):
@@ -92,7 +102,9 @@ class QuantSpec:
         dtype: storage format; a float format (fp16, bf16, fp32) keeps the tensor in float.
         symmetric: zero point fixed at 0 (signed) or at the mid-code (unsigned: 128 for
             uint8, the encoding onnxruntime's fast x86 kernels want for symmetric int8).
-        per_channel_axis: ``None`` for one scale per tensor, else the channel axis.
+        per_channel_axis: ``None`` for one scale per tensor, :data:`OUTPUT_CHANNELS`
+            (``"output"``) for one per output channel wherever the op keeps them, or an
+            explicit axis.
         scale_type: ``float`` or ``power_of_two`` (``scale = 2**-fix_pos``).
         rounding: see :class:`RoundMode`.
         observer: calibration method and its parameters (``quant_core.observer_config``).
@@ -107,7 +119,7 @@ class QuantSpec:
 
     dtype: DType = attrs.field(converter=_dtype_converter)
     symmetric: bool = attrs.field(default=True)
-    per_channel_axis: int | None = attrs.field(default=None)
+    per_channel_axis: int | str | None = attrs.field(default=None)
     scale_type: ScaleType = attrs.field(default=ScaleType.FLOAT, converter=_scale_type_converter)
     rounding: RoundMode = attrs.field(default=RoundMode.HALF_EVEN, converter=_round_converter)
     observer: ObserverConfig = attrs.field(factory=MinMax)
@@ -120,8 +132,11 @@ class QuantSpec:
             if not isinstance(value, bool):
                 raise ValueError(f"{name}: {value!r} is not allowed; allowed: true, false")
         axis = self.per_channel_axis
-        if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool) or axis < 0):
-            raise ValueError(f"per_channel_axis: {axis!r} is not allowed; allowed: null or an integer >= 0")
+        explicit = isinstance(axis, int) and not isinstance(axis, bool) and axis >= 0
+        if axis is not None and axis != OUTPUT_CHANNELS and not explicit:
+            raise ValueError(
+                f"per_channel_axis: {axis!r} is not allowed; allowed: null, {OUTPUT_CHANNELS!r} or an integer >= 0"
+            )
         if self.dtype.is_float:
             if self.dynamic or axis is not None or self.scale_type is not ScaleType.FLOAT:
                 raise ValueError(
@@ -150,6 +165,17 @@ class QuantSpec:
     @property
     def granularity(self) -> Granularity:
         return Granularity.PER_TENSOR if self.per_channel_axis is None else Granularity.PER_CHANNEL
+
+    @property
+    def channel_axis(self) -> int | None:
+        """The per-channel axis as an integer (``None`` per tensor); ``ValueError`` while it
+        is still :data:`OUTPUT_CHANNELS`, which only the planner can resolve."""
+        axis = self.per_channel_axis
+        if isinstance(axis, str):
+            raise ValueError(
+                f"per_channel_axis: {axis!r} names no axis yet; the planner resolves it to the op's output-channel axis"
+            )
+        return axis
 
     @property
     def is_quantized(self) -> bool:

@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from quant_onnx.annotate import Annotation, TensorGroup, annotate
+from quant_onnx.annotate import plan_model
 from quant_onnx.api import DEFAULT_PRESET, ModelQuantizer, PreparedModel, QuantizationResult, quantize, resolve_config
 from quant_onnx.calibrate import CalibratedModel, calibrate
 from quant_onnx.compare import Comparison, compare_models
@@ -18,7 +18,6 @@ from quant_onnx.qdq_writer import WriterOptions, write_qdq
 
 __all__ = [
     "DEFAULT_PRESET",
-    "Annotation",
     "CalibratedModel",
     "Comparison",
     "DataError",
@@ -26,11 +25,10 @@ __all__ = [
     "ModelQuantizer",
     "PreparedModel",
     "QuantizationResult",
-    "TensorGroup",
     "WriterOptions",
-    "annotate",
     "calibrate",
     "compare_models",
+    "plan_model",
     "quantize",
     "quantize_dynamic",
     "quantize_dynamic_model",

@@ -5,14 +5,14 @@ can hook in between them:
 
 1. :meth:`ModelQuantizer.prepare`: load (a copy), pre-process (BN folding, constant
    folding, Pad folding, opset raised where the formats need it), name every node, run
-   the model hooks, annotate. -> :class:`PreparedModel`
+   the model hooks, plan (:mod:`quant_core.plan`). -> :class:`PreparedModel`
 2. :meth:`ModelQuantizer.calibrate`: stream the data through onnxruntime into observers,
    then run the calibrated hooks. -> :class:`~quant_onnx.calibrate.CalibratedModel`
 3. :meth:`ModelQuantizer.write`: the QDQ model. -> ``onnx.ModelProto``
 
 :meth:`ModelQuantizer.quantize` also runs the config's ``algorithms``
 (:mod:`quant_onnx.algorithms`): CLE and SmoothQuant on the float model between phases 1
-and 2 (the model is annotated again after them), mixed precision, AdaRound, AdaQuant
+and 2 (the model is planned again after them), mixed precision, AdaRound, AdaQuant
 and bias correction on the QDQ model after phase 3. These read the calibration set
 several times, so with algorithms configured it is held in memory.
 
@@ -42,12 +42,14 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
+from quant_core.plan import QuantPlan
 from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
 from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
-from quant_onnx.annotate import Annotation, annotate, ensure_node_names
+from quant_onnx.annotate import ensure_node_names, plan_model
 from quant_onnx.calibrate import CalibratedModel, calibrate
 from quant_onnx.compare import Comparison, compare_models
 from quant_onnx.data import ImageOptions, calibration_batches
@@ -62,7 +64,7 @@ DEFAULT_PRESET = "a8w8"
 
 ModelSource = str | os.PathLike[str] | bytes | onnx.ModelProto
 ModelHook = Callable[[onnx.ModelProto], onnx.ModelProto]
-"""Edits the pre-processed float model before annotation (returns a new model)."""
+"""Edits the pre-processed float model before planning (returns a new model)."""
 CalibratedHook = Callable[[CalibratedModel, Sequence[Mapping[str, np.ndarray]]], CalibratedModel]
 """Refines a calibrated model given a few held calibration batches (returns a new one)."""
 QDQHook = Callable[[onnx.ModelProto, CalibratedModel, Sequence[Mapping[str, np.ndarray]]], onnx.ModelProto]
@@ -101,7 +103,7 @@ def config_specs(config: QuantConfig) -> list[QuantSpec]:
 
 @attrs.frozen(eq=False)
 class PreparedModel:
-    """Phase 1's result: the pre-processed float model (named nodes) and its annotation.
+    """Phase 1's result: the pre-processed float model (named nodes) and its plan.
 
     Example:
         >>> PreparedModel(onnx.ModelProto(), None, {}).preprocess_changes
@@ -109,7 +111,7 @@ class PreparedModel:
     """
 
     model: onnx.ModelProto
-    annotation: Annotation
+    plan: QuantPlan
     preprocess_changes: Mapping[str, int]
 
 
@@ -158,7 +160,7 @@ class ModelQuantizer:
             for ``a8w8``.
         preprocess_options: pre-processing passes (default: all exact ones).
         writer_options: encoding of the QDQ model (default: uint8 activations for x86).
-        model_hooks: run on the pre-processed float model before annotation.
+        model_hooks: run on the pre-processed float model before planning.
         calibrated_hooks: run on the calibrated model before writing.
         qdq_hooks: run by :meth:`quantize` on the written QDQ model.
         hold_samples: calibration samples kept in memory for hooks and the report.
@@ -205,6 +207,7 @@ class ModelQuantizer:
         self.evaluate = evaluate
         self.quiet = quiet
         self.notes: list[str] = []
+        self.biases: dict[str, EncodedBias] = {}
 
     def required_opset(self) -> int:
         """The opset the QDQ formats of this config need."""
@@ -226,12 +229,12 @@ class ModelQuantizer:
         for hook in self.model_hooks:
             float_model = hook(float_model)
             ensure_node_names(float_model)
-        return self.reannotate(float_model, dict(result.changes))
+        return self.replan(float_model, dict(result.changes))
 
-    def reannotate(self, float_model: onnx.ModelProto, preprocess_changes: Mapping[str, int]) -> PreparedModel:
+    def replan(self, float_model: onnx.ModelProto, preprocess_changes: Mapping[str, int]) -> PreparedModel:
         """A :class:`PreparedModel` for an edited float model (same inputs and node names)."""
-        annotation = annotate(float_model, self.config, share_concat_scales=self.share_concat_scales)
-        return PreparedModel(float_model, annotation, dict(preprocess_changes))
+        plan = plan_model(float_model, self.config, share_concat_scales=self.share_concat_scales)
+        return PreparedModel(float_model, plan, dict(preprocess_changes))
 
     def calibration_batches(
         self,
@@ -279,16 +282,18 @@ class ModelQuantizer:
         size = batch_size or self.config.calibration.batch_size
         count = num_samples if num_samples is not None else self.config.calibration.num_samples
         total = None if count is None else -(-count // size)
-        calibrated = calibrate(prepared.model, prepared.annotation, held, total_batches=total, quiet=self.quiet)
+        calibrated = calibrate(prepared.model, prepared.plan, held, total_batches=total, quiet=self.quiet)
         for hook in self.calibrated_hooks:
             calibrated = hook(calibrated, held.held)
         return calibrated, held.held
 
     def write(self, calibrated: CalibratedModel) -> onnx.ModelProto:
-        """Phase 3: the QDQ model (the writer's notes are added to :attr:`notes`)."""
-        model, notes = write_qdq_with_notes(calibrated, self.writer_options)
-        self.notes.extend(notes)
-        return model
+        """Phase 3: the QDQ model (the writer's notes are added to :attr:`notes`, how it
+        stored each bias to :attr:`biases`)."""
+        written = write_qdq_with_notes(calibrated, self.writer_options)
+        self.notes.extend(written.notes)
+        self.biases.update(written.biases)
+        return written.model
 
     def quantize(
         self,
@@ -321,7 +326,7 @@ class ModelQuantizer:
             )
             pre = run_pre_passes(prepared.model, self.config, feeds, quiet=self.quiet)
             if pre.reports:
-                prepared = self.reannotate(pre.model, prepared.preprocess_changes)
+                prepared = self.replan(pre.model, prepared.preprocess_changes)
             algorithm_reports.update(pre.reports)
             calibration_data = feeds
         calibrated, held = self._calibrate(prepared, calibration_data, num_samples, batch_size, image_options)
@@ -343,7 +348,14 @@ class ModelQuantizer:
                 "input": None if input_path is None else str(input_path),
                 "output": None if model_out is None else str(model_out),
             }
-            report = build_report(calibrated, config=self.config, comparison=comparison, notes=self.notes, files=files)
+            report = build_report(
+                calibrated,
+                config=self.config,
+                comparison=comparison,
+                notes=self.notes,
+                files=files,
+                biases=self.biases,
+            )
             if algorithm_reports:
                 report["algorithms"] = algorithm_reports
         path = None

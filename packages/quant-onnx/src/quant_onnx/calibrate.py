@@ -9,7 +9,7 @@ the float model runs 2-3x slower. A batch whose observed tensors would exceed
 ``CHUNK_BYTES`` runs in chunks of whole samples: freshly allocated multi-hundred-MB outputs
 cost more than the convolutions (2x on EfficientNet-Lite0 at batch 32). Moving-average
 observers, whose result depends on the batching, always see the user's batches. One observer per
-:class:`~quant_onnx.annotate.TensorGroup` sees every observed member, which gives a
+:class:`~quant_core.plan.TensorGroup` sees every observed member, which gives a
 shared-scale group (Concat inputs) the union of its members' ranges.
 
 The result, :class:`CalibratedModel`, is the seam between phases: accuracy algorithms
@@ -20,13 +20,13 @@ Example:
     >>> import numpy as np
     >>> from onnx import helper, TensorProto
     >>> from quant_core.presets import get_preset
-    >>> from quant_onnx.annotate import annotate
+    >>> from quant_onnx.annotate import plan_model
     >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
     ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])
     >>> model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     >>> batches = [{"x": np.array([[-1.0, 2.0]], np.float32)}, {"x": np.array([[3.0, 0.0]], np.float32)}]
-    >>> cal = calibrate(model, annotate(model, get_preset("a8w8")), batches, quiet=True)
+    >>> cal = calibrate(model, plan_model(model, get_preset("a8w8")), batches, quiet=True)
     >>> [float(v) for v in cal.activation_ranges["x"]]
     [-1.0, 3.0]
 """
@@ -45,12 +45,10 @@ from tqdm.auto import tqdm
 
 from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
+from quant_core.plan import ConstantLookup, QuantPlan, plan_weight_qparams
 from quant_core.qparams import QParams
-from quant_onnx.annotate import Annotation, WeightSlot
 from quant_onnx.errors import DataError
-from quant_onnx.graph import GraphIndex
-from quant_onnx.policy import float_attribute
-from quant_onnx.weights import constant_qparams
+from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
 
 
 @attrs.frozen(eq=False)
@@ -60,27 +58,33 @@ class CalibratedModel:
     Args:
         model: the pre-processed float model to quantize (algorithms may replace it,
             e.g. with weights snapped to their quantization grid by AdaRound).
-        annotation: which tensor gets which spec.
+        plan: the planner's decisions (which tensor gets which spec).
         activation_qparams: tensor group key -> qparams in the spec's own encoding (the
             writer may re-encode int8 as uint8 for onnxruntime on x86).
         activation_ranges: tensor group key -> the observed ``(min, max)``.
         weight_qparams: weighted node name -> its weight's qparams.
+        observers: tensor group key -> its observer, kept so that another format of a
+            group (a layer raised to 16 bits) gets its qparams from the same statistic.
+        notes: what calibration decided that a report should say (weight scales
+            raised so that a bias fits int32).
 
     Example:
-        >>> empty = Annotation(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
+        >>> empty = QuantPlan(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
         >>> CalibratedModel(onnx.ModelProto(), empty, {}, {}, {}).qparams_of("x") is None
         True
     """
 
     model: onnx.ModelProto
-    annotation: Annotation
+    plan: QuantPlan
     activation_qparams: Mapping[str, QParams]
     activation_ranges: Mapping[str, tuple[np.ndarray, np.ndarray]]
     weight_qparams: Mapping[str, QParams]
+    observers: Mapping[str, Observer] = attrs.field(factory=dict)
+    notes: tuple[str, ...] = ()
 
     def qparams_of(self, tensor: str) -> QParams | None:
         """Qparams of an activation tensor (through its group), or ``None`` when it stays float."""
-        group = self.annotation.group_of(tensor)
+        group = self.plan.group_of(tensor)
         return None if group is None else self.activation_qparams[group.key]
 
     def evolve(self, **changes: Any) -> CalibratedModel:
@@ -89,25 +93,26 @@ class CalibratedModel:
         return result
 
 
-def weight_qparams(model: onnx.ModelProto, weights: Iterable[WeightSlot]) -> dict[str, QParams]:
-    """Qparams of every weight slot from the weight values (node name -> qparams)."""
+def kernel_values(model: onnx.ModelProto) -> ConstantLookup:
+    """Constant lookup of ``model`` giving weights and biases as the kernels use them: Gemm's
+    ``alpha`` and ``beta`` are folded into its weight and bias by the writer."""
     index = GraphIndex(model.graph)
-    result = {}
-    for slot in weights:
-        value = index.constant(slot.tensor)
-        if value is None:
-            raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
-        result[slot.node] = constant_qparams(_effective_weight(model, slot, value), slot.spec)
-    return result
+    scaled: dict[str, float] = {}
+    for node in model.graph.node:
+        if node.op_type != "Gemm" or not is_default_domain(node):
+            continue
+        for position, name in ((1, "alpha"), (2, "beta")):
+            factor = float(node_attribute(node, name, 1.0))  # type: ignore[arg-type]
+            if factor != 1.0 and len(node.input) > position and node.input[position]:
+                scaled[node.input[position]] = factor
 
+    def value(tensor: str) -> np.ndarray | None:
+        found = index.constant(tensor)
+        if found is None or tensor not in scaled:
+            return found
+        return (found * np.float32(scaled[tensor])).astype(np.float32)
 
-def _effective_weight(model: onnx.ModelProto, slot: WeightSlot, value: np.ndarray) -> np.ndarray:
-    """The weight as the kernel uses it: Gemm's ``alpha`` is folded into it by the writer."""
-    if slot.op_type != "Gemm":
-        return value
-    node = next(n for n in model.graph.node if n.name == slot.node)
-    alpha = float_attribute(node, "alpha", 1.0)
-    return value if alpha == 1.0 else (value * np.float32(alpha)).astype(np.float32)
+    return value
 
 
 def augmented_model(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
@@ -148,7 +153,7 @@ def _rows(feeds: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, n
 
 def calibrate(
     model: onnx.ModelProto,
-    annotation: Annotation,
+    plan: QuantPlan,
     batches: Iterable[Mapping[str, np.ndarray]],
     *,
     total_batches: int | None = None,
@@ -157,9 +162,9 @@ def calibrate(
     """Observe every annotated activation over ``batches`` (validated feeds: input name ->
     array) and return the :class:`CalibratedModel`. ``total_batches`` sizes the progress bar."""
     index = GraphIndex(model.graph)
-    observers: dict[str, Observer] = {group.key: make_observer(group.spec) for group in annotation.groups}
+    observers: dict[str, Observer] = {group.key: make_observer(group.spec) for group in plan.groups}
     feeds_of: dict[str, list[str]] = {}  # tensor -> observer keys
-    for group in annotation.groups:
+    for group in plan.groups:
         for name in group.observed:
             feeds_of.setdefault(name, []).append(group.key)
     run_outputs = []
@@ -172,7 +177,7 @@ def calibrate(
             run_outputs.append(name)
     inputs_to_observe = [name for name in feeds_of if index.is_graph_input(name)]
     session = inference_session(augmented_model(model, run_outputs), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    may_chunk = all(group.spec.observer.method != "moving_average" for group in annotation.groups)
+    may_chunk = all(group.spec.observer.method != "moving_average" for group in plan.groups)
     chunk: int | None = None  # samples per run, sized from the first run's output bytes
 
     def observe_run(feeds: Mapping[str, np.ndarray]) -> float:
@@ -210,4 +215,11 @@ def calibrate(
             raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
         ranges[key] = observer.range()
         qparams[key] = observer.qparams()
-    return CalibratedModel(model, annotation, qparams, ranges, weight_qparams(model, annotation.weights))
+    group_of = plan.group_of
+
+    def activation_qparams(tensor: str) -> QParams | None:
+        group = group_of(tensor)
+        return None if group is None else qparams[group.key]
+
+    weights, notes = plan_weight_qparams(plan, kernel_values(model), activation_qparams)
+    return CalibratedModel(model, plan, qparams, ranges, weights, observers, tuple(notes))

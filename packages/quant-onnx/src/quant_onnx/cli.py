@@ -208,7 +208,7 @@ def inspect_model(model: Any, config: Any) -> dict[str, Any]:
     from quant_onnx.api import ModelQuantizer
 
     prepared = ModelQuantizer(config, quiet=True).prepare(model)
-    ann = prepared.annotation
+    ann = prepared.plan
     ops = collections.Counter(node.op_type for node in prepared.model.graph.node)
     quantized = collections.Counter(op for _name, op in ann.quantized_nodes)
     return {

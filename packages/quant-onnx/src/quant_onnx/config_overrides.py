@@ -7,6 +7,8 @@ Example:
     >>> cfg = override_config(get_preset("a8w8"), per_channel=False, calib_method="percentile", exclude=["head*"])
     >>> cfg.global_config.weight.per_channel_axis, cfg.global_config.input.observer.method, cfg.exclude
     (None, 'percentile', ('head*',))
+    >>> override_config(cfg, per_channel=True).global_config.weight.per_channel_axis
+    'output'
     >>> [type(a).kind for a in override_config(cfg, algorithms=[CLEConfig(steps=4)]).algorithms]
     ['cle']
 """
@@ -20,7 +22,7 @@ import attrs
 from quant_core.algorithm_config import AlgorithmConfig
 from quant_core.config import OperatorConfig, QuantConfig
 from quant_core.observer_config import PowerOfTwoMSE, observer_config
-from quant_core.spec import QuantSpec, ScaleType
+from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 CALIB_METHODS = ("minmax", "percentile", "entropy", "mse")
 
@@ -38,8 +40,8 @@ def _activation(spec: QuantSpec | None, method: str | None) -> QuantSpec | None:
 def _weight(spec: QuantSpec | None, per_channel: bool | None) -> QuantSpec | None:
     if spec is None or per_channel is None or not spec.is_quantized:
         return spec
-    # Axis 0 only marks "per channel": the writer picks each op's output-channel axis.
-    return spec.evolve(per_channel_axis=0 if per_channel else None)
+    # Per output channel, on whichever axis each op keeps them (the planner resolves it).
+    return spec.evolve(per_channel_axis=OUTPUT_CHANNELS if per_channel else None)
 
 
 def _operator(op: OperatorConfig, per_channel: bool | None, method: str | None) -> OperatorConfig:

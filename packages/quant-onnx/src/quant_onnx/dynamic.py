@@ -33,13 +33,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
+from quant_core.plan import resolve_weight_spec
+from quant_core.qparams import quantize
 from quant_core.spec import QuantSpec
-from quant_onnx.annotate import ensure_node_names
-from quant_onnx.graph import GraphIndex, is_default_domain
+from quant_core.weights import constant_qparams
+from quant_onnx.annotate import ensure_node_names, plan_node
+from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
 from quant_onnx.model_io import load_model, save_model
-from quant_onnx.policy import float_attribute, int_attribute, weight_channel_axis
 from quant_onnx.preprocess import PreprocessOptions, preprocess
-from quant_onnx.weights import constant_qparams, quantize_constant
 
 _DYNAMIC_OPS = ("Conv", "MatMul", "Gemm")
 _CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -96,22 +97,24 @@ class _DynamicWriter:
         if weight is None or spec is None or weight.dtype != np.float32:
             return False
         bias = self.index.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        if node.op_type == "Gemm":
-            if int_attribute(node, "transA", 0) != 0 or (len(node.input) > 2 and node.input[2] and bias is None):
-                return False
-            weight = weight.T if int_attribute(node, "transB", 0) else weight
-            weight = (weight * np.float32(float_attribute(node, "alpha", 1.0))).astype(np.float32)
-            if bias is not None:
-                bias = (bias * np.float32(float_attribute(node, "beta", 1.0))).astype(np.float32)
         if node.op_type == "MatMul" and weight.ndim != 2:
             return False
+        spec, note = resolve_weight_spec(plan_node(node), spec, weight.ndim)
+        if note is not None:
+            self.notes.append(note)
+        if node.op_type == "Gemm":
+            if int(node_attribute(node, "transA", 0)) != 0 or (len(node.input) > 2 and node.input[2] and bias is None):  # type: ignore[call-overload]
+                return False
+            if int(node_attribute(node, "transB", 0)):  # type: ignore[call-overload]
+                weight = weight.T  # stored [K, N] here: the output channels move to axis 1
+                spec = spec if spec.per_channel_axis is None else spec.evolve(per_channel_axis=1)
+            weight = (weight * np.float32(node_attribute(node, "alpha", 1.0))).astype(np.float32)
+            if bias is not None:
+                bias = (bias * np.float32(node_attribute(node, "beta", 1.0))).astype(np.float32)
         is_conv = node.op_type == "Conv"
-        axis = 0 if is_conv else 1  # Gemm weights are stored as [K, N] here
-        if spec.per_channel_axis is not None:
-            spec = spec.evolve(per_channel_axis=axis if not is_conv else weight_channel_axis(node, weight.ndim))
         qp = constant_qparams(weight, spec)
         base = node.input[1]
-        w_q = self.const(f"{base}_quantized", quantize_constant(weight, qp, spec))
+        w_q = self.const(f"{base}_quantized", quantize(weight, qp))
         w_zp = self.const(f"{base}_zero_point", np.zeros((), np.int8))
         x_q, x_scale, x_zp = self.dynamic_input(node.input[0], out)
         acc = self.name(f"{node.name}_int32")

@@ -35,6 +35,20 @@ def is_default_domain(node: onnx.NodeProto) -> bool:
 Dim = int | str | None
 
 
+def node_attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
+    """Python value of ``node``'s attribute ``name`` (``onnx.helper.get_attribute_value``:
+    ints, floats, bytes, lists...), or ``default`` when the node does not set it.
+
+    Example:
+        >>> node_attribute(onnx.helper.make_node("Gemm", ["a", "b"], ["c"], transB=1), "transB", 0)
+        1
+    """
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return onnx.helper.get_attribute_value(attribute)
+    return default
+
+
 def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs (If/Loop/Scan bodies) read from the enclosing scope."""
     names: set[str] = set()
@@ -114,18 +128,6 @@ class GraphIndex:
             self._value_info.setdefault(vi.name, vi)
         self._names.update(self._initializers, self._graph_inputs, self._graph_outputs, self._value_info)
         self._constant_cache: dict[str, np.ndarray | None] = {}
-
-    @classmethod
-    def from_model(cls, model: onnx.ModelProto, *, infer_shapes: bool = True) -> GraphIndex:
-        """Index `model.graph` (the caller's own node objects) with shapes/dtypes from shape inference.
-
-        Inference runs on a weightless copy; the model itself is not modified.
-        """
-        if not infer_shapes:
-            return cls(model.graph)
-        from quant_onnx.preprocess.shape_inference import inferred_value_info  # lazy: preprocess imports graph
-
-        return cls(model.graph, inferred_value_info(model))
 
     # --- structure -------------------------------------------------------------------------
     def producer(self, tensor: str) -> onnx.NodeProto | None:

@@ -2,8 +2,9 @@
 onnxruntime runs with its integer kernels (see ``ONNXRUNTIME-INT8.md``).
 
 - Weights become integer initializers behind a DequantizeLinear (per-channel axis
-  from the annotation), biases int32 at ``input_scale * weight_scale`` with zero point
-  0; Gemm's ``alpha``/``beta`` are folded so both are 1.
+  from the plan), biases as the bias rule says (:mod:`quant_core.bias`: int32 at
+  ``input_scale * weight_scale`` with zero point 0 whenever that holds them); Gemm's
+  ``alpha``/``beta`` are folded so both are 1.
 - Every quantized activation gets one QuantizeLinear after its producer and one
   DequantizeLinear per consumer, so each Conv/Gemm/MatMul reads DQs only it consumes
   and writes exactly one Q. Ops that read only a tensor's shape (Shape, Size) read the
@@ -21,7 +22,7 @@ Example:
     >>> import numpy as np
     >>> from onnx import helper, numpy_helper, TensorProto
     >>> from quant_core.presets import get_preset
-    >>> from quant_onnx.annotate import annotate
+    >>> from quant_onnx.annotate import plan_model
     >>> from quant_onnx.calibrate import calibrate
     >>> w = numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w")
     >>> g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
@@ -30,7 +31,7 @@ Example:
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])], [w])
     >>> m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     >>> data = [{"x": np.random.default_rng(0).normal(size=(1, 3, 2, 2)).astype(np.float32)}]
-    >>> q = write_qdq(calibrate(m, annotate(m, get_preset("a8w8")), data, quiet=True))
+    >>> q = write_qdq(calibrate(m, plan_model(m, get_preset("a8w8")), data, quiet=True))
     >>> [n.op_type for n in q.graph.node]
     ['QuantizeLinear', 'DequantizeLinear', 'DequantizeLinear', 'Conv', 'QuantizeLinear', 'DequantizeLinear']
 """
@@ -44,29 +45,19 @@ from typing import Literal
 import attrs
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
+from quant_core.bias import BiasRule, EncodedBias, encode_bias
 from quant_core.dtypes import DType
+from quant_core.plan import BiasSlot, FusedActivation
 from quant_core.qparams import QParams, quantize
-from quant_onnx.annotate import BiasSlot, FusedActivation
 from quant_onnx.calibrate import CalibratedModel
-from quant_onnx.graph import DEFAULT_DOMAINS, GraphIndex, is_default_domain
-from quant_onnx.policy import float_attribute
-from quant_onnx.weights import constant_qparams, quantize_bias, quantize_constant
+from quant_onnx.graph import DEFAULT_DOMAINS, GraphIndex, is_default_domain, node_attribute
+from quant_onnx.tensor_types import DTYPE_OF_ONNX, ONNX_DTYPES
 
 _LOG = logging.getLogger(__name__)
 
 ActivationEncoding = Literal["x86_uint8", "as_spec"]
-
-ONNX_DTYPES = {
-    DType.INT4: TensorProto.INT4,
-    DType.UINT4: TensorProto.UINT4,
-    DType.INT8: TensorProto.INT8,
-    DType.UINT8: TensorProto.UINT8,
-    DType.INT16: TensorProto.INT16,
-    DType.UINT16: TensorProto.UINT16,
-    DType.INT32: TensorProto.INT32,
-}
 
 # QuantizeLinear/DequantizeLinear accept these formats from this default-domain opset on.
 _OPSET_FOR_DTYPE = {DType.INT4: 21, DType.UINT4: 21, DType.INT16: 21, DType.UINT16: 21}
@@ -173,6 +164,7 @@ class _Writer:
         self.vanished: set[str] = set()  # tensors that no longer exist
         self.dequantized: dict[str, str] = {}  # float tensor -> quantized integer initializer name
         self.notes: list[str] = []
+        self.biases: dict[str, EncodedBias] = {}  # node -> how its bias was stored
         self.folded: dict[str, np.ndarray] = {}  # constants created here (Gemm alpha/beta folded)
 
     # --- helpers -----------------------------------------------------------------------------
@@ -254,8 +246,8 @@ class _Writer:
 
     def normalize_gemm(self, node: onnx.NodeProto) -> None:
         """Fold ``alpha`` into the weight and ``beta`` into the bias (integer Gemm needs 1, 1)."""
-        alpha = float_attribute(node, "alpha", 1.0)
-        beta = float_attribute(node, "beta", 1.0)
+        alpha = float(node_attribute(node, "alpha", 1.0))  # type: ignore[arg-type]
+        beta = float(node_attribute(node, "beta", 1.0))  # type: ignore[arg-type]
         if len(node.input) > 2 and node.input[2] and beta != 1.0:
             bias = self.constant(node.input[2])
             if bias is not None:  # a run-time C keeps beta; the Gemm then stays as written
@@ -292,7 +284,7 @@ class _Writer:
         self.replaced.add(source)
 
     def write_weights(self) -> None:
-        for slot in self.cal.annotation.weights:
+        for slot in self.cal.plan.weights:
             node = self.nodes[slot.node]
             if node.op_type == "Gemm":
                 self.normalize_gemm(node)
@@ -300,7 +292,7 @@ class _Writer:
             if value is None:  # the float model given to the writer no longer has it constant
                 raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
             qp = self.cal.weight_qparams[slot.node]
-            self.store_constant(node, slot.input_index, quantize_constant(value, qp, slot.spec), qp)
+            self.store_constant(node, slot.input_index, quantize(value, qp), qp)
 
     def write_bias(self, slot: BiasSlot) -> None:
         node = self.nodes[slot.node]
@@ -309,22 +301,19 @@ class _Writer:
         if value is None or input_qp is None:
             self.notes.append(f"node {slot.node!r}: bias kept float (its input is not quantized)")
             return
-        if slot.spec is not None and not slot.spec.is_quantized:
-            return
-        if slot.spec is not None and slot.spec.dtype is not DType.INT32:
-            qp = constant_qparams(value, slot.spec)
-            self.store_constant(node, slot.input_index, quantize_constant(value, qp, slot.spec), qp)
-            return
         weight_qp = self.cal.weight_qparams[slot.node]
-        if weight_qp.scale.ndim and value.size != weight_qp.scale.shape[0]:
+        integer = slot.spec is None or (slot.spec.is_quantized and slot.spec.dtype is DType.INT32)
+        if integer and weight_qp.scale.ndim and value.size != weight_qp.scale.shape[0]:
             self.notes.append(f"node {slot.node!r}: bias of shape {list(value.shape)} kept float (not one per channel)")
             return
-        if weight_qp.scale.ndim:
+        if integer and weight_qp.scale.ndim:
             value = value.reshape(-1)  # Gemm's C may be [1, N]; the int32 bias is per channel
-        bias = quantize_bias(value, input_qp.scale, weight_qp)
-        if bias.saturated:
-            self.notes.append(f"node {slot.node!r}: {bias.saturated} bias values saturated int32")
-        self.store_constant(node, slot.input_index, bias.values, bias.qparams)
+        encoded = encode_bias(value, input_qp.scale, weight_qp, slot.spec, integer_kernel=slot.integer_kernel)
+        self.biases[slot.node] = encoded
+        if encoded.note is not None:
+            self.notes.append(f"node {slot.node!r}: {encoded.note}")
+        if encoded.codes is not None and encoded.qparams is not None:
+            self.store_constant(node, slot.input_index, encoded.codes, encoded.qparams)
 
     def write_activation(self, tensor: str, qp: QParams) -> None:
         consumers = self.main_consumers(tensor)
@@ -332,10 +321,9 @@ class _Writer:
         is_output = self.index.is_graph_output(tensor)
         if not consumers and not is_output:
             return
-        spec = self.cal.annotation.group_of(tensor).spec  # type: ignore[union-attr]
         if value is not None:  # a constant operand (e.g. Add's): stored as integers
             params = self.qparam_initializers(tensor, qp)
-            quantized = self.initializer(f"{tensor}_quantized", quantize_constant(value, qp, spec), qp.dtype)
+            quantized = self.initializer(f"{tensor}_quantized", quantize(value, qp), qp.dtype)
             self.dequantize_for_consumers(quantized, tensor, params, qp, consumers)
             self.replaced.add(tensor)
             return
@@ -383,9 +371,9 @@ class _Writer:
         self.graph.value_info.extend(infos)
 
     def run(self) -> onnx.ModelProto:
-        annotation = self.cal.annotation
+        plan = self.cal.plan
         if self.options.drop_fused_activations:
-            for fused in annotation.fused:
+            for fused in plan.fused:
                 self.drop_fused(fused)
             kept = [node for node in self.graph.node if node.name not in self.removed_nodes]
             del self.graph.node[:]
@@ -394,9 +382,9 @@ class _Writer:
             self.nodes = {node.name: node for node in self.graph.node}
             self.index = GraphIndex(self.graph)
         self.write_weights()
-        for bias in annotation.biases:
+        for bias in plan.biases:
             self.write_bias(bias)
-        for group in annotation.groups:
+        for group in plan.groups:
             qp = encode_activation(self.cal.activation_qparams[group.key], self.options.activation_encoding)
             for tensor in group.members:
                 if tensor not in self.vanished:
@@ -417,24 +405,38 @@ class _Writer:
 
     @staticmethod
     def _dtype(tensor: onnx.TensorProto) -> DType | None:
-        for dtype, onnx_type in ONNX_DTYPES.items():
-            if tensor.data_type == onnx_type:
-                return dtype
-        return None
+        return DTYPE_OF_ONNX.get(tensor.data_type)
+
+
+@attrs.frozen(eq=False)
+class WrittenModel:
+    """The writer's result: the QDQ ``model``, the ``notes`` it had to make (biases kept
+    float or widened, activations left in place) and how each layer's bias was stored
+    (``biases``: node name -> :class:`~quant_core.bias.EncodedBias`), for reports.
+
+    Example:
+        >>> WrittenModel(onnx.ModelProto(), [], {}).bias_rules()
+        {}
+    """
+
+    model: onnx.ModelProto
+    notes: list[str]
+    biases: dict[str, EncodedBias]
+
+    def bias_rules(self) -> dict[str, BiasRule]:
+        return {node: encoded.rule for node, encoded in self.biases.items()}
 
 
 def write_qdq(calibrated: CalibratedModel, options: WriterOptions | None = None) -> onnx.ModelProto:
     """The QDQ model for ``calibrated`` (a new model; the calibrated one is not modified)."""
-    return write_qdq_with_notes(calibrated, options)[0]
+    return write_qdq_with_notes(calibrated, options).model
 
 
-def write_qdq_with_notes(
-    calibrated: CalibratedModel, options: WriterOptions | None = None
-) -> tuple[onnx.ModelProto, list[str]]:
-    """:func:`write_qdq` plus what the writer had to decide (biases kept float, int32
-    saturation), for reports."""
+def write_qdq_with_notes(calibrated: CalibratedModel, options: WriterOptions | None = None) -> WrittenModel:
+    """:func:`write_qdq` plus what the writer had to decide (biases kept float or at a
+    wider scale, activations kept in place), for reports."""
     writer = _Writer(calibrated, options or WriterOptions())
     model = writer.run()
     for note in writer.notes:
         _LOG.warning(note)
-    return model, list(writer.notes)
+    return WrittenModel(model, list(writer.notes), dict(writer.biases))

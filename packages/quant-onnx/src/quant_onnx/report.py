@@ -4,10 +4,10 @@ point, the nodes left in float and why, and the per-layer SQNR against the float
 Example:
     >>> import json
 
-    >>> from quant_onnx.annotate import Annotation
+    >>> from quant_core.plan import QuantPlan
     >>> from quant_onnx.calibrate import CalibratedModel
     >>> import onnx
-    >>> empty = Annotation(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
+    >>> empty = QuantPlan(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
     >>> report = build_report(CalibratedModel(onnx.ModelProto(), empty, {}, {}, {}))
     >>> sorted(report)[:3]
     ['activations', 'biases', 'comparison']
@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from quant_core.atomic_io import atomic_write
+from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
 from quant_core.qparams import QParams
 from quant_core.serialization import to_data
@@ -64,9 +65,12 @@ def build_report(
     comparison: Comparison | None = None,
     notes: Sequence[str] = (),
     files: dict[str, Any] | None = None,
+    biases: Mapping[str, EncodedBias] | None = None,
 ) -> dict[str, Any]:
-    """The report as a JSON-ready dict (see the module docstring)."""
-    ann = calibrated.annotation
+    """The report as a JSON-ready dict (see the module docstring). ``biases``: how the
+    writer stored each layer's bias (the bias rule's decision, ``quant_core.bias``)."""
+    ann = calibrated.plan
+    stored = biases or {}
     activations = []
     for group in ann.groups:
         lo, hi = calibrated.activation_ranges.get(group.key, (None, None))
@@ -89,15 +93,7 @@ def build_report(
         }
         for slot in ann.weights
     ]
-    biases = [
-        {
-            "node": b.node,
-            "tensor": b.tensor,
-            "spec": None if b.spec is None else to_data(b.spec),
-            "scale": "input*weight",
-        }
-        for b in ann.biases
-    ]
+    bias_entries = [_bias_entry(b.node, b.tensor, b.spec, stored.get(b.node)) for b in ann.biases]
     return {
         "report_version": REPORT_VERSION,
         "files": files or {},
@@ -110,7 +106,7 @@ def build_report(
         },
         "activations": activations,
         "weights": weights,
-        "biases": biases,
+        "biases": bias_entries,
         "fused_activations": [
             {"node": f.node, "op_type": f.op_type, "producer": f.producer, "bounds": [_plain(b) for b in f.bounds]}
             for f in ann.fused
@@ -118,8 +114,25 @@ def build_report(
         "quantized_nodes": [{"name": n, "op_type": t} for n, t in ann.quantized_nodes],
         "float_nodes": [{"name": f.name, "op_type": f.op_type, "reason": f.reason} for f in ann.float_nodes],
         "comparison": None if comparison is None else comparison.to_data(),
-        "notes": [*ann.notes, *notes],
+        "notes": [*ann.notes, *calibrated.notes, *notes],
     }
+
+
+def _bias_entry(node: str, tensor: str, spec: Any, encoded: EncodedBias | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"node": node, "tensor": tensor, "spec": None if spec is None else to_data(spec)}
+    if encoded is None:
+        return {**entry, "rule": None}
+    entry["rule"] = encoded.rule.value
+    entry["scale"] = {
+        "product": "input*weight",
+        "widened": "input*weight*2**shift",
+        "own": "own",
+        "float": None,
+    }[encoded.rule.value]
+    entry["shift"] = _plain(encoded.shift)
+    if encoded.note is not None:
+        entry["note"] = encoded.note
+    return entry
 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:

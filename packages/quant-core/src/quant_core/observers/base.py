@@ -55,20 +55,39 @@ class Observer(abc.ABC):
         """Fold another observer of the same kind and spec into this one, in place."""
 
     @abc.abstractmethod
-    def range(self) -> tuple[np.ndarray, np.ndarray]:
-        """The ``(min, max)`` range the statistic selects for ``self.spec``."""
+    def range(self, spec: QuantSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ``(min, max)`` range the statistic selects for ``self.spec`` (or ``spec``,
+        see :meth:`qparams`)."""
 
     @property
     @abc.abstractmethod
     def empty(self) -> bool:
         """True until the first ``update``."""
 
-    def qparams(self) -> QParams:
-        """Quantization parameters for ``self.spec`` from what was observed."""
+    def qparams(self, spec: QuantSpec | None = None) -> QParams:
+        """Quantization parameters for ``self.spec`` from what was observed, or for
+        ``spec``: another format of the same tensor from the same statistic (how mixed
+        precision gets a raised layer's 16-bit qparams without calibrating again). ``spec``
+        must use the same calibration method and granularity.
+
+        Example:
+            >>> import numpy as np
+            >>> from quant_core.observers import make_observer
+            >>> obs = make_observer(QuantSpec(dtype="uint8", symmetric=False))
+            >>> obs.update(np.array([0.0, 2.55], np.float32))
+            >>> round(float(obs.qparams().scale), 6), round(float(obs.qparams(obs.spec.evolve(dtype="uint16")).scale), 9)
+            (0.01, 3.8911e-05)
+        """
         if self.empty:
             raise ValueError(f"{type(self).__name__}: no data observed; call update() first")
-        lo, hi = self.range()
-        return qparams_from_range(lo, hi, self.spec)
+        target = self.spec if spec is None else spec
+        if target.observer != self.spec.observer or target.per_channel_axis != self.spec.per_channel_axis:
+            raise ValueError(
+                "spec: another format of an observed tensor must keep its observer and per_channel_axis "
+                f"({self.spec.observer!r}, {self.spec.per_channel_axis!r})"
+            )
+        lo, hi = self.range(target)
+        return qparams_from_range(lo, hi, target)
 
     @abc.abstractmethod
     def _state(self) -> StateDict:

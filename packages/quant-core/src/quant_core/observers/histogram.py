@@ -162,9 +162,9 @@ class HistogramObserver(Observer):
             raise ValueError("HistogramObserver: no data observed; call update() first")
         return Histogram(self.counts.copy(), self.grid, self.min_val, self.max_val)
 
-    def range(self) -> tuple[np.ndarray, np.ndarray]:
+    def range(self, spec: QuantSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The range the spec's method selects (float64 scalars)."""
-        lo, hi = select_range(self.histogram(), self.spec)
+        lo, hi = select_range(self.histogram(), self.spec if spec is None else spec)
         return np.asarray(lo, np.float64), np.asarray(hi, np.float64)
 
     def _state(self) -> StateDict:

@@ -39,7 +39,7 @@ class _RangeObserver(Observer):
         a = as_float_array(x)
         if a.size == 0:
             return
-        lo, hi = min_max(a, self.spec.per_channel_axis)
+        lo, hi = min_max(a, self.spec.channel_axis)
         self._fold(lo, hi)
 
     def update_range(self, min_val: object, max_val: object) -> None:
@@ -74,7 +74,7 @@ class _RangeObserver(Observer):
     def _fold(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """Combine one batch's checked float64 range with the running one."""
 
-    def range(self) -> tuple[np.ndarray, np.ndarray]:
+    def range(self, spec: QuantSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
         if self.min_val is None or self.max_val is None:
             raise ValueError(f"{type(self).__name__}: no data observed; call update() first")
         return self.min_val.copy(), self.max_val.copy()

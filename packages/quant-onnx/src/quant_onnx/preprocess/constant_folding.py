@@ -14,9 +14,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from quant_onnx.graph import GraphIndex, subgraph_inputs
+from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute, subgraph_inputs
+from quant_onnx.graph_edit import copy_model, remove_nodes, set_initializer
 from quant_onnx.model_io import opset_version
-from quant_onnx.preprocess._edit import copy_model, get_attr, is_default_domain, remove_nodes, set_initializer
 from quant_onnx.preprocess.shape_inference import infer_shapes_inplace
 
 _LOG = logging.getLogger(__name__)
@@ -122,8 +122,8 @@ def _fold_shape(
     if node.op_type == "Size":
         known = [d for d in ints if d is not None]
         return [np.array(int(np.prod(known)), dtype=np.int64)] if len(known) == len(ints) else None
-    start = int(get_attr(node, "start", 0))  # type: ignore[call-overload]
-    end_attr = get_attr(node, "end", None)
+    start = int(node_attribute(node, "start", 0))  # type: ignore[call-overload]
+    end_attr = node_attribute(node, "end", None)
     # ONNX Shape's start/end follow Python slicing (negative from the back, clamped).
     picked = ints[start:] if end_attr is None else ints[start : int(end_attr)]  # type: ignore[call-overload]
     if None in picked:

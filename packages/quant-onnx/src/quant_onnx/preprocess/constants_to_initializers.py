@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
-from quant_onnx.graph import constant_node_value
-from quant_onnx.preprocess._edit import copy_model, is_default_domain, remove_nodes
+from quant_onnx.graph import constant_node_value, is_default_domain
+from quant_onnx.graph_edit import copy_model, remove_nodes
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 
 from quant_onnx.graph import node_inputs, topological_sort
-from quant_onnx.preprocess._edit import copy_model, remove_nodes
+from quant_onnx.graph_edit import copy_model, remove_nodes
 
 
 def remove_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:

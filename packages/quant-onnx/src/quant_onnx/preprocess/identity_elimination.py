@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import onnx
 
-from quant_onnx.graph import GraphIndex
-from quant_onnx.preprocess._edit import copy_model, is_default_domain, remove_nodes, rename_inputs, rename_tensor
+from quant_onnx.graph import GraphIndex, is_default_domain
+from quant_onnx.graph_edit import copy_model, remove_nodes, rename_inputs, rename_tensor
 
 
 def eliminate_identities(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from quant_onnx.preprocess._edit import copy_model
+from quant_onnx.graph_edit import copy_model
 
 
 def initializers_to_constants(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -6,8 +6,8 @@ import onnx
 from onnx import version_converter
 
 from quant_onnx.errors import ModelError
+from quant_onnx.graph_edit import copy_model
 from quant_onnx.model_io import opset_version
-from quant_onnx.preprocess._edit import copy_model
 
 MIN_QDQ_OPSET = 13
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quant_onnx.graph import GraphIndex
-from quant_onnx.preprocess._edit import copy_model, get_attr, is_default_domain, remove_nodes, set_attr
+from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_onnx.graph_edit import copy_model, remove_nodes, set_attr
 
 
 def fold_pads(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -43,8 +43,8 @@ def fold_pads_inplace(model: onnx.ModelProto) -> int:
         if not all(_conv_accepts(c, len(spatial) // 2) for c in convs):
             continue
         for conv in convs:
-            old = list(get_attr(conv, "pads", [0] * len(spatial)))  # type: ignore[call-overload]
-            if get_attr(conv, "auto_pad", b"NOTSET") in (b"VALID", "VALID"):
+            old = list(node_attribute(conv, "pads", [0] * len(spatial)))  # type: ignore[call-overload]
+            if node_attribute(conv, "auto_pad", b"NOTSET") in (b"VALID", "VALID"):
                 # VALID ignores `pads`; NOTSET with explicit pads is the same convolution.
                 set_attr(conv, "auto_pad", "NOTSET")
                 old = [0] * len(spatial)
@@ -57,7 +57,7 @@ def fold_pads_inplace(model: onnx.ModelProto) -> int:
 
 def _spatial_pads(pad: onnx.NodeProto, index: GraphIndex) -> list[int] | None:
     """Pads of the spatial dims as [x1_begin, x2_begin, ..., x1_end, ...] if the Pad is foldable."""
-    if get_attr(pad, "mode", b"constant") not in (b"constant", "constant"):
+    if node_attribute(pad, "mode", b"constant") not in (b"constant", "constant"):
         return None
     if len(pad.input) < 2:
         return None  # opset < 11 form (pads attribute) is out of scope; the version converter rewrites it
@@ -93,8 +93,8 @@ def _spatial_pads(pad: onnx.NodeProto, index: GraphIndex) -> list[int] | None:
 
 
 def _conv_accepts(conv: onnx.NodeProto, spatial_rank: int) -> bool:
-    auto_pad = get_attr(conv, "auto_pad", b"NOTSET")
+    auto_pad = node_attribute(conv, "auto_pad", b"NOTSET")
     if auto_pad not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
         return False
-    pads = get_attr(conv, "pads", None)
+    pads = node_attribute(conv, "pads", None)
     return pads is None or len(pads) == 2 * spatial_rank  # type: ignore[arg-type]

@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from quant_onnx.graph import GraphIndex
-from quant_onnx.preprocess._edit import copy_model, get_attr, is_default_domain
+from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_onnx.graph_edit import copy_model
 
 
 def relu6_to_relu(model: onnx.ModelProto, *, max_value: float = 6.0) -> onnx.ModelProto:
@@ -47,7 +47,7 @@ def clip_bounds(node: onnx.NodeProto, index: GraphIndex) -> tuple[float | None, 
     Handles both forms: inputs (opset >= 11) and attributes (opset < 11).
     """
     if len(node.input) == 1 and any(a.name in ("min", "max") for a in node.attribute):
-        lo_attr, hi_attr = get_attr(node, "min", None), get_attr(node, "max", None)
+        lo_attr, hi_attr = node_attribute(node, "min", None), node_attribute(node, "max", None)
         return (
             None if lo_attr is None else float(lo_attr),  # type: ignore[arg-type]
             None if hi_attr is None else float(hi_attr),  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from quant_onnx.preprocess._edit import copy_model, drop_value_info
+from quant_onnx.graph import GraphIndex
+from quant_onnx.graph_edit import copy_model, drop_value_info
 
 _LOG = logging.getLogger(__name__)
 #: Initializers with more elements than this are handed to shape inference as typed graph inputs
@@ -51,6 +52,17 @@ def inferred_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     if inferred is None:
         return list(model.graph.value_info)
     return [*inferred.graph.value_info, *inferred.graph.output]
+
+
+def typed_index(model: onnx.ModelProto) -> GraphIndex:
+    """A :class:`GraphIndex` over ``model.graph`` (the caller's own node objects) whose
+    tensors carry element types and shapes: the model's own when every node output has a
+    type (pre-processing ran shape inference), else completed by inference on a
+    weightless copy. ``model`` is not modified."""
+    index = GraphIndex(model.graph)
+    if all(index.elem_type(out) for node in model.graph.node for out in node.output if out):
+        return index
+    return GraphIndex(model.graph, inferred_value_info(model))
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto | None:

@@ -1,4 +1,18 @@
-"""Small in-place graph edits shared by the pre-processing passes."""
+"""Small graph edits shared by the pre-processing passes, the algorithm passes and the
+writer: copies, attribute and initializer replacement, renames, node removal.
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper, numpy_helper
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    ...     [numpy_helper.from_array(np.ones(2, np.float32), "w")])
+    >>> m = copy_model(helper.make_model(g))
+    >>> set_initializer(m.graph, "w", np.zeros(2, np.float32))
+    >>> numpy_helper.to_array(m.graph.initializer[0]).tolist()
+    [0.0, 0.0]
+"""
 
 from __future__ import annotations
 
@@ -8,22 +22,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from quant_onnx.graph import is_default_domain as is_default_domain  # re-exported for the passes
-
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """Deep copy (passes never edit their argument)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     return out
-
-
-def get_attr(node: onnx.NodeProto, name: str, default: object = None) -> object:
-    """Python value of attribute `name` (onnx.helper.get_attribute_value) or `default`."""
-    for attr in node.attribute:
-        if attr.name == name:
-            return onnx.helper.get_attribute_value(attr)
-    return default
 
 
 def set_attr(node: onnx.NodeProto, name: str, value: object) -> None:

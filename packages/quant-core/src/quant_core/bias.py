@@ -1,0 +1,224 @@
+"""The bias rule: how a Conv/Gemm bias is stored once the layer's scales are known.
+
+A bias is added to the accumulator of ``input x weight`` products, so integer kernels
+(onnxruntime's QLinearConv/QGemm, NPU datapaths) read it as int32 at exactly
+``input_scale * weight_scale``; onnxruntime never checks the stored scale, so a bias at
+any other scale would be silently wrong there. That product scale is tiny when the
+activations are 16-bit (``s_in`` ~1e-5) and an ordinary bias overflows int32. The rule,
+decided here once for every backend:
+
+- :attr:`BiasRule.PRODUCT`: int32 at ``s_in * s_w`` whenever every value fits. For a
+  layer an integer kernel reads (8-bit activations, weights of at most 8 bits) the
+  product scale is the only one allowed, so :func:`fit_weight_to_bias` first raises the
+  weight scale of any channel whose bias would not fit: such channels have weights
+  orders of magnitude below their bias (``|b| / max|w| > s_in * 2**31 / 127``), and the
+  coarser weight step costs them about ``|b| * 2**-23`` of output, far below one
+  output step. (EfficientNet-Lite0's near-zero depthwise channels at ``a8w8``.)
+- :attr:`BiasRule.WIDENED`: it does not fit and no integer kernel reads the layer (its
+  activations or weights are wider than 8 bits: it runs as DequantizeLinear -> float op):
+  int32 at ``s_in * s_w * 2**k`` per channel, with the smallest ``k`` that fits. The
+  weights keep their precision, which 16-bit layers are for.
+- :attr:`BiasRule.FLOAT`: the config asks for a float bias (or, as a last resort, an
+  integer-kernel layer whose weight scale was not fitted to its bias: float rather than a
+  saturated or silently mis-scaled int32).
+- :attr:`BiasRule.OWN`: the config gives the bias its own integer spec (e.g. int8 like a
+  weight): qparams of its own from its values.
+
+Example:
+    >>> import numpy as np
+    >>> from quant_core.qparams import QParams
+    >>> w = QParams.per_tensor(1e-3, 0, "int8")
+    >>> x16 = QParams.per_tensor(1e-5, 0, "uint16")
+    >>> small = encode_bias(np.array([0.5], np.float32), x16.scale, w, None, integer_kernel=False)
+    >>> small.rule.value, small.codes.tolist()
+    ('product', [50000000])
+    >>> big = encode_bias(np.array([30.0], np.float32), x16.scale, w, None, integer_kernel=False)
+    >>> big.rule.value, int(big.shift[0]) if big.shift.ndim else int(big.shift)
+    ('widened', 1)
+    >>> x8 = QParams.per_tensor(0.02, 128, "uint8")
+    >>> tiny = QParams(np.array([1e-9, 0.01], np.float32), np.zeros(2, np.int64), w.dtype, axis=0)
+    >>> fitted, note = fit_weight_to_bias(np.array([5.0, 1.0], np.float32), x8.scale, tiny)
+    >>> [float(f"{s:.3g}") for s in fitted.scale], note
+    ([1.16e-07, 0.01], 'weight scale raised on 1 of 2 channels so that the int32 bias fits at input_scale * weight_scale')
+    >>> encode_bias(np.array([5.0, 1.0], np.float32), x8.scale, fitted, None, integer_kernel=True).rule.value
+    'product'
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from quant_core.dtypes import DType
+from quant_core.qparams import (
+    QParams,
+    bias_qparams,
+    pow2_fix_pos,
+    quantize,
+    round_values,
+    scale_from_fix_pos,
+    symmetric_zero_point,
+)
+from quant_core.spec import QuantSpec
+from quant_core.weights import constant_qparams
+
+_INT32 = np.iinfo(np.int32)
+
+
+class BiasRule(enum.Enum):
+    """How a bias is stored (see the module docstring)."""
+
+    PRODUCT = "product"
+    WIDENED = "widened"
+    FLOAT = "float"
+    OWN = "own"
+
+
+@attrs.frozen(eq=False)
+class EncodedBias:
+    """A bias as it will be stored: ``codes`` and ``qparams`` (``None`` for a float bias),
+    the ``rule`` applied, the per-channel power-of-two widening ``shift`` (zeros unless
+    :attr:`BiasRule.WIDENED`) and a ``note`` for reports when the rule had to leave the
+    product scale.
+
+    Example:
+        >>> EncodedBias(BiasRule.FLOAT, None, None, np.zeros(1, np.int64), "kept float").is_float
+        True
+    """
+
+    rule: BiasRule
+    codes: np.ndarray | None
+    qparams: QParams | None
+    shift: np.ndarray
+    note: str | None = None
+
+    @property
+    def is_float(self) -> bool:
+        return self.codes is None
+
+    def values(self) -> np.ndarray | None:
+        """The real values the stored codes stand for (``None`` for a float bias)."""
+        if self.codes is None or self.qparams is None:
+            return None
+        from quant_core.qparams import dequantize
+
+        return dequantize(self.codes, self.qparams)
+
+
+def _product_codes(value: np.ndarray, qp: QParams) -> np.ndarray:
+    """Unclipped codes at ``qp``'s scale (float64, rounded like ``qp``)."""
+    scale = qp.scale.astype(np.float64)
+    return round_values(value.astype(np.float64) / scale, qp.rounding)
+
+
+def _fits(codes: np.ndarray) -> np.ndarray:
+    return (codes >= _INT32.min) & (codes <= _INT32.max)
+
+
+def _widening_shift(value: np.ndarray, qp: QParams) -> np.ndarray:
+    """Smallest ``k >= 0`` per channel (one for a per-tensor scale) such that the bias
+    fits int32 at ``scale * 2**k``."""
+    magnitude = np.abs(value.astype(np.float64))
+    if qp.scale.ndim == 0:
+        magnitude = np.asarray(magnitude.max(initial=0.0))
+    ratio = magnitude / (qp.scale.astype(np.float64) * float(_INT32.max))
+    with np.errstate(divide="ignore"):
+        shift = np.where(ratio > 1.0, np.ceil(np.log2(np.maximum(ratio, 1.0))), 0.0).astype(np.int64)
+    # Rounding can still land one code past the limit: widen once more where it does.
+    while True:
+        widened = attrs.evolve(qp, scale=(qp.scale * scale_from_fix_pos(-shift)).astype(np.float32))
+        codes = _product_codes(value, widened)
+        too_big = ~_fits(codes)
+        if not too_big.any():
+            return shift
+        shift = shift + (too_big.any() if qp.scale.ndim == 0 else too_big).astype(np.int64)
+
+
+def fit_weight_to_bias(
+    bias: npt.ArrayLike, input_scale: npt.ArrayLike, weight_qp: QParams
+) -> tuple[QParams, str | None]:
+    """``weight_qp`` with each channel's scale raised (never lowered) just enough that
+    ``bias`` fits int32 at ``input_scale * weight_scale``, and a note when any was
+    raised. Power-of-two scales stay powers of two; a per-tensor scale rises for its
+    largest channel. For layers whose bias must sit at the product scale (module
+    docstring); the weights must then be quantized with the returned qparams."""
+    value = np.abs(np.asarray(bias, np.float64)).reshape(-1)
+    in_scale = float(np.asarray(input_scale, np.float64).reshape(-1)[0])
+    # The margin keeps the rounded code strictly inside int32 after float32 scale rounding.
+    needed = value / (in_scale * (float(_INT32.max) - 1.0)) * (1.0 + 1e-6)
+    if weight_qp.scale.ndim == 0:
+        needed = np.asarray(needed.max(initial=0.0))
+    elif needed.shape != weight_qp.scale.shape:
+        raise ValueError(f"bias: {needed.size} values but the weight has {weight_qp.scale.shape[0]} channel scales")
+    current = weight_qp.scale.astype(np.float64)
+    raise_mask = needed > current
+    if not raise_mask.any():
+        return weight_qp, None
+    fix_pos = weight_qp.fix_pos
+    if fix_pos is not None:
+        fix_pos = np.where(raise_mask, np.minimum(fix_pos, pow2_fix_pos(needed)), fix_pos).astype(np.int64)
+        scale = scale_from_fix_pos(fix_pos)
+    else:
+        scale = np.where(raise_mask, np.nextafter(needed.astype(np.float32), np.float32(np.inf)), weight_qp.scale)
+        scale = scale.astype(np.float32)
+    zero_point = weight_qp.zero_point
+    if np.any(zero_point != symmetric_zero_point(weight_qp.dtype)):
+        # An asymmetric weight keeps its lower range end where it was.
+        low = (weight_qp.qmin - zero_point) * weight_qp.scale.astype(np.float64)
+        zero_point = np.clip(np.rint(weight_qp.qmin - low / scale), weight_qp.qmin, weight_qp.qmax).astype(np.int64)
+    channels = int(raise_mask.sum())
+    total = 1 if weight_qp.scale.ndim == 0 else int(weight_qp.scale.shape[0])
+    note = f"weight scale raised on {channels} of {total} channels so that the int32 bias fits at input_scale * weight_scale"
+    return attrs.evolve(weight_qp, scale=np.asarray(scale, np.float32), zero_point=zero_point, fix_pos=fix_pos), note
+
+
+def encode_bias(
+    bias: npt.ArrayLike,
+    input_scale: npt.ArrayLike,
+    weight_qp: QParams,
+    spec: QuantSpec | None,
+    *,
+    integer_kernel: bool,
+) -> EncodedBias:
+    """Apply the bias rule (module docstring) to ``bias`` (``[Cout]``, or a scalar for a
+    per-tensor weight) of a layer whose input has scale ``input_scale`` and whose weight
+    has ``weight_qp``. ``spec`` is the config's bias spec (``None``: int32 by the rule);
+    ``integer_kernel`` whether the layer's formats are those integer kernels consume
+    (8-bit activations and weights of at most 8 bits: the planner's
+    :attr:`~quant_core.plan.BiasSlot.integer_kernel`).
+    """
+    value = np.asarray(bias, np.float32)
+    no_shift = np.zeros(np.shape(weight_qp.scale), np.int64)
+    if spec is not None and not spec.is_quantized:
+        return EncodedBias(BiasRule.FLOAT, None, None, no_shift)
+    if spec is not None and spec.dtype is not DType.INT32:
+        qp = constant_qparams(value, spec)
+        return EncodedBias(BiasRule.OWN, quantize(value, qp), qp, no_shift)
+    qp = bias_qparams(input_scale, weight_qp, DType.INT32)
+    if qp.scale.ndim and (value.ndim != 1 or qp.scale.shape[0] != value.shape[0]):
+        raise ValueError(f"bias: shape {list(value.shape)} but the weight has {qp.scale.shape[0]} channel scales")
+    codes = _product_codes(value, qp)
+    if _fits(codes).all():
+        return EncodedBias(BiasRule.PRODUCT, codes.astype(np.int32), qp, no_shift)
+    overflow = int(np.count_nonzero(~_fits(codes)))
+    if integer_kernel:
+        note = (
+            f"{overflow} bias values exceed int32 at input_scale * weight_scale and the weight scale was not fitted "
+            "to the bias (fit_weight_to_bias); the bias stays float, so this layer runs in float"
+        )
+        return EncodedBias(BiasRule.FLOAT, None, None, no_shift, note)
+    shift = _widening_shift(value, qp)
+    widened = attrs.evolve(
+        qp,
+        scale=(qp.scale * scale_from_fix_pos(-shift)).astype(np.float32),
+        fix_pos=None if qp.fix_pos is None else qp.fix_pos - shift,
+    )
+    note = (
+        f"{overflow} bias values exceed int32 at input_scale * weight_scale; stored as int32 at that scale "
+        f"x 2**{int(shift.max())} (no integer kernel reads this layer's formats)"
+    )
+    codes = _product_codes(value, widened).astype(np.int32)
+    return EncodedBias(BiasRule.WIDENED, codes, widened, shift, note)

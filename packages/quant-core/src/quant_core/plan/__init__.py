@@ -1,0 +1,72 @@
+"""The planner: every quantization decision that does not need data, made once for
+every backend (see ``DESIGN.md``: statistics where tensors live, decisions once here).
+
+- :mod:`~quant_core.plan.graph`: :class:`PlanNode`, the :class:`GraphView` protocol a
+  backend's graph is mapped onto (ONNX operator names), and :class:`PlanGraph`.
+- :mod:`~quant_core.plan.ops`: the operator table (what each op's inputs are, how its
+  output's qparams relate to its inputs').
+- :mod:`~quant_core.plan.planner`: :func:`plan_quantization` -> :class:`QuantPlan`
+  (shared-scale groups, fusions, weight and bias slots, float nodes and why).
+- :mod:`~quant_core.plan.weights`: :func:`plan_weight_qparams`, the weight qparams of a
+  calibrated plan (observer over the weight, fitted to the int32 bias where needed).
+
+Example:
+    >>> import numpy as np
+    >>> from quant_core.presets import get_preset
+    >>> nodes = [PlanNode("fc", "Gemm", ("x", "w", "b"), ("y",), {"transB": 1})]
+    >>> weights = {"w": np.ones((3, 4), np.float32), "b": np.zeros(3, np.float32)}
+    >>> plan = plan_quantization(PlanGraph(nodes, inputs=("x",), outputs=("y",), constant=weights.get), get_preset("a8w8"))
+    >>> plan.weights[0].spec.per_channel_axis, plan.biases[0].integer_kernel
+    (0, True)
+"""
+
+from quant_core.plan.graph import ConstantLookup, GraphView, PlanGraph, PlanNode
+from quant_core.plan.ops import (
+    FUSABLE_PRODUCERS,
+    HOMOGENEOUS_ACTIVATIONS,
+    POLICIES,
+    OpKind,
+    OpPolicy,
+    activation_kind,
+    clip_bounds,
+    policy_for,
+    weight_channel_axis,
+    weight_is_transposed,
+)
+from quant_core.plan.planner import (
+    BiasSlot,
+    FloatNode,
+    FusedActivation,
+    QuantPlan,
+    TensorGroup,
+    WeightSlot,
+    plan_quantization,
+    resolve_weight_spec,
+)
+from quant_core.plan.weights import plan_weight_qparams
+
+__all__ = [
+    "FUSABLE_PRODUCERS",
+    "HOMOGENEOUS_ACTIVATIONS",
+    "POLICIES",
+    "BiasSlot",
+    "ConstantLookup",
+    "FloatNode",
+    "FusedActivation",
+    "GraphView",
+    "OpKind",
+    "OpPolicy",
+    "PlanGraph",
+    "PlanNode",
+    "QuantPlan",
+    "TensorGroup",
+    "WeightSlot",
+    "activation_kind",
+    "clip_bounds",
+    "plan_quantization",
+    "plan_weight_qparams",
+    "policy_for",
+    "resolve_weight_spec",
+    "weight_channel_axis",
+    "weight_is_transposed",
+]

@@ -1,0 +1,230 @@
+"""The operator vocabulary: per ONNX op type, which inputs carry activations, which a
+weight and a bias, and how the output's quantization parameters relate to the inputs'.
+
+This table is the one place that knows operator semantics; :mod:`quant_core.plan.planner`
+applies it to a graph. Backends name their ops with these ONNX names. Ops that are not
+in the table stay float and are reported.
+
+Example:
+    >>> from quant_core.plan.graph import PlanNode
+    >>> node = PlanNode("conv", "Conv", ("x", "w", "b"), ("y",))
+    >>> rule = policy_for(node)
+    >>> rule.kind is OpKind.WEIGHTED, rule.weight_input, rule.bias_input
+    (True, 1, 2)
+    >>> weight_channel_axis(node, weight_rank=4)
+    0
+    >>> policy_for(PlanNode("nms", "NonMaxSuppression", ("a", "b"), ("c",))) is None
+    True
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from quant_core.plan.graph import ConstantLookup, PlanNode
+
+
+class OpKind(enum.Enum):
+    """How an operator's output qparams are chosen."""
+
+    WEIGHTED = "weighted"
+    """Conv/Gemm/MatMul family: activation input, integer weight, int32 bias, own output qparams."""
+    GENERAL = "general"
+    """Every data input and the output get their own qparams (Add, pools, float islands)."""
+    PASS_THROUGH = "pass_through"
+    """Output values are a subset of (or interpolate) the input's: the output reuses the
+    input's qparams so that integer runtimes can run the op on 8-bit data."""
+    CONCAT = "concat"
+    """Inputs and output share one scale (range = union of the inputs' ranges)."""
+    ACTIVATION = "activation"
+    """Relu/Clip: fused into a Conv/Gemm/MatMul/Add producer when it is the sole consumer."""
+
+
+@attrs.frozen
+class OpPolicy:
+    """What one op type needs.
+
+    Args:
+        kind: see :class:`OpKind`.
+        data_inputs: indices of inputs that carry activations to quantize (``None``:
+            every input); shape/index inputs are never listed.
+        data_outputs: indices of outputs that carry activations (``None``: every output;
+            MaxPool's second output holds indices).
+        weight_input: index of the weight input (weighted ops only).
+        bias_input: index of the bias input (weighted ops only).
+        integer_kernel: runtimes (onnxruntime's x86 CPU provider, NPUs) have an integer
+            kernel for the op; the others run in float between a dequantize and a quantize.
+
+    Example:
+        >>> OpPolicy(OpKind.GENERAL, data_inputs=(0,)).integer_kernel
+        True
+    """
+
+    kind: OpKind
+    data_inputs: tuple[int, ...] | None = (0,)
+    data_outputs: tuple[int, ...] | None = None
+    weight_input: int | None = None
+    bias_input: int | None = None
+    integer_kernel: bool = True
+
+
+_WEIGHTED = {
+    "Conv": OpPolicy(OpKind.WEIGHTED, (0,), weight_input=1, bias_input=2),
+    "ConvTranspose": OpPolicy(OpKind.WEIGHTED, (0,), weight_input=1, bias_input=2, integer_kernel=False),
+    "Gemm": OpPolicy(OpKind.WEIGHTED, (0,), weight_input=1, bias_input=2),
+    "MatMul": OpPolicy(OpKind.WEIGHTED, (0,), weight_input=1),
+}
+
+_ELEMENTWISE = ("Add", "Mul", "Sub", "Div")
+_GENERAL_INTEGER = ("AveragePool", "GlobalAveragePool", "LeakyRelu", "Sigmoid", "Softmax")
+_GENERAL_FLOAT = ("PRelu", "HardSigmoid", "HardSwish", "Tanh", "ReduceMean", "Pow", "Sqrt", "Erf", "Gelu")
+_FLOAT_ELEMENTWISE = ("Sub", "Div")
+_PASS_THROUGH = (
+    "MaxPool",
+    "GlobalMaxPool",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Split",
+    "Slice",
+    "Gather",
+    "Resize",
+    "Pad",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Identity",
+    "Expand",
+    "Tile",
+    "ReduceMax",
+    "ReduceMin",
+)
+
+POLICIES: Mapping[str, OpPolicy] = {
+    **_WEIGHTED,
+    **{op: OpPolicy(OpKind.GENERAL, None, integer_kernel=op not in _FLOAT_ELEMENTWISE) for op in _ELEMENTWISE},
+    **{op: OpPolicy(OpKind.GENERAL, (0,)) for op in _GENERAL_INTEGER},
+    **{op: OpPolicy(OpKind.GENERAL, (0,), integer_kernel=False) for op in _GENERAL_FLOAT},
+    **{op: OpPolicy(OpKind.PASS_THROUGH, (0,)) for op in _PASS_THROUGH},
+    "MaxPool": OpPolicy(OpKind.PASS_THROUGH, (0,), data_outputs=(0,)),
+    "Concat": OpPolicy(OpKind.CONCAT, None),
+    "Relu": OpPolicy(OpKind.ACTIVATION, (0,)),
+    "Clip": OpPolicy(OpKind.ACTIVATION, (0,)),
+}
+"""The policy table, by ONNX op type."""
+
+FUSABLE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"})
+"""Ops whose output a following Relu/Clip is fused into (quantized after the activation only)."""
+
+HOMOGENEOUS_ACTIVATIONS = ("Relu", "LeakyRelu", "PRelu")
+"""Activations f with f(x / s) == f(x) / s for every s > 0: per-channel scaling crosses them."""
+
+_OWN_RANGE = OpPolicy(OpKind.GENERAL, (0,), integer_kernel=False)
+
+
+def policy_for(node: PlanNode, constant: ConstantLookup | None = None) -> OpPolicy | None:
+    """The policy for ``node``, refined by its attributes, or ``None`` when the op has none
+    (it then stays float).
+
+    Resize with cubic interpolation and Pad with a non-zero (or unknown) constant can
+    leave the input's range, so they get their own output qparams; Clip with bounds that
+    are not constants is a general op. ``constant`` reads constant inputs.
+    """
+    if not node.standard:
+        return None
+    rule = POLICIES.get(node.op_type)
+    if rule is None:
+        return None
+    lookup = constant or (lambda _name: None)
+    if node.op_type == "Resize" and node.attr("mode", "nearest") == "cubic":
+        return _OWN_RANGE
+    if node.op_type == "Pad" and node.attr("mode", "constant") == "constant":
+        value = float(node.attr("value", 0.0))
+        if node.input(2):
+            pad_value = lookup(node.input(2))
+            value = math.nan if pad_value is None else float(pad_value.reshape(-1)[0])
+        if value != 0.0:
+            return _OWN_RANGE
+    if node.op_type == "Clip" and clip_bounds(node, lookup) is None:
+        return OpPolicy(OpKind.GENERAL, (0,))
+    return rule
+
+
+def clip_bounds(node: PlanNode, constant: ConstantLookup) -> tuple[float, float] | None:
+    """``(lo, hi)`` of a Relu or Clip (attributes before opset 11, constant inputs after),
+    or ``None`` when a bound is not a constant or the node is neither.
+
+    Example:
+        >>> clip_bounds(PlanNode("r", "Relu", ("x",), ("y",)), lambda n: None)
+        (0.0, inf)
+        >>> clip_bounds(PlanNode("c", "Clip", ("x",), ("y",), {"min": 0.0, "max": 6.0}), lambda n: None)
+        (0.0, 6.0)
+    """
+    if node.op_type == "Relu":
+        return 0.0, math.inf
+    if node.op_type != "Clip":
+        return None
+    bounds = [float(node.attr("min", -math.inf)), float(node.attr("max", math.inf))]
+    for index in (1, 2):
+        if node.input(index):
+            value = constant(node.input(index))
+            if value is None:
+                return None
+            bounds[index - 1] = float(np.asarray(value).reshape(-1)[0])
+    return bounds[0], bounds[1]
+
+
+def activation_kind(node: PlanNode, constant: ConstantLookup) -> str | None:
+    """``"relu"`` for Relu and Clip(0, inf), ``"relu6"`` for Clip(0, 6), else ``None``.
+
+    Example:
+        >>> activation_kind(PlanNode("c", "Clip", ("x",), ("y",), {"min": 0.0, "max": 6.0}), lambda n: None)
+        'relu6'
+    """
+    if not node.standard:
+        return None
+    bounds = clip_bounds(node, constant)
+    if bounds == (0.0, math.inf):
+        return "relu"
+    if bounds == (0.0, 6.0):
+        return "relu6"
+    return None
+
+
+def weight_channel_axis(node: PlanNode, weight_rank: int) -> int | None:
+    """The output-channel axis of a weighted op's weight, or ``None`` when the layout has
+    no single such axis (a grouped ConvTranspose: ``[Cin, Cout/g, ...]``).
+
+    Conv: 0 (``[Cout, Cin/g, kh, kw]``); ConvTranspose: 1 (``[Cin, Cout/g, kh, kw]``);
+    Gemm: 0 when ``transB=1`` (``[N, K]``) else 1; MatMul: the last axis (``[K, N]``).
+
+    Example:
+        >>> weight_channel_axis(PlanNode("fc", "Gemm", ("a", "b"), ("c",), {"transB": 1}), 2)
+        0
+    """
+    op = node.op_type
+    if op == "Conv":
+        return 0
+    if op == "ConvTranspose":
+        return 1 if int(node.attr("group", 1)) == 1 else None
+    if op == "Gemm":
+        return 0 if int(node.attr("transB", 0)) == 1 else 1
+    if op == "MatMul":
+        return weight_rank - 1
+    raise ValueError(f"node {node.name!r}: op type {op!r} has no weight; allowed: Conv, ConvTranspose, Gemm, MatMul")
+
+
+def weight_is_transposed(node: PlanNode) -> bool:
+    """True when the op stores its weight ``[in, out]`` (MatMul, Gemm with ``transB=0``).
+
+    Example:
+        >>> weight_is_transposed(PlanNode("mm", "MatMul", ("a", "b"), ("c",)))
+        True
+    """
+    return node.op_type == "MatMul" or (node.op_type == "Gemm" and not int(node.attr("transB", 0)))

@@ -1,0 +1,418 @@
+"""The planner: which tensor gets which :class:`~quant_core.spec.QuantSpec`, decided once
+for every backend.
+
+:func:`plan_quantization` applies the op table (:mod:`quant_core.plan.ops`) and a
+:class:`~quant_core.config.QuantConfig` to a :class:`~quant_core.plan.graph.GraphView`
+and returns a :class:`QuantPlan`:
+
+- activation tensors grouped into :class:`TensorGroup` s that share one set of qparams
+  (a pass-through op's output joins its input's group, Concat's inputs and output form
+  one group, a Conv/Gemm/MatMul/Add output fused with its sole-consumer Relu/Clip joins
+  the activation output's group); each group lists the tensors calibration must observe;
+- weight slots with the weight's channel axis resolved per op, and bias slots with the
+  facts the bias rule (:mod:`quant_core.bias`) needs;
+- every node left in float, with the reason.
+
+Nothing is computed from data here: a backend's calibration turns each group's
+observations into qparams, so the same graph, config and data give the same scales on
+every backend.
+
+Example:
+    >>> import numpy as np
+    >>> from quant_core.plan.graph import PlanGraph, PlanNode
+    >>> from quant_core.presets import get_preset
+    >>> nodes = [PlanNode("conv", "Conv", ("x", "w"), ("c",)), PlanNode("relu", "Relu", ("c",), ("y",))]
+    >>> graph = PlanGraph(nodes, inputs=("x",), outputs=("y",), constant={"w": np.ones((4, 3, 1, 1))}.get)
+    >>> plan = plan_quantization(graph, get_preset("a8w8"))
+    >>> [(grp.members, grp.observed) for grp in plan.groups]
+    [(('x',), ('x',)), (('c', 'y'), ('y',))]
+    >>> plan.weights[0].spec.per_channel_axis, [f.node for f in plan.fused]
+    (0, ['relu'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from quant_core.config import OperatorConfig, QuantConfig
+from quant_core.plan.graph import GraphView, PlanNode
+from quant_core.plan.ops import FUSABLE_PRODUCERS, OpKind, OpPolicy, clip_bounds, policy_for, weight_channel_axis
+from quant_core.spec import OUTPUT_CHANNELS, QuantSpec
+
+
+@attrs.frozen
+class TensorGroup:
+    """Activation tensors that share one scale and zero point.
+
+    ``observed`` are the members whose values calibration must see (the others lie
+    inside their range by construction: pass-through outputs, Concat's output, the
+    pre-activation tensor of a fused Relu/Clip).
+
+    Example:
+        >>> TensorGroup("x", QuantSpec(dtype="uint8", symmetric=False), ("x", "y"), ("x",)).key
+        'x'
+    """
+
+    key: str
+    spec: QuantSpec
+    members: tuple[str, ...]
+    observed: tuple[str, ...]
+
+
+@attrs.frozen
+class WeightSlot:
+    """A Conv/ConvTranspose/Gemm/MatMul weight stored as integers.
+
+    ``spec.per_channel_axis`` is the op's output-channel axis (or ``None``), never
+    :data:`~quant_core.spec.OUTPUT_CHANNELS`.
+
+    Example:
+        >>> WeightSlot("conv", "Conv", "w", 1, QuantSpec(dtype="int8", per_channel_axis=0)).input_index
+        1
+    """
+
+    node: str
+    op_type: str
+    tensor: str
+    input_index: int
+    spec: QuantSpec
+
+
+@attrs.frozen
+class BiasSlot:
+    """A Conv/Gemm bias and what the bias rule (:func:`quant_core.bias.encode_bias`) needs:
+    the layer's input and weight tensors, the config's bias ``spec`` (``None``: int32 by
+    the rule) and whether the layer's formats are ones integer kernels consume
+    (``integer_kernel``: 8-bit activations, weights of at most 8 bits, an op with an
+    integer kernel), which fixes the bias at ``input_scale * weight_scale``.
+
+    Example:
+        >>> BiasSlot("conv", "b", 2, "x", "w", None, True).input_tensor
+        'x'
+    """
+
+    node: str
+    tensor: str
+    input_index: int
+    input_tensor: str
+    weight_tensor: str
+    spec: QuantSpec | None
+    integer_kernel: bool
+
+
+@attrs.frozen
+class FusedActivation:
+    """A Relu/Clip fused into its producer: the producer's output ``pre_tensor`` shares
+    ``post_tensor``'s qparams; a writer drops the activation node when the quantizer's
+    saturation already applies its bounds exactly.
+
+    Example:
+        >>> FusedActivation("relu", "Relu", "conv", "c", "y", (0.0, float("inf"))).bounds
+        (0.0, inf)
+    """
+
+    node: str
+    op_type: str
+    producer: str
+    pre_tensor: str
+    post_tensor: str
+    bounds: tuple[float, float]
+
+
+@attrs.frozen
+class FloatNode:
+    """A node left in float and why (reported, never silent).
+
+    Example:
+        >>> FloatNode("nms", "NonMaxSuppression", "no quantization policy for this op type").op_type
+        'NonMaxSuppression'
+    """
+
+    name: str
+    op_type: str
+    reason: str
+
+
+@attrs.frozen
+class QuantPlan:
+    """Every quantization decision about a model that does not need data.
+
+    Example:
+        >>> QuantPlan(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=()).group_of("x") is None
+        True
+    """
+
+    groups: tuple[TensorGroup, ...]
+    weights: tuple[WeightSlot, ...]
+    biases: tuple[BiasSlot, ...]
+    fused: tuple[FusedActivation, ...]
+    quantized_nodes: tuple[tuple[str, str], ...]
+    float_nodes: tuple[FloatNode, ...]
+    notes: tuple[str, ...] = ()
+    _by_tensor: Mapping[str, TensorGroup] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        index = {member: group for group in self.groups for member in group.members}
+        object.__setattr__(self, "_by_tensor", index)
+
+    def group_of(self, tensor: str) -> TensorGroup | None:
+        """The group ``tensor`` belongs to, or ``None`` when it stays float."""
+        return self._by_tensor.get(tensor)
+
+    def weight_of(self, node: str) -> WeightSlot | None:
+        """The weight slot of weighted node ``node``, if its weight is quantized."""
+        return next((slot for slot in self.weights if slot.node == node), None)
+
+    @property
+    def observed_tensors(self) -> tuple[str, ...]:
+        """Every tensor calibration must observe, in a deterministic order."""
+        return tuple(name for group in self.groups for name in group.observed)
+
+
+def _activation_spec(spec: QuantSpec | None, node: PlanNode, field: str) -> QuantSpec | None:
+    if spec is None or not spec.is_quantized:
+        return None
+    if spec.per_channel_axis is not None:
+        raise ValueError(
+            f"node {node.name!r} ({node.op_type}): {field}.per_channel_axis: {spec.per_channel_axis!r} is not "
+            "allowed for activations; allowed: null (per tensor)"
+        )
+    if spec.dynamic:
+        raise ValueError(
+            f"node {node.name!r} ({node.op_type}): {field}.dynamic: true needs dynamic quantization; "
+            "static quantization allows: false"
+        )
+    return spec
+
+
+def resolve_weight_spec(node: PlanNode, spec: QuantSpec, weight_rank: int) -> tuple[QuantSpec, str | None]:
+    """``spec`` with its per-channel axis resolved for ``node``'s weight, and a note when
+    "output channels" had to fall back to per tensor. An explicit integer axis is kept
+    when it is the output-channel axis and refused otherwise: integer kernels scale
+    output channels, and silently moving the user's axis would hide the mismatch.
+
+    Example:
+        >>> from quant_core.plan.graph import PlanNode
+        >>> mm = PlanNode("mm", "MatMul", ("x", "w"), ("y",))
+        >>> resolve_weight_spec(mm, QuantSpec(dtype="int8", per_channel_axis="output"), 2)[0].per_channel_axis
+        1
+        >>> resolve_weight_spec(mm, QuantSpec(dtype="int8", per_channel_axis=0), 2)
+        Traceback (most recent call last):
+        ...
+        ValueError: node 'mm' (MatMul): weight.per_channel_axis: 0 is not the output-channel axis of its rank-2 weight; allowed: 1, 'output' or null
+    """
+    axis = spec.per_channel_axis
+    if axis is None:
+        return spec, None
+    out_axis = weight_channel_axis(node, weight_rank)
+    if axis == OUTPUT_CHANNELS:
+        if out_axis is None:
+            note = f"node {node.name!r}: grouped {node.op_type} weight has no single output-channel axis; per tensor"
+            return spec.evolve(per_channel_axis=None), note
+        return spec.evolve(per_channel_axis=out_axis), None
+    if axis != out_axis:
+        allowed = f"{out_axis}, {OUTPUT_CHANNELS!r} or null" if out_axis is not None else "null"
+        raise ValueError(
+            f"node {node.name!r} ({node.op_type}): weight.per_channel_axis: {axis} is not the output-channel axis "
+            f"of its rank-{weight_rank} weight; allowed: {allowed}"
+        )
+    return spec, None
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def add(self, item: str) -> None:
+        self.parent.setdefault(item, item)
+
+    def find(self, item: str) -> str:
+        root = item
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[item] != root:
+            self.parent[item], item = root, self.parent[item]
+        return root
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+class _Planner:
+    def __init__(self, graph: GraphView, config: QuantConfig, share_concat_scales: bool) -> None:
+        self.graph = graph
+        self.config = config
+        self.share_concat_scales = share_concat_scales
+        self.specs: dict[str, tuple[int, QuantSpec]] = {}  # tensor -> (priority, spec); 0 = producer's
+        self.order: list[str] = []
+        self.unobserved: set[str] = set()
+        self.groups = _UnionFind()
+        self.weights: list[WeightSlot] = []
+        self.biases: list[BiasSlot] = []
+        self.fused: list[FusedActivation] = []
+        self.quantized: list[tuple[str, str]] = []
+        self.quantized_names: set[str] = set()
+        self.floating: list[FloatNode] = []
+        self.notes: list[str] = []
+
+    def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
+        self.groups.add(tensor)
+        if tensor not in self.specs:
+            self.order.append(tensor)
+        current = self.specs.get(tensor)
+        if current is None or priority < current[0]:
+            self.specs[tensor] = (priority, spec)
+
+    def float_tensors(self, names: tuple[str, ...], indices: tuple[int, ...] | None) -> list[str]:
+        chosen = range(len(names)) if indices is None else indices
+        picked = [names[i] for i in chosen if i < len(names) and names[i]]
+        return [name for name in dict.fromkeys(picked) if self.graph.is_float(name)]
+
+    def run(self) -> QuantPlan:
+        for node in self.graph.nodes:
+            if self.visit(node):
+                self.quantized.append((node.name, node.op_type))
+                self.quantized_names.add(node.name)
+        return self.finish()
+
+    def visit(self, node: PlanNode) -> bool:
+        if node.op_type == "Constant":
+            return False
+        rule = policy_for(node, self.graph.constant)
+        if rule is None:
+            self.floating.append(FloatNode(node.name, node.op_type, "no quantization policy for this op type"))
+            return False
+        cfg: OperatorConfig | None = self.config.for_node(node.name, node.op_type)
+        if cfg is None:
+            self.floating.append(FloatNode(node.name, node.op_type, "excluded by the config"))
+            return False
+        act_in = _activation_spec(cfg.input, node, "input")
+        act_out = _activation_spec(cfg.output, node, "output")
+        inputs = self.float_tensors(node.inputs, rule.data_inputs)
+        outputs = self.float_tensors(node.outputs, rule.data_outputs)
+        has_weight = False
+        if rule.kind is OpKind.WEIGHTED:
+            runtime_weight, has_weight = self.weighted(node, rule, cfg, act_in)
+            inputs += runtime_weight
+        if act_in is None and act_out is None and not has_weight:
+            self.floating.append(FloatNode(node.name, node.op_type, "the config quantizes none of its tensors"))
+            return False
+        if act_in is not None:
+            for name in inputs:
+                self.request(name, act_in, priority=1)
+        if rule.kind is OpKind.PASS_THROUGH:
+            self.pass_through(inputs, outputs)
+        elif rule.kind is OpKind.CONCAT and self.share_concat_scales:
+            self.concat(inputs, outputs, act_out or act_in)
+        elif act_out is not None:
+            for name in outputs:
+                self.request(name, act_out, priority=0)
+            if rule.kind is OpKind.ACTIVATION and outputs:
+                self.try_fuse(node, act_out)
+        return True
+
+    def weighted(
+        self, node: PlanNode, rule: OpPolicy, cfg: OperatorConfig, act_in: QuantSpec | None
+    ) -> tuple[list[str], bool]:
+        """Record weight and bias slots. Returns the weight when it is computed at run
+        time (it is then quantized like an activation) and whether a slot was recorded."""
+        assert rule.weight_input is not None
+        weight_index, bias_index = rule.weight_input, rule.bias_input
+        weight = node.input(weight_index)
+        if not weight:
+            return [], False
+        value = self.graph.constant(weight)
+        if value is None or not self.graph.is_float(weight):
+            return ([weight] if self.graph.is_float(weight) else []), False
+        if cfg.weight is None or not cfg.weight.is_quantized:
+            return [], False
+        spec, note = resolve_weight_spec(node, cfg.weight, value.ndim)
+        if note is not None:
+            self.notes.append(note)
+        self.weights.append(WeightSlot(node.name, node.op_type, weight, weight_index, spec))
+        bias = node.input(bias_index) if bias_index is not None else ""
+        if bias and bias_index is not None:
+            if self.graph.constant(bias) is not None and act_in is not None and node.input(0):
+                kernel = rule.integer_kernel and act_in.dtype.bits <= 8 and spec.dtype.bits <= 8
+                self.biases.append(BiasSlot(node.name, bias, bias_index, node.input(0), weight, cfg.bias, kernel))
+            else:
+                self.notes.append(f"node {node.name!r}: bias {bias!r} kept float (not a constant or input float)")
+        return [], True
+
+    def pass_through(self, inputs: list[str], outputs: list[str]) -> None:
+        if not inputs or inputs[0] not in self.specs:
+            return
+        for name in outputs:
+            self.groups.add(name)
+            self.groups.union(inputs[0], name)
+            self.unobserved.add(name)
+            self.request(name, self.specs[inputs[0]][1], priority=2)
+
+    def concat(self, inputs: list[str], outputs: list[str], spec: QuantSpec | None) -> None:
+        if spec is None:
+            return
+        for name in inputs:
+            self.request(name, spec, priority=1)
+        for name in outputs:
+            self.request(name, spec, priority=0)
+            self.unobserved.add(name)
+            for other in inputs:
+                self.groups.union(other, name)
+
+    def try_fuse(self, node: PlanNode, act_out: QuantSpec) -> None:
+        pre = node.input(0)
+        producer = self.graph.producer(pre)
+        bounds = clip_bounds(node, self.graph.constant)
+        if (
+            producer is None
+            or bounds is None
+            or producer.op_type not in FUSABLE_PRODUCERS
+            or producer.name not in self.quantized_names
+            or self.graph.is_graph_output(pre)
+            or [c.name for c in self.graph.consumers(pre)] != [node.name]
+        ):
+            return
+        post = node.outputs[0]
+        # The post-activation range decides the shared qparams; the producer's output
+        # only needs to be representable where the activation lets values through.
+        self.specs[pre] = (0, act_out)
+        self.groups.union(post, pre)
+        self.unobserved.add(pre)
+        self.fused.append(FusedActivation(node.name, node.op_type, producer.name, pre, post, bounds))
+
+    def finish(self) -> QuantPlan:
+        members: dict[str, list[str]] = {}
+        for name in self.order:
+            members.setdefault(self.groups.find(name), []).append(name)
+        position = {name: i for i, name in enumerate(self.order)}
+        groups = []
+        for names in members.values():
+            best = min(names, key=lambda n: (self.specs[n][0], position[n]))
+            spec = self.specs[best][1]
+            differing = sorted(n for n in names if self.specs[n][1] != spec)
+            if differing:
+                self.notes.append(f"tensors {differing} share qparams with {best!r} and use its spec")
+            observed = tuple(n for n in names if n not in self.unobserved)
+            if not observed:  # e.g. Concat of constants: observe every member instead
+                observed = tuple(names)
+            groups.append(TensorGroup(names[0], spec, tuple(names), observed))
+        return QuantPlan(
+            groups=tuple(groups),
+            weights=tuple(self.weights),
+            biases=tuple(self.biases),
+            fused=tuple(self.fused),
+            quantized_nodes=tuple(self.quantized),
+            float_nodes=tuple(self.floating),
+            notes=tuple(self.notes),
+        )
+
+
+def plan_quantization(graph: GraphView, config: QuantConfig, *, share_concat_scales: bool = True) -> QuantPlan:
+    """Plan ``graph`` (not modified; node names unique) under ``config``. See the module
+    docstring. ``share_concat_scales=False`` gives Concat's inputs and output their own
+    qparams (a runtime's integer Concat then requantizes each input)."""
+    return _Planner(graph, config, share_concat_scales).run()

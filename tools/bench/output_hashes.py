@@ -1,0 +1,114 @@
+"""SHA-256 of quant-onnx's output files: the regression check for refactors that must not
+change a single byte (quantize the reference models with fixed configs and data, print
+one hash per file, compare with a saved run).
+
+    python -m tools.bench.output_hashes                        # print, and save under .cache/bench/
+    python -m tools.bench.output_hashes --compare OLD.json     # exit 1 when any hash differs
+    python -m tools.bench.output_hashes --models fmnist_resnet18 --configs a8w8 xint8
+
+Calibration: the first 128 samples of each model's benchmark calibration set
+(``tools/bench/models.py``), batch 16. EfficientNet-Lite0 needs its export
+(``tools/export_efficientnet.py``) and the photo crops (``tools/photo_crops.py``).
+
+Example:
+    >>> sorted(CONFIGS)
+    ['a8w8', 'a8w8_per_tensor', 'xint8', 'xint8_cle']
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # run as a script: make `tools.*` importable
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tools.bench import common  # noqa: E402
+from tools.bench.models import MODELS, input_name, load_data  # noqa: E402
+
+DEFAULT_MODELS = ("fmnist_resnet18", "fmnist_mobilenetv2", "efficientnet_lite0")
+NUM_CALIB = 128
+BATCH_SIZE = 16
+RESULTS = common.CACHE_DIR / "bench" / "output_hashes.json"
+
+
+def _preset(name: str) -> Callable[[], Any]:
+    def build() -> Any:
+        from quant_core.presets import get_preset
+
+        return get_preset(name)
+
+    return build
+
+
+def _xint8_cle() -> Any:
+    from quant_core.algorithm_config import CLEConfig
+    from quant_core.presets import get_preset
+
+    return get_preset("xint8").evolve(algorithms=(CLEConfig(),))
+
+
+CONFIGS: dict[str, Callable[[], Any]] = {
+    "a8w8": _preset("a8w8"),
+    "a8w8_per_tensor": _preset("a8w8_per_tensor"),
+    "xint8": _preset("xint8"),
+    "xint8_cle": _xint8_cle,
+}
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run(models: list[str], configs: list[str]) -> dict[str, str]:
+    """``{"model/config": sha256}`` of each quantized file."""
+    common.use_checkout_packages()
+    import quant_onnx
+
+    hashes: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in models:
+            model = MODELS[name]
+            path = model.ensure()
+            data = load_data(model)
+            calib = np.load(data.calib_path)[:NUM_CALIB]
+            feeds = [{input_name(path): calib[i : i + BATCH_SIZE]} for i in range(0, len(calib), BATCH_SIZE)]
+            for config in configs:
+                out = Path(scratch) / f"{name}.{config}.onnx"
+                quant_onnx.quantize(path, out, CONFIGS[config](), feeds, quiet=True)
+                key = f"{name}/{config}"
+                hashes[key] = file_hash(out)
+                print(f"{hashes[key]}  {key}", flush=True)
+    return hashes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=sorted(MODELS))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=sorted(CONFIGS))
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to save this run's hashes")
+    parser.add_argument("--compare", type=Path, help="a saved run: exit 1 when a hash differs")
+    args = parser.parse_args(argv)
+    hashes = run(args.models, args.configs)
+    common.write_json(args.results, hashes)
+    if args.compare is None:
+        return 0
+    old = json.loads(args.compare.read_text())
+    changed = sorted(k for k in hashes if k in old and old[k] != hashes[k])
+    for key in changed:
+        print(f"CHANGED {key}: {old[key][:12]} -> {hashes[key][:12]}")
+    print(f"{len(hashes) - len(changed)} of {len(hashes)} identical to {args.compare}")
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
