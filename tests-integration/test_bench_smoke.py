@@ -144,7 +144,7 @@ def test_clean_float_model_keeps_the_function(tmp_path: Path) -> None:
     float_path, _ = _conv_models(tmp_path)
     clean = tmp_path / "clean.onnx"
     how = common.clean_float_model(float_path, clean)
-    assert how in ("quant_onnx.preprocess", "onnxruntime basic optimisation")
+    assert how in ("quant_onnx.pipeline.preprocess", "onnxruntime basic optimisation")
     x = np.random.default_rng(2).normal(size=(2, 16, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(common.predict(clean, x), common.predict(float_path, x), rtol=1e-4, atol=1e-4)
 

@@ -457,21 +457,21 @@ def file_size_mb(path: str | os.PathLike[str]) -> float:
 def clean_float_model(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
     """Write the float model cleaned like the quantizer cleans it; returns how it was cleaned.
 
-    Uses ``quant_onnx.preprocess.preprocess`` (constant folding, Pad folding, ...) when it exists,
+    Uses ``quant_onnx.pipeline.preprocess.preprocess`` (constant folding, Pad folding, ...) when it exists,
     else onnxruntime's basic-level optimisation (constant folding and Pad fusion into Conv) saved
     to disk; both keep the graph portable (no layout-specific ops).
     """
     import onnx
 
     try:
-        from quant_onnx.preprocess import PreprocessOptions, preprocess
+        from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess
     except ImportError:
         preprocess = None
     with atomic_path(dst, ".onnx") as tmp:
         if preprocess is not None:
             cleaned = preprocess(onnx.load(str(src)), PreprocessOptions())
             onnx.save(cleaned, str(tmp))
-            return "quant_onnx.preprocess"
+            return "quant_onnx.pipeline.preprocess"
         make_session(src, level="basic", optimized_path=tmp)
         return "onnxruntime basic optimisation"
 

@@ -194,10 +194,10 @@ def quantize_in_memory(
     model: onnx.ModelProto, config: object, data: np.ndarray, batch_size: int = 16, **writer: object
 ):
     """(calibrated, qdq model) for ``model`` quantized on ``data`` without pre-processing."""
-    from quant_onnx.annotate import ensure_node_names, plan_model
     from quant_onnx.api import resolve_config
-    from quant_onnx.calibrate import calibrate
-    from quant_onnx.qdq_writer import WriterOptions, write_qdq
+    from quant_onnx.pipeline.annotate import ensure_node_names, plan_model
+    from quant_onnx.pipeline.calibrate import calibrate
+    from quant_onnx.pipeline.qdq_writer import WriterOptions, write_qdq
 
     model_copy = onnx.ModelProto()
     model_copy.CopyFrom(model)

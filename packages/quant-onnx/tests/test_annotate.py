@@ -9,8 +9,8 @@ from onnx import helper
 
 from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
-from quant_onnx.annotate import ensure_node_names, plan_model
-from quant_onnx.config_overrides import override_config
+from quant_onnx.io.config_overrides import override_config
+from quant_onnx.pipeline.annotate import ensure_node_names, plan_model
 
 
 def _nodes(model, op):

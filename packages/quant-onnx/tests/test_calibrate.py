@@ -13,10 +13,10 @@ from model_builders import GraphBuilder, ort_run, random_inputs, small_cnn
 
 from quant_core.observer_config import MovingAverageMinMax
 from quant_core.presets import get_preset
-from quant_onnx.annotate import plan_model
-from quant_onnx.calibrate import augmented_model, calibrate
-from quant_onnx.config_overrides import override_config
 from quant_onnx.errors import DataError
+from quant_onnx.io.config_overrides import override_config
+from quant_onnx.pipeline.annotate import plan_model
+from quant_onnx.pipeline.calibrate import augmented_model, calibrate
 
 
 def _batches(x: np.ndarray, size: int):
@@ -116,7 +116,9 @@ class _RecordingSession:
 
 
 def _record_runs(monkeypatch) -> list[int]:
-    calibrate_module = importlib.import_module("quant_onnx.calibrate")  # the package re-exports a function of that name
+    calibrate_module = importlib.import_module(
+        "quant_onnx.pipeline.calibrate"
+    )  # the package re-exports a function of that name
 
     sizes: list[int] = []
     real = calibrate_module.inference_session
@@ -125,7 +127,9 @@ def _record_runs(monkeypatch) -> list[int]:
 
 
 def test_large_batches_run_in_chunks_with_the_same_ranges(monkeypatch) -> None:
-    calibrate_module = importlib.import_module("quant_onnx.calibrate")  # the package re-exports a function of that name
+    calibrate_module = importlib.import_module(
+        "quant_onnx.pipeline.calibrate"
+    )  # the package re-exports a function of that name
 
     model, left, _ = _concat_model()
     x = random_inputs(model, 10)
@@ -142,7 +146,9 @@ def test_large_batches_run_in_chunks_with_the_same_ranges(monkeypatch) -> None:
 
 
 def test_moving_average_sees_the_users_batches(monkeypatch) -> None:
-    calibrate_module = importlib.import_module("quant_onnx.calibrate")  # the package re-exports a function of that name
+    calibrate_module = importlib.import_module(
+        "quant_onnx.pipeline.calibrate"
+    )  # the package re-exports a function of that name
 
     model, _, _ = _concat_model()
     config = get_preset("a8w8")

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from model_builders import float_island_net, random_inputs, small_cnn
 
-from quant_onnx.cli import main
+from quant_onnx.io.cli import main
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from quant_onnx.data import (
+from quant_onnx.errors import DataError, MissingDependencyError
+from quant_onnx.io.data import (
     CalibrationReader,
     ImageOptions,
     InputSpec,
@@ -20,7 +21,6 @@ from quant_onnx.data import (
     load_calibration_data,
     model_inputs,
 )
-from quant_onnx.errors import DataError, MissingDependencyError
 
 F32 = np.dtype("float32")
 IMG = [InputSpec("x", ("N", 3, 4, 4), F32)]

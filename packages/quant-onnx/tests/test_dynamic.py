@@ -10,8 +10,8 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from quant_core.qparams import sqnr_db
-from quant_onnx.config_overrides import override_config
-from quant_onnx.dynamic import quantize_dynamic, quantize_dynamic_model
+from quant_onnx.io.config_overrides import override_config
+from quant_onnx.pipeline.dynamic import quantize_dynamic, quantize_dynamic_model
 
 
 @pytest.mark.parametrize("build", [small_cnn, mlp])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from quant_onnx.graph import GraphIndex, node_inputs, topological_sort
-from quant_onnx.preprocess.shape_inference import typed_index
+from quant_onnx.pipeline.preprocess.shape_inference import typed_index
 
 
 def test_producers_consumers_constants():

@@ -28,7 +28,7 @@ from onnx import helper
 
 from quant_onnx.errors import ModelError
 from quant_onnx.model_io import model_hash, opset_version
-from quant_onnx.preprocess import (
+from quant_onnx.pipeline.preprocess import (
     constants_to_initializers,
     eliminate_identities,
     fold_batchnorm,

@@ -26,7 +26,7 @@ from conftest import (
 )
 
 from quant_onnx.model_io import load_model, model_hash, opset_version
-from quant_onnx.preprocess import PreprocessOptions, preprocess, preprocess_with_report
+from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess, preprocess_with_report
 
 REPO = Path(__file__).resolve().parents[3]
 BUILDERS = {

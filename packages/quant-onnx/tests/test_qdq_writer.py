@@ -21,7 +21,7 @@ from model_builders import (
 from onnx import numpy_helper
 
 from quant_core.qparams import QParams, bias_qparams, fake_quantize, sqnr_db
-from quant_onnx.qdq_writer import WriterOptions, activation_is_absorbed, encode_activation
+from quant_onnx.pipeline.qdq_writer import WriterOptions, activation_is_absorbed, encode_activation
 
 COMPUTE = ("Conv", "Gemm", "MatMul")
 

@@ -8,13 +8,13 @@ Example:
 
 from __future__ import annotations
 
-from quant_onnx.annotate import plan_model
 from quant_onnx.api import DEFAULT_PRESET, ModelQuantizer, PreparedModel, QuantizationResult, quantize, resolve_config
-from quant_onnx.calibrate import CalibratedModel, calibrate
-from quant_onnx.compare import Comparison, compare_models
-from quant_onnx.dynamic import quantize_dynamic, quantize_dynamic_model
 from quant_onnx.errors import DataError, ModelError
-from quant_onnx.qdq_writer import WriterOptions, write_qdq
+from quant_onnx.io.compare import Comparison, compare_models
+from quant_onnx.pipeline.annotate import plan_model
+from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
+from quant_onnx.pipeline.dynamic import quantize_dynamic, quantize_dynamic_model
+from quant_onnx.pipeline.qdq_writer import WriterOptions, write_qdq
 
 __all__ = [
     "DEFAULT_PRESET",

@@ -7,7 +7,7 @@ can hook in between them:
    folding, Pad folding, opset raised where the formats need it), name every node, run
    the model hooks, plan (:mod:`quant_core.plan`). -> :class:`PreparedModel`
 2. :meth:`ModelQuantizer.calibrate`: stream the data through onnxruntime into observers,
-   then run the calibrated hooks. -> :class:`~quant_onnx.calibrate.CalibratedModel`
+   then run the calibrated hooks. -> :class:`~quant_onnx.pipeline.calibrate.CalibratedModel`
 3. :meth:`ModelQuantizer.write`: the QDQ model. -> ``onnx.ModelProto``
 
 :meth:`ModelQuantizer.quantize` also runs the config's ``algorithms``
@@ -49,15 +49,15 @@ from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
 from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
-from quant_onnx.annotate import ensure_node_names, plan_model
-from quant_onnx.calibrate import CalibratedModel, calibrate
-from quant_onnx.compare import Comparison, compare_models
-from quant_onnx.data import ImageOptions, calibration_batches
 from quant_onnx.errors import ModelError
+from quant_onnx.io.compare import Comparison, compare_models
+from quant_onnx.io.data import ImageOptions, calibration_batches
+from quant_onnx.io.report import build_report, write_report
 from quant_onnx.model_io import load_model, opset_version, save_model
-from quant_onnx.preprocess import PreprocessOptions, preprocess_with_report
-from quant_onnx.qdq_writer import WriterOptions, encode_activation_dtype, required_opset, write_qdq_with_notes
-from quant_onnx.report import build_report, write_report
+from quant_onnx.pipeline.annotate import ensure_node_names, plan_model
+from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
+from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess_with_report
+from quant_onnx.pipeline.qdq_writer import WriterOptions, encode_activation_dtype, required_opset, write_qdq_with_notes
 
 DEFAULT_PRESET = "a8w8"
 """What an onnxruntime user expects: uint8 activations, int8 per-channel weights."""
@@ -245,7 +245,7 @@ class ModelQuantizer:
         batch_size: int | None = None,
         image_options: ImageOptions | None = None,
     ) -> Iterable[Mapping[str, np.ndarray]]:
-        """Validated feeds for ``prepared``'s inputs (see :mod:`quant_onnx.data`)."""
+        """Validated feeds for ``prepared``'s inputs (see :mod:`quant_onnx.io.data`)."""
         return calibration_batches(
             prepared.model,
             calibration_data,

@@ -33,9 +33,9 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from quant_onnx.calibrate import inference_session
 from quant_onnx.errors import DataError, ModelError
 from quant_onnx.graph import GraphIndex, node_inputs
+from quant_onnx.pipeline.calibrate import inference_session
 
 Feeds = Mapping[str, np.ndarray]
 

@@ -156,7 +156,7 @@ def _image_options(args: argparse.Namespace) -> Any:
     given = {key: getattr(args, key) for key in ("resize", "mean", "std", "layout") if getattr(args, key) is not None}
     if not given:
         return None
-    from quant_onnx.data import ImageOptions
+    from quant_onnx.io.data import ImageOptions
 
     for key in ("resize", "mean", "std"):
         if key in given:
@@ -165,7 +165,7 @@ def _image_options(args: argparse.Namespace) -> Any:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from quant_onnx.config_overrides import override_config
+    from quant_onnx.io.config_overrides import override_config
 
     if not Path(args.model).is_file():
         raise ValueError(f"model '{args.model}': file not found")
@@ -178,7 +178,7 @@ def _quantize(args: argparse.Namespace) -> int:
         algorithms=_algorithms(args),
     )
     if args.dynamic:
-        from quant_onnx.dynamic import quantize_dynamic
+        from quant_onnx.pipeline.dynamic import quantize_dynamic
 
         quantize_dynamic(args.model, args.output, config)
         return EXIT_OK
@@ -245,8 +245,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from quant_onnx.compare import compare_models
-    from quant_onnx.data import calibration_batches
+    from quant_onnx.io.compare import compare_models
+    from quant_onnx.io.data import calibration_batches
     from quant_onnx.model_io import load_model
 
     float_model = load_model(args.float_model)
@@ -264,7 +264,7 @@ def _compare(args: argparse.Namespace) -> int:
         for layer in result.layers:
             print(f"{layer.tensor:<48}{layer.sqnr_db:>10.2f}")
     if args.json:
-        from quant_onnx.report import write_report
+        from quant_onnx.io.report import write_report
 
         write_report(result.to_data(), args.json)
     return EXIT_OK

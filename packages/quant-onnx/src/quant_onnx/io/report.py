@@ -5,7 +5,7 @@ Example:
     >>> import json
 
     >>> from quant_core.plan import QuantPlan
-    >>> from quant_onnx.calibrate import CalibratedModel
+    >>> from quant_onnx.pipeline.calibrate import CalibratedModel
     >>> import onnx
     >>> empty = QuantPlan(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
     >>> report = build_report(CalibratedModel(onnx.ModelProto(), empty, {}, {}, {}))
@@ -28,8 +28,8 @@ from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
 from quant_core.qparams import QParams
 from quant_core.serialization import to_data
-from quant_onnx.calibrate import CalibratedModel
-from quant_onnx.compare import Comparison
+from quant_onnx.io.compare import Comparison
+from quant_onnx.pipeline.calibrate import CalibratedModel
 
 REPORT_VERSION = 1
 

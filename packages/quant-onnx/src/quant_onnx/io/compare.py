@@ -29,7 +29,7 @@ import onnx
 import onnxruntime as ort
 from tqdm.auto import tqdm
 
-from quant_onnx.calibrate import augmented_model, inference_session
+from quant_onnx.pipeline.calibrate import augmented_model, inference_session
 
 
 def dequantized_tensors(quant_model: onnx.ModelProto) -> dict[str, str]:

@@ -34,7 +34,7 @@ from onnx import TensorProto, helper
 from quant_core.config import QuantConfig
 from quant_core.plan import PlanGraph, PlanNode, QuantPlan, plan_quantization
 from quant_onnx.graph import is_default_domain, node_inputs
-from quant_onnx.preprocess.shape_inference import typed_index
+from quant_onnx.pipeline.preprocess.shape_inference import typed_index
 
 
 def _decode(value: Any) -> Any:

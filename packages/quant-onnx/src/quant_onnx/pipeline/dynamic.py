@@ -37,10 +37,10 @@ from quant_core.plan import resolve_weight_spec
 from quant_core.qparams import quantize
 from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
-from quant_onnx.annotate import ensure_node_names, plan_node
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
 from quant_onnx.model_io import load_model, save_model
-from quant_onnx.preprocess import PreprocessOptions, preprocess
+from quant_onnx.pipeline.annotate import ensure_node_names, plan_node
+from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess
 
 _DYNAMIC_OPS = ("Conv", "MatMul", "Gemm")
 _CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")

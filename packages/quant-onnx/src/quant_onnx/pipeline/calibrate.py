@@ -20,7 +20,7 @@ Example:
     >>> import numpy as np
     >>> from onnx import helper, TensorProto
     >>> from quant_core.presets import get_preset
-    >>> from quant_onnx.annotate import plan_model
+    >>> from quant_onnx.pipeline.annotate import plan_model
     >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
     ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])

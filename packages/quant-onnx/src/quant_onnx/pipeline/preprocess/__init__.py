@@ -8,7 +8,7 @@ nodes and unused initializers are dropped and the opset is at least 13.  The inp
 Example:
     >>> import numpy as np
     >>> from onnx import TensorProto, helper, numpy_helper
-    >>> from quant_onnx.preprocess import PreprocessOptions, preprocess
+    >>> from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess
     >>> w = numpy_helper.from_array(np.ones((2, 1, 1, 1), np.float32), "w")
     >>> bn = [numpy_helper.from_array(np.ones(2, np.float32), n) for n in ("g", "b", "m", "v")]
     >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])
@@ -30,19 +30,22 @@ import attrs
 import onnx
 
 from quant_onnx.model_io import check_model
-from quant_onnx.preprocess.bn_folding import fold_batchnorm, fold_batchnorm_inplace
-from quant_onnx.preprocess.constant_folding import fold_constants, fold_constants_inplace
-from quant_onnx.preprocess.constants_to_initializers import (
+from quant_onnx.pipeline.preprocess.bn_folding import fold_batchnorm, fold_batchnorm_inplace
+from quant_onnx.pipeline.preprocess.constant_folding import fold_constants, fold_constants_inplace
+from quant_onnx.pipeline.preprocess.constants_to_initializers import (
     constants_to_initializers,
     constants_to_initializers_inplace,
 )
-from quant_onnx.preprocess.dead_node_removal import remove_dead_nodes, remove_dead_nodes_inplace
-from quant_onnx.preprocess.identity_elimination import eliminate_identities, eliminate_identities_inplace
-from quant_onnx.preprocess.initializer_inputs import initializers_to_constants, initializers_to_constants_inplace
-from quant_onnx.preprocess.opset import default_target_opset, upgrade_opset
-from quant_onnx.preprocess.pad_folding import fold_pads, fold_pads_inplace
-from quant_onnx.preprocess.relu6_to_relu import relu6_to_relu, relu6_to_relu_inplace
-from quant_onnx.preprocess.shape_inference import infer_shapes, infer_shapes_inplace
+from quant_onnx.pipeline.preprocess.dead_node_removal import remove_dead_nodes, remove_dead_nodes_inplace
+from quant_onnx.pipeline.preprocess.identity_elimination import eliminate_identities, eliminate_identities_inplace
+from quant_onnx.pipeline.preprocess.initializer_inputs import (
+    initializers_to_constants,
+    initializers_to_constants_inplace,
+)
+from quant_onnx.pipeline.preprocess.opset import default_target_opset, upgrade_opset
+from quant_onnx.pipeline.preprocess.pad_folding import fold_pads, fold_pads_inplace
+from quant_onnx.pipeline.preprocess.relu6_to_relu import relu6_to_relu, relu6_to_relu_inplace
+from quant_onnx.pipeline.preprocess.shape_inference import infer_shapes, infer_shapes_inplace
 
 __all__ = [
     "PreprocessOptions",

@@ -1,4 +1,4 @@
-"""Write a :class:`~quant_onnx.calibrate.CalibratedModel` as a QDQ ONNX model that
+"""Write a :class:`~quant_onnx.pipeline.calibrate.CalibratedModel` as a QDQ ONNX model that
 onnxruntime runs with its integer kernels (see ``ONNXRUNTIME-INT8.md``).
 
 - Weights become integer initializers behind a DequantizeLinear (per-channel axis
@@ -22,8 +22,8 @@ Example:
     >>> import numpy as np
     >>> from onnx import helper, numpy_helper, TensorProto
     >>> from quant_core.presets import get_preset
-    >>> from quant_onnx.annotate import plan_model
-    >>> from quant_onnx.calibrate import calibrate
+    >>> from quant_onnx.pipeline.annotate import plan_model
+    >>> from quant_onnx.pipeline.calibrate import calibrate
     >>> w = numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w")
     >>> g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
     ...     helper.make_node("Relu", ["c"], ["y"], name="relu")], "g",
@@ -51,8 +51,8 @@ from quant_core.bias import BiasRule, EncodedBias, encode_bias
 from quant_core.dtypes import DType
 from quant_core.plan import BiasSlot, FusedActivation
 from quant_core.qparams import QParams, quantize
-from quant_onnx.calibrate import CalibratedModel
 from quant_onnx.graph import DEFAULT_DOMAINS, GraphIndex, is_default_domain, node_attribute
+from quant_onnx.pipeline.calibrate import CalibratedModel
 from quant_onnx.tensor_types import DTYPE_OF_ONNX, ONNX_DTYPES
 
 _LOG = logging.getLogger(__name__)
