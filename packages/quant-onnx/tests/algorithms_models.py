@@ -1,25 +1,20 @@
-"""Small float models and a minimal reference QDQ writer for the algorithm tests.
-
-The writer follows ONNXRUNTIME-INT8.md: each Conv/Gemm/MatMul reads its data input
-through QuantizeLinear -> DequantizeLinear (uint8 asymmetric from the calibrated
-min/max, or int8 symmetric power-of-two), an int8 symmetric weight initializer behind a
-DequantizeLinear (per-channel on the output axis or per-tensor) and an int32 bias
-initializer with scale ``input_scale * weight_scale``. It exists so that the passes
-are tested against standard QDQ structure independently of the package's own writer.
-"""
+"""Small float models for the algorithm tests, and the quantizer's calibrated plan and
+QDQ model for them (what the post-passes take: their qparams come from the plan, never
+from the file)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quant_core.qparams import QParams, bias_qparams, qparams_from_range, quantize
-from quant_core.spec import QuantSpec
+from quant_core.presets import get_preset
 from quant_onnx.algorithms.capture import TensorCapture
-from quant_onnx.graph import GraphIndex
+from quant_onnx.api import ModelQuantizer
+from quant_onnx.pipeline.calibrate import CalibratedModel
 
 OPSET = 17
 
@@ -135,128 +130,46 @@ def run(model: onnx.ModelProto, batches: Sequence[dict], tensor: str | None = No
     return TensorCapture(model, [name]).collect(batches)[name]
 
 
-def _weighted(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    return [n for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
-
-
-def write_qdq(
+def quantize_for_passes(
     float_model: onnx.ModelProto,
     batches: Sequence[dict],
     *,
     per_channel: bool = True,
     power_of_two: bool = False,
     weight_bits: int = 8,
-    wide_inputs: Sequence[str] = (),
-) -> onnx.ModelProto:
-    """Standard QDQ version of ``float_model`` (weighted layers' inputs, weights, biases).
-    The inputs of the layers named in ``wide_inputs`` get int16 Q/DQ (com.microsoft)."""
-    index = GraphIndex(float_model.graph)
-    layers = _weighted(float_model)
-    act_tensors = sorted({n.input[0] for n in layers})
-    ranges = TensorCapture(float_model, act_tensors).collect(batches)
-    scale_type = "power_of_two" if power_of_two else "float"
-    act_spec = (
-        QuantSpec(dtype="int8", symmetric=True, scale_type=scale_type)
-        if power_of_two
-        else QuantSpec(dtype="uint8", symmetric=False)
+    preset: str | None = None,
+) -> tuple[CalibratedModel, onnx.ModelProto]:
+    """The quantizer's calibrated plan and QDQ model for ``float_model``: what the
+    post-passes take. ``power_of_two``: the ``xint8`` preset (symmetric int8 power-of-two),
+    else ``a8w8``; weights per channel or per tensor, int8 or int4."""
+    config = get_preset(preset or ("xint8" if power_of_two else "a8w8"))
+    weight = config.global_config.weight
+    assert weight is not None
+    weight = weight.evolve(
+        per_channel_axis="output" if per_channel else None, dtype="int8" if weight_bits == 8 else "int4"
     )
-    model = onnx.ModelProto()
-    model.CopyFrom(float_model)
-    graph = model.graph
-    new_nodes: list[onnx.NodeProto] = []
-    inits: list[onnx.TensorProto] = []
-    act_qp: dict[str, QParams] = {}
-    wide_tensors = {n.input[0] for n in layers if n.name in wide_inputs}
-    for t in act_tensors:
-        v = ranges[t]
-        wide = t in wide_tensors
-        spec = QuantSpec(dtype="int16", symmetric=False) if wide else act_spec
-        qp = qparams_from_range(float(v.min()), float(v.max()), spec)
-        act_qp[t] = qp
-        inits += [_init(f"{t}_s", qp.scale), _init(f"{t}_zp", qp.zero_point.astype(qp.dtype.numpy_dtype))]
-        domain = {"domain": "com.microsoft"} if wide else {}
-        new_nodes += [
-            helper.make_node("QuantizeLinear", [t, f"{t}_s", f"{t}_zp"], [f"{t}_q"], name=f"{t}_Q", **domain),
-            helper.make_node(
-                "DequantizeLinear", [f"{t}_q", f"{t}_s", f"{t}_zp"], [f"{t}_dq"], name=f"{t}_DQ", **domain
-            ),
-        ]
-    for node in graph.node:
-        if node not in layers:
-            new_nodes.append(node)
-            continue
-        w = index.constant(node.input[1])
-        transposed = node.op_type == "MatMul" or (
-            node.op_type == "Gemm" and not any(a.name == "transB" and a.i for a in node.attribute)
-        )
-        axis = (1 if transposed else 0) if per_channel else None
-        dtype = "int8" if weight_bits == 8 else "int4"
-        spec = QuantSpec(dtype=dtype, symmetric=True, per_channel_axis=axis, scale_type=scale_type, narrow_range=True)
-        if axis is None:
-            wqp = qparams_from_range(float(w.min()), float(w.max()), spec)
-        else:
-            reduce = tuple(i for i in range(w.ndim) if i != axis)
-            wqp = qparams_from_range(w.min(axis=reduce), w.max(axis=reduce), spec)
-        codes = quantize(w, wqp)
-        if weight_bits != 8:
-            import ml_dtypes
+    config = config.evolve(global_config=attrs.evolve(config.global_config, weight=weight))
+    quantizer = ModelQuantizer(config, quiet=True)
+    calibrated = quantizer.calibrate(quantizer.prepare(float_model), batches)
+    return calibrated, quantizer.write(calibrated)
 
-            codes = codes.astype(ml_dtypes.int4)
-        n = node.name
-        inits += [
-            _init(f"{n}_wq", codes),
-            _init(f"{n}_ws", wqp.scale),
-            _init(f"{n}_wzp", np.zeros_like(wqp.scale, codes.dtype)),
-        ]
-        dq_attrs = {"axis": axis} if axis is not None else {}
-        new_nodes.append(
-            helper.make_node(
-                "DequantizeLinear", [f"{n}_wq", f"{n}_ws", f"{n}_wzp"], [f"{n}_w"], name=f"{n}_wDQ", **dq_attrs
-            )
-        )
-        inputs = [f"{node.input[0]}_dq", f"{n}_w"]
-        if len(node.input) > 2 and node.input[2]:
-            bqp = bias_qparams(act_qp[node.input[0]].scale, wqp)
-            b = index.constant(node.input[2])
-            bcodes = np.rint(b / np.broadcast_to(bqp.scale, b.shape)).astype(np.int32)
-            inits += [
-                _init(f"{n}_bq", bcodes),
-                _init(f"{n}_bs", bqp.scale),
-                _init(f"{n}_bzp", np.zeros_like(bqp.scale, np.int32)),
-            ]
-            new_nodes.append(
-                helper.make_node(
-                    "DequantizeLinear",
-                    [f"{n}_bq", f"{n}_bs", f"{n}_bzp"],
-                    [f"{n}_b"],
-                    name=f"{n}_bDQ",
-                    **({"axis": 0} if axis is not None else {}),
-                )
-            )
-            inputs.append(f"{n}_b")
-        q = helper.make_node(node.op_type, inputs, list(node.output), name=n)
-        q.attribute.extend(node.attribute)
-        new_nodes.append(q)
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    graph.initializer.extend(inits)
-    used = {i for node in graph.node for i in node.input}
-    kept = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    from quant_onnx.graph import topological_sort
 
-    ordered = topological_sort(
-        graph.node, available={t.name for t in graph.initializer} | {i.name for i in graph.input}
-    )
-    del graph.node[:]
-    graph.node.extend(ordered)
-    if weight_bits != 8:
-        model.opset_import[0].version = 21
-    if wide_tensors:
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    onnx.checker.check_model(model)
-    return model
+def initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
+    return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == name)
+
+
+def stored_bias_scale(qdq: onnx.ModelProto, layer: str) -> np.ndarray:
+    """The scale of the DequantizeLinear feeding ``layer``'s bias (per channel or scalar)."""
+    node = next(n for n in qdq.graph.node if n.name == layer)
+    dq = next(n for n in qdq.graph.node if node.input[2] in n.output)
+    return initializer(qdq, dq.input[1])
+
+
+def stored_weight_codes(qdq: onnx.ModelProto, layer: str) -> np.ndarray:
+    """The integer codes behind ``layer``'s weight, as stored."""
+    node = next(n for n in qdq.graph.node if n.name == layer)
+    dq = next(n for n in qdq.graph.node if node.input[1] in n.output)
+    return initializer(qdq, dq.input[0])
 
 
 def outlier_mlp(seed: int = 0) -> onnx.ModelProto:

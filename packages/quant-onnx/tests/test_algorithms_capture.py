@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from algorithms_models import batches_for, mobilenet_block, write_qdq
+from algorithms_models import batches_for, mobilenet_block, quantize_for_passes
 
 from quant_onnx.algorithms.capture import IncrementalRunner, TensorCapture, count_samples, prepare_batches, pruned_model
-from quant_onnx.algorithms.qdq_layers import find_qdq_layers
 from quant_onnx.errors import DataError, ModelError
 
 
@@ -32,19 +31,20 @@ def test_pruned_model_keeps_only_what_the_outputs_need():
 def test_incremental_runner_matches_whole_model_runs_and_runs_each_node_once():
     model = mobilenet_block()
     batches = batches_for(model, count=3, batch=4)
-    qdq = write_qdq(model, batches)
-    layers = find_qdq_layers(qdq)
+    _, qdq = quantize_for_passes(model, batches)
+    layers = [n for n in qdq.graph.node if n.op_type in ("Conv", "Gemm")]
     runner = IncrementalRunner(batches)
-    reference = TensorCapture(qdq, [layer.input_tensor for layer in layers] + ["y"]).collect(batches)
+    outputs = [o.name for o in qdq.graph.output]
+    reference = TensorCapture(qdq, [layer.input[0] for layer in layers] + outputs).collect(batches)
     for layer in layers:
-        got = runner.concat(qdq, layer.input_tensor)
-        np.testing.assert_allclose(got, reference[layer.input_tensor], rtol=1e-5, atol=1e-5)
+        got = runner.concat(qdq, layer.input[0])
+        np.testing.assert_allclose(got, reference[layer.input[0]], rtol=1e-5, atol=1e-5)
         # Evaluating the layer without committing leaves it pending.
-        runner.compute(qdq, [layer.output_tensor], commit=False)
-    np.testing.assert_allclose(runner.concat(qdq, "y"), reference["y"], rtol=1e-4, atol=1e-4)
+        runner.compute(qdq, [layer.output[0]], commit=False)
+    np.testing.assert_allclose(runner.concat(qdq, outputs[0]), reference[outputs[0]], rtol=1e-4, atol=1e-4)
     assert runner.nodes_run == len(qdq.graph.node)
     with pytest.raises(ModelError, match="already released"):
-        runner.compute(qdq, [layers[0].input_tensor])
+        runner.compute(qdq, [layers[0].input[0]])
 
 
 def test_capture_reports_missing_inputs():

@@ -9,10 +9,12 @@ import pytest
 from algorithms_models import batches_for, conv_relu_conv, gemm_mlp, make_model, mobilenet_block, run
 from onnx import TensorProto, helper, numpy_helper
 
+from quant_algos.drivers.cle import ChannelMoments
+from quant_algos.drivers.cle_chains import find_chains
 from quant_algos.layer import Layer, input_ranges, output_ranges
 from quant_core.algorithm_config import CLEConfig
-from quant_onnx.algorithms.chains import find_chains
-from quant_onnx.algorithms.cle import ChannelMoments, apply_cle
+from quant_onnx.algorithms.cle import apply_cle
+from quant_onnx.pipeline.annotate import plan_graph
 
 
 def _weight(model: onnx.ModelProto, name: str) -> np.ndarray:
@@ -87,7 +89,7 @@ def test_shared_weight_is_not_rescaled():
     model.graph.node.append(helper.make_node("Conv", ["r1", "w1_shared"], ["y2"], name="other", pads=[1, 1, 1, 1]))
     model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, None))
     assert w1.shape == (8, 3, 3, 3)
-    assert find_chains(model, replace_relu6=True).chains == []  # r1 has two readers
+    assert find_chains(plan_graph(model), replace_relu6=True).chains == []  # r1 has two readers
 
 
 def test_zero_pad_between_layers_is_crossed():

@@ -9,7 +9,7 @@ import sys
 import attrs
 import numpy as np
 import pytest
-from algorithms_models import batches_for, conv_relu_conv, run, write_qdq
+from algorithms_models import batches_for, conv_relu_conv, quantize_for_passes, run
 
 from quant_core.algorithm_config import (
     AdaQuantConfig,
@@ -19,8 +19,7 @@ from quant_core.algorithm_config import (
     SmoothQuantConfig,
 )
 from quant_core.presets import get_preset
-from quant_onnx.algorithms import adaround as adaround_module
-from quant_onnx.algorithms import apply_adaquant, apply_adaround, run_post_passes, run_pre_passes
+from quant_onnx.algorithms import apply_reconstruction, run_post_passes, run_pre_passes
 
 
 def _config(*algorithms):
@@ -41,34 +40,36 @@ def test_smoothquant_needs_data():
         run_pre_passes(conv_relu_conv(), _config(SmoothQuantConfig()), None)
 
 
-def test_post_passes_bias_correction_and_mixed_precision_without_the_quantizer():
+def test_post_passes_bias_correction_then_mixed_precision_hand_on_the_plan():
     from quant_core.algorithm_config import MixedPrecisionConfig
 
     model = conv_relu_conv()
     batches = batches_for(model, count=2)
-    qdq = write_qdq(model, batches)
-    result = run_post_passes(model, qdq, _config(BiasCorrectionConfig()), batches, quiet=True)
-    assert "bias_correction" in result.reports
-    # Without a quantizer the search's rewrite of the QDQ model is the result.
-    raised = run_post_passes(model, qdq, _config(MixedPrecisionConfig(max_layers=1)), batches, quiet=True)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    result = run_post_passes(calibrated, qdq, _config(BiasCorrectionConfig()), batches, quiet=True)
+    assert "bias_correction" in result.reports and result.calibrated is calibrated
+    config = _config(MixedPrecisionConfig(max_layers=1, target_types=["a16w8"]), BiasCorrectionConfig())
+    raised = run_post_passes(calibrated, qdq, config, batches, quiet=True)
     report = raised.reports["mixed_precision"]
     assert len(report["raised"]) == 1
-    assert report["final_score"] == pytest.approx(report["search_score"])
+    assert report["final_score"] == pytest.approx(report["search_score"])  # the search scores the real model
     assert report["final_score"] >= report["baseline_score"]
+    (layer,) = report["raised"]
+    assert raised.calibrated.plan.requants[0].node == layer  # bias correction ran on the raised plan
 
 
 def test_without_torch_adaround_names_the_extra(monkeypatch):
+    import quant_algos._torch as torch_helpers
+
     real = importlib.util.find_spec
-    monkeypatch.setattr(
-        adaround_module.importlib.util, "find_spec", lambda n, *a: None if n == "torch" else real(n, *a)
-    )
+    monkeypatch.setattr(torch_helpers.importlib.util, "find_spec", lambda n, *a: None if n == "torch" else real(n, *a))
     model = conv_relu_conv()
     batches = batches_for(model, count=1)
-    qdq = write_qdq(model, batches)
-    with pytest.raises(ImportError, match=r"quant-onnx\[torch\]"):
-        apply_adaround(model, qdq, batches, AdaRoundConfig())
+    calibrated, qdq = quantize_for_passes(model, batches)
+    with pytest.raises(ImportError, match=r"AdaRound.*quant-onnx\[torch\]"):
+        apply_reconstruction(calibrated, qdq, batches, AdaRoundConfig())
     with pytest.raises(ImportError, match=r"AdaQuant.*quant-onnx\[torch\]"):
-        apply_adaquant(model, qdq, batches, AdaQuantConfig())
+        apply_reconstruction(calibrated, qdq, batches, AdaQuantConfig())
 
 
 def test_importing_the_algorithms_does_not_import_torch():

@@ -11,7 +11,7 @@ import attrs
 import numpy as np
 
 from quant_algos._torch import require_torch, torch_device, torch_threads
-from quant_algos.reconstruction_data import ConvGeometry, Pool, build_pool, check_activation, limit_samples
+from quant_algos.reconstruction_data import ConvGeometry, Pool, PoolBuilder, check_activation, limit_samples
 from quant_core.qparams import QParams, dequantize, fake_quantize, quantize
 
 # Whole-pool evaluations run in chunks of this many rows to bound peak memory.
@@ -144,47 +144,88 @@ class LayerProblem:
         return total / self.size
 
 
-def prepare(
+@attrs.frozen
+class PoolSettings:
+    """How a layer's reconstruction pool is drawn: output positions per sample in a
+    minibatch, the pool's memory, and the sampling seed (results are deterministic for a seed).
+
+    Example:
+        >>> PoolSettings().max_pool_bytes // (1 << 20)
+        64
+    """
+
+    positions_per_sample: int = 64
+    max_pool_bytes: int = 64 << 20
+    seed: int = 0
+
+    def builder(
+        self,
+        weight_shape: tuple[int, ...],
+        geometry: ConvGeometry | None,
+        num_samples: int,
+        *,
+        with_targets: bool,
+        batch_size: int,
+    ) -> PoolBuilder:
+        """A :class:`PoolBuilder` holding at least one minibatch (``batch_size`` samples' worth)."""
+        if self.positions_per_sample < 1:
+            raise ValueError(
+                f"positions_per_sample: {self.positions_per_sample!r} is not allowed; allowed: an integer >= 1"
+            )
+        return PoolBuilder(
+            weight_shape,
+            geometry,
+            num_samples,
+            with_targets=with_targets,
+            max_pool_bytes=self.max_pool_bytes,
+            min_rows=batch_size * self.positions_per_sample,
+            seed=self.seed,
+        )
+
+    def pool_from_arrays(
+        self,
+        weight_shape: tuple[int, ...],
+        inputs: np.ndarray,
+        targets: np.ndarray | None,
+        geometry: ConvGeometry | None,
+        *,
+        batch_size: int,
+        num_samples: int | None,
+    ) -> Pool:
+        """The pool of whole arrays (``np.memmap`` stays lazy), first ``num_samples`` samples."""
+        x = np.asarray(inputs) if not isinstance(inputs, np.ndarray) else inputs
+        x = x if num_samples is None else x[:num_samples]
+        t = limit_samples(targets, num_samples)
+        builder = self.builder(
+            weight_shape, geometry, int(x.shape[0]), with_targets=t is not None, batch_size=batch_size
+        )
+        builder.add(x, t)
+        return builder.pool()
+
+
+def make_problem(
     torch: ModuleType,
     weight: np.ndarray,
     bias: np.ndarray | None,
     qp: QParams,
-    inputs: np.ndarray,
-    targets: np.ndarray | None,
+    pool: Pool,
     *,
-    geometry: ConvGeometry | None,
     activation: str | None,
     device: Any,
     batch_size: int,
-    num_samples: int | None,
-    positions_per_sample: int,
-    max_pool_bytes: int,
-    seed: int,
+    settings: PoolSettings,
 ) -> tuple[np.ndarray, LayerProblem]:
     """Validate the arguments and build the device-side problem."""
     w = np.asarray(weight, np.float32)
     check_qparams(w, qp)
     check_activation(activation)
-    if geometry is not None and w.ndim == 4 and w.shape[0] % geometry.groups:
-        raise ValueError(f"groups: {geometry.groups} does not divide Cout={w.shape[0]}")
-    x = np.asarray(inputs) if not isinstance(inputs, np.ndarray) else inputs  # keeps np.memmap lazy
-    x = x if num_samples is None else x[:num_samples]
-    targets = limit_samples(targets, num_samples)
-    per = positions_per_sample
-    pool = build_pool(
-        w.shape,
-        x,
-        targets,
-        geometry,
-        positions_per_sample=per,
-        max_pool_bytes=max_pool_bytes,
-        min_rows=batch_size * per,
-        seed=seed,
-    )
-    rows = max(1, min(pool.patches.shape[1], batch_size * min(pool.rows_per_sample, per)))
-    groups, _, k = pool.patches.shape
+    groups, size, k = pool.patches.shape
+    if w.shape[0] % groups:
+        raise ValueError(f"groups: {groups} does not divide Cout={w.shape[0]}")
+    per = settings.positions_per_sample
+    rows = max(1, min(size, batch_size * min(pool.rows_per_sample, per)))
     rows = min(rows, max(_MIN_MINIBATCH_ROWS, _MAX_MINIBATCH_BYTES // (groups * k * pool.patches.itemsize)))
-    problem = LayerProblem(torch, pool, w.shape, bias, w, activation, device, rows, seed)
+    problem = LayerProblem(torch, pool, w.shape, bias, w, activation, device, rows, settings.seed)
     return w, problem
 
 
@@ -233,16 +274,12 @@ def solve_layer(
     weight: np.ndarray,
     bias: np.ndarray | None,
     weight_qparams: QParams,
-    inputs: np.ndarray,
-    targets: np.ndarray | None,
+    pool: Pool,
     *,
-    geometry: ConvGeometry | None,
     activation: str | None,
     name: str,
     quiet: bool,
-    seed: int,
-    positions_per_sample: int,
-    max_pool_bytes: int,
+    settings: PoolSettings,
     num_threads: int | None,
 ) -> ReconstructionResult:
     """What AdaRound and AdaQuant share: import torch (naming the extra when it is
@@ -251,20 +288,15 @@ def solve_layer(
     torch = require_torch(algorithm)
     with torch_threads(torch, num_threads):
         device = torch_device(torch, config.device)
-        w, problem = prepare(
+        w, problem = make_problem(
             torch,
             weight,
             bias,
             weight_qparams,
-            inputs,
-            targets,
-            geometry=geometry,
+            pool,
             activation=activation,
             device=device,
             batch_size=config.batch_size,
-            num_samples=config.num_samples,
-            positions_per_sample=positions_per_sample,
-            max_pool_bytes=max_pool_bytes,
-            seed=seed,
+            settings=settings,
         )
         return solver(torch, w, problem, weight_qparams, config, device, name=name, quiet=quiet)

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 from collections.abc import Iterator
 from types import ModuleType
 
 
-def require_torch(feature: str) -> ModuleType:
+def require_torch(feature: str, extra: str = "quant-algos[torch]") -> ModuleType:
     """``torch``, or an ImportError that names the extra to install."""
     try:
         return importlib.import_module("torch")
     except ImportError as exc:
-        raise ImportError(f"{feature} needs PyTorch: pip install 'quant-algos[torch]'") from exc
+        raise ImportError(f"{feature} needs PyTorch: pip install '{extra}'") from exc
+
+
+def check_torch(feature: str, extra: str = "quant-algos[torch]") -> None:
+    """The same ImportError as :func:`require_torch` when torch is missing, checked without
+    importing it (a backend calls this before any work)."""
+    if importlib.util.find_spec("torch") is None:
+        raise ImportError(f"{feature} needs PyTorch: pip install '{extra}'")
 
 
 def torch_device(torch: ModuleType, device: str) -> object:

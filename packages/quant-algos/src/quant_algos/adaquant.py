@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from quant_algos._reconstruction import LayerProblem, ReconstructionResult, finish, solve_layer
-from quant_algos.reconstruction_data import ConvGeometry
+from quant_algos._reconstruction import LayerProblem, PoolSettings, ReconstructionResult, finish, solve_layer
+from quant_algos.reconstruction_data import ConvGeometry, Pool
 from quant_core.algorithm_config import AdaQuantConfig
 from quant_core.qparams import QParams, quantize
 
@@ -60,22 +60,52 @@ def adaquant_layer(
     200 iterations. The returned ``weight`` is the learned weight quantized with
     ``weight_qparams`` and dequantized; ``bias`` is the learned float bias.
     """
-    return solve_layer(
-        "AdaQuant",
-        _adaquant_layer,
-        config or AdaQuantConfig(),
+    settings = PoolSettings(positions_per_sample, max_pool_bytes, seed)
+    cfg = config or AdaQuantConfig()
+    pool = settings.pool_from_arrays(
+        np.shape(weight), inputs, targets, geometry, batch_size=cfg.batch_size, num_samples=cfg.num_samples
+    )
+    return adaquant_pool(
         weight,
         bias,
         weight_qparams,
-        inputs,
-        targets,
-        geometry=geometry,
+        pool,
+        cfg,
         activation=activation,
         name=name,
         quiet=quiet,
-        seed=seed,
-        positions_per_sample=positions_per_sample,
-        max_pool_bytes=max_pool_bytes,
+        settings=settings,
+        num_threads=num_threads,
+    )
+
+
+def adaquant_pool(
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    weight_qparams: QParams,
+    pool: Pool,
+    config: AdaQuantConfig,
+    *,
+    activation: str | None = None,
+    name: str = "layer",
+    quiet: bool = False,
+    settings: PoolSettings | None = None,
+    num_threads: int | None = None,
+) -> ReconstructionResult:
+    """:func:`adaquant_layer` on a pool already drawn from the layer's data (what the
+    layer-by-layer driver streams into, :mod:`quant_algos.drivers.reconstruction`)."""
+    return solve_layer(
+        "AdaQuant",
+        _adaquant_layer,
+        config,
+        weight,
+        bias,
+        weight_qparams,
+        pool,
+        activation=activation,
+        name=name,
+        quiet=quiet,
+        settings=settings or PoolSettings(),
         num_threads=num_threads,
     )
 
@@ -91,10 +121,9 @@ def _adaquant_layer(
     name: str,
     quiet: bool,
 ) -> ReconstructionResult:
-    shape = qp.broadcast_shape(w.ndim)
-    scale = torch.from_numpy(qp.scale.reshape(shape).astype(np.float32)).to(device)
-    zp = torch.from_numpy(qp.zero_point.reshape(shape).astype(np.float32)).to(device)
-    qmin, qmax = float(qp.qmin), float(qp.qmax)
+    from quant_algos.torch_quant import FakeQuantizer  # torch is imported only when AdaQuant runs
+
+    fake_quant = FakeQuantizer(qp, w.ndim, device)
     w_param = torch.from_numpy(w.copy()).to(device).requires_grad_(True)
     params = [w_param]
     b_param = None
@@ -104,9 +133,8 @@ def _adaquant_layer(
     opt = torch.optim.Adam(params, lr=cfg.learning_rate)
 
     def fake_quant_ste(x: Any) -> Any:
-        # torch.round is half-to-even, like quant_core.quantize's default.
-        q = (torch.clamp(torch.round(x / scale) + zp, qmin, qmax) - zp) * scale
-        return x + (q - x).detach()
+        # Forward: exactly the codes quant_core would give (qp's rounding); backward: identity.
+        return x + (fake_quant(x) - x).detach()
 
     # The STE iterates are noisy; keep the best quantized weights seen, scored on a
     # fixed slice of the pool, and stop once that score has stopped improving.

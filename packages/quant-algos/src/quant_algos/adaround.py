@@ -30,8 +30,15 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from quant_algos._reconstruction import LayerProblem, ReconstructionResult, finish, problem_bias, solve_layer
-from quant_algos.reconstruction_data import ConvGeometry
+from quant_algos._reconstruction import (
+    LayerProblem,
+    PoolSettings,
+    ReconstructionResult,
+    finish,
+    problem_bias,
+    solve_layer,
+)
+from quant_algos.reconstruction_data import ConvGeometry, Pool
 from quant_core.algorithm_config import AdaRoundConfig
 from quant_core.qparams import QParams, round_values
 from quant_core.spec import RoundMode
@@ -98,22 +105,52 @@ def adaround_layer(
         :class:`ReconstructionResult`; ``weight`` is ``(floor(w/s) + [h(V) >= 0.5]) * s``
         (never worse than nearest rounding on the pool: otherwise nearest is returned).
     """
-    return solve_layer(
-        "AdaRound",
-        _adaround_layer,
-        config or AdaRoundConfig(),
+    settings = PoolSettings(positions_per_sample, max_pool_bytes, seed)
+    cfg = config or AdaRoundConfig()
+    pool = settings.pool_from_arrays(
+        np.shape(weight), inputs, targets, geometry, batch_size=cfg.batch_size, num_samples=cfg.num_samples
+    )
+    return adaround_pool(
         weight,
         bias,
         weight_qparams,
-        inputs,
-        targets,
-        geometry=geometry,
+        pool,
+        cfg,
         activation=activation,
         name=name,
         quiet=quiet,
-        seed=seed,
-        positions_per_sample=positions_per_sample,
-        max_pool_bytes=max_pool_bytes,
+        settings=settings,
+        num_threads=num_threads,
+    )
+
+
+def adaround_pool(
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    weight_qparams: QParams,
+    pool: Pool,
+    config: AdaRoundConfig,
+    *,
+    activation: str | None = None,
+    name: str = "layer",
+    quiet: bool = False,
+    settings: PoolSettings | None = None,
+    num_threads: int | None = None,
+) -> ReconstructionResult:
+    """:func:`adaround_layer` on a pool already drawn from the layer's data (what the
+    layer-by-layer driver streams into, :mod:`quant_algos.drivers.reconstruction`)."""
+    return solve_layer(
+        "AdaRound",
+        _adaround_layer,
+        config,
+        weight,
+        bias,
+        weight_qparams,
+        pool,
+        activation=activation,
+        name=name,
+        quiet=quiet,
+        settings=settings or PoolSettings(),
         num_threads=num_threads,
     )
 

@@ -129,7 +129,13 @@ def search_mixed_precision(
     size = _SizeModel(sizes, total_size)
     target = config.accuracy_target
     trajectory: list[Step] = []
-    bar = tqdm(total=1 + len(names) * len(config.target_types), desc="mixed precision", disable=quiet, leave=False)
+    # One bar per phase, each with a total known when it starts (it never grows).
+    bar = tqdm(total=1 + len(names) * len(config.target_types), desc="mixed precision: sensitivity", disable=quiet)
+
+    def next_phase(desc: str, total: int) -> None:
+        nonlocal bar
+        bar.close()
+        bar = tqdm(total=total, desc=f"mixed precision: {desc}", disable=quiet)
 
     def score_of(assignment: Assignment, action: str, layer: str | None, t: PrecisionTarget | None) -> float:
         value = float(evaluate(dict(assignment)))
@@ -156,6 +162,8 @@ def search_mixed_precision(
 
         raised: dict[str, PrecisionTarget] = {}
         current = baseline
+        limit = len(ranking) if config.max_layers is None else min(len(ranking), config.max_layers)
+        next_phase("raise", limit)
         for name in ranking:
             if met(current) or (config.max_layers is not None and len(raised) >= config.max_layers):
                 break
@@ -165,13 +173,12 @@ def search_mixed_precision(
             if choice is None:
                 continue
             raised[name] = choice
-            bar.total += 1
             current = score_of(raised, "raise", name, choice)
 
         if met(current):
+            next_phase("pruning", len(raised))
             for name in sorted(raised, key=lambda n: (sensitivity[n], -ranking.index(n))):
                 trial = {k: v for k, v in raised.items() if k != name}
-                bar.total += 1
                 value = score_of(trial, "drop", name, raised[name])
                 if met(value):
                     raised, current = trial, value

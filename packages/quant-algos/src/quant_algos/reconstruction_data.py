@@ -118,6 +118,140 @@ def _conv_patches(
     return np.stack(cols, axis=-1)
 
 
+class PoolBuilder:
+    """Builds a :class:`Pool` from a layer's inputs (and float targets) streamed batch by
+    batch, so that a layer's inputs over the whole calibration set never need to be held
+    at once: only the pool (``max_pool_bytes``) and one batch are in memory.
+
+    The output positions are drawn once, for ``num_samples`` samples in all, and each
+    batch contributes the rows at its positions: the pool equals :func:`build_pool` on the
+    concatenated batches.
+
+    Args:
+        weight_shape: ``[Cout, Cin/g, kh, kw]`` (Conv, with ``geometry``) or ``[out, in]``.
+        geometry: the convolution's attributes; ``None`` for Gemm/MatMul.
+        num_samples: samples that will be added, in all.
+        with_targets: whether every batch comes with the float model's outputs.
+        max_pool_bytes, min_rows, seed: as :func:`build_pool`.
+
+    Example:
+        >>> x = np.arange(2 * 1 * 3 * 3, dtype=np.float32).reshape(2, 1, 3, 3)
+        >>> builder = PoolBuilder((1, 1, 2, 2), ConvGeometry(), num_samples=2, with_targets=False)
+        >>> builder.add(x[:1]); builder.add(x[1:])
+        >>> builder.pool().patches.shape == build_pool((1, 1, 2, 2), x, None, ConvGeometry()).patches.shape
+        True
+    """
+
+    def __init__(
+        self,
+        weight_shape: tuple[int, ...],
+        geometry: ConvGeometry | None,
+        num_samples: int,
+        *,
+        with_targets: bool,
+        max_pool_bytes: int = 256 << 20,
+        min_rows: int = 0,
+        seed: int = 0,
+    ) -> None:
+        self.weight_shape = tuple(int(d) for d in weight_shape)
+        self.geometry = geometry
+        self.num_samples = int(num_samples)
+        self.with_targets = with_targets
+        self.max_pool_bytes = max_pool_bytes
+        self.min_rows = min_rows
+        self.seed = seed
+        self.cout = self.weight_shape[0]
+        if geometry is None:
+            if len(self.weight_shape) != 2:
+                raise ValueError(f"weight: shape {weight_shape} needs a ConvGeometry (only [out, in] is a Gemm)")
+            self.groups, self.k = 1, self.weight_shape[1]
+        else:
+            if len(self.weight_shape) != 4:
+                raise ValueError(f"weight: shape {weight_shape} is not a 2-D convolution weight [Cout, Cin/g, kh, kw]")
+            self.groups = geometry.groups
+            self.k = self.weight_shape[1] * self.weight_shape[2] * self.weight_shape[3]
+        self.seen = 0
+        self.per_sample: int | None = None
+        self.out_hw: tuple[int, int] | None = None
+        self.flat: np.ndarray | None = None
+        self.patches: np.ndarray | None = None
+        self.targets: np.ndarray | None = None
+
+    def _layout(self, x: np.ndarray) -> tuple[int, tuple[int, ...]]:
+        """Rows per sample and the layer's output shape for batch ``x`` (validated)."""
+        if self.geometry is None:
+            if x.ndim < 2 or x.shape[-1] != self.k:
+                raise ValueError(f"inputs: shape {x.shape} does not end in the weight's {self.k} input features")
+            per_sample = int(np.prod(x.shape[1:-1], dtype=np.int64))
+            return per_sample, (*x.shape[:-1], self.cout)
+        w = self.weight_shape
+        if self.cout % self.groups or x.ndim != 4 or x.shape[1] != w[1] * self.groups:
+            raise ValueError(
+                f"inputs: shape {x.shape} does not fit weight {w} with groups={self.groups} (expected NCHW)"
+            )
+        out_hw = self.geometry.output_size((x.shape[2], x.shape[3]), (w[2], w[3]))
+        if self.out_hw is not None and out_hw != self.out_hw:
+            raise ValueError(f"inputs: batch of spatial size {x.shape[2:]} differs from the earlier batches'")
+        self.out_hw = out_hw
+        return out_hw[0] * out_hw[1], (x.shape[0], self.cout, *out_hw)
+
+    def _start(self, per_sample: int) -> None:
+        self.per_sample = per_sample
+        total = self.num_samples * per_sample
+        if total == 0:
+            raise ValueError("inputs: no samples")
+        row_bytes = 4 * (self.groups * self.k + (self.cout if self.with_targets else 0))
+        size = min(total, max(self.min_rows, self.max_pool_bytes // row_bytes, 1))
+        self.flat = _choose_positions(total, size, np.random.default_rng(self.seed))
+        self.patches = np.empty((self.groups, size, self.k), np.float32)
+        if self.with_targets:
+            self.targets = np.empty((self.groups, size, self.cout // self.groups), np.float32)
+
+    def add(self, inputs: np.ndarray, targets: np.ndarray | None = None) -> None:
+        """The next samples' inputs (and float outputs when ``with_targets``)."""
+        x = inputs
+        if (targets is not None) != self.with_targets:
+            raise ValueError(f"targets: expected {'one per batch' if self.with_targets else 'none'}")
+        per_sample, out_shape = self._layout(x)
+        if targets is not None and tuple(targets.shape) != tuple(out_shape):
+            raise ValueError(f"targets: shape {tuple(targets.shape)} differs from the layer's output shape {out_shape}")
+        if self.per_sample is None:
+            self._start(per_sample)
+        elif per_sample != self.per_sample:
+            raise ValueError(f"inputs: {per_sample} rows per sample, earlier batches had {self.per_sample}")
+        assert self.flat is not None and self.patches is not None
+        n = int(x.shape[0])
+        if self.seen + n > self.num_samples:
+            raise ValueError(f"inputs: more than the {self.num_samples} samples the pool was sized for")
+        lo, hi = self.seen * per_sample, (self.seen + n) * per_sample
+        rows = np.nonzero((self.flat >= lo) & (self.flat < hi))[0]
+        local = self.flat[rows] - lo
+        self.seen += n
+        if rows.size == 0:
+            return
+        cout_g = self.cout // self.groups
+        if self.geometry is None:
+            self.patches[0, rows] = np.asarray(x.reshape(-1, self.k)[local], np.float32)
+            if targets is not None and self.targets is not None:
+                self.targets[0, rows] = np.asarray(targets.reshape(-1, self.cout)[local], np.float32)
+            return
+        assert self.out_hw is not None
+        w = self.weight_shape
+        p = _conv_patches(x, (w[2], w[3]), self.geometry, local, self.out_hw)  # [P, Cin, khkw]
+        self.patches[:, rows] = p.reshape(rows.size, self.groups, self.k).transpose(1, 0, 2)
+        if targets is not None and self.targets is not None:
+            s, rem = np.divmod(local, per_sample)
+            oh, ow = np.divmod(rem, self.out_hw[1])
+            t = np.asarray(targets[s, :, oh, ow], np.float32)  # [P, Cout]
+            self.targets[:, rows] = t.reshape(rows.size, self.groups, cout_g).transpose(1, 0, 2)
+
+    def pool(self) -> Pool:
+        """The pool, once every sample was added."""
+        if self.seen != self.num_samples or self.patches is None or self.per_sample is None:
+            raise ValueError(f"inputs: {self.seen} samples added; the pool was sized for {self.num_samples}")
+        return Pool(self.patches, self.targets, self.per_sample)
+
+
 def build_pool(
     weight_shape: tuple[int, ...],
     inputs: np.ndarray,
@@ -135,58 +269,22 @@ def build_pool(
 
     The pool holds at most ``max_pool_bytes`` (but at least ``min_rows`` rows when that
     many exist) of randomly chosen output positions; ``positions_per_sample`` is
-    only used by the caller to size minibatches and is validated here.
+    only used by the caller to size minibatches and is validated here. The arrays may be
+    ``np.memmap``s; :class:`PoolBuilder` takes them batch by batch.
     """
     if positions_per_sample < 1:
         raise ValueError(f"positions_per_sample: {positions_per_sample!r} is not allowed; allowed: an integer >= 1")
-    x = inputs
-    cout = int(weight_shape[0])
-    rng = np.random.default_rng(seed)
-    if geometry is None:
-        if len(weight_shape) != 2:
-            raise ValueError(f"weight: shape {weight_shape} needs a ConvGeometry (only [out, in] is a Gemm)")
-        k = int(weight_shape[1])
-        if x.ndim < 2 or x.shape[-1] != k:
-            raise ValueError(f"inputs: shape {x.shape} does not end in the weight's {k} input features")
-        rows = x.reshape(-1, k)
-        per_sample = rows.shape[0] // max(x.shape[0], 1)
-        groups, out_shape = 1, (*x.shape[:-1], cout)
-    else:
-        if len(weight_shape) != 4:
-            raise ValueError(f"weight: shape {weight_shape} is not a 2-D convolution weight [Cout, Cin/g, kh, kw]")
-        groups = geometry.groups
-        if cout % groups or x.ndim != 4 or x.shape[1] != weight_shape[1] * groups:
-            raise ValueError(
-                f"inputs: shape {x.shape} does not fit weight {weight_shape} with groups={groups} (expected NCHW)"
-            )
-        kernel = (int(weight_shape[2]), int(weight_shape[3]))
-        out_hw = geometry.output_size((x.shape[2], x.shape[3]), kernel)
-        per_sample = out_hw[0] * out_hw[1]
-        k = int(weight_shape[1]) * kernel[0] * kernel[1]
-        out_shape = (x.shape[0], cout, *out_hw)
-    if targets is not None and tuple(targets.shape) != tuple(out_shape):
-        raise ValueError(f"targets: shape {tuple(targets.shape)} differs from the layer's output shape {out_shape}")
-    total = x.shape[0] * per_sample
-    if total == 0:
-        raise ValueError("inputs: no samples")
-    row_bytes = 4 * (groups * k + (cout if targets is not None else 0))
-    size = min(total, max(min_rows, max_pool_bytes // row_bytes, 1))
-    flat = _choose_positions(total, size, rng)
-
-    if geometry is None:
-        patches = np.asarray(rows[flat], np.float32)[None]  # [1, P, K]
-        tgt = None if targets is None else np.asarray(targets.reshape(-1, cout)[flat], np.float32)[None]
-        return Pool(patches, tgt, per_sample)
-
-    p = _conv_patches(x, kernel, geometry, flat, out_hw)  # [P, Cin, khkw]
-    patches = np.ascontiguousarray(p.reshape(size, groups, k).transpose(1, 0, 2))
-    tgt = None
-    if targets is not None:
-        n, rem = np.divmod(flat, per_sample)
-        oh, ow = np.divmod(rem, out_hw[1])
-        t = np.asarray(targets[n, :, oh, ow], np.float32)  # [P, Cout]
-        tgt = np.ascontiguousarray(t.reshape(size, groups, cout // groups).transpose(1, 0, 2))
-    return Pool(patches, tgt, per_sample)
+    builder = PoolBuilder(
+        weight_shape,
+        geometry,
+        int(inputs.shape[0]),
+        with_targets=targets is not None,
+        max_pool_bytes=max_pool_bytes,
+        min_rows=min_rows,
+        seed=seed,
+    )
+    builder.add(inputs, targets)
+    return builder.pool()
 
 
 def rows_per_iteration(pool: Pool, batch_size: int, positions_per_sample: int) -> int:

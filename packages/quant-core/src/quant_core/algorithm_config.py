@@ -39,6 +39,11 @@ def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: 
         raise ValueError(f"{attribute.name}: {value!r} is not allowed; allowed: true, false")
 
 
+DEFAULT_NUM_SAMPLES = 256
+"""Calibration samples an accuracy algorithm uses when its config leaves ``num_samples``
+unset (``None``). The layer-wise ones keep per-sample state, so this bounds their time
+and memory; 256 natural images were enough for every benchmark model."""
+
 _positive_int = _in_range(lambda v: isinstance(v, int) and v > 0, "an integer > 0")
 _optional_positive_int = _in_range(lambda v: v is None or (isinstance(v, int) and v > 0), "null or an integer > 0")
 _positive = _in_range(lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0")
@@ -64,6 +69,8 @@ class CLEConfig:
         bias_in_scale: include the bias range when choosing the scales
             (Quark's ``cle_scale_append_bias``).
         absorb_high_bias: move large biases that the next layer can absorb.
+        num_samples: calibration samples the ReLU6 check and high-bias absorption
+            measure (statistics of a few layers' outputs: 64 are plenty).
 
     Example:
         >>> CLEConfig(steps=3).adaptive
@@ -79,6 +86,7 @@ class CLEConfig:
     replace_relu6_with_relu: bool = attrs.field(default=True, validator=_bool)
     bias_in_scale: bool = attrs.field(default=False, validator=_bool)
     absorb_high_bias: bool = attrs.field(default=True, validator=_bool)
+    num_samples: int = attrs.field(default=64, validator=_positive_int)
 
     @property
     def adaptive(self) -> bool:
@@ -183,7 +191,8 @@ class MixedPrecisionConfig:
     """Auto mixed precision: rank layers by sensitivity and raise the most sensitive
     to a wider type until ``accuracy_target`` (an output SQNR in dB for the ``sqnr``
     metric, else the user evaluate function's score) or ``size_budget`` (model size
-    relative to all-int8, e.g. 1.1) is met.
+    relative to all-int8, e.g. 1.1) is met. The ``sqnr`` metric scores the first
+    ``num_samples`` calibration samples (each of the search's evaluations runs them).
 
     Example:
         >>> MixedPrecisionConfig(target_types=["a16w8"], accuracy_target=30.0).target_types
@@ -201,12 +210,25 @@ class MixedPrecisionConfig:
         validator=_in_range(lambda v: v is None or (isinstance(v, (int, float)) and v >= 1.0), "null or a number >= 1"),
     )
     max_layers: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    num_samples: int = attrs.field(default=64, validator=_positive_int)
 
     def __attrs_post_init__(self) -> None:
         if not self.target_types:
             raise ValueError("target_types: empty; allowed: one or more of a16w8, a8w16, a16w16")
         if self.accuracy_target is None and self.size_budget is None and self.max_layers is None:
             raise ValueError("accuracy_target, size_budget, max_layers: set at least one stopping rule")
+
+
+def samples_to_use(config: object) -> int:
+    """How many calibration samples an algorithm config asks for (its ``num_samples``, or
+    :data:`DEFAULT_NUM_SAMPLES` when unset).
+
+    Example:
+        >>> samples_to_use(BiasCorrectionConfig()), samples_to_use(BiasCorrectionConfig(num_samples=64))
+        (256, 64)
+    """
+    count = getattr(config, "num_samples", None)
+    return DEFAULT_NUM_SAMPLES if count is None else int(count)
 
 
 AlgorithmConfig = (

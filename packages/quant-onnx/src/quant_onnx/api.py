@@ -333,9 +333,17 @@ class ModelQuantizer:
         quantized = self.write(calibrated)
         if feeds is not None:
             post = run_post_passes(
-                prepared.model, quantized, self.config, feeds, evaluate=self.evaluate, quiet=self.quiet
+                calibrated,
+                quantized,
+                self.config,
+                feeds,
+                writer_options=self.writer_options,
+                share_concat_scales=self.share_concat_scales,
+                evaluate=self.evaluate,
+                quiet=self.quiet,
             )
             quantized = post.model
+            calibrated = post.calibrated or calibrated
             algorithm_reports.update(post.reports)
         for hook in self.qdq_hooks:
             quantized = hook(quantized, calibrated, held)

@@ -145,6 +145,13 @@ class GraphIndex:
         """True for real (fed) inputs; initializers also listed as graph inputs count as constants."""
         return tensor in self._graph_inputs and tensor not in self._initializers
 
+    def sole_consumer(self, tensor: str) -> onnx.NodeProto | None:
+        """The only node reading ``tensor`` (``None`` if several, none, or it is a graph output)."""
+        consumers = self._consumers.get(tensor, [])
+        if len(consumers) != 1 or tensor in self._graph_outputs:
+            return None
+        return consumers[0]
+
     def used(self, tensor: str) -> bool:
         """True when a node or the graph output reads `tensor`."""
         return bool(self._consumers.get(tensor)) or tensor in self._graph_outputs

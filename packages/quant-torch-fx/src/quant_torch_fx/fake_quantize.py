@@ -1,79 +1,15 @@
-"""Torch fake quantization with exactly the arithmetic of ``quant_core.qparams``.
-
-Bit for bit, on every input (ties and their float neighbours, huge values, subnormals,
-infinities, NaN) and every rounding mode: divide in float32, round with the qparams'
-own mode, add the zero point and saturate where it is exact (float32 up to 16-bit
-codes, float64 for 32-bit ones), NaN to the lowest code (as onnxruntime does), then
-``(q - zero_point) * scale`` in float32.
+"""Torch fake quantization, bit-exact with ``quant_core.qparams`` (the arithmetic lives in
+``quant_algos.torch_quant``, shared with AdaRound and AdaQuant).
 
 Example:
     >>> import torch
     >>> from quant_core.qparams import QParams
-    >>> qp = QParams.per_tensor(0.5, 0, "int8")
-    >>> fake_quantize(torch.tensor([0.26, 0.74, 100.0]), qp).tolist()
+    >>> fake_quantize(torch.tensor([0.26, 0.74, 100.0]), QParams.per_tensor(0.5, 0, "int8")).tolist()
     [0.5, 0.5, 63.5]
-    >>> fake_quantize(torch.tensor([0.24999999]), QParams.per_tensor(0.5, 0, "int8", rounding="half_up")).tolist()
-    [0.0]
 """
 
 from __future__ import annotations
 
-import torch
+from quant_algos.torch_quant import code_dtype, fake_quantize, qparams_to_tensors, quantize_codes, round_tensor
 
-from quant_core.qparams import QParams
-from quant_core.spec import RoundMode
-
-
-def code_dtype(qp: QParams) -> torch.dtype:
-    """The float type that holds ``qp``'s codes exactly: float32 up to 16 bits, float64 above."""
-    return torch.float64 if qp.dtype.bits > 16 else torch.float32
-
-
-def qparams_to_tensors(qp: QParams, ndim: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale (float32) and zero point (:func:`code_dtype`) shaped to broadcast against a
-    rank-``ndim`` tensor."""
-    shape = qp.broadcast_shape(ndim)
-    scale = torch.as_tensor(qp.scale, dtype=torch.float32, device=device).reshape(shape)
-    zero_point = torch.as_tensor(qp.zero_point, dtype=code_dtype(qp), device=device).reshape(shape)
-    return scale, zero_point
-
-
-def _half_up(x: torch.Tensor) -> torch.Tensor:
-    # ``floor(x + 0.5)`` rounds the sum first (0.49999997 + 0.5 == 1.0 in float32); the
-    # fraction ``x - floor(x)`` is exact, so compare it with 0.5 (quant_core's method).
-    low = torch.floor(x)
-    return low + (x - low >= 0.5).to(x.dtype)
-
-
-def round_tensor(x: torch.Tensor, mode: RoundMode) -> torch.Tensor:
-    """``quant_core.qparams.round_values`` on a tensor (same results, bit for bit)."""
-    if mode is RoundMode.HALF_EVEN:
-        return torch.round(x)
-    if mode is RoundMode.HALF_UP:
-        return _half_up(x)
-    if mode is RoundMode.HALF_AWAY:
-        return torch.copysign(_half_up(torch.abs(x)), x)
-    if mode is RoundMode.FLOOR:
-        return torch.floor(x)
-    if mode is RoundMode.CEIL:
-        return torch.ceil(x)
-    return torch.trunc(x)
-
-
-def quantize_codes(x: torch.Tensor, qp: QParams) -> torch.Tensor:
-    """Integer codes of ``x`` as a float tensor (float32 for codes of up to 16 bits, where
-    it is exact; float64 above), matching ``quant_core.qparams.quantize``."""
-    scale, zero_point = qparams_to_tensors(qp, x.dim(), x.device)
-    rounded = round_tensor(x.to(torch.float32) / scale, qp.rounding)
-    q = rounded.to(zero_point.dtype) + zero_point
-    q = torch.where(torch.isnan(q), torch.full_like(q, float(qp.qmin)), q)
-    return torch.clamp(q, qp.qmin, qp.qmax)
-
-
-def fake_quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
-    """``dequantize(quantize(x))`` in float32 on ``x``'s device, matching
-    ``quant_core.qparams.fake_quantize`` bit for bit (rounding from ``qp``)."""
-    scale, zero_point = qparams_to_tensors(qp, x.dim(), x.device)
-    q = quantize_codes(x, qp)
-    centred = (q - zero_point).to(torch.float32)
-    return centred * scale
+__all__ = ["code_dtype", "fake_quantize", "qparams_to_tensors", "quantize_codes", "round_tensor"]

@@ -7,8 +7,8 @@ every backend (see ``DESIGN.md``: statistics where tensors live, decisions once 
   output's qparams relate to its inputs').
 - :mod:`~quant_core.plan.planner`: :func:`plan_quantization` -> :class:`QuantPlan`
   (shared-scale groups, fusions, weight and bias slots, float nodes and why).
-- :mod:`~quant_core.plan.weights`: :func:`plan_weight_qparams`, the weight qparams of a
-  calibrated plan (observer over the weight, fitted to the int32 bias where needed).
+- :mod:`~quant_core.plan.calibrated`: :func:`calibrated_qparams`, every qparam of a plan
+  from its observers (weights fitted to the int32 bias where needed).
 
 Example:
     >>> import numpy as np
@@ -20,6 +20,13 @@ Example:
     (0, True)
 """
 
+from quant_core.plan.calibrated import (
+    CalibratedQParams,
+    InputQParams,
+    calibrated_qparams,
+    needs_own_observer,
+    plan_weight_qparams,
+)
 from quant_core.plan.graph import ConstantLookup, GraphView, PlanGraph, PlanNode
 from quant_core.plan.ops import (
     FUSABLE_PRODUCERS,
@@ -37,23 +44,26 @@ from quant_core.plan.planner import (
     BiasSlot,
     FloatNode,
     FusedActivation,
+    InputRequant,
     QuantPlan,
     TensorGroup,
     WeightSlot,
     plan_quantization,
     resolve_weight_spec,
 )
-from quant_core.plan.weights import plan_weight_qparams
 
 __all__ = [
     "FUSABLE_PRODUCERS",
     "HOMOGENEOUS_ACTIVATIONS",
     "POLICIES",
     "BiasSlot",
+    "CalibratedQParams",
     "ConstantLookup",
     "FloatNode",
     "FusedActivation",
     "GraphView",
+    "InputQParams",
+    "InputRequant",
     "OpKind",
     "OpPolicy",
     "PlanGraph",
@@ -62,7 +72,9 @@ __all__ = [
     "TensorGroup",
     "WeightSlot",
     "activation_kind",
+    "calibrated_qparams",
     "clip_bounds",
+    "needs_own_observer",
     "plan_quantization",
     "plan_weight_qparams",
     "policy_for",

@@ -86,7 +86,8 @@ class BiasSlot:
     the layer's input and weight tensors, the config's bias ``spec`` (``None``: int32 by
     the rule) and whether the layer's formats are ones integer kernels consume
     (``integer_kernel``: 8-bit activations, weights of at most 8 bits, an op with an
-    integer kernel), which fixes the bias at ``input_scale * weight_scale``.
+    integer kernel), which fixes the bias at ``input_scale * weight_scale``. ``tensor`` is
+    ``""`` for a layer that has no bias yet (algorithms may add one by the same rule).
 
     Example:
         >>> BiasSlot("conv", "b", 2, "x", "w", None, True).input_tensor
@@ -136,6 +137,27 @@ class FloatNode:
 
 
 @attrs.frozen
+class InputRequant:
+    """A weighted layer whose config asks for its input in another format than the
+    tensor's group (e.g. a layer mixed precision raised to 16-bit input while the
+    producer's output stays 8-bit): that layer reads its own quantize/dequantize pair of
+    the float tensor, with ``spec``; qparams come from the group's observer.
+
+    Example:
+        >>> InputRequant("conv", "x", QuantSpec(dtype="uint16", symmetric=False)).key
+        'conv:x'
+    """
+
+    node: str
+    tensor: str
+    spec: QuantSpec
+
+    @property
+    def key(self) -> str:
+        return f"{self.node}:{self.tensor}"
+
+
+@attrs.frozen
 class QuantPlan:
     """Every quantization decision about a model that does not need data.
 
@@ -151,6 +173,7 @@ class QuantPlan:
     quantized_nodes: tuple[tuple[str, str], ...]
     float_nodes: tuple[FloatNode, ...]
     notes: tuple[str, ...] = ()
+    requants: tuple[InputRequant, ...] = ()
     _by_tensor: Mapping[str, TensorGroup] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -164,6 +187,14 @@ class QuantPlan:
     def weight_of(self, node: str) -> WeightSlot | None:
         """The weight slot of weighted node ``node``, if its weight is quantized."""
         return next((slot for slot in self.weights if slot.node == node), None)
+
+    def requant_of(self, node: str, tensor: str) -> InputRequant | None:
+        """The requantization of ``tensor`` for consumer ``node``, if the plan has one."""
+        return next((r for r in self.requants if r.node == node and r.tensor == tensor), None)
+
+    def bias_of(self, node: str) -> BiasSlot | None:
+        """The bias slot of weighted node ``node`` (``tensor`` ``""`` when it has no bias yet)."""
+        return next((slot for slot in self.biases if slot.node == node), None)
 
     @property
     def observed_tensors(self) -> tuple[str, ...]:
@@ -258,6 +289,7 @@ class _Planner:
         self.quantized_names: set[str] = set()
         self.floating: list[FloatNode] = []
         self.notes: list[str] = []
+        self.layer_inputs: list[tuple[str, str, QuantSpec]] = []  # (weighted node, input, its spec)
 
     def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
         self.groups.add(tensor)
@@ -304,6 +336,8 @@ class _Planner:
         if act_in is not None:
             for name in inputs:
                 self.request(name, act_in, priority=1)
+                if rule.kind is OpKind.WEIGHTED:
+                    self.layer_inputs.append((node.name, name, act_in))
         if rule.kind is OpKind.PASS_THROUGH:
             self.pass_through(inputs, outputs)
         elif rule.kind is OpKind.CONCAT and self.share_concat_scales:
@@ -335,12 +369,18 @@ class _Planner:
             self.notes.append(note)
         self.weights.append(WeightSlot(node.name, node.op_type, weight, weight_index, spec))
         bias = node.input(bias_index) if bias_index is not None else ""
-        if bias and bias_index is not None:
-            if self.graph.constant(bias) is not None and act_in is not None and node.input(0):
-                kernel = rule.integer_kernel and act_in.dtype.bits <= 8 and spec.dtype.bits <= 8
-                self.biases.append(BiasSlot(node.name, bias, bias_index, node.input(0), weight, cfg.bias, kernel))
-            else:
-                self.notes.append(f"node {node.name!r}: bias {bias!r} kept float (not a constant or input float)")
+        if (
+            bias_index is not None
+            and act_in is not None
+            and node.input(0)
+            and (not bias or self.graph.constant(bias) is not None)
+        ):
+            # A slot also for a layer without a bias: algorithms (bias correction, AdaQuant)
+            # may give it one, and the rule for storing it is decided here, once.
+            kernel = rule.integer_kernel and act_in.dtype.bits <= 8 and spec.dtype.bits <= 8
+            self.biases.append(BiasSlot(node.name, bias, bias_index, node.input(0), weight, cfg.bias, kernel))
+        elif bias:
+            self.notes.append(f"node {node.name!r}: bias {bias!r} kept float (not a constant or input float)")
         return [], True
 
     def pass_through(self, inputs: list[str], outputs: list[str]) -> None:
@@ -400,6 +440,12 @@ class _Planner:
             if not observed:  # e.g. Concat of constants: observe every member instead
                 observed = tuple(names)
             groups.append(TensorGroup(names[0], spec, tuple(names), observed))
+        by_tensor = {member: group for group in groups for member in group.members}
+        requants = tuple(
+            InputRequant(node, tensor, spec)
+            for node, tensor, spec in self.layer_inputs
+            if tensor in by_tensor and spec.dtype is not by_tensor[tensor].spec.dtype
+        )
         return QuantPlan(
             groups=tuple(groups),
             weights=tuple(self.weights),
@@ -408,6 +454,7 @@ class _Planner:
             quantized_nodes=tuple(self.quantized),
             float_nodes=tuple(self.floating),
             notes=tuple(self.notes),
+            requants=requants,
         )
 
 

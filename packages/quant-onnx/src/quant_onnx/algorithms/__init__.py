@@ -1,11 +1,13 @@
-"""Accuracy-recovery algorithms on ONNX models: the graph plumbing around the math in
-``quant_algos``.
+"""Accuracy-recovery algorithms on ONNX models: the ONNX side of the drivers and math in
+``quant_algos`` (which decide; this package runs models through onnxruntime and edits
+them).
 
 Float-model pre-passes (before calibration): :func:`apply_cle`,
-:func:`apply_smoothquant`. QDQ-model post-passes: :func:`apply_bias_correction`,
-:func:`apply_adaround`, :func:`apply_adaquant` (these two need ``quant-onnx[torch]``),
-:func:`apply_mixed_precision`. :func:`run_pre_passes` / :func:`run_post_passes` run
-what a config's ``algorithms`` list asks for. Nothing here imports torch.
+:func:`apply_smoothquant`. QDQ-model post-passes, given the calibrated plan the model
+was written from: :func:`apply_mixed_precision`, :func:`apply_reconstruction`
+(AdaRound/AdaQuant, need ``quant-onnx[torch]``), :func:`apply_bias_correction`.
+:func:`run_pre_passes` / :func:`run_post_passes` run what a config's ``algorithms`` list
+asks for. Nothing here imports torch.
 
 Example:
     >>> from quant_onnx.algorithms import PRE_PASSES, POST_PASSES
@@ -13,17 +15,12 @@ Example:
     (('cle', 'smoothquant'), ('mixed_precision', 'adaround', 'adaquant', 'bias_correction'))
 """
 
-from quant_onnx.algorithms.adaround import (
-    ReconstructionReport,
-    apply_adaquant,
-    apply_adaquant_with_report,
-    apply_adaround,
-    apply_adaround_with_report,
-)
-from quant_onnx.algorithms.bias_correction import apply_bias_correction
-from quant_onnx.algorithms.cle import CLEReport, apply_cle
-from quant_onnx.algorithms.mixed_precision import MixedPrecisionReport, apply_mixed_precision
+from quant_algos.drivers import CLEReport, MixedPrecisionReport, ReconstructionReport
+from quant_onnx.algorithms.cle import apply_cle
+from quant_onnx.algorithms.layerwise import apply_bias_correction, apply_reconstruction
+from quant_onnx.algorithms.mixed_precision import apply_mixed_precision
 from quant_onnx.algorithms.passes import POST_PASSES, PRE_PASSES, PassesResult, run_post_passes, run_pre_passes
+from quant_onnx.algorithms.runner import OnnxLayerRunner
 from quant_onnx.algorithms.smoothquant import SmoothQuantReport, apply_smoothquant, apply_smoothquant_with_report
 
 __all__ = [
@@ -31,16 +28,14 @@ __all__ = [
     "PRE_PASSES",
     "CLEReport",
     "MixedPrecisionReport",
+    "OnnxLayerRunner",
     "PassesResult",
     "ReconstructionReport",
     "SmoothQuantReport",
-    "apply_adaquant",
-    "apply_adaquant_with_report",
-    "apply_adaround",
-    "apply_adaround_with_report",
     "apply_bias_correction",
     "apply_cle",
     "apply_mixed_precision",
+    "apply_reconstruction",
     "apply_smoothquant",
     "apply_smoothquant_with_report",
     "run_post_passes",

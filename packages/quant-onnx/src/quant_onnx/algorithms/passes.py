@@ -3,9 +3,10 @@ for, in a fixed order, so that the quantizer needs two calls:
 
 - :func:`run_pre_passes` on the pre-processed float model, before calibration:
   CLE, then SmoothQuant (SmoothQuant measures the activations of the equalized model).
-- :func:`run_post_passes` on the written QDQ model: mixed precision first (it chooses
-  the formats, so it needs the quantizer as ``quantize_fn``), then AdaRound, AdaQuant,
-  and bias correction last (it removes the mean error the others leave).
+- :func:`run_post_passes` on the written QDQ model and the calibrated plan it came from:
+  mixed precision first (it chooses the formats and hands on the plan it chose), then
+  AdaRound, AdaQuant, and bias correction last (it removes the mean error the others
+  leave).
 
 Each returns the new model and a JSON-ready report per algorithm kind.
 
@@ -23,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -36,14 +37,16 @@ from quant_core.algorithm_config import (
     CLEConfig,
     MixedPrecisionConfig,
     SmoothQuantConfig,
+    samples_to_use,
 )
 from quant_core.config import QuantConfig
-from quant_onnx.algorithms.adaround import apply_adaquant_with_report, apply_adaround_with_report
-from quant_onnx.algorithms.bias_correction import apply_bias_correction
 from quant_onnx.algorithms.capture import Feeds, prepare_batches
 from quant_onnx.algorithms.cle import apply_cle
-from quant_onnx.algorithms.mixed_precision import EvaluateFn, QuantizeFn, apply_mixed_precision
+from quant_onnx.algorithms.layerwise import apply_bias_correction, apply_reconstruction
+from quant_onnx.algorithms.mixed_precision import EvaluateFn, apply_mixed_precision
 from quant_onnx.algorithms.smoothquant import apply_smoothquant_with_report
+from quant_onnx.pipeline.calibrate import CalibratedModel
+from quant_onnx.pipeline.qdq_writer import WriterOptions
 
 PRE_PASSES = ("cle", "smoothquant")
 POST_PASSES = ("mixed_precision", "adaround", "adaquant", "bias_correction")
@@ -51,7 +54,8 @@ POST_PASSES = ("mixed_precision", "adaround", "adaquant", "bias_correction")
 
 @attrs.frozen(eq=False)
 class PassesResult:
-    """The model after the passes and a report per algorithm kind that ran.
+    """The model after the passes, a report per algorithm kind that ran, and (post-passes)
+    the calibrated plan the model now follows (mixed precision changes it).
 
     Example:
         >>> PassesResult(onnx.ModelProto(), {}).reports
@@ -60,6 +64,7 @@ class PassesResult:
 
     model: onnx.ModelProto
     reports: dict[str, Any]
+    calibrated: CalibratedModel | None = None
 
 
 def _configured(config: QuantConfig, kind: str) -> list[Any]:
@@ -92,24 +97,26 @@ def run_pre_passes(
 
 
 def run_post_passes(
-    float_model: onnx.ModelProto,
+    calibrated: CalibratedModel,
     qdq_model: onnx.ModelProto,
     config: QuantConfig,
     batches: Iterable[Feeds] | None,
     *,
-    quantize_fn: QuantizeFn | None = None,
+    writer_options: WriterOptions | None = None,
+    share_concat_scales: bool = True,
     evaluate: EvaluateFn | None = None,
     quiet: bool = False,
 ) -> PassesResult:
     """Mixed precision, AdaRound, AdaQuant and bias correction as configured.
 
     Args:
-        float_model: the float model ``qdq_model`` was written from (after the pre-passes).
+        calibrated: the calibrated plan ``qdq_model`` was written from (float model after
+            the pre-passes, qparams, observers): every pass takes its qparams from here.
         qdq_model: the quantizer's QDQ model.
         config: the quantization config (its ``algorithms``).
         batches: calibration feeds (needed by every post-pass).
-        quantize_fn: ``overrides -> QDQ model`` for mixed precision's final model; without
-            it the search's rewrite of ``qdq_model`` is returned.
+        writer_options, share_concat_scales: how the quantizer writes and plans (mixed
+            precision writes its candidates the same way).
         evaluate: the user's score for mixed precision's ``evaluate`` metric.
         quiet: no progress bars.
     """
@@ -119,20 +126,24 @@ def run_post_passes(
     model = qdq_model
     for mp in _configured(config, MixedPrecisionConfig.kind):
         assert feeds is not None
-        model, mp_report = apply_mixed_precision(
-            float_model, quantize_fn, feeds, mp, base=model, evaluate=evaluate, quiet=quiet
+        model, calibrated, mp_report = apply_mixed_precision(
+            calibrated,
+            config,
+            feeds,
+            mp,
+            writer_options=writer_options,
+            share_concat_scales=share_concat_scales,
+            evaluate=evaluate,
+            quiet=quiet,
         )
         reports["mixed_precision"] = mp_report.to_dict()
-    steps: Sequence[tuple[str, Any]] = [
-        ("adaround", apply_adaround_with_report),
-        ("adaquant", apply_adaquant_with_report),
-    ]
-    for kind, apply in steps:
-        for cfg in _configured(config, AdaRoundConfig.kind if kind == "adaround" else AdaQuantConfig.kind):
-            model, rec_report = apply(float_model, model, feeds, cfg, quiet=quiet)
+    for kind, cls in (("adaround", AdaRoundConfig), ("adaquant", AdaQuantConfig)):
+        for cfg in _configured(config, cls.kind):
+            assert feeds is not None
+            model, rec_report = apply_reconstruction(calibrated, model, feeds, cfg, quiet=quiet)
             reports[kind] = rec_report.to_dict()
     for bc in _configured(config, BiasCorrectionConfig.kind):
         assert feeds is not None
-        model = apply_bias_correction(float_model, model, feeds, bc, quiet=quiet)
-        reports["bias_correction"] = {"num_samples": bc.num_samples}
-    return PassesResult(model, reports)
+        model, notes = apply_bias_correction(calibrated, model, feeds, bc, quiet=quiet)
+        reports["bias_correction"] = {"num_samples": samples_to_use(bc), "notes": notes}
+    return PassesResult(model, reports, calibrated)

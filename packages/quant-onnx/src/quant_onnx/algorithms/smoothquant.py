@@ -29,26 +29,16 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from quant_algos.drivers.cle_chains import layer_ref
 from quant_algos.layer import scale_outputs
 from quant_algos.smoothquant import ActivationAbsMax, smooth_layers
-from quant_core.algorithm_config import SmoothQuantConfig
-from quant_onnx.algorithms._graph import (
-    HOMOGENEOUS_ACTIVATIONS,
-    activation_kind,
-    attr,
-    copy_model,
-    initializer_users,
-    int_attr,
-    is_default_domain,
-    set_initializer,
-    sole_consumer,
-)
+from quant_core.algorithm_config import SmoothQuantConfig, samples_to_use
+from quant_core.plan import HOMOGENEOUS_ACTIVATIONS, activation_kind
 from quant_onnx.algorithms.capture import Feeds, TensorCapture, prepare_batches
-from quant_onnx.algorithms.chains import layer_ref
-from quant_onnx.graph import GraphIndex
+from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_onnx.graph_edit import copy_model, set_initializer
+from quant_onnx.pipeline.annotate import plan_graph, plan_node
 
-#: Samples used when the config leaves ``num_samples`` unset.
-DEFAULT_NUM_SAMPLES = 512
 _OUTPUTS_PER_RUN = 32
 
 
@@ -88,20 +78,20 @@ class _Consumer:
     family: str
 
 
-def _consumer(node: onnx.NodeProto, tensor: str, index: GraphIndex, graph: onnx.GraphProto) -> _Consumer | None:
+def _consumer(node: onnx.NodeProto, tensor: str, index: GraphIndex) -> _Consumer | None:
     if not is_default_domain(node) or len(node.input) < 2 or node.input[0] != tensor or tensor in node.input[1:]:
         return None
     weight = index.constant(node.input[1])
-    owned = index.initializer_proto(node.input[1]) is not None and initializer_users(graph, node.input[1]) == 1
+    owned = _owned_constant(index, node.input[1]) is not None
     if weight is None or not owned or weight.dtype != np.float32:
         return None
     if node.op_type == "MatMul" and weight.ndim == 2:
         return _Consumer(node, node.input[1], weight, 0, "dense")
-    if node.op_type == "Gemm" and weight.ndim == 2 and not attr(node, "transA", 0):
-        return _Consumer(node, node.input[1], weight, 1 if attr(node, "transB", 0) else 0, "dense")
+    if node.op_type == "Gemm" and weight.ndim == 2 and not node_attribute(node, "transA", 0):
+        return _Consumer(node, node.input[1], weight, 1 if node_attribute(node, "transB", 0) else 0, "dense")
     if (
         node.op_type == "Conv"
-        and int_attr(node, "group", 1) == 1
+        and node_attribute(node, "group", 1) == 1
         and weight.ndim >= 3
         and all(k == 1 for k in weight.shape[2:])
     ):
@@ -112,8 +102,7 @@ def _consumer(node: onnx.NodeProto, tensor: str, index: GraphIndex, graph: onnx.
 def _candidates(model: onnx.ModelProto) -> tuple[dict[str, list[_Consumer]], list[str]]:
     """Activation tensor -> the layers reading it, for activations every reader of
     which can absorb a per-input-channel scale."""
-    graph = model.graph
-    index = GraphIndex(graph)
+    index = GraphIndex(model.graph)
     groups: dict[str, list[_Consumer]] = {}
     notes: list[str] = []
     for node in index.topological_order():
@@ -122,7 +111,7 @@ def _candidates(model: onnx.ModelProto) -> tuple[dict[str, list[_Consumer]], lis
         tensor = node.input[0]
         if index.constant(tensor) is not None:
             continue
-        readers = [_consumer(c, tensor, index, graph) for c in index.consumers(tensor)]
+        readers = [_consumer(c, tensor, index) for c in index.consumers(tensor)]
         ok = [r for r in readers if r is not None]
         if len(ok) != len(readers) or index.is_graph_output(tensor) or len({r.family for r in ok}) != 1:
             notes.append(f"{tensor}: read by a node that cannot absorb the scale; left alone")
@@ -149,8 +138,9 @@ def _measure(
     return absmax, ranks
 
 
-def _owned_constant(index: GraphIndex, graph: onnx.GraphProto, name: str) -> np.ndarray | None:
-    if index.initializer_proto(name) is None or initializer_users(graph, name) != 1:
+def _owned_constant(index: GraphIndex, name: str) -> np.ndarray | None:
+    """An initializer only one node reads (so rescaling it changes nothing else)."""
+    if index.initializer_proto(name) is None or len(index.consumers(name)) != 1:
         return None
     return index.constant(name)
 
@@ -159,30 +149,27 @@ def _fold_into_producer(
     model: onnx.ModelProto, index: GraphIndex, tensor: str, family: str, rank: int | None, mult: np.ndarray
 ) -> str | None:
     """Fold ``x *= mult`` (per channel) into what produces ``tensor``; the node's name, or None."""
-    graph = model.graph
     current = tensor
     crossed = False
     while True:
         node = index.producer(current)
         if node is None or not is_default_domain(node) or len(node.output) != 1:
             return None
-        if crossed and sole_consumer(index, node.output[0]) is None:
+        if crossed and index.sole_consumer(node.output[0]) is None:
             return None
         homogeneous = node.op_type in (*HOMOGENEOUS_ACTIVATIONS, "MaxPool", "AveragePool") or (
-            activation_kind(node, index) == "relu"
+            activation_kind(plan_node(node), index.constant) == "relu"
         )
         if homogeneous and node.op_type != "PRelu":
             current, crossed = node.input[0], True
             continue
         break
-    ref = layer_ref(node, index, graph)
+    ref = layer_ref(plan_node(node), plan_graph(model), lambda name: index.initializer_proto(name) is not None)
     if ref is not None and ref.family == family:
         scaled = scale_outputs(ref.layer, 1.0 / mult)
-        set_initializer(
-            model, ref.weight_name, np.ascontiguousarray(scaled.weight.T if ref.transposed else scaled.weight)
-        )
+        set_initializer(model.graph, ref.weight_name, np.ascontiguousarray(ref.stored_weight(scaled.weight)))
         if ref.bias_name is not None and scaled.bias is not None:
-            set_initializer(model, ref.bias_name, scaled.bias)
+            set_initializer(model.graph, ref.bias_name, scaled.bias)
         return node.name
     if crossed or rank is None:
         return None  # the remaining forms are only exact directly on the tensor
@@ -192,27 +179,27 @@ def _fold_into_producer(
     m = mult.reshape(shape)
     if node.op_type == "Mul":
         for i in (0, 1):
-            c = _owned_constant(index, graph, node.input[i])
+            c = _owned_constant(index, node.input[i])
             if c is not None and c.ndim <= rank:
                 new = (c.astype(np.float64) * m).astype(c.dtype)
                 if new.ndim == rank and new.shape[axis] == mult.size:
-                    set_initializer(model, node.input[i], new)
+                    set_initializer(model.graph, node.input[i], new)
                     return node.name
         return None
     if node.op_type in ("LayerNormalization", "BatchNormalization"):
         if node.op_type == "LayerNormalization" and (
-            family != "dense" or int_attr(node, "axis", -1) not in (-1, rank - 1)
+            family != "dense" or node_attribute(node, "axis", -1) not in (-1, rank - 1)
         ):
             return None
         if node.op_type == "BatchNormalization" and family != "conv":
             return None
         params = [node.input[1]] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
-        values = [_owned_constant(index, graph, p) for p in params]
+        values = [_owned_constant(index, p) for p in params]
         if any(v is None or v.shape != (mult.size,) for v in values):
             return None
         for p, v in zip(params, values, strict=True):
             assert v is not None
-            set_initializer(model, p, (v.astype(np.float64) * mult).astype(v.dtype))
+            set_initializer(model.graph, p, (v.astype(np.float64) * mult).astype(v.dtype))
         return node.name
     return None
 
@@ -224,7 +211,7 @@ def _insert_mul(
     const = index.unique_name(f"{tensor}_smooth_scale")
     out = index.unique_name(f"{tensor}_smoothed")
     name = index.unique_name(f"{tensor}_smooth")
-    set_initializer(model, const, mult.astype(np.float32).reshape(shape))
+    set_initializer(model.graph, const, mult.astype(np.float32).reshape(shape))
     readers = {n.name for n in index.consumers(tensor)}
     position = 0
     for i, node in enumerate(model.graph.node):
@@ -246,7 +233,7 @@ def apply_smoothquant_with_report(
     out = copy_model(model)
     if not groups:
         return out, SmoothQuantReport((), (*notes, "no MatMul/Gemm/1x1-Conv inputs to smooth"))
-    absmax, ranks = _measure(model, groups, prepare_batches(batches, config.num_samples or DEFAULT_NUM_SAMPLES))
+    absmax, ranks = _measure(model, groups, prepare_batches(batches, samples_to_use(config)))
     smoothed = []
     for tensor, readers in groups.items():
         current = GraphIndex(out.graph)  # weights as earlier smoothing left them
@@ -264,7 +251,7 @@ def apply_smoothquant_with_report(
             else f"mul:{_insert_mul(out, index, tensor, family, rank, result.input_multiplier)}"
         )
         for reader, weight in zip(readers, result.weights, strict=True):
-            set_initializer(out, reader.weight_name, weight)
+            set_initializer(out.graph, reader.weight_name, weight)
         smoothed.append(SmoothedActivation(tensor, tuple(r.node.name for r in readers), where))
     return out, SmoothQuantReport(tuple(smoothed), tuple(notes))
 
@@ -272,5 +259,6 @@ def apply_smoothquant_with_report(
 def apply_smoothquant(model: onnx.ModelProto, batches: Iterable[Feeds], config: SmoothQuantConfig) -> onnx.ModelProto:
     """A copy of ``model`` (pre-processed float model) with SmoothQuant applied; the
     float function is unchanged. ``batches``: calibration feeds, first
-    ``config.num_samples`` samples (``DEFAULT_NUM_SAMPLES`` when unset)."""
+    ``config.num_samples`` samples (``quant_core.algorithm_config.DEFAULT_NUM_SAMPLES``
+    when unset)."""
     return apply_smoothquant_with_report(model, batches, config)[0]

@@ -93,7 +93,7 @@ def build_report(
         }
         for slot in ann.weights
     ]
-    bias_entries = [_bias_entry(b.node, b.tensor, b.spec, stored.get(b.node)) for b in ann.biases]
+    bias_entries = [_bias_entry(b.node, b.tensor, b.spec, stored.get(b.node)) for b in ann.biases if b.tensor]
     return {
         "report_version": REPORT_VERSION,
         "files": files or {},

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
-from quant_core.plan import ConstantLookup, QuantPlan, plan_weight_qparams
+from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, needs_own_observer
 from quant_core.qparams import QParams
 from quant_onnx.errors import DataError
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
@@ -63,10 +63,12 @@ class CalibratedModel:
             writer may re-encode int8 as uint8 for onnxruntime on x86).
         activation_ranges: tensor group key -> the observed ``(min, max)``.
         weight_qparams: weighted node name -> its weight's qparams.
-        observers: tensor group key -> its observer, kept so that another format of a
-            group (a layer raised to 16 bits) gets its qparams from the same statistic.
+        observers: tensor group key (and requant key, for a requant observing its
+            own way) -> observer, kept so that a changed plan over the same graph (a layer
+            raised to 16 bits) gets its qparams from the same statistics: :meth:`replan`.
         notes: what calibration decided that a report should say (weight scales
             raised so that a bias fits int32).
+        requant_qparams: :attr:`~quant_core.plan.InputRequant.key` -> qparams.
 
     Example:
         >>> empty = QuantPlan(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
@@ -81,11 +83,37 @@ class CalibratedModel:
     weight_qparams: Mapping[str, QParams]
     observers: Mapping[str, Observer] = attrs.field(factory=dict)
     notes: tuple[str, ...] = ()
+    requant_qparams: Mapping[str, QParams] = attrs.field(factory=dict)
 
     def qparams_of(self, tensor: str) -> QParams | None:
         """Qparams of an activation tensor (through its group), or ``None`` when it stays float."""
         group = self.plan.group_of(tensor)
         return None if group is None else self.activation_qparams[group.key]
+
+    def input_qparams(self, node: str, tensor: str) -> QParams | None:
+        """Qparams of ``tensor`` as layer ``node`` reads it (its own requantization, if the
+        plan gives it one)."""
+        requant = self.plan.requant_of(node, tensor)
+        return self.requant_qparams[requant.key] if requant is not None else self.qparams_of(tensor)
+
+    @classmethod
+    def from_observers(
+        cls, model: onnx.ModelProto, plan: QuantPlan, observers: Mapping[str, Observer]
+    ) -> CalibratedModel:
+        """Every qparam of ``plan`` from ``observers`` (``quant_core.plan.calibrated_qparams``)."""
+        q = calibrated_qparams(plan, observers, kernel_values(model))
+        return cls(model, plan, q.activations, q.ranges, q.weights, observers, q.notes, q.requants)
+
+    def replan(self, plan: QuantPlan) -> CalibratedModel:
+        """The calibrated model for another plan of the same graph and groups (specs may
+        differ: a layer raised to 16 bits), from the same observers, without calibrating
+        again."""
+        if [g.members for g in plan.groups] != [g.members for g in self.plan.groups]:
+            raise ValueError("plan: its tensor groups differ from the calibrated plan's; calibrate it instead")
+        missing = [key for key in needs_own_observer(plan) if key not in self.observers]
+        if missing:
+            raise ValueError(f"plan: requants {missing} observe differently than their groups; calibrate it instead")
+        return self.from_observers(self.model, plan, self.observers)
 
     def evolve(self, **changes: Any) -> CalibratedModel:
         """A copy with fields replaced (how algorithms hand back their changes)."""
@@ -167,6 +195,10 @@ def calibrate(
     for group in plan.groups:
         for name in group.observed:
             feeds_of.setdefault(name, []).append(group.key)
+    for key in needs_own_observer(plan):
+        requant = next(r for r in plan.requants if r.key == key)
+        observers[key] = make_observer(requant.spec)
+        feeds_of.setdefault(requant.tensor, []).append(key)
     run_outputs = []
     for name, keys in feeds_of.items():
         value = index.constant(name)
@@ -208,18 +240,7 @@ def calibrate(
         seen += 1
     if seen == 0:
         raise DataError("calibration data: no samples")
-    qparams: dict[str, QParams] = {}
-    ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for key, observer in observers.items():
         if observer.empty:
             raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
-        ranges[key] = observer.range()
-        qparams[key] = observer.qparams()
-    group_of = plan.group_of
-
-    def activation_qparams(tensor: str) -> QParams | None:
-        group = group_of(tensor)
-        return None if group is None else qparams[group.key]
-
-    weights, notes = plan_weight_qparams(plan, kernel_values(model), activation_qparams)
-    return CalibratedModel(model, plan, qparams, ranges, weights, observers, tuple(notes))
+    return CalibratedModel.from_observers(model, plan, observers)

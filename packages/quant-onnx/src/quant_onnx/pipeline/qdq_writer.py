@@ -17,6 +17,13 @@ onnxruntime runs with its integer kernels (see ``ONNXRUNTIME-INT8.md``).
 - ``activation_encoding="x86_uint8"`` (default) stores int8 activations as uint8 with
   the zero point shifted by 128 (the same real values, the encoding x86 kernels take);
   ``"as_spec"`` keeps the spec's dtype.
+- A layer the plan gives its own input requantization (a layer mixed precision raised to
+  16 bits) reads a QuantizeLinear/DequantizeLinear pair of the float tensor with those
+  qparams instead of the group's; a fused activation the group's quantizer absorbed is
+  put back in front of it when the requant's range would not apply it.
+- 16-bit Q/DQ need opset 21 in the default domain; in an older model they are written in
+  onnxruntime's ``com.microsoft`` domain (which takes them at any opset) and a note says
+  so (raise the model's opset to 21 to stay in standard ONNX).
 
 Example:
     >>> import numpy as np
@@ -49,7 +56,7 @@ from onnx import helper, numpy_helper
 
 from quant_core.bias import BiasRule, EncodedBias, encode_bias
 from quant_core.dtypes import DType
-from quant_core.plan import BiasSlot, FusedActivation
+from quant_core.plan import BiasSlot, FusedActivation, InputRequant
 from quant_core.qparams import QParams, quantize
 from quant_onnx.graph import DEFAULT_DOMAINS, GraphIndex, is_default_domain, node_attribute
 from quant_onnx.pipeline.calibrate import CalibratedModel
@@ -61,6 +68,8 @@ ActivationEncoding = Literal["x86_uint8", "as_spec"]
 
 # QuantizeLinear/DequantizeLinear accept these formats from this default-domain opset on.
 _OPSET_FOR_DTYPE = {DType.INT4: 21, DType.UINT4: 21, DType.INT16: 21, DType.UINT16: 21}
+MS_DOMAIN = "com.microsoft"
+"""onnxruntime's contrib domain: its QuantizeLinear/DequantizeLinear take 16-bit types at any opset."""
 BASE_QDQ_OPSET = 13
 """Per-channel DequantizeLinear (``axis``) needs opset 13."""
 
@@ -165,6 +174,9 @@ class _Writer:
         self.dequantized: dict[str, str] = {}  # float tensor -> quantized integer initializer name
         self.notes: list[str] = []
         self.biases: dict[str, EncodedBias] = {}  # node -> how its bias was stored
+        self.float_source: dict[str, str] = {}  # activation -> the float tensor its quantizer reads
+        self.opset = next((o.version for o in self.model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
+        self.ms_domain_used = False
         self.folded: dict[str, np.ndarray] = {}  # constants created here (Gemm alpha/beta folded)
 
     # --- helpers -----------------------------------------------------------------------------
@@ -184,10 +196,17 @@ class _Writer:
 
     def qdq_node(self, op: str, source: str, output: str, params: tuple[str, str], qp: QParams) -> onnx.NodeProto:
         name = self.index.unique_name(f"{output}_{op}")
-        node = helper.make_node(op, [source, *params], [output], name=name)
+        node = helper.make_node(op, [source, *params], [output], name=name, domain=self.domain_for(qp.dtype))
         if qp.axis is not None:
             node.attribute.append(helper.make_attribute("axis", int(qp.axis)))
         return node
+
+    def domain_for(self, dtype: DType) -> str:
+        """The default domain, or com.microsoft for 16-bit Q/DQ below opset 21."""
+        if dtype.bits == 16 and self.opset < _OPSET_FOR_DTYPE[dtype]:
+            self.ms_domain_used = True
+            return MS_DOMAIN
+        return ""
 
     def dequantize_for_consumers(
         self, quantized: str, float_name: str, params: tuple[str, str], qp: QParams, consumers: list[onnx.NodeProto]
@@ -208,8 +227,14 @@ class _Writer:
                     consumer.input[i] = source
 
     def main_consumers(self, tensor: str) -> list[onnx.NodeProto]:
-        """Consumers in the main graph (subgraphs keep reading the float tensor)."""
-        unique = {c.name: c for c in self.index.consumers(tensor) if tensor in c.input}
+        """Consumers in the main graph (subgraphs keep reading the float tensor) that read
+        the tensor's group quantizer (not those with their own requantization)."""
+        plan = self.cal.plan
+        unique = {
+            c.name: c
+            for c in self.index.consumers(tensor)
+            if tensor in c.input and plan.requant_of(c.name, tensor) is None
+        }
         return list(unique.values())
 
     # --- passes --------------------------------------------------------------------------------
@@ -297,7 +322,7 @@ class _Writer:
     def write_bias(self, slot: BiasSlot) -> None:
         node = self.nodes[slot.node]
         value = self.constant(node.input[slot.input_index])
-        input_qp = self.cal.qparams_of(slot.input_tensor)
+        input_qp = self.cal.input_qparams(slot.node, slot.input_tensor)
         if value is None or input_qp is None:
             self.notes.append(f"node {slot.node!r}: bias kept float (its input is not quantized)")
             return
@@ -335,6 +360,7 @@ class _Writer:
                 for i, name in enumerate(producer.output):
                     if name == tensor:
                         producer.output[i] = source
+        self.float_source[tensor] = source
         params = self.qparam_initializers(tensor, qp)
         quantized = self.index.unique_name(f"{tensor}_QuantizeLinear_Output")
         q_nodes = [self.qdq_node("QuantizeLinear", source, quantized, params, qp)]
@@ -345,6 +371,42 @@ class _Writer:
         else:
             self.after.setdefault(producer.name, []).extend(q_nodes)
         self.dequantize_for_consumers(quantized, tensor, params, qp, consumers)
+
+    def write_requant(self, requant: InputRequant) -> None:
+        """Layer ``requant.node`` reads its own Q/DQ pair of the float tensor."""
+        consumer = self.nodes[requant.node]
+        tensor = requant.tensor
+        qp = encode_activation(self.cal.requant_qparams[requant.key], self.options.activation_encoding)
+        base = f"{requant.node}_{tensor}"
+        params = self.qparam_initializers(base, qp)
+        value = self.index.constant(tensor)
+        if value is not None:
+            quantized = self.initializer(f"{base}_quantized", quantize(value, qp), qp.dtype)
+            self.dequantize_for_consumers(quantized, tensor, params, qp, [consumer])
+            return
+        source = self.float_source.get(tensor, tensor)
+        producer = self.index.producer(source)
+        place = self.after.setdefault(producer.name, []) if producer is not None else self.head
+        fused = next((f for f in self.cal.plan.fused if f.post_tensor == tensor), None)
+        if fused is not None and fused.node in self.removed_nodes and not activation_is_absorbed(qp, fused.bounds):
+            # The group's quantizer applied this activation by saturating; this one would not.
+            source = self.activation_node(source, fused, place)
+        quantized = self.index.unique_name(f"{base}_QuantizeLinear_Output")
+        place.append(self.qdq_node("QuantizeLinear", source, quantized, params, qp))
+        self.dequantize_for_consumers(quantized, tensor, params, qp, [consumer])
+
+    def activation_node(self, source: str, fused: FusedActivation, place: list[onnx.NodeProto]) -> str:
+        """A copy of a dropped Relu/Clip applied to ``source`` (appended to ``place``)."""
+        output = self.index.unique_name(f"{source}_{fused.op_type}")
+        lo, hi = fused.bounds
+        if fused.op_type == "Relu" or (lo == 0.0 and not np.isfinite(hi)):
+            place.append(helper.make_node("Relu", [source], [output], name=self.index.unique_name(output)))
+            return output
+        bounds = [
+            self.initializer(f"{output}_{end}", np.asarray(b, np.float32)) for end, b in (("min", lo), ("max", hi))
+        ]
+        place.append(helper.make_node("Clip", [source, *bounds], [output], name=self.index.unique_name(output)))
+        return output
 
     def assemble(self) -> None:
         ordered: list[onnx.NodeProto] = list(self.head)
@@ -383,29 +445,44 @@ class _Writer:
             self.index = GraphIndex(self.graph)
         self.write_weights()
         for bias in plan.biases:
-            self.write_bias(bias)
+            if bias.tensor:  # an empty slot: the layer has no bias to store
+                self.write_bias(bias)
         for group in plan.groups:
             qp = encode_activation(self.cal.activation_qparams[group.key], self.options.activation_encoding)
             for tensor in group.members:
                 if tensor not in self.vanished:
                     self.write_activation(tensor, qp)
+        for requant in plan.requants:
+            self.write_requant(requant)
         self.assemble()
-        self.raise_opset_check()
+        self.check_opset()
         return self.model
 
-    def raise_opset_check(self) -> None:
-        dtypes = {self._dtype(t) for t in self.graph.initializer if t.name.endswith("_zero_point")}
-        needed = required_opset(d for d in dtypes if d is not None)
-        for opset in self.model.opset_import:
-            if opset.domain in DEFAULT_DOMAINS and opset.version < needed:
-                raise ValueError(
-                    f"model opset {opset.version} is too old for these QDQ formats; allowed: >= {needed} "
-                    "(ModelQuantizer.prepare raises it)"
-                )
-
-    @staticmethod
-    def _dtype(tensor: onnx.TensorProto) -> DType | None:
-        return DTYPE_OF_ONNX.get(tensor.data_type)
+    def check_opset(self) -> None:
+        """Default-domain Q/DQ formats the model's opset takes; the com.microsoft domain
+        declared (and said) where 16-bit pairs went there."""
+        initializers = {t.name: t for t in self.graph.initializer}
+        dtypes = set()
+        for node in self.graph.node:
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.domain in DEFAULT_DOMAINS:
+                zero_point = initializers.get(node.input[2]) if len(node.input) > 2 else None
+                dtype = None if zero_point is None else DTYPE_OF_ONNX.get(zero_point.data_type)
+                if dtype is not None:
+                    dtypes.add(dtype)
+        needed = required_opset(dtypes)
+        if self.opset < needed:
+            raise ValueError(
+                f"model opset {self.opset} is too old for these QDQ formats; allowed: >= {needed} "
+                "(ModelQuantizer.prepare raises it)"
+            )
+        if self.ms_domain_used:
+            if not any(o.domain == MS_DOMAIN for o in self.model.opset_import):
+                self.model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+            self.notes.append(
+                f"16-bit QuantizeLinear/DequantizeLinear written in the {MS_DOMAIN} domain: the model's opset is "
+                f"{self.opset} and the standard ops take 16-bit types from opset 21 (raise it with "
+                "PreprocessOptions(target_opset=21) or quant-onnx's --opset 21)"
+            )
 
 
 @attrs.frozen(eq=False)

@@ -1,0 +1,138 @@
+"""The layer-by-layer reconstruction loop shared by AdaRound and AdaQuant, on any backend.
+
+For each quantized Conv/Gemm/MatMul, in order: its input as the quantized model computes
+it (every earlier layer already updated) and the float model's output of the layer are
+streamed batch by batch into a pool of output positions
+(:class:`~quant_algos.reconstruction_data.PoolBuilder`: memory is the pool plus one
+batch, whatever the calibration count), :func:`~quant_algos.adaround.adaround_pool` or
+:func:`~quant_algos.adaquant.adaquant_pool` learns the codes (and AdaQuant the bias),
+and the runner writes them back. The weight qparams are the calibrated plan's, never
+re-derived.
+
+Example:
+    See ``packages/quant-algos/tests/test_drivers.py`` (a numpy runner) and the backends'
+    tests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+from tqdm.auto import tqdm
+
+from quant_algos._reconstruction import PoolSettings
+from quant_algos.drivers.runner import LayerRunner, QuantLayer
+from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, samples_to_use
+
+
+@attrs.frozen
+class LayerOutcome:
+    """One layer's result: reconstruction loss with nearest rounding and with the
+    learned weights (on the layer's pool), iterations, whether nearest was kept, and
+    the seconds spent capturing its data and learning.
+
+    Example:
+        >>> LayerOutcome("c", 2.0, 1.0, 100, False).fell_back
+        False
+    """
+
+    name: str
+    loss_nearest: float
+    loss: float
+    iterations: int
+    fell_back: bool
+    capture_seconds: float = 0.0
+    learn_seconds: float = 0.0
+
+
+@attrs.frozen
+class ReconstructionReport:
+    """What :func:`reconstruct_layers` did.
+
+    Example:
+        >>> ReconstructionReport("adaround", (LayerOutcome("c", 2.0, 1.0, 100, False),), ()).to_dict()["layers"][0]["loss"]
+        1.0
+    """
+
+    method: str
+    layers: tuple[LayerOutcome, ...]
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "layers": [attrs.asdict(o) for o in self.layers], "notes": list(self.notes)}
+
+
+def _skip_reason(layer: QuantLayer) -> str | None:
+    if layer.is_conv and (layer.float_weight.ndim != 4 or layer.geometry is None):
+        return f"{layer.name}: only 2-D convolutions are reconstructed"
+    return None
+
+
+def reconstruct_layers(
+    runner: LayerRunner,
+    config: AdaRoundConfig | AdaQuantConfig,
+    *,
+    quiet: bool = False,
+    settings: PoolSettings | None = None,
+) -> ReconstructionReport:
+    """AdaRound (``AdaRoundConfig``) or AdaQuant (``AdaQuantConfig``) over every layer of
+    ``runner``; writes the learned codes (and AdaQuant's biases) back through it.
+    Needs ``quant-algos[torch]``."""
+    from quant_algos.adaquant import adaquant_pool
+    from quant_algos.adaround import adaround_pool
+
+    learn_bias = isinstance(config, AdaQuantConfig)
+    solve = adaquant_pool if learn_bias else adaround_pool
+    method = "adaquant" if learn_bias else "adaround"
+    pool_settings = settings or PoolSettings()
+    count = min(runner.num_samples, samples_to_use(config))
+    outcomes, notes = [], []
+    for layer in tqdm(runner.layers(), desc=method, unit="layer", disable=quiet):
+        reason = _skip_reason(layer)
+        if reason is not None:
+            notes.append(reason)
+            continue
+        start = time.perf_counter()
+        builder = pool_settings.builder(
+            layer.float_weight.shape, layer.geometry, count, with_targets=True, batch_size=config.batch_size
+        )
+        seen = 0
+        for inputs, targets in zip(runner.quantized_inputs(layer), runner.float_outputs(layer), strict=True):
+            take = min(len(inputs), count - seen)
+            if take > 0:
+                builder.add(inputs[:take], targets[:take])
+                seen += take
+        pool = builder.pool()
+        captured = time.perf_counter()
+        result = solve(
+            layer.float_weight,
+            layer.bias,
+            layer.weight_qparams,
+            pool,
+            config,  # type: ignore[arg-type]
+            activation=layer.activation,
+            name=layer.name,
+            quiet=quiet,
+            settings=pool_settings,
+        )
+        del pool, builder
+        learned = time.perf_counter()
+        runner.set_weight_codes(layer, result.codes)
+        if learn_bias and result.bias is not None and not result.fell_back and layer.bias_allowed:
+            note = runner.set_bias(layer, result.bias)
+            if note is not None:
+                notes.append(f"{layer.name}: {note}")
+        outcomes.append(
+            LayerOutcome(
+                layer.name,
+                float(result.loss_nearest),
+                float(result.loss),
+                int(result.iterations),
+                bool(result.fell_back),
+                round(captured - start, 3),
+                round(learned - captured, 3),
+            )
+        )
+    return ReconstructionReport(method, tuple(outcomes), tuple(notes))

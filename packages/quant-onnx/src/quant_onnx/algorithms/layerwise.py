@@ -1,0 +1,73 @@
+"""AdaRound, AdaQuant and bias correction on a QDQ model (post-passes): the drivers of
+``quant_algos.drivers`` over :class:`~quant_onnx.algorithms.runner.OnnxLayerRunner`.
+
+Each pass takes the calibrated plan the QDQ model was written from (weight qparams and
+the bias rule come from there, never from the file), the QDQ model and the calibration
+batches (the first ``num_samples``, ``quant_core.algorithm_config.DEFAULT_NUM_SAMPLES``
+when unset), and returns a new QDQ model whose integer initializers were rewritten; the
+graph structure the writer chose is kept (a layer without a bias may gain one).
+AdaRound and AdaQuant need ``quant-onnx[torch]``; quant_onnx never imports torch itself.
+
+Example:
+    See ``tests/test_algorithms_layerwise.py`` and ``tests-integration/test_onnx_adaround.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import onnx
+
+from quant_algos._torch import check_torch
+from quant_algos.drivers.bias_correction import correct_biases
+from quant_algos.drivers.reconstruction import ReconstructionReport, reconstruct_layers
+from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, BiasCorrectionConfig, samples_to_use
+from quant_onnx.algorithms.capture import Feeds, prepare_batches
+from quant_onnx.algorithms.runner import OnnxLayerRunner
+from quant_onnx.pipeline.calibrate import CalibratedModel
+
+TORCH_EXTRA = "quant-onnx[torch]"
+
+
+def _runner(
+    calibrated: CalibratedModel, qdq_model: onnx.ModelProto, batches: Iterable[Feeds], config: object
+) -> OnnxLayerRunner:
+    return OnnxLayerRunner(calibrated, qdq_model, prepare_batches(batches, samples_to_use(config)))
+
+
+def apply_reconstruction(
+    calibrated: CalibratedModel,
+    qdq_model: onnx.ModelProto,
+    batches: Iterable[Feeds],
+    config: AdaRoundConfig | AdaQuantConfig,
+    *,
+    quiet: bool = False,
+) -> tuple[onnx.ModelProto, ReconstructionReport]:
+    """AdaRound (``AdaRoundConfig``) or AdaQuant (``AdaQuantConfig``) over every quantized
+    Conv/Gemm/MatMul of ``qdq_model``: a new model and the per-layer report.
+
+    Raises:
+        ImportError: PyTorch is not installed (names the ``quant-onnx[torch]`` extra).
+    """
+    check_torch("AdaQuant" if isinstance(config, AdaQuantConfig) else "AdaRound", TORCH_EXTRA)
+    runner = _runner(calibrated, qdq_model, batches, config)
+    report = reconstruct_layers(runner, config, quiet=quiet)
+    if runner.notes:
+        report = ReconstructionReport(report.method, report.layers, (*runner.notes, *report.notes))
+    return runner.model, report
+
+
+def apply_bias_correction(
+    calibrated: CalibratedModel,
+    qdq_model: onnx.ModelProto,
+    batches: Iterable[Feeds],
+    config: BiasCorrectionConfig,
+    *,
+    quiet: bool = False,
+) -> tuple[onnx.ModelProto, list[str]]:
+    """Empirical bias correction of every quantized Conv/Gemm of ``qdq_model`` (the mean
+    output error on the calibration samples removed, layer by layer): a new model and
+    notes on layers left alone."""
+    runner = _runner(calibrated, qdq_model, batches, config)
+    notes = correct_biases(runner, config, quiet=quiet)
+    return runner.model, [*runner.notes, *notes]

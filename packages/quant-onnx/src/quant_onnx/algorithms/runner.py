@@ -1,0 +1,281 @@
+"""The ONNX :class:`~quant_algos.drivers.runner.LayerRunner`: onnxruntime runs the float
+model and the QDQ model the quantizer wrote; the layer-wise drivers of ``quant_algos``
+(AdaRound, AdaQuant, bias correction) walk them and write back through it.
+
+Everything a driver needs to quantize comes from the calibrated plan
+(:class:`~quant_onnx.pipeline.calibrate.CalibratedModel`): weight qparams (rounding,
+narrow range, power-of-two position included) and the bias rule's inputs. The QDQ model
+is read only for where things are stored (which integer initializer holds a layer's
+codes, which its bias) and for the bias values an earlier pass left there. Both models
+run through :class:`~quant_onnx.algorithms.capture.IncrementalRunner`: each node runs
+once over the samples, about one forward pass per model for a whole walk.
+
+Example:
+    See ``tests/test_algorithms_runner.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import attrs
+import numpy as np
+import onnx
+from onnx import helper
+
+from quant_algos.drivers.runner import QuantLayer
+from quant_algos.reconstruction_data import ConvGeometry
+from quant_core.bias import encode_bias
+from quant_core.plan import activation_kind, weight_is_transposed
+from quant_core.qparams import QParams, dequantize, quantize
+from quant_onnx.algorithms.capture import Feeds, IncrementalRunner
+from quant_onnx.errors import ModelError
+from quant_onnx.graph import GraphIndex, node_attribute
+from quant_onnx.graph_edit import copy_model, set_initializer
+from quant_onnx.pipeline.annotate import plan_node
+from quant_onnx.pipeline.calibrate import CalibratedModel
+from quant_onnx.pipeline.preprocess.shape_inference import typed_index
+from quant_onnx.tensor_types import DTYPE_OF_ONNX
+
+WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
+
+
+@attrs.frozen(eq=False)
+class _Storage:
+    """Where one layer lives in the QDQ model."""
+
+    node: str
+    codes: str  # integer initializer of the weight codes
+    codes_dtype: np.dtype
+    transposed: bool
+    input_tensor: str  # the float model's input tensor of the layer (the plan's name)
+    float_output: str
+
+
+def _ints(value: object, default: list[int]) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else list(default)
+
+
+def conv_geometry(node: onnx.NodeProto, kernel: Sequence[int], input_hw: Sequence[int] | None) -> ConvGeometry | None:
+    """Strides, explicit pads, dilations and groups of a 2-D Conv (``auto_pad`` resolved
+    against ``input_hw``; ``None`` when it needs an input size that is unknown)."""
+    strides = _ints(node_attribute(node, "strides"), [1, 1])
+    dilations = _ints(node_attribute(node, "dilations"), [1, 1])
+    pads = _ints(node_attribute(node, "pads"), [0, 0, 0, 0])
+    auto_pad = node_attribute(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if input_hw is None:
+            return None
+        pads = [0, 0, 0, 0]
+        for i in range(2):
+            out = -(-input_hw[i] // strides[i])
+            total = max(0, (out - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - input_hw[i])
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + 2] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    elif auto_pad == "VALID":
+        pads = [0, 0, 0, 0]
+    groups = int(node_attribute(node, "group", 1))  # type: ignore[call-overload]
+    return ConvGeometry(strides=strides, pads=pads, dilations=dilations, groups=groups)
+
+
+def _oi(qp: QParams, transposed: bool) -> QParams:
+    """Weight qparams in ``[out, in]`` layout (a transposed 2-D weight swaps its axes)."""
+    return qp.evolve(axis=1 - qp.axis) if transposed and qp.axis is not None else qp
+
+
+class OnnxLayerRunner:
+    """A :class:`~quant_algos.drivers.runner.LayerRunner` over ``calibrated.model`` (float)
+    and ``qdq_model`` (written from it), on ``batches``. The QDQ model is copied;
+    :attr:`model` is the copy with everything written back.
+
+    Example:
+        >>> OnnxLayerRunner.__name__
+        'OnnxLayerRunner'
+    """
+
+    def __init__(self, calibrated: CalibratedModel, qdq_model: onnx.ModelProto, batches: Sequence[Feeds]) -> None:
+        self.calibrated = calibrated
+        self.float_model = calibrated.model
+        self.model = copy_model(qdq_model)
+        self.batches = list(batches)
+        self.notes: list[str] = []
+        self._quantized = IncrementalRunner(self.batches)
+        self._reference = IncrementalRunner(self.batches)
+        self._storage: dict[str, _Storage] = {}
+        self._layers = self._find_layers()
+
+    @property
+    def num_samples(self) -> int:
+        return sum(int(next(iter(b.values())).shape[0]) for b in self.batches)
+
+    def layers(self) -> Sequence[QuantLayer]:
+        return self._layers
+
+    # --- discovery ---------------------------------------------------------------------
+    def _find_layers(self) -> list[QuantLayer]:
+        qdq = GraphIndex(self.model.graph)
+        floats = typed_index(self.float_model)
+        float_nodes = {node.name: node for node in self.float_model.graph.node}
+        layers = []
+        for node in qdq.topological_order():
+            if node.op_type not in WEIGHTED_OPS or node.name not in self.calibrated.weight_qparams:
+                continue
+            float_node = float_nodes.get(node.name)
+            if float_node is None or float_node.op_type != node.op_type:
+                self.notes.append(f"{node.name}: no float {node.op_type} of that name")
+                continue
+            layer = self._describe(node, float_node, qdq, floats)
+            if layer is not None:
+                layers.append(layer)
+        return layers
+
+    def _describe(
+        self, node: onnx.NodeProto, float_node: onnx.NodeProto, qdq: GraphIndex, floats: GraphIndex
+    ) -> QuantLayer | None:
+        name = node.name
+        dq = qdq.producer(node.input[1])
+        proto = qdq.initializer_proto(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        weight = floats.constant(float_node.input[1])
+        if dq is None or proto is None or proto.data_type not in DTYPE_OF_ONNX or weight is None:
+            self.notes.append(f"{name}: weight is not an integer initializer behind a DequantizeLinear")
+            return None
+        if node.op_type == "Gemm" and (node_attribute(node, "transA", 0) or node_attribute(node, "alpha", 1.0) != 1.0):
+            self.notes.append(f"{name}: Gemm with transA or alpha is left alone")
+            return None
+        transposed = weight_is_transposed(plan_node(node))
+        float_weight = np.asarray(weight.T if transposed else weight, np.float32)
+        if node.op_type == "MatMul" and weight.ndim != 2:
+            self.notes.append(f"{name}: MatMul with a rank-{weight.ndim} weight is left alone")
+            return None
+        geometry = None
+        if node.op_type == "Conv":
+            shape = floats.shape(float_node.input[0])
+            hw = (
+                shape[2:4]
+                if shape is not None and len(shape) == 4 and all(isinstance(d, int) for d in shape[2:4])
+                else None
+            )
+            geometry = conv_geometry(node, float_weight.shape[2:], hw)  # type: ignore[arg-type]
+            if geometry is None:
+                self.notes.append(f"{name}: auto_pad needs the input size, which shape inference did not give")
+                return None
+        slot = self.calibrated.plan.bias_of(name)
+        input_quantized = slot is not None and self.calibrated.qparams_of(slot.input_tensor) is not None
+        consumer = floats.sole_consumer(float_node.output[0])
+        activation = activation_kind(plan_node(consumer), floats.constant) if consumer is not None else None
+        qp = _oi(self.calibrated.weight_qparams[name], transposed)
+        stored = np.asarray(qdq.constant(dq.input[0])).astype(np.int64)
+        off = np.abs(quantize(float_weight, qp).astype(np.int64) - (stored.T if transposed else stored))
+        # AdaRound moves codes by one step, AdaQuant by a few; a model the QDQ file was not
+        # written from (e.g. the float model from before CLE) moves most of them further.
+        if off.shape != float_weight.shape or (off.size and np.mean(off > 1) > 0.1):
+            raise ModelError(
+                f"node {name!r}: the float weight does not quantize to the stored codes; pass the calibrated "
+                "model the QDQ model was written from (after CLE/SmoothQuant)"
+            )
+        self._storage[name] = _Storage(
+            name,
+            dq.input[0],
+            np.asarray(qdq.constant(dq.input[0])).dtype,
+            transposed,
+            float_node.input[0],
+            float_node.output[0],
+        )
+        return QuantLayer(
+            name=name,
+            op_type=node.op_type,
+            float_weight=float_weight,
+            weight_qparams=qp,
+            bias=self._current_bias(node, qdq),
+            geometry=geometry,
+            activation=activation,
+            output_channel_axis=-1 if node.op_type == "MatMul" else 1,
+            bias_allowed=node.op_type != "MatMul" and input_quantized,
+        )
+
+    @staticmethod
+    def _current_bias(node: onnx.NodeProto, index: GraphIndex) -> np.ndarray | None:
+        """The bias the QDQ model holds now (real values: codes dequantized with the stored
+        scale, or a float initializer)."""
+        if len(node.input) < 3 or not node.input[2]:
+            return None
+        dq = index.producer(node.input[2])
+        if dq is None:
+            value = index.constant(node.input[2])
+            return None if value is None else np.asarray(value, np.float32).reshape(-1)
+        codes, scale = index.constant(dq.input[0]), index.constant(dq.input[1])
+        if codes is None or scale is None:
+            return None
+        zero_point = index.constant(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+        zp = np.zeros_like(scale, np.int64) if zero_point is None else np.asarray(zero_point, np.int64)
+        qp = QParams(
+            np.asarray(scale, np.float32),
+            zp,
+            DTYPE_OF_ONNX[index.initializer_proto(dq.input[0]).data_type],  # type: ignore[union-attr]
+            axis=0 if np.ndim(scale) else None,
+        )
+        return dequantize(codes, qp).reshape(-1)
+
+    # --- data ----------------------------------------------------------------------------
+    def _node_input(self, layer: QuantLayer) -> str:
+        return next(n for n in self.model.graph.node if n.name == layer.name).input[0]
+
+    def quantized_inputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
+        tensor = self._node_input(layer)
+        yield from (batch[tensor] for batch in self._quantized.compute(self.model, [tensor]))
+
+    def quantized_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
+        node = next(n for n in self.model.graph.node if n.name == layer.name)
+        self._quantized.compute(self.model, [node.input[0]])  # everything upstream, as written back
+        outputs = self._quantized.compute(self.model, [node.output[0]], commit=False)
+        yield from (batch[node.output[0]] for batch in outputs)
+
+    def float_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
+        tensor = self._storage[layer.name].float_output
+        yield from (batch[tensor] for batch in self._reference.compute(self.float_model, [tensor]))
+
+    # --- write back ----------------------------------------------------------------------
+    def set_weight_codes(self, layer: QuantLayer, codes: np.ndarray) -> None:
+        where = self._storage[layer.name]
+        stored = np.asarray(codes).T if where.transposed else np.asarray(codes)
+        set_initializer(self.model.graph, where.codes, np.ascontiguousarray(stored).astype(where.codes_dtype))
+
+    def set_bias(self, layer: QuantLayer, values: np.ndarray) -> str | None:
+        slot = self.calibrated.plan.bias_of(layer.name)
+        input_qp = None if slot is None else self.calibrated.qparams_of(slot.input_tensor)
+        if slot is None or input_qp is None:
+            return "no bias: the layer's input is not quantized"
+        weight_qp = self.calibrated.weight_qparams[layer.name]
+        flat = np.asarray(values, np.float32).reshape(-1)
+        encoded = encode_bias(flat, input_qp.scale, weight_qp, slot.spec, integer_kernel=slot.integer_kernel)
+        if encoded.codes is None or encoded.qparams is None:
+            return f"bias left as it was: {encoded.note or 'the config keeps it float'}"
+        self._store_bias(layer.name, encoded.codes, encoded.qparams)
+        return None
+
+    def _store_bias(self, name: str, codes: np.ndarray, qp: QParams) -> None:
+        index = GraphIndex(self.model.graph)
+        node = next(n for n in self.model.graph.node if n.name == name)
+        dq = index.producer(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        scale = np.asarray(qp.scale, np.float32)
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            set_initializer(self.model.graph, dq.input[0], codes.astype(np.int32))
+            set_initializer(self.model.graph, dq.input[1], scale)
+            return
+        if dq is not None or (len(node.input) > 2 and node.input[2]):
+            raise ModelError(f"node {name!r}: its bias is not an int32 initializer behind a DequantizeLinear")
+        names = [index.unique_name(f"{name}_bias_{part}") for part in ("quantized", "scale", "zero_point", "dq")]
+        set_initializer(self.model.graph, names[0], codes.astype(np.int32))
+        set_initializer(self.model.graph, names[1], scale)
+        set_initializer(self.model.graph, names[2], np.zeros(scale.shape, np.int32))
+        output = index.unique_name(f"{name}_bias")
+        dq_node = helper.make_node("DequantizeLinear", names[:3], [output], name=names[3])
+        if qp.axis is not None:
+            dq_node.attribute.append(helper.make_attribute("axis", 0))
+        position = next(i for i, n in enumerate(self.model.graph.node) if n.name == name)
+        self.model.graph.node.insert(position, dq_node)
+        target = self.model.graph.node[position + 1]
+        while len(target.input) < 3:
+            target.input.append("")
+        target.input[2] = output
