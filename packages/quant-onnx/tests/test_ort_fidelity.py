@@ -29,12 +29,14 @@ Two checks per config:
    RMS). A per-element bound cannot hold there.
 
 The reconstruction algorithms of ``int8_cnn_accurate`` (AdaRound: torch training, seconds per
-layer) run with a few iterations on the hand-built net only; they edit only the integer
-initializers the writer laid out, so the Fashion-MNIST nets run that preset without them.
+layer) run with a few iterations on the hand-built net only, where torch is installed; they
+edit only the integer initializers the writer laid out, so elsewhere that preset runs without
+them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -127,8 +129,9 @@ VARIANTS = [(name, "x86_uint8", None) for name in CONFIGS] + [
 
 def _affordable(config: QuantConfig, model_name: str) -> QuantConfig:
     """Reconstruction algorithms (those with ``num_iterations``) with 4 iterations on the
-    hand-built net, left out on the others (see the module docstring)."""
-    if model_name != "hardswish_se":
+    hand-built net, left out on the others and where torch is not installed (see the module
+    docstring)."""
+    if model_name != "hardswish_se" or importlib.util.find_spec("torch") is None:
         return config.evolve(algorithms=tuple(a for a in config.algorithms if not hasattr(a, "num_iterations")))
     algorithms = tuple(
         attrs.evolve(a, num_iterations=4) if hasattr(a, "num_iterations") else a for a in config.algorithms
