@@ -86,6 +86,23 @@ def small_cnn(seed: int = 0, opset: int = 13) -> onnx.ModelProto:
     return b.model([b.gemm(g, 32, 10)])
 
 
+def hardswish_se_cnn(seed: int = 0, opset: int = 17) -> onnx.ModelProto:
+    """MobileNetV3-style ops: Conv-HardSwish stem (3 input channels), depthwise Conv-Clip(0,6),
+    squeeze-excite (GlobalAveragePool, 1x1 Conv-Relu named ``se_reduce``, 1x1 Conv-HardSigmoid,
+    Mul), residual Add, strided Conv-HardSwish, GlobalAveragePool, Flatten, Gemm:
+    input ``x`` [N, 3, 16, 16] -> logits [N, 10]."""
+    b = GraphBuilder(seed, opset)
+    x = b.input("x", ["N", 3, 16, 16])
+    stem = b.node("HardSwish", [b.conv(x, 3, 16)])
+    lo, hi = b.const(np.array(0.0, np.float32)), b.const(np.array(6.0, np.float32))
+    d = b.node("Clip", [b.conv(stem, 16, 16, group=16), lo, hi])
+    s = b.node("Relu", [b.conv(b.node("GlobalAveragePool", [d]), 16, 8, k=1, name="se_reduce")])
+    s = b.node("HardSigmoid", [b.conv(s, 8, 16, k=1)], alpha=1.0 / 6.0, beta=0.5)
+    r = b.node("Add", [b.conv(b.node("Mul", [d, s]), 16, 16, k=1), stem])
+    h = b.node("HardSwish", [b.conv(r, 16, 32, strides=[2, 2])])
+    return b.model([b.gemm(b.node("Flatten", [b.node("GlobalAveragePool", [h])]), 32, 10)])
+
+
 def mlp(seed: int = 0) -> onnx.ModelProto:
     """MatMul + Add + Relu + Gemm (transB=0, alpha/beta != 1): input ``x`` [N, 8] -> [N, 4]."""
     b = GraphBuilder(seed)
@@ -149,19 +166,28 @@ _LEVELS = {"emulated": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "O
 
 
 def ort_run(
-    model: onnx.ModelProto, feeds: dict[str, np.ndarray] | np.ndarray, level: str = "emulated"
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray] | np.ndarray,
+    level: str = "emulated",
+    disabled_optimizers: tuple[str, ...] = (),
 ) -> list[np.ndarray]:
     """Run ``model`` in onnxruntime (CPU).
 
     ``emulated`` (no graph optimisation) runs every Q/DQ pair as written, so results are the
     same on every CPU; ``all`` fuses QDQ groups into onnxruntime's integer kernels, whose
-    u8s8 products saturate on CPUs without VNNI (see :func:`cpu_has_vnni`)."""
+    u8s8 products saturate on CPUs without VNNI (see :func:`cpu_has_vnni`).
+    ``disabled_optimizers``: onnxruntime graph transformers to leave out (by name)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(),
+        options,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=list(disabled_optimizers),
+    )
     if isinstance(feeds, np.ndarray):
         feeds = {session.get_inputs()[0].name: feeds}
     return session.run(None, feeds)

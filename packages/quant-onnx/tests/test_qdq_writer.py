@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hypothesis.strategies as st
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis.extra.numpy import arrays
 from model_builders import (
     GraphBuilder,
     conv_transpose_net,
@@ -21,7 +24,7 @@ from model_builders import (
 from onnx import numpy_helper
 
 from quant_core.qparams import QParams, bias_qparams, fake_quantize, sqnr_db
-from quant_onnx.pipeline.qdq_writer import WriterOptions, activation_is_absorbed, encode_activation
+from quant_onnx.pipeline.qdq_writer import WriterOptions, activation_is_absorbed, encode_activation, exact_int32
 
 COMPUTE = ("Conv", "Gemm", "MatMul")
 
@@ -269,3 +272,67 @@ def test_shape_readers_read_the_quantized_tensor_not_a_dequantized_copy(tmp_path
     np.testing.assert_array_equal(reference_run(quantized, {"x": x[:7]})[0], reference)
     assert reference.shape == (7, 4)
     assert sqnr_db(ort_run(model, x[:7])[0], reference) > 20
+
+
+def _float_weight_net() -> onnx.ModelProto:
+    """x [N, 1, 8, 8] -> Conv(1 -> 4, bias) -> Relu -> Conv(4 -> 4, no bias) -> GlobalAveragePool ->
+    Flatten -> Gemm(4 -> 3): a one-channel and a multi-channel conv input, and a Gemm."""
+    b = GraphBuilder(5)
+    x = b.input("x", ["N", 1, 8, 8])
+    h = b.conv(b.node("Relu", [b.conv(x, 1, 4, name="one_channel")]), 4, 4, bias=False, name="four_channels")
+    return b.model([b.gemm(b.node("Flatten", [b.node("GlobalAveragePool", [h])]), 4, 3)])
+
+
+@pytest.mark.parametrize("preset", ["a16w8", "a8w8"])
+def test_float_weights_stay_float_in_the_default_onnxruntime_session(preset: str) -> None:
+    """onnxruntime's WeightBiasQuantization would quantize these weights (see
+    ``keep_float_weights_float``); the writer's graph gives it nothing to take."""
+    import attrs
+
+    from quant_core.presets import get_preset
+    from quant_onnx.api import ModelQuantizer
+
+    model = _float_weight_net()
+    config = get_preset(preset)
+    config = config.evolve(global_config=attrs.evolve(config.global_config, weight=None))
+    x = random_inputs(model, 16)
+    quantizer = ModelQuantizer(config, quiet=True)
+    quantized = quantizer.write(quantizer.calibrate(quantizer.prepare(model), x))
+    producers, _consumers, inits = _index(quantized)
+    floats = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    nodes = {n.name: n for n in quantized.graph.node}
+
+    for node in (n for n in quantized.graph.node if n.op_type in ("Conv", "Gemm")):
+        np.testing.assert_array_equal(inits[node.input[1]], floats[model_weight(model, node.name)])
+    # Multi-channel input: a per-channel DequantizeLinear repeating the activation's one scale.
+    dq = producers[nodes["four_channels"].input[0]]
+    assert next(a.i for a in dq.attribute if a.name == "axis") == 1
+    assert inits[dq.input[1]].shape == (4,) and len(set(inits[dq.input[1]].tolist())) == 1
+    assert len(nodes["four_channels"].input) == 2
+    # One-channel input and Gemm: the float bias, bit-exact, behind a DequantizeLinear.
+    for name in ("one_channel", next(n for n in nodes if nodes[n].op_type == "Gemm")):
+        bias_dq = producers[nodes[name].input[2]]
+        assert bias_dq.op_type == "DequantizeLinear" and inits[bias_dq.input[0]].dtype == np.int32
+        np.testing.assert_array_equal(_dq_value(bias_dq, inits), floats[model_bias(model, name)])
+
+    node_by_node = ort_run(quantized, x)[0]
+    np.testing.assert_array_equal(
+        ort_run(quantized, x, "all", disabled_optimizers=("NchwcTransformer",))[0], node_by_node
+    )
+    np.testing.assert_array_equal(reference_run(quantized, {"x": x})[0], node_by_node)
+
+
+def model_weight(model: onnx.ModelProto, node_name: str) -> str:
+    return next(n.input[1] for n in model.graph.node if n.name == node_name)
+
+
+def model_bias(model: onnx.ModelProto, node_name: str) -> str:
+    return next(n.input[2] for n in model.graph.node if n.name == node_name)
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float32, st.integers(1, 16), elements=st.floats(width=32, allow_nan=False, allow_infinity=False)))
+def test_exact_int32_dequantizes_to_the_same_float32(values: np.ndarray) -> None:
+    codes, qp = exact_int32(values)
+    assert codes.dtype == np.int32 and qp.axis == 0 and not qp.zero_point.any()
+    np.testing.assert_array_equal(codes.astype(np.float32) * qp.scale, values)
