@@ -129,23 +129,30 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def layering(session: nox.Session) -> None:
     """Import contracts (.importlinter): packages import only from lower levels, the
-    ONNX backend never imports torch and the torch backend never imports onnxruntime."""
+    ONNX backend never imports torch and the torch backend never imports onnxruntime.
+    Then no rule twice: no backend defines a planner or driver decision again
+    (tools/check_decisions.py)."""
     session.install("import-linter>=2.0")
     session.run("lint-imports", "--config", ".importlinter", env={"PYTHONPATH": ":".join(ALL_SOURCES)})
+    session.run("python", "tools/check_decisions.py")
 
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy: strict for quant_core, standard for the packages above it."""
-    session.install("mypy>=1.8", "numpy>=1.24", "attrs>=23.1")
-    session.run("mypy", "--strict", f"{CORE}/src/quant_core")
-    session.run(
-        "mypy",
-        "--ignore-missing-imports",
-        "--follow-imports=silent",
-        f"{ALGOS}/src/quant_algos",
-        env={"MYPYPATH": f"{CORE}/src"},
-    )
+    """mypy: strict for quant_core, standard for every package above it (onnx's own type
+    hints are used; torch and onnxruntime are left untyped to keep the session small)."""
+    session.install("mypy>=1.8", "numpy>=1.24", "attrs>=23.1", "tqdm>=4.60", "onnx>=1.16")
+    env = {"MYPYPATH": ":".join(ALL_SOURCES)}
+    session.run("mypy", "--strict", f"{CORE}/src/quant_core", env=env)
+    for package in (ALGOS, ONNX, TORCH_FX, NPU):
+        session.run("mypy", "--ignore-missing-imports", "--follow-imports=silent", *_package_dirs(package), env=env)
+
+
+def _package_dirs(package: str) -> list[str]:
+    """The import package directory under ``package``/src (one per distribution)."""
+    from pathlib import Path
+
+    return [str(p) for p in sorted(Path(package, "src").iterdir()) if (p / "__init__.py").exists()]
 
 
 @nox.session

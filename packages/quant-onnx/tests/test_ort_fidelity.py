@@ -50,6 +50,7 @@ from onnx import numpy_helper
 
 from quant_core.config import QuantConfig
 from quant_core.presets import get_preset, list_presets
+from quant_core.spec import QuantSpec
 from quant_onnx import ModelQuantizer
 from quant_onnx.model_io import opset_version
 from quant_onnx.pipeline.preprocess import PreprocessOptions
@@ -108,6 +109,10 @@ EDGE_CONFIGS: dict[str, Callable[[], QuantConfig]] = {
     "a16_int16_symmetric_w8": _activations("a16w8", dtype="int16", symmetric=True),
     "a8w8_mid_conv_float": _excluding_mid_conv("a8w8"),
     "a16w8_mid_conv_float": _excluding_mid_conv("a16w8"),
+    # A float bias: exact int32 codes where no integer kernel reads the layer, the product
+    # rule (with a note) where one does; a plain float initializer would be re-quantized.
+    "a8w8_float_bias": _global("a8w8", bias=QuantSpec(dtype="fp32")),
+    "a16w8_float_bias": _global("a16w8", bias=QuantSpec(dtype="fp32")),
 }
 CONFIGS: dict[str, Callable[[], QuantConfig]] = {
     **{name: (lambda name=name: get_preset(name)) for name in list_presets()},

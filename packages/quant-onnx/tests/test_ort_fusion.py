@@ -1,5 +1,5 @@
 """The writer's speed contract: after onnxruntime's graph optimisation (level ALL) no
-float Conv/FusedConv/nchwc Conv/Gemm/MatMul is left (ONNXRUNTIME-INT8.md)."""
+float Conv/FusedConv/nchwc Conv/Gemm/MatMul is left (docs/onnxruntime.md)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,13 @@ decided here once for every backend:
   activations or weights are wider than 8 bits: it runs as DequantizeLinear -> float op):
   int32 at ``s_in * s_w * 2**k`` per channel, with the smallest ``k`` that fits. The
   weights keep their precision, which 16-bit layers are for.
-- :attr:`BiasRule.FLOAT`: the config asks for a float bias (or, as a last resort, an
-  integer-kernel layer whose weight scale was not fitted to its bias: float rather than a
-  saturated or silently mis-scaled int32).
+- :attr:`BiasRule.FLOAT`: the config asks for a float bias on a layer no integer kernel
+  reads (or, as a last resort, an integer-kernel layer whose weight scale was not fitted
+  to its bias: float rather than a saturated or silently mis-scaled int32). A writer must
+  store it so that runtimes keep it exact (onnxruntime re-quantizes a float bias next to
+  quantized inputs and weights at ``s_in * s_w``, overflow included). Where an integer
+  kernel reads the layer, a float bias cannot survive: the product rule applies, with a
+  note.
 - :attr:`BiasRule.OWN`: the config gives the bias its own integer spec (e.g. int8 like a
   weight): qparams of its own from its values.
 
@@ -192,8 +196,15 @@ def encode_bias(
     """
     value = np.asarray(bias, np.float32)
     no_shift = np.zeros(np.shape(weight_qp.scale), np.int64)
+    overridden = None
     if spec is not None and not spec.is_quantized:
-        return EncodedBias(BiasRule.FLOAT, None, None, no_shift)
+        if not integer_kernel:
+            return EncodedBias(BiasRule.FLOAT, None, None, no_shift)
+        overridden = (
+            f"the config keeps this bias {spec.dtype.value}, but an integer kernel reads the layer and takes its "
+            "bias only as int32 at input_scale * weight_scale; stored so"
+        )
+        spec = None
     if spec is not None and spec.dtype is not DType.INT32:
         qp = constant_qparams(value, spec)
         return EncodedBias(BiasRule.OWN, quantize(value, qp), qp, no_shift)
@@ -202,7 +213,7 @@ def encode_bias(
         raise ValueError(f"bias: shape {list(value.shape)} but the weight has {qp.scale.shape[0]} channel scales")
     codes = _product_codes(value, qp)
     if _fits(codes).all():
-        return EncodedBias(BiasRule.PRODUCT, codes.astype(np.int32), qp, no_shift)
+        return EncodedBias(BiasRule.PRODUCT, codes.astype(np.int32), qp, no_shift, overridden)
     overflow = int(np.count_nonzero(~_fits(codes)))
     if integer_kernel:
         note = (

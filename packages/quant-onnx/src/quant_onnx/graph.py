@@ -3,7 +3,9 @@
 The index is a snapshot: passes that edit the graph build a new index afterwards.
 
 Example:
-    >>> import numpy as np
+    >>> from typing import Any
+
+import numpy as np
     >>> from onnx import TensorProto, helper, numpy_helper
     >>> w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
     >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])
@@ -18,10 +20,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from quant_core.plan import PlanNode
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 """Names of the default ONNX operator domain."""
@@ -35,7 +40,7 @@ def is_default_domain(node: onnx.NodeProto) -> bool:
 Dim = int | str | None
 
 
-def node_attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
+def node_attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     """Python value of ``node``'s attribute ``name`` (``onnx.helper.get_attribute_value``:
     ints, floats, bytes, lists...), or ``default`` when the node does not set it.
 
@@ -295,3 +300,37 @@ def iter_all_tensor_names(graph: onnx.GraphProto) -> Iterator[str]:
     yield from (t.name for t in graph.initializer)
     yield from (v.name for v in graph.input)
     yield from (v.name for v in graph.output)
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, list):
+        return tuple(_decode(v) for v in value)
+    return value
+
+
+def plan_node(node: onnx.NodeProto) -> PlanNode:
+    """``node`` in the planner's vocabulary (subgraph attributes are left out; the tensors
+    a subgraph reads become implicit inputs).
+
+    Example:
+        >>> plan_node(onnx.helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode="cubic")).attr("mode")
+        'cubic'
+    """
+    attributes = {
+        a.name: _decode(onnx.helper.get_attribute_value(a))
+        for a in node.attribute
+        if a.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    }
+    explicit = list(node.input)
+    implicit = node_inputs(node)[len([n for n in explicit if n]) :]
+    return PlanNode(
+        node.name,
+        node.op_type,
+        tuple(explicit),
+        tuple(node.output),
+        attributes,
+        standard=is_default_domain(node),
+        implicit_inputs=tuple(implicit),
+    )

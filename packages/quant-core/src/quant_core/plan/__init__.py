@@ -1,5 +1,5 @@
 """The planner: every quantization decision that does not need data, made once for
-every backend (see ``DESIGN.md``: statistics where tensors live, decisions once here).
+every backend (``docs/architecture.md``: statistics where tensors live, decisions once here).
 
 - :mod:`~quant_core.plan.graph`: :class:`PlanNode`, the :class:`GraphView` protocol a
   backend's graph is mapped onto (ONNX operator names), and :class:`PlanGraph`.

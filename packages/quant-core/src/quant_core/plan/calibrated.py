@@ -131,9 +131,9 @@ def calibrated_qparams(plan: QuantPlan, observers: Mapping[str, Observer], value
         ranges[group.key] = observer.range(group.spec)
     requants: dict[str, QParams] = {}
     for requant in plan.requants:
-        group = plan.group_of(requant.tensor)
-        assert group is not None
-        requants[requant.key] = observers.get(requant.key, observers[group.key]).qparams(requant.spec)
+        owner = plan.group_of(requant.tensor)
+        assert owner is not None
+        requants[requant.key] = observers.get(requant.key, observers[owner.key]).qparams(requant.spec)
 
     def input_qparams(node: str, tensor: str) -> QParams | None:
         requant = plan.requant_of(node, tensor)
@@ -156,9 +156,9 @@ def needs_own_observer(plan: QuantPlan) -> list[str]:
     """
     keys = []
     for requant in plan.requants:
-        group = plan.group_of(requant.tensor)
-        if group is not None and (
-            requant.spec.observer != group.spec.observer or requant.spec.per_channel_axis != group.spec.per_channel_axis
+        owner = plan.group_of(requant.tensor)
+        if owner is not None and (
+            requant.spec.observer != owner.spec.observer or requant.spec.per_channel_axis != owner.spec.per_channel_axis
         ):
             keys.append(requant.key)
     return keys

@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -30,6 +30,10 @@ ConstantLookup = Callable[[str], "np.ndarray | None"]
 
 def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return dict(value)
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 @attrs.frozen
@@ -54,11 +58,11 @@ class PlanNode:
 
     name: str
     op_type: str
-    inputs: tuple[str, ...] = attrs.field(converter=tuple)
-    outputs: tuple[str, ...] = attrs.field(converter=tuple)
+    inputs: tuple[str, ...] = attrs.field(converter=_names)
+    outputs: tuple[str, ...] = attrs.field(converter=_names)
     attributes: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
     standard: bool = True
-    implicit_inputs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    implicit_inputs: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
     def attr(self, name: str, default: Any = None) -> Any:
         """Attribute ``name``, or ``default`` when the node does not set it."""

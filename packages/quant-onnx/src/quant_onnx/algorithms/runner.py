@@ -30,9 +30,8 @@ from quant_core.plan import activation_kind, weight_is_transposed
 from quant_core.qparams import QParams, dequantize, quantize
 from quant_onnx.algorithms.capture import Feeds, IncrementalRunner
 from quant_onnx.errors import ModelError
-from quant_onnx.graph import GraphIndex, node_attribute
+from quant_onnx.graph import GraphIndex, node_attribute, plan_node
 from quant_onnx.graph_edit import copy_model, set_initializer
-from quant_onnx.pipeline.annotate import plan_node
 from quant_onnx.pipeline.calibrate import CalibratedModel
 from quant_onnx.pipeline.preprocess.shape_inference import typed_index
 from quant_onnx.tensor_types import DTYPE_OF_ONNX
@@ -75,7 +74,7 @@ def conv_geometry(node: onnx.NodeProto, kernel: Sequence[int], input_hw: Sequenc
             pads[i], pads[i + 2] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
     elif auto_pad == "VALID":
         pads = [0, 0, 0, 0]
-    groups = int(node_attribute(node, "group", 1))  # type: ignore[call-overload]
+    groups = int(node_attribute(node, "group", 1))
     return ConvGeometry(strides=strides, pads=pads, dilations=dilations, groups=groups)
 
 

@@ -26,49 +26,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from quant_core.config import QuantConfig
-from quant_core.plan import PlanGraph, PlanNode, QuantPlan, plan_quantization
-from quant_onnx.graph import is_default_domain, node_inputs
+from quant_core.plan import PlanGraph, QuantPlan, plan_quantization
+from quant_onnx.graph import plan_node
 from quant_onnx.pipeline.preprocess.shape_inference import typed_index
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if isinstance(value, list):
-        return tuple(_decode(v) for v in value)
-    return value
-
-
-def plan_node(node: onnx.NodeProto) -> PlanNode:
-    """``node`` in the planner's vocabulary (subgraph attributes are left out; the tensors
-    a subgraph reads become implicit inputs).
-
-    Example:
-        >>> plan_node(helper.make_node("Resize", ["x", "", "s"], ["y"], name="up", mode="cubic")).attr("mode")
-        'cubic'
-    """
-    attributes = {
-        a.name: _decode(helper.get_attribute_value(a))
-        for a in node.attribute
-        if a.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-    }
-    explicit = list(node.input)
-    implicit = node_inputs(node)[len([n for n in explicit if n]) :]
-    return PlanNode(
-        node.name,
-        node.op_type,
-        tuple(explicit),
-        tuple(node.output),
-        attributes,
-        standard=is_default_domain(node),
-        implicit_inputs=tuple(implicit),
-    )
 
 
 def plan_graph(model: onnx.ModelProto) -> PlanGraph:

@@ -130,7 +130,7 @@ def kernel_values(model: onnx.ModelProto) -> ConstantLookup:
         if node.op_type != "Gemm" or not is_default_domain(node):
             continue
         for position, name in ((1, "alpha"), (2, "beta")):
-            factor = float(node_attribute(node, name, 1.0))  # type: ignore[arg-type]
+            factor = float(node_attribute(node, name, 1.0))
             if factor != 1.0 and len(node.input) > position and node.input[position]:
                 scaled[node.input[position]] = factor
 

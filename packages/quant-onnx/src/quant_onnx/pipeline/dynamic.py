@@ -37,9 +37,9 @@ from quant_core.plan import resolve_weight_spec
 from quant_core.qparams import quantize
 from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
-from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute, plan_node
 from quant_onnx.model_io import load_model, save_model
-from quant_onnx.pipeline.annotate import ensure_node_names, plan_node
+from quant_onnx.pipeline.annotate import ensure_node_names
 from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess
 
 _DYNAMIC_OPS = ("Conv", "MatMul", "Gemm")
@@ -103,9 +103,9 @@ class _DynamicWriter:
         if note is not None:
             self.notes.append(note)
         if node.op_type == "Gemm":
-            if int(node_attribute(node, "transA", 0)) != 0 or (len(node.input) > 2 and node.input[2] and bias is None):  # type: ignore[call-overload]
+            if int(node_attribute(node, "transA", 0)) != 0 or (len(node.input) > 2 and node.input[2] and bias is None):
                 return False
-            if int(node_attribute(node, "transB", 0)):  # type: ignore[call-overload]
+            if int(node_attribute(node, "transB", 0)):
                 weight = weight.T  # stored [K, N] here: the output channels move to axis 1
                 spec = spec if spec.per_channel_axis is None else spec.evolve(per_channel_axis=1)
             weight = (weight * np.float32(node_attribute(node, "alpha", 1.0))).astype(np.float32)

@@ -1,5 +1,5 @@
 """Write a :class:`~quant_onnx.pipeline.calibrate.CalibratedModel` as a QDQ ONNX model that
-onnxruntime runs with its integer kernels (see ``ONNXRUNTIME-INT8.md``).
+onnxruntime runs with its integer kernels (``docs/onnxruntime.md``).
 
 - Weights become integer initializers behind a DequantizeLinear (per-channel axis
   from the plan), biases as the bias rule says (:mod:`quant_core.bias`: int32 at
@@ -167,7 +167,7 @@ def output_channels(node: onnx.NodeProto, weight: np.ndarray) -> int:
         4
     """
     if node.op_type == "ConvTranspose":
-        return int(weight.shape[1]) * int(node_attribute(node, "group", 1))  # type: ignore[call-overload]
+        return int(weight.shape[1]) * int(node_attribute(node, "group", 1))
     if node.op_type == "Gemm" and not node_attribute(node, "transB", 0):
         return int(weight.shape[1])
     return int(weight.shape[0])
@@ -235,7 +235,9 @@ class _Writer:
 
     def qdq_node(self, op: str, source: str, output: str, params: tuple[str, str], qp: QParams) -> onnx.NodeProto:
         name = self.index.unique_name(f"{output}_{op}")
-        node = helper.make_node(op, [source, *params], [output], name=name, domain=self.domain_for(qp.dtype))
+        domain = self.domain_for(qp.dtype)
+        # An explicit empty domain would be serialized: standard nodes leave it unset.
+        node = helper.make_node(op, [source, *params], [output], name=name, **({"domain": domain} if domain else {}))
         if qp.axis is not None:
             node.attribute.append(helper.make_attribute("axis", int(qp.axis)))
         return node
@@ -310,8 +312,8 @@ class _Writer:
 
     def normalize_gemm(self, node: onnx.NodeProto) -> None:
         """Fold ``alpha`` into the weight and ``beta`` into the bias (integer Gemm needs 1, 1)."""
-        alpha = float(node_attribute(node, "alpha", 1.0))  # type: ignore[arg-type]
-        beta = float(node_attribute(node, "beta", 1.0))  # type: ignore[arg-type]
+        alpha = float(node_attribute(node, "alpha", 1.0))
+        beta = float(node_attribute(node, "beta", 1.0))
         if len(node.input) > 2 and node.input[2] and beta != 1.0:
             bias = self.constant(node.input[2])
             if bias is not None:  # a run-time C keeps beta; the Gemm then stays as written
@@ -366,7 +368,9 @@ class _Writer:
             self.notes.append(f"node {slot.node!r}: bias kept float (its input is not quantized)")
             return
         weight_qp = self.cal.weight_qparams[slot.node]
-        integer = slot.spec is None or (slot.spec.is_quantized and slot.spec.dtype is DType.INT32)
+        spec = slot.spec
+        # int32 per channel: the default rule, an int32 spec, or a float spec an integer kernel overrides.
+        integer = spec is None or spec.dtype is DType.INT32 or (not spec.is_quantized and slot.integer_kernel)
         if integer and weight_qp.scale.ndim and value.size != weight_qp.scale.shape[0]:
             self.notes.append(f"node {slot.node!r}: bias of shape {list(value.shape)} kept float (not one per channel)")
             return
@@ -378,6 +382,12 @@ class _Writer:
             self.notes.append(f"node {slot.node!r}: {encoded.note}")
         if encoded.codes is not None and encoded.qparams is not None:
             self.store_constant(node, slot.input_index, encoded.codes, encoded.qparams)
+        elif encoded.rule is BiasRule.FLOAT:
+            # A float bias initializer beside a quantized input and weight is what onnxruntime's
+            # WeightBiasQuantization re-quantizes at input x weight scale (see keep_float_weights_float):
+            # exact int32 codes with a power-of-two scale per element keep it bit for bit.
+            codes, qp = exact_int32(value)
+            self.store_constant(node, slot.input_index, codes, qp)
 
     def keep_float_weights_float(self) -> None:
         """Keep onnxruntime from quantizing the float weights of quantized-input nodes.
@@ -402,7 +412,7 @@ class _Writer:
             reader = self.activation_dqs.get(node.input[0])
             if weight is None or weight.dtype != np.float32 or reader is None:
                 continue
-            group = int(node_attribute(node, "group", 1))  # type: ignore[call-overload]
+            group = int(node_attribute(node, "group", 1))
             channels = int(weight.shape[1]) * group if node.op_type == "Conv" else 1
             if channels > 1:
                 self.spread_scale(*reader, channels)

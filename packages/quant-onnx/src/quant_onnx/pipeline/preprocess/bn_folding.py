@@ -44,7 +44,7 @@ def fold_batchnorm_inplace(model: onnx.ModelProto) -> int:
         if any(p is None for p in params):
             continue
         gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
-        eps = float(node_attribute(bn, "epsilon", 1e-5))  # type: ignore[arg-type]
+        eps = float(node_attribute(bn, "epsilon", 1e-5))
         scale = gamma / np.sqrt(var + eps)
         shift = beta - mean * scale
         if not _fold_into(producer, scale, shift, index, graph):
@@ -75,7 +75,7 @@ def _fold_into(
         new_w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
         new_b = (np.zeros(channels) if bias is None else bias.astype(np.float64)) * scale + shift
     elif node.op_type == "ConvTranspose":
-        group = int(node_attribute(node, "group", 1))  # type: ignore[call-overload]
+        group = int(node_attribute(node, "group", 1))
         c_in, c_out_g = w.shape[0], w.shape[1]
         if c_out_g * group != channels or c_in % group:
             return False
@@ -106,13 +106,13 @@ def _gemm_fold(
     """Y = alpha*A*B' + beta*C with output columns = BN channels; result has beta = 1 (what ORT fuses)."""
     if w.ndim != 2:
         return None
-    trans_b = int(node_attribute(node, "transB", 0))  # type: ignore[call-overload]
+    trans_b = int(node_attribute(node, "transB", 0))
     channels = scale.shape[0]
     n = w.shape[0] if trans_b else w.shape[1]
     if n != channels:
         return None
     new_w = w * (scale[:, None] if trans_b else scale[None, :])
-    beta = float(node_attribute(node, "beta", 1.0))  # type: ignore[arg-type]
+    beta = float(node_attribute(node, "beta", 1.0))
     c = np.zeros(channels) if bias is None else bias.astype(np.float64) * beta
     # Only a bias broadcastable to one row can stay a per-column vector.
     if c.size not in (1, channels) or (c.ndim == 2 and c.shape[0] != 1) or c.ndim > 2:

@@ -122,7 +122,7 @@ def _fold_shape(
     if node.op_type == "Size":
         known = [d for d in ints if d is not None]
         return [np.array(int(np.prod(known)), dtype=np.int64)] if len(known) == len(ints) else None
-    start = int(node_attribute(node, "start", 0))  # type: ignore[call-overload]
+    start = int(node_attribute(node, "start", 0))
     end_attr = node_attribute(node, "end", None)
     # ONNX Shape's start/end follow Python slicing (negative from the back, clamped).
     picked = ints[start:] if end_attr is None else ints[start : int(end_attr)]  # type: ignore[call-overload]

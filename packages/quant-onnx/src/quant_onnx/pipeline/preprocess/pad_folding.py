@@ -43,7 +43,7 @@ def fold_pads_inplace(model: onnx.ModelProto) -> int:
         if not all(_conv_accepts(c, len(spatial) // 2) for c in convs):
             continue
         for conv in convs:
-            old = list(node_attribute(conv, "pads", [0] * len(spatial)))  # type: ignore[call-overload]
+            old = list(node_attribute(conv, "pads", [0] * len(spatial)))
             if node_attribute(conv, "auto_pad", b"NOTSET") in (b"VALID", "VALID"):
                 # VALID ignores `pads`; NOTSET with explicit pads is the same convolution.
                 set_attr(conv, "auto_pad", "NOTSET")
