@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from algorithms_models import batches_for, mobilenet_block, quantize_for_passes
@@ -51,3 +53,35 @@ def test_capture_reports_missing_inputs():
     model = mobilenet_block()
     with pytest.raises(DataError, match="'x' is missing"):
         TensorCapture(model, ["y"]).run({"other": np.zeros((1, 3, 16, 16), np.float32)})
+
+
+def test_spilled_live_tensors_give_the_same_walk():
+    """A walk whose live tensors wait on disk (budget 0) returns exactly what the in-memory
+    walk returns, keeps nothing in memory, and leaves no file behind."""
+    model = mobilenet_block()
+    batches = batches_for(model, count=3, batch=4)
+    _, qdq = quantize_for_passes(model, batches)
+    layers = [n for n in qdq.graph.node if n.op_type in ("Conv", "Gemm")]
+    in_memory, on_disk = IncrementalRunner(batches), IncrementalRunner(batches, memory_budget=0)
+    for layer in layers:
+        np.testing.assert_array_equal(in_memory.concat(qdq, layer.input[0]), on_disk.concat(qdq, layer.input[0]))
+    assert in_memory.spilled == 0 and on_disk.spilled > 0
+    folder = on_disk._live._directory.name
+    on_disk.close()
+    assert on_disk.spilled == 0 and not Path(folder).exists()
+
+
+def test_bias_correction_walk_is_identical_when_spilled():
+    from quant_algos.drivers import correct_biases
+    from quant_core.algorithm_config import BiasCorrectionConfig
+    from quant_onnx.algorithms import OnnxLayerRunner
+
+    model = mobilenet_block()
+    batches = batches_for(model, count=3, batch=4)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    models = []
+    for budget in (1 << 30, 0):
+        runner = OnnxLayerRunner(calibrated, qdq, batches, memory_budget=budget)
+        correct_biases(runner, BiasCorrectionConfig(), quiet=True)
+        models.append(runner.model.SerializeToString())
+    assert models[0] == models[1]

@@ -51,7 +51,10 @@ def apply_reconstruction(
     """
     check_torch("AdaQuant" if isinstance(config, AdaQuantConfig) else "AdaRound", TORCH_EXTRA)
     runner = _runner(calibrated, qdq_model, batches, config)
-    report = reconstruct_layers(runner, config, quiet=quiet)
+    try:
+        report = reconstruct_layers(runner, config, quiet=quiet)
+    finally:
+        runner.close()
     if runner.notes:
         report = ReconstructionReport(report.method, report.layers, (*runner.notes, *report.notes))
     return runner.model, report
@@ -69,5 +72,8 @@ def apply_bias_correction(
     output error on the calibration samples removed, layer by layer): a new model and
     notes on layers left alone."""
     runner = _runner(calibrated, qdq_model, batches, config)
-    notes = correct_biases(runner, config, quiet=quiet)
+    try:
+        notes = correct_biases(runner, config, quiet=quiet)
+    finally:
+        runner.close()
     return runner.model, [*runner.notes, *notes]

@@ -28,7 +28,7 @@ from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.bias import encode_bias
 from quant_core.plan import activation_kind, weight_is_transposed
 from quant_core.qparams import QParams, dequantize, quantize
-from quant_onnx.algorithms.capture import Feeds, IncrementalRunner
+from quant_onnx.algorithms.capture import LIVE_MEMORY_BYTES, Feeds, IncrementalRunner
 from quant_onnx.errors import ModelError
 from quant_onnx.graph import GraphIndex, node_attribute, plan_node
 from quant_onnx.graph_edit import copy_model, set_initializer
@@ -93,20 +93,33 @@ class OnnxLayerRunner:
         'OnnxLayerRunner'
     """
 
-    def __init__(self, calibrated: CalibratedModel, qdq_model: onnx.ModelProto, batches: Sequence[Feeds]) -> None:
+    def __init__(
+        self,
+        calibrated: CalibratedModel,
+        qdq_model: onnx.ModelProto,
+        batches: Sequence[Feeds],
+        *,
+        memory_budget: int = LIVE_MEMORY_BYTES,
+    ) -> None:
         self.calibrated = calibrated
         self.float_model = calibrated.model
         self.model = copy_model(qdq_model)
-        self.batches = list(batches)
+        self._count = sum(int(next(iter(b.values())).shape[0]) for b in batches)
         self.notes: list[str] = []
-        self._quantized = IncrementalRunner(self.batches)
-        self._reference = IncrementalRunner(self.batches)
+        # Each walk holds at most ``memory_budget`` bytes of live tensors; the rest wait on disk.
+        self._quantized = IncrementalRunner(batches, memory_budget)
+        self._reference = IncrementalRunner(batches, memory_budget)
         self._storage: dict[str, _Storage] = {}
         self._layers = self._find_layers()
 
     @property
     def num_samples(self) -> int:
-        return sum(int(next(iter(b.values())).shape[0]) for b in self.batches)
+        return self._count
+
+    def close(self) -> None:
+        """Delete the live tensors the walks left on disk."""
+        self._quantized.close()
+        self._reference.close()
 
     def layers(self) -> Sequence[QuantLayer]:
         return self._layers
@@ -226,7 +239,7 @@ class OnnxLayerRunner:
 
     def quantized_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
         node = next(n for n in self.model.graph.node if n.name == layer.name)
-        self._quantized.compute(self.model, [node.input[0]])  # everything upstream, as written back
+        self._quantized.advance(self.model, [node.input[0]])  # everything upstream, as written back
         outputs = self._quantized.compute(self.model, [node.output[0]], commit=False)
         yield from (batch[node.output[0]] for batch in outputs)
 
