@@ -64,6 +64,8 @@ class CLEConfig:
         steps: equalization sweeps over the network; 0 means adaptive (repeat until
             the relative change of the scales is below ``tolerance``, at most
             ``max_steps`` sweeps).
+        tolerance: adaptive mode stops when no scale changes by more than this (relative).
+        max_steps: most sweeps in adaptive mode.
         replace_relu6_with_relu: rewrite Clip(0, 6)/Relu6 as Relu so that scaling
             across the activation is exact (Quark's ``ReplaceClip6Relu``).
         bias_in_scale: include the bias range when choosing the scales
@@ -98,6 +100,9 @@ class BiasCorrectionConfig:
     """Empirical bias correction: shift each layer's bias by the per-channel mean
     difference between its float and quantized outputs on calibration data.
 
+    Args:
+        num_samples: calibration samples measured (``None``: ``DEFAULT_NUM_SAMPLES``).
+
     Example:
         >>> BiasCorrectionConfig(num_samples=64).num_samples
         64
@@ -111,6 +116,10 @@ class BiasCorrectionConfig:
 class SmoothQuantConfig:
     """SmoothQuant: move activation outliers into the weights with per-input-channel
     scales ``s = max|x|**alpha / max|w|**(1 - alpha)``.
+
+    Args:
+        alpha: migration strength (0: nothing moves into the weights, 1: everything).
+        num_samples: calibration samples measured (``None``: ``DEFAULT_NUM_SAMPLES``).
 
     Example:
         >>> SmoothQuantConfig(alpha=0.75).alpha
@@ -126,6 +135,17 @@ class SmoothQuantConfig:
 class AdaRoundConfig:
     """AdaRound: learn whether each weight rounds up or down by reconstructing each
     layer's float output from quantized upstream inputs (needs ``quant-algos[torch]``).
+
+    Args:
+        device: where the optimisation runs (``cpu``, ``cuda``, ``cuda:N``).
+        batch_size: samples per minibatch (each contributes a bounded number of positions).
+        num_iterations: optimisation steps per layer.
+        learning_rate: Adam's learning rate for the rounding variables.
+        reg_param: weight of the regulariser that pushes every rounding to up or down.
+        beta_start, beta_end: the regulariser's exponent, annealed from start to end.
+        warm_start: fraction of the iterations before the regulariser starts.
+        early_stop: stop a layer once every rounding has settled.
+        num_samples: calibration samples used (``None``: ``DEFAULT_NUM_SAMPLES``).
 
     Example:
         >>> AdaRoundConfig(device="cuda:0", num_iterations=500).device
@@ -149,6 +169,14 @@ class AdaRoundConfig:
 class AdaQuantConfig:
     """AdaQuant: learn each layer's weights and bias (with quantization in the loop)
     to reconstruct its float output (needs ``quant-algos[torch]``).
+
+    Args:
+        device: where the optimisation runs (``cpu``, ``cuda``, ``cuda:N``).
+        batch_size: samples per minibatch.
+        num_iterations: optimisation steps per layer.
+        learning_rate: Adam's learning rate for weights and bias.
+        early_stop: stop a layer once its score stops improving.
+        num_samples: calibration samples used (``None``: ``DEFAULT_NUM_SAMPLES``).
 
     Example:
         >>> AdaQuantConfig(learning_rate=1e-5).learning_rate
@@ -193,6 +221,14 @@ class MixedPrecisionConfig:
     metric, else the user evaluate function's score) or ``size_budget`` (model size
     relative to all-int8, e.g. 1.1) is met. The ``sqnr`` metric scores the first
     ``num_samples`` calibration samples (each of the search's evaluations runs them).
+
+    Args:
+        target_types: the wider formats a layer may be raised to (a16w8, a8w16, a16w16).
+        metric: ``sqnr`` (output SQNR against float, dB) or ``evaluate`` (the user's score).
+        accuracy_target: the score to reach (stop raising once met).
+        size_budget: largest model size allowed, relative to the base model.
+        max_layers: most layers raised.
+        num_samples: calibration samples each evaluation scores (metric ``sqnr``).
 
     Example:
         >>> MixedPrecisionConfig(target_types=["a16w8"], accuracy_target=30.0).target_types

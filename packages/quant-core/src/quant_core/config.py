@@ -46,6 +46,13 @@ class OperatorConfig:
     bias's (``None`` for conv/gemm means "int32 at input_scale * weight_scale", the
     form integer kernels need).
 
+    Args:
+        input: spec of the data inputs (activations); ``None``: float.
+        weight: spec of a Conv/Gemm/MatMul weight; ``None``: float.
+        bias: spec of a Conv/Gemm bias; ``None``: the bias rule (``quant_core.bias``:
+            int32 at input_scale * weight_scale, wider where that cannot hold it).
+        output: spec of the outputs; ``None``: float.
+
     Example:
         >>> from quant_core.spec import QuantSpec
         >>> OperatorConfig(weight=QuantSpec(dtype="int8")).input is None
@@ -121,6 +128,10 @@ def _algorithms(value: Any) -> tuple[AlgorithmConfig, ...]:
 class CalibrationConfig:
     """How much calibration data to use and in what batches.
 
+    Args:
+        num_samples: calibration samples used (``None``: all that are given).
+        batch_size: samples per calibration batch.
+
     Example:
         >>> CalibrationConfig(num_samples=256, batch_size=32).batch_size
         32
@@ -142,7 +153,9 @@ class CalibrationConfig:
 
 @attrs.frozen
 class QuantConfig:
-    """A whole model's quantization config (see the module docstring for resolution).
+    """A whole model's quantization config. For each node: excluded (by name glob or op
+    type) -> left float; else the first ``name_overrides`` glob that matches its name;
+    else its op type's ``op_type_overrides`` entry; else ``global_config``.
 
     Args:
         global_config: specs for every operator not otherwise configured.

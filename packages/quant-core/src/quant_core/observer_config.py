@@ -53,6 +53,9 @@ class MovingAverageMinMax:
     """Exponential moving average of each batch's min and max (``momentum`` is the
     weight kept by the old value), as QAT frameworks use for activations.
 
+    Args:
+        momentum: weight the running range keeps at each batch (0 < momentum < 1).
+
     Example:
         >>> MovingAverageMinMax(momentum=0.99).momentum
         0.99
@@ -70,6 +73,10 @@ class MovingAverageMinMax:
 class Percentile:
     """Histogram, then clip to the ``percentile``-th percentile of |x| (symmetric
     specs) or of each tail (asymmetric specs).
+
+    Args:
+        percentile: the percentile kept (0 < percentile <= 100).
+        bins: histogram bins (even, 16 to 65536).
 
     Example:
         >>> Percentile(percentile=99.9, bins=1024).bins
@@ -89,6 +96,10 @@ class Percentile:
 class Entropy:
     """Histogram, then the clipping threshold minimising the KL divergence between the
     float and the quantized distribution (TensorRT's method).
+
+    Args:
+        bins: histogram bins (even, 16 to 65536).
+        num_quantized_bins: bins of the quantized distribution compared with the float one.
 
     Example:
         >>> Entropy().num_quantized_bins
@@ -111,6 +122,10 @@ class MSE:
     """Histogram, then the clipping range minimising the expected squared
     quantization error over ``num_candidates`` evenly spaced thresholds.
 
+    Args:
+        bins: histogram bins (even, 16 to 65536).
+        num_candidates: thresholds tried, evenly spaced up to the observed range.
+
     Example:
         >>> MSE(num_candidates=50).num_candidates
         50
@@ -130,6 +145,11 @@ class PowerOfTwoMSE:
     """Quark's MinMSE for power-of-two scales: histogram, then try fix positions
     from ``search_below`` under to ``search_above`` over the min-max position and keep
     the one with the lowest expected squared error.
+
+    Args:
+        bins: histogram bins (even, 16 to 65536).
+        search_below: positions tried below the min-max position (coarser steps, 0 to 16).
+        search_above: positions tried above it (finer steps that clip, 0 to 16).
 
     Example:
         >>> PowerOfTwoMSE().search_above
