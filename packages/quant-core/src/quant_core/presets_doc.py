@@ -29,10 +29,10 @@ def describe_spec(spec: QuantSpec | None, default_bias: bool = False) -> str:
         >>> describe_spec(QuantSpec(dtype="int8", per_channel_axis=0))
         'int8 symmetric, per-channel (axis 0), float scale'
         >>> describe_spec(None, default_bias=True)
-        'int32, scale = input x weight'
+        'int32 at input x weight (the bias rule)'
     """
     if spec is None:
-        return "int32, scale = input x weight" if default_bias else "float"
+        return "int32 at input x weight (the bias rule)" if default_bias else "float"
     if not spec.is_quantized:
         return spec.dtype.value
     parts = [f"{spec.dtype.value} {'symmetric' if spec.symmetric else 'asymmetric'}"]
