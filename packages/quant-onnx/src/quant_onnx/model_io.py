@@ -23,8 +23,9 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from quant_core.atomic_io import atomic_write
-from quant_onnx.errors import ModelError
+from quant_onnx.errors import ModelError, OutputError
 from quant_onnx.graph import DEFAULT_DOMAINS
+from quant_onnx.tensor_data import check_tensors
 
 #: Opsets of the default domain accepted for *input* models.
 MIN_OPSET = 11
@@ -53,10 +54,13 @@ def load_model(
     """Return a validated *copy* of an ONNX model given as a path, serialized bytes or a ModelProto.
 
     External weight files next to the model are loaded.  Errors are one-line ModelErrors for:
-    missing file, file that is not ONNX, checker failure, default-domain opset outside
+    missing file, file that is not ONNX, a tensor whose data does not match its dims,
+    external data outside the model's folder or missing (:mod:`quant_onnx.tensor_data`,
+    checked before onnx reads it), checker failure, default-domain opset outside
     [min_opset, max_opset].  The source is never modified.
     """
     label = "<in-memory model>"
+    folder: Path | None = None
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
@@ -68,11 +72,16 @@ def load_model(
         if not path.is_file():
             raise ModelError(f"model '{label}': file not found")
         model = _parse_bytes(path.read_bytes(), label)
-        if _has_external_data(model):
-            try:
-                onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-            except (OSError, ValueError) as exc:
-                raise ModelError(f"model '{label}': cannot load external data: {_one_line(exc)}") from exc
+        folder = path.parent
+    try:  # our own checks, before onnx reads a byte of external data
+        external = check_tensors(model, folder)
+    except ModelError as exc:
+        raise ModelError(f"model '{label}': {exc}") from None
+    if external:
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(folder))
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"model '{label}': cannot load external data: {_one_line(exc)}") from exc
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"model '{label}': not an ONNX model (empty graph)")
     try:
@@ -127,6 +136,41 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike |
         return atomic_write(target, to_save.SerializeToString())
 
 
+def check_output_path(path: PathLike, *, input_path: PathLike | None = None, what: str = "output") -> Path:
+    """Refuse, before any work, an output path that cannot be written: the input model
+    itself, a directory, a folder that does not exist (it is not created: a typo in a
+    folder name should not scatter files) or is not writable. OutputError naming ``path``.
+    """
+    target = Path(path)
+    if input_path is not None and _same_file(target, Path(input_path)):
+        raise OutputError(f"{what} '{target}' is the input model; choose another file")
+    if target.is_dir():
+        raise OutputError(f"{what} '{target}' is a directory; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        state = "is not a folder" if folder.exists() else "does not exist (create it first)"
+        raise OutputError(f"{what} '{target}': folder '{folder}' {state}")
+    try:  # permissions, read-only mounts, ACLs: only a real file creation tells
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise OutputError(f"{what} '{target}': folder '{folder}' is not writable ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
+def check_output_paths(
+    model_out: PathLike | None, report_out: PathLike | None = None, *, input_path: PathLike | None = None
+) -> None:
+    """:func:`check_output_path` for a model output and a report output (which must differ)."""
+    if model_out is not None:
+        check_output_path(model_out, input_path=input_path)
+    if report_out is not None:
+        check_output_path(report_out, input_path=input_path, what="report")
+        if model_out is not None and _same_file(Path(report_out), Path(model_out)):
+            raise OutputError(f"report '{report_out}' is the output model; choose another file")
+
+
 def model_hash(model: onnx.ModelProto) -> str:
     """SHA-256 hex digest of the deterministic serialization (equal models hash equal)."""
     return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
@@ -151,10 +195,6 @@ def _parse_bytes(data: bytes, label: str) -> onnx.ModelProto:
     if not model.HasField("graph"):
         raise ModelError(f"model '{label}': not an ONNX model (no graph)")
     return model
-
-
-def _has_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model))
 
 
 def _same_file(a: Path, b: Path) -> bool:
