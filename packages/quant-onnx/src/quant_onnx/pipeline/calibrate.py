@@ -41,7 +41,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
-from tqdm.auto import tqdm
 
 from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
@@ -49,6 +48,7 @@ from quant_core.plan import ConstantLookup, QuantPlan, plan_weight_qparams
 from quant_core.qparams import QParams
 from quant_onnx.errors import DataError
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_onnx.progress import progress_bar
 
 
 @attrs.frozen(eq=False)
@@ -189,23 +189,25 @@ def calibrate(
         return sum(v.nbytes for v in values) / max(1, _batch_rows(feeds) or 1)
 
     seen = 0
-    for batch in tqdm(batches, total=total_batches, desc="calibrating", unit="batch", disable=quiet):
-        feeds = {name: np.asarray(value) for name, value in batch.items()}
-        for name in inputs_to_observe:
-            for key in feeds_of[name]:
-                observers[key].update(feeds[name])
-        if run_outputs:
-            rows = _batch_rows(feeds) if may_chunk else None
-            if rows is None:
-                observe_run(feeds)
-            else:
-                first = 0
-                if chunk is None:  # one sample first, to size the chunks from its outputs
-                    chunk = max(1, int(CHUNK_BYTES // max(observe_run(_rows(feeds, 0, 1)), 1.0)))
-                    first = 1
-                for start in range(first, rows, chunk):
-                    observe_run(_rows(feeds, start, start + chunk))
-        seen += 1
+    with progress_bar(total=total_batches, desc="calibrating", unit="batch", quiet=quiet) as bar:
+        for batch in batches:
+            feeds = {name: np.asarray(value) for name, value in batch.items()}
+            for name in inputs_to_observe:
+                for key in feeds_of[name]:
+                    observers[key].update(feeds[name])
+            if run_outputs:
+                rows = _batch_rows(feeds) if may_chunk else None
+                if rows is None:
+                    observe_run(feeds)
+                else:
+                    first = 0
+                    if chunk is None:  # one sample first, to size the chunks from its outputs
+                        chunk = max(1, int(CHUNK_BYTES // max(observe_run(_rows(feeds, 0, 1)), 1.0)))
+                        first = 1
+                    for start in range(first, rows, chunk):
+                        observe_run(_rows(feeds, start, start + chunk))
+            seen += 1
+            bar.update(1)
     if seen == 0:
         raise DataError("calibration data: no samples")
     qparams: dict[str, QParams] = {}
