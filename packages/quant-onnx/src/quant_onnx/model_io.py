@@ -37,11 +37,14 @@ PathLike = str | os.PathLike[str]
 
 
 def opset_version(model: onnx.ModelProto) -> int:
-    """Opset of the default ONNX domain ('' or 'ai.onnx'); ModelError if the model declares none."""
-    for opset in model.opset_import:
-        if opset.domain in DEFAULT_DOMAINS:
-            return int(opset.version)
-    raise ModelError("model declares no opset for the default ONNX domain")
+    """Opset of the default ONNX domain ('' or 'ai.onnx'); ModelError if the model declares
+    none, or several that differ (which one would each tool read?)."""
+    versions = sorted({int(opset.version) for opset in model.opset_import if opset.domain in DEFAULT_DOMAINS})
+    if not versions:
+        raise ModelError("model declares no opset for the default ONNX domain")
+    if len(versions) > 1:
+        raise ModelError(f"model declares the default ONNX domain with several opsets {versions}; allowed: one")
+    return versions[0]
 
 
 def load_model(

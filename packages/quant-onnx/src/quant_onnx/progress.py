@@ -9,8 +9,8 @@ Example:
     >>> with progress_bar(total=3, desc="calibrating", unit="batch", quiet=True) as bar:
     ...     for _ in range(3):
     ...         bar.update(1)
-    >>> bar.n
-    3
+    >>> bar.total, bar.disable
+    (3, True)
 """
 
 from __future__ import annotations

@@ -135,7 +135,9 @@ def check_external_data(tensor: onnx.TensorProto, folder: Path) -> tuple[Path, i
 def check_tensors(model: onnx.ModelProto, folder: Path | None) -> bool:
     """Check every tensor's payload; returns whether any uses external data. ``folder``:
     the model file's folder, ``None`` for a model given as bytes or a ModelProto (which
-    then may not use external data: there is nowhere to look for it)."""
+    then may not use external data: there is nowhere to look for it). Graph inputs,
+    outputs and value_info are checked for known element types too."""
+    check_value_types(model)
     external = False
     for tensor in all_tensors(model):
         if uses_external_data(tensor):
@@ -150,6 +152,18 @@ def check_tensors(model: onnx.ModelProto, folder: Path | None) -> bool:
         else:
             check_payload(tensor)
     return external
+
+
+def check_value_types(model: onnx.ModelProto) -> None:
+    """Every typed graph input, output and value_info names a known element type."""
+    known = set(TensorProto.DataType.values())
+    graph = model.graph
+    for kind, values in (("input", graph.input), ("output", graph.output), ("value_info", graph.value_info)):
+        for value in values:
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type not in known:
+                raise ModelError(
+                    f"graph {kind} '{value.name}': element type {value.type.tensor_type.elem_type} is not an ONNX type"
+                )
 
 
 def _itemsize(tensor: onnx.TensorProto) -> int:

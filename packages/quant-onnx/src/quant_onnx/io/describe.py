@@ -20,7 +20,7 @@ Example:
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 2])], inits)
     >>> info = describe_quantized(helper.make_model(g))
     >>> print("\\n".join(info.lines()))
-    already quantized: QDQ (1 QuantizeLinear, 2 DequantizeLinear)
+    already quantized: QDQ (2 DequantizeLinear, 1 QuantizeLinear)
       weights: 1 int8 per-channel symmetric, power-of-two scales
       activations: 1 uint8 per-tensor symmetric, power-of-two scales
       quantized ops: Conv 1

@@ -46,8 +46,9 @@ from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
 from quant_core.plan import ConstantLookup, QuantPlan, plan_weight_qparams
 from quant_core.qparams import QParams
-from quant_onnx.errors import DataError
+from quant_onnx.errors import DataError, ModelError
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_onnx.ort_session import inference_session
 from quant_onnx.progress import progress_bar
 
 
@@ -133,14 +134,6 @@ def augmented_model(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.Mode
 CHUNK_BYTES = 32 << 20
 
 
-def inference_session(model: onnx.ModelProto, level: ort.GraphOptimizationLevel) -> ort.InferenceSession:
-    """A CPU session on an in-memory model."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = level
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
 def _batch_rows(feeds: Mapping[str, np.ndarray]) -> int | None:
     """Samples in a batch, or ``None`` when its inputs do not share a first axis (not splittable)."""
     sizes = {int(v.shape[0]) if v.ndim else -1 for v in feeds.values()}
@@ -168,11 +161,18 @@ def calibrate(
         for name in group.observed:
             feeds_of.setdefault(name, []).append(group.key)
     run_outputs = []
+
+    def observe(key: str, tensor: str, value: np.ndarray) -> None:
+        try:
+            observers[key].update(value)
+        except ValueError as exc:  # NaN/Inf: the inputs were checked finite, so the model made them
+            raise ModelError(f"calibration: tensor '{tensor}' {_detail(exc)} (the model computes it)") from None
+
     for name, keys in feeds_of.items():
         value = index.constant(name)
         if value is not None:
             for key in keys:
-                observers[key].update(value)
+                observe(key, name, value)
         elif not index.is_graph_input(name):
             run_outputs.append(name)
     inputs_to_observe = [name for name in feeds_of if index.is_graph_input(name)]
@@ -185,7 +185,7 @@ def calibrate(
         values = session.run(run_outputs, dict(feeds))
         for name, value in zip(run_outputs, values, strict=True):
             for key in feeds_of[name]:
-                observers[key].update(value)
+                observe(key, name, value)
         return sum(v.nbytes for v in values) / max(1, _batch_rows(feeds) or 1)
 
     seen = 0
@@ -194,7 +194,7 @@ def calibrate(
             feeds = {name: np.asarray(value) for name, value in batch.items()}
             for name in inputs_to_observe:
                 for key in feeds_of[name]:
-                    observers[key].update(feeds[name])
+                    observe(key, name, feeds[name])
             if run_outputs:
                 rows = _batch_rows(feeds) if may_chunk else None
                 if rows is None:
@@ -225,3 +225,9 @@ def calibrate(
 
     weights, notes = plan_weight_qparams(plan, kernel_values(model), activation_qparams)
     return CalibratedModel(model, plan, qparams, ranges, weights, observers, tuple(notes))
+
+
+def _detail(exc: ValueError) -> str:
+    """``'contains NaN'`` from an observer's ``'<what>: contains NaN; ...'``."""
+    text = str(exc).split(";")[0]
+    return text.split(": ", 1)[-1] if ": " in text else text
