@@ -30,9 +30,9 @@ def screen_lines(text: str) -> list[str]:
     return shown
 
 
-def run_cli(*args: str, target: str = "os:getpid", k: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, target: str = "-", k: int = 0, timeout: float = 120) -> subprocess.CompletedProcess:
     """The CLI in a fresh interpreter, with SIGINT at the ``k``-th call of ``target``
-    (``k`` = 0: none; stderr ends with ``calls: N``)."""
+    (``k`` = 0: none, stderr ends with ``calls: N``; target ``-``: a plain run)."""
     result = subprocess.run(
         [sys.executable, str(RUNNER), target, str(k), *args],
         capture_output=True,

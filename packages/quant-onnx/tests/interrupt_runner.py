@@ -6,7 +6,7 @@ pressing Ctrl-C would.
 Before the K-th call of the named function (``onnxruntime:InferenceSession.run``,
 ``os:replace``...) the process sends itself SIGINT; Python raises KeyboardInterrupt there.
 K = 0 only counts: the number of calls is printed to stderr as ``calls: N`` at exit, so a
-test can pick a random K within a real run.
+test can pick a random K within a real run. Target ``-``: no patch, a plain CLI run.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ def _patch(target: str, k: int) -> list[int]:
 
 def main() -> int:
     target, k, *cli_args = sys.argv[1:]
+    if target == "-":
+        from quant_onnx.io.cli import main as plain_main
+
+        return plain_main(cli_args)
     calls = _patch(target, int(k))
     if int(k) == 0:
         atexit.register(lambda: print(f"calls: {calls[0]}", file=sys.stderr))

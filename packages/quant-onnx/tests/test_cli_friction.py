@@ -118,7 +118,7 @@ def test_ctrl_c_exits_130_with_one_line_and_no_file(tmp_path, calib, float_model
         target="onnxruntime:InferenceSession.run", k=2,
     )  # fmt: skip
     assert result.returncode == 130, result.stderr
-    assert screen_lines(result.stderr) == ["quant-onnx: interrupted; nothing was written"]
+    assert screen_lines(result.stderr) == ["quant-onnx: interrupted; no partial file was left"]
     assert "Traceback" not in result.stderr
     assert snapshot(tmp_path) == before  # no output, no temp file, the input untouched
 

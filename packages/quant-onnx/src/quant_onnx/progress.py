@@ -4,6 +4,7 @@ A tqdm bar left on screen above an error message (``calibrating: 0batch``) reads
 the run were still going, or as if the error came from somewhere else. Inside
 :func:`progress_bar` an exception (a bad batch, Ctrl-C) erases the bar before the error
 is printed; a run that finishes keeps its final line, with the total and elapsed time.
+:func:`clear_open_bars` erases bars opened elsewhere before the CLI prints an error.
 
 Example:
     >>> with progress_bar(total=3, desc="calibrating", unit="batch", quiet=True) as bar:
@@ -32,4 +33,13 @@ def progress_bar(*, total: int | None, desc: str, unit: str, quiet: bool) -> Ite
         bar.leave = False  # the error message follows: no bar above it
         raise
     finally:
+        bar.close()
+
+
+def clear_open_bars() -> None:
+    """Erase every progress bar still open (one left by code that iterates ``tqdm(...)``
+    directly when an error or Ctrl-C cut its loop short), so that the error message that
+    follows stands alone."""
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.leave = False
         bar.close()

@@ -305,14 +305,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except KeyboardInterrupt:
-        print("quant-onnx: interrupted; nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _fail("interrupted; no partial file was left", EXIT_INTERRUPTED)
     except (ValueError, OSError, ImportError) as exc:  # ImportError: a missing optional extra
-        print(f"quant-onnx: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _fail(f"error: {_one_line(exc)}", EXIT_BAD_INPUT)
     except RuntimeError as exc:  # onnxruntime rejects what the checks could not see
-        print(f"quant-onnx: error: onnxruntime: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _fail(f"error: onnxruntime: {_one_line(exc)}", EXIT_BAD_INPUT)
+
+
+def _fail(message: str, status: int) -> int:
+    """Erase the progress bars a failed phase left, then one line on stderr."""
+    if "quant_onnx.progress" in sys.modules:  # a bar can only be open if a phase ran
+        sys.modules["quant_onnx.progress"].clear_open_bars()
+    print(f"quant-onnx: {message}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":
