@@ -294,6 +294,10 @@ def record_count(request):
     return record
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "big_model: writes and quantizes a model over 2 GiB (run on its own)")
+
+
 def pytest_terminal_summary(terminalreporter, config) -> None:
     lines = config.stash.get(_COUNTS, [])
     if lines:

@@ -130,7 +130,9 @@ def test_sigint_after_a_random_delay(tmp_path, record_count) -> None:
         rest = process.stderr.read()
         code = process.wait(timeout=120)
         stderr = (seen + rest).decode()
-        if code == 0:  # finished before the signal: the output is whole and valid
+        if code in (0, -signal.SIGINT):
+            # Finished before the signal, or the signal came while the interpreter shut down
+            # (Python's handler is gone by then): the output is whole and valid.
             onnx.checker.check_model(onnx.load(str(out)))
             out.unlink()
             outcomes["finished"] += 1

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 
-def _default_file_mode() -> int:
+def default_file_mode() -> int:
+    """The mode a new file gets under this process's umask (``0o666 & ~umask``)."""
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
@@ -46,7 +47,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, _default_file_mode())
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

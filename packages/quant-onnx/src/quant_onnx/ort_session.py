@@ -34,9 +34,11 @@ import onnx
 import onnxruntime as ort
 
 from quant_onnx.errors import ModelError
+from quant_onnx.tensor_data import bound_folders, without_basepath
 
 _PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
 _MAX_MESSAGE = 300
+_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
 def _is_onnxruntime_error(exc: BaseException) -> bool:
@@ -95,9 +97,15 @@ def session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
 
 
 def inference_session(model: onnx.ModelProto, level: ort.GraphOptimizationLevel) -> CheckedSession:
-    """A CPU session on an in-memory model."""
+    """A CPU session on an in-memory model; onnxruntime reads tensors that
+    :func:`~quant_onnx.model_io.load_model` left in their files from there."""
+    options = session_options(level)
+    folders = bound_folders(model)
+    if len(folders) > 1:
+        raise ModelError(f"model: external data in {len(folders)} folders; onnxruntime reads from one")
+    if folders:
+        options.add_session_config_entry(_EXTERNAL_FOLDER, str(folders.pop()))
+        model = without_basepath(model)
     with onnxruntime_errors("load the model"):
-        session = ort.InferenceSession(
-            model.SerializeToString(), session_options(level), providers=["CPUExecutionProvider"]
-        )
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return CheckedSession(session)

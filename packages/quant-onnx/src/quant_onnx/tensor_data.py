@@ -27,8 +27,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from quant_onnx.errors import ModelError
 
@@ -132,15 +133,126 @@ def check_external_data(tensor: onnx.TensorProto, folder: Path) -> tuple[Path, i
     return resolved, offset, length
 
 
-def check_tensors(model: onnx.ModelProto, folder: Path | None) -> bool:
+# --- external data read on demand (models too large to hold twice) -------------------------------------
+#: external_data key naming the folder a tensor's location is relative to; set by
+#: :func:`bind_external_data` after the checks, stripped before onnxruntime or a file sees it.
+BASEPATH = "basepath"
+
+
+def external_bytes(model: onnx.ModelProto) -> int:
+    """Bytes the model keeps in external files (by the dims of its external tensors)."""
+    return sum(payload_bytes(t) or 0 for t in all_tensors(model) if uses_external_data(t))
+
+
+def bind_external_data(model: onnx.ModelProto, folder: Path) -> None:
+    """Leave the external tensors in their files, each told the (resolved) folder its
+    location is relative to: :func:`to_array` reads one when it is needed."""
+    root = str(folder.resolve())
+    for tensor in all_tensors(model):
+        if uses_external_data(tensor):
+            kept = [(e.key, e.value) for e in tensor.external_data if e.key != BASEPATH]
+            del tensor.external_data[:]
+            for key, value in [*kept, (BASEPATH, root)]:
+                tensor.external_data.add(key=key, value=value)
+
+
+def bound_folders(model: onnx.ModelProto) -> set[Path]:
+    """Folders of the external tensors :func:`bind_external_data` left in their files."""
+    return {
+        Path(external_data_info(t)[BASEPATH])
+        for t in all_tensors(model)
+        if uses_external_data(t) and BASEPATH in external_data_info(t)
+    }
+
+
+def to_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """The tensor's value, read from its file when it is external (the tensor is not
+    modified): a copy-on-write memory map for plain numeric types, whose pages are read
+    as they are used and can be dropped again. ModelError if an external tensor was not
+    bound to a folder."""
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    info = external_data_info(tensor)
+    if BASEPATH not in info:
+        raise ModelError(f"tensor '{tensor.name}': external data with no known folder; load the model from its path")
+    path, offset, length = check_external_data(tensor, Path(info[BASEPATH]))
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    if tensor.data_type not in _SUB_BYTE_BITS and dtype.kind in "biuf" and dtype.isnative and length:
+        return np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=tuple(tensor.dims))
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        inline = onnx.TensorProto()
+        inline.CopyFrom(tensor)
+        del inline.external_data[:]
+        inline.data_location = TensorProto.DEFAULT
+        inline.raw_data = handle.read(length)
+    return numpy_helper.to_array(inline)
+
+
+def inline_external_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every bound external tensor's data read into it (what a
+    file written on its own needs)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for tensor in all_tensors(out):
+        if uses_external_data(tensor) and BASEPATH in external_data_info(tensor):
+            value = to_array(tensor)
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.raw_data = numpy_helper.from_array(value).raw_data
+    return out
+
+
+def without_basepath(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose external tensors name their location only (onnxruntime
+    rejects any other key); the data stay in their files."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for tensor in all_tensors(out):
+        if uses_external_data(tensor):
+            kept = [(e.key, e.value) for e in tensor.external_data if e.key != BASEPATH]
+            del tensor.external_data[:]
+            for key, value in kept:
+                tensor.external_data.add(key=key, value=value)
+    return out
+
+
+def without_external_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for onnx.checker, whose in-memory check looks for external files in the
+    current directory: external initializers of the main graph become typed graph inputs
+    (their payloads were checked by :func:`check_external_data`)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inputs = {i.name for i in graph.input}
+    kept = []
+    for tensor in graph.initializer:
+        if uses_external_data(tensor):
+            if tensor.name not in inputs:
+                graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+        else:
+            kept.append(tensor)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return out
+
+
+def check_tensors(model: onnx.ModelProto, folder: Path | None, *, trust_bound: bool = False) -> bool:
     """Check every tensor's payload; returns whether any uses external data. ``folder``:
     the model file's folder, ``None`` for a model given as bytes or a ModelProto (which
-    then may not use external data: there is nowhere to look for it). Graph inputs,
-    outputs and value_info are checked for known element types too."""
+    then may not use external data: there is nowhere to look for it), except, with
+    ``trust_bound``, tensors an earlier load bound to their folder (a ModelProto the
+    toolkit loaded; never a file's own ``basepath``). Graph inputs, outputs and
+    value_info are checked for known element types too."""
     check_value_types(model)
     external = False
     for tensor in all_tensors(model):
         if uses_external_data(tensor):
+            bound = external_data_info(tensor).get(BASEPATH) if trust_bound else None
+            if bound is not None:  # bound by an earlier load_model: checked against that folder
+                check_external_data(tensor, Path(bound))
+                external = True
+                continue
             if folder is None:
                 location = external_data_info(tensor).get("location", "")
                 raise ModelError(
