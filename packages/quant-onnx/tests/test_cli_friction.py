@@ -346,3 +346,14 @@ def test_compare_columns_stay_aligned_with_long_names(tmp_path, calib, capsys) -
     ends = {len(line) for line in table}
     assert len(ends) == 1, table  # every SQNR value ends in the same column
     assert all(re.match(r"^\S+\s+-?(\d+\.\d\d|inf)$", line) for line in table[1:]), table
+
+
+def test_inspect_recognises_dynamic_models(tmp_path, float_model, capsys) -> None:
+    out = tmp_path / "dynamic.onnx"
+    assert main(["quantize", str(float_model), str(out), "--dynamic", "--quiet"]) == 0
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("already quantized: dynamic"), text
+    assert "weights: 7 int8 symmetric (scale applied after the integer op)" in text
+    assert "activations: 6 uint8 asymmetric (range found per tensor at run time)" in text
+    assert "quantized ops: ConvInteger 6, MatMulInteger 1" in text

@@ -171,7 +171,7 @@ def to_array(tensor: onnx.TensorProto) -> np.ndarray:
     as they are used and can be dropped again. ModelError if an external tensor was not
     bound to a folder."""
     if not uses_external_data(tensor):
-        return numpy_helper.to_array(tensor)
+        return _convert(tensor)
     info = external_data_info(tensor)
     if BASEPATH not in info:
         raise ModelError(f"tensor '{tensor.name}': external data with no known folder; load the model from its path")
@@ -186,7 +186,20 @@ def to_array(tensor: onnx.TensorProto) -> np.ndarray:
         del inline.external_data[:]
         inline.data_location = TensorProto.DEFAULT
         inline.raw_data = handle.read(length)
-    return numpy_helper.to_array(inline)
+    return _convert(inline)
+
+
+def _convert(tensor: onnx.TensorProto) -> np.ndarray:
+    """numpy_helper.to_array, whose errors on data that fit no array of the tensor's type
+    differ between onnx releases, as one ModelError."""
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+        text = str(exc).strip().splitlines()
+        raise ModelError(
+            f"tensor '{tensor.name}': data do not read as {_type_name(tensor)} {_dims(tensor)} "
+            f"({text[0] if text else type(exc).__name__})"
+        ) from None
 
 
 def inline_external_data(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -67,14 +67,14 @@ class FormatCount:
     dtype: str
     granularity: str
     symmetric: bool | None
-    power_of_two: bool
+    power_of_two: bool | None
     count: int
 
     def describe(self) -> str:
-        parts = [str(self.count), self.dtype, self.granularity]
-        if self.symmetric is not None:
-            parts.append("symmetric" if self.symmetric else "asymmetric")
-        return " ".join(parts)
+        symmetry = "" if self.symmetric is None else (" symmetric" if self.symmetric else " asymmetric")
+        if self.granularity.startswith("per-"):
+            return f"{self.count} {self.dtype} {self.granularity}{symmetry}"
+        return f"{self.count} {self.dtype}{symmetry} ({self.granularity})"
 
 
 @attrs.frozen
@@ -126,19 +126,19 @@ def describe_formats(formats: Iterable[FormatCount]) -> str:
     """``'20 int8 per-channel symmetric, 1 int8 per-tensor symmetric, scales not powers of two'``."""
     formats = list(formats)
     text = ", ".join(f.describe() for f in formats)
-    pow2 = {f.power_of_two for f in formats}
+    pow2 = {f.power_of_two for f in formats} - {None}
     if pow2 == {True}:
         return f"{text}, power-of-two scales"
     if pow2 == {False}:
         return f"{text}, scales not powers of two"
-    return f"{text}, power-of-two scales on some"
+    return f"{text}, power-of-two scales on some" if pow2 else text
 
 
 class _Formats:
     """Collects (dtype, granularity, symmetric, power-of-two) per tensor."""
 
     def __init__(self) -> None:
-        self.counts: collections.Counter[tuple[str, str, bool | None, bool]] = collections.Counter()
+        self.counts: collections.Counter[tuple[str, str, bool | None, bool | None]] = collections.Counter()
         self.seen: set[str] = set()
 
     def add(self, key: str, dtype: int | None, scale: np.ndarray | None, zero_point: np.ndarray | None) -> None:
@@ -148,6 +148,20 @@ class _Formats:
         name = _dtype_name(dtype)
         granularity = "per-tensor" if scale is None or scale.size <= 1 else "per-channel"
         self.counts[(name, granularity, _symmetric(dtype, zero_point), _power_of_two(scale))] += 1
+
+    def add_rescaled(self, key: str, dtype: int | None, zero_point: np.ndarray | None) -> None:
+        """A weight of an integer op (ConvInteger...) whose scale is applied by a later Mul."""
+        if key not in self.seen:
+            self.seen.add(key)
+            self.counts[
+                (_dtype_name(dtype), "scale applied after the integer op", _symmetric(dtype, zero_point), None)
+            ] += 1
+
+    def add_dynamic(self, key: str) -> None:
+        """An activation DynamicQuantizeLinear quantizes with a range found at run time."""
+        if key not in self.seen:
+            self.seen.add(key)
+            self.counts[("uint8", "range found per tensor at run time", False, None)] += 1
 
     def result(self) -> tuple[FormatCount, ...]:
         return tuple(FormatCount(*key, count) for key, count in sorted(self.counts.items(), key=lambda kv: -kv[1]))
@@ -191,9 +205,12 @@ def describe_quantized(model: onnx.ModelProto) -> QuantizedModelInfo | None:
                 if zp:
                     activations.add(f"{node.name}:{zp_index}", index.elem_type(zp), None, constant(zp))
             quantized_ops[op] += 1
+        elif op == "DynamicQuantizeLinear":
+            activations.add_dynamic(node.output[0])
         elif op.startswith("QLinear") or op in ("ConvInteger", "MatMulInteger"):
-            if op in ("ConvInteger", "MatMulInteger") and index.is_constant(input_at(node, 1)):
-                weights.add(input_at(node, 1), index.elem_type(input_at(node, 1)), None, None)
+            weight = input_at(node, 1)
+            if op in ("ConvInteger", "MatMulInteger") and index.is_constant(weight):
+                weights.add_rescaled(weight, index.elem_type(weight), constant(input_at(node, 3)))
             quantized_ops[op] += 1
         elif any(_is_dequantized(index, name) for name in node.input if name):
             quantized_ops[op] += 1
