@@ -105,7 +105,7 @@ def test_sigint_after_a_random_delay(tmp_path, record_count) -> None:
     if model is None:
         pytest.skip("tools/models/fmnist_resnet18.onnx not found")
     data = tmp_path / "calib.npy"
-    np.save(data, np.random.default_rng(0).normal(size=(512, 1, 32, 32)).astype(np.float32))
+    np.save(data, np.random.default_rng(0).normal(size=(2048, 1, 32, 32)).astype(np.float32))
     out = tmp_path / "q.onnx"
     before = snapshot(tmp_path)
     rng = random.Random(7)
