@@ -10,6 +10,10 @@ onnxruntime is not importable in the torch session.
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -23,6 +27,7 @@ nox.options.sessions = [
     "torch_fx",
     "npu",
     "integration",
+    "packaging",
     "lint",
     "layering",
     "typecheck",
@@ -88,10 +93,12 @@ def algos_torch(session: nox.Session) -> None:
 
 @nox.session
 def onnx(session: nox.Session) -> None:
-    """quant-onnx, the ONNX backend, installed without torch."""
+    """quant-onnx, the ONNX backend, installed without torch. The test that writes and
+    quantizes a model over 2 GiB (about 45 s, 2.6 GB of disk) runs on its own, after."""
     session.install(CORE, ALGOS, f"{ONNX}[images]", *TEST_DEPS)
     _assert_absent(session, "torch")
-    _pytest(session, f"{ONNX}/tests")
+    _pytest(session, f"{ONNX}/tests", "-m", "not big_model")
+    _pytest(session, f"{ONNX}/tests", "-m", "big_model")
 
 
 @nox.session
@@ -116,6 +123,39 @@ def integration(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(CORE, f"{ALGOS}[torch]", f"{ONNX}[images]", TORCH_FX, NPU, *TEST_DEPS)
     _pytest(session, "tests-integration")
+
+
+@nox.session
+def packaging(session: nox.Session) -> None:
+    """Wheels built with `hatch build` for every distribution, installed one at a time
+    from the top level down (each pulling what it needs from the others' wheels), make one
+    consistent environment (`pip check`) whose installed copies pass the integration tests."""
+    session.install("hatch")
+    wheels = Path(session.create_tmp()).resolve() / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    for package in (CORE, ALGOS, ONNX, TORCH_FX, NPU):
+        with session.chdir(package):
+            session.run("hatch", "build", "--target", "wheel", str(wheels))
+    built = sorted(p.name.split("-")[0] for p in wheels.glob("*.whl"))
+    if built != ["quant_algos", "quant_core", "quant_npu_export", "quant_onnx", "quant_torch_fx"]:
+        session.error(f"expected one wheel per distribution, got {built}")
+    # The local wheels first, then whatever pip already finds (the CPU torch wheel).
+    find_links = {"PIP_FIND_LINKS": " ".join(filter(None, [str(wheels), os.environ.get("PIP_FIND_LINKS")]))}
+    session.install(TORCH)
+    for requirement in ("quant-npu-export", "quant-torch-fx", "quant-onnx[images,torch]", "quant-algos[torch]",
+                        "quant-core"):  # fmt: skip
+        session.install(requirement, env=find_links)
+    session.run("python", "-m", "pip", "check")
+    session.run(
+        "python",
+        "-c",
+        "import sys, quant_core, quant_algos, quant_onnx, quant_torch_fx, quant_npu; "
+        "stray = [m.__name__ for m in (quant_core, quant_algos, quant_onnx, quant_torch_fx, quant_npu) "
+        "if 'site-packages' not in m.__file__]; sys.exit(f'not the installed wheels: {stray}' if stray else 0)",
+    )
+    session.install(*TEST_DEPS)
+    # test_bench_smoke puts the source folders first on sys.path (it tests repo tools, not the wheels).
+    _pytest(session, "tests-integration", "--ignore", "tests-integration/test_bench_smoke.py")
 
 
 @nox.session

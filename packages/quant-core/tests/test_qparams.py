@@ -297,3 +297,24 @@ def test_quantize_matches_onnx_quantize_linear(
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
     np.testing.assert_array_equal(quantize(x, qp), expected)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_blockwise_quantize_of_a_large_tensor_matches_whole_tensor_arithmetic(axis) -> None:
+    """Tensors above the block size are quantized block by block along axis 0 (bounded
+    temporaries); every code equals the one-pass computation."""
+    from quant_core import qparams as qp_module
+
+    x = np.random.default_rng(5).normal(size=(1100, 4000)).astype(np.float32)  # 4.4M elements: > one block
+    x[3, 7], x[900, 1] = np.nan, np.inf
+    channels = x.shape[axis] if axis is not None else 1
+    scale = np.random.default_rng(6).uniform(0.001, 0.05, channels).astype(np.float32)
+    qp = (
+        QParams.per_tensor(float(scale[0]), 3, "uint8")
+        if axis is None
+        else QParams(scale, np.zeros(channels, np.int64), DType.INT8, axis=axis)
+    )
+    blocked = quantize(x, qp)
+    scale_b, zero_b = qp_module._reshaped(qp, x.ndim)
+    np.testing.assert_array_equal(blocked, qp_module._quantize_block(x, scale_b, zero_b, qp))
+    assert x.size > qp_module._BLOCK_ELEMENTS

@@ -276,3 +276,31 @@ def op_types(model: onnx.ModelProto) -> list[str]:
 @pytest.fixture
 def tmp_model_path(tmp_path):
     return tmp_path / "model.onnx"
+
+
+# --- counts of the hardening tests (fuzzing, faults), shown whether or not output is captured ----
+_COUNTS = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def record_count(request):
+    """``record_count(line)``: a hardening test's count, printed in the terminal summary."""
+    lines = request.config.stash.setdefault(_COUNTS, [])
+
+    def record(line: str) -> None:
+        lines.append(f"{request.node.name}: {line}")
+        print(line)
+
+    return record
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "big_model: writes and quantizes a model over 2 GiB (run on its own)")
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    lines = config.stash.get(_COUNTS, [])
+    if lines:
+        terminalreporter.section("hardening counts")
+        for line in lines:
+            terminalreporter.write_line(line)

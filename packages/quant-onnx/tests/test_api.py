@@ -14,7 +14,7 @@ import quant_onnx
 from quant_core.presets import get_preset
 from quant_core.qparams import sqnr_db
 from quant_core.serialization import save_config
-from quant_onnx import DataError, ModelError, ModelQuantizer, quantize
+from quant_onnx import DataError, ModelQuantizer, OutputError, quantize
 
 
 def _sha(path) -> str:
@@ -100,7 +100,7 @@ def test_report_lists_tensors_float_nodes_and_layer_sqnr(tmp_path) -> None:
 
 def test_output_equal_to_input_is_refused_before_any_work(model_file) -> None:
     before = _sha(model_file)
-    with pytest.raises(ModelError, match="input model"):
+    with pytest.raises(OutputError, match="input model"):
         quantize(model_file, model_file, None, random_inputs(small_cnn(), 4), quiet=True)
     assert _sha(model_file) == before
 

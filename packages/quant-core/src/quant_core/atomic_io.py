@@ -16,29 +16,42 @@ import tempfile
 from pathlib import Path
 
 
-def _default_file_mode() -> int:
+def default_file_mode() -> int:
+    """The mode a new file gets under this process's umask (``0o666 & ~umask``)."""
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def _naming(exc: OSError, target: Path) -> OSError:
+    """The same error, naming the file the caller asked for instead of the temp file."""
+    return OSError(exc.errno, f"cannot write '{target}': {exc.strerror or exc}")
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
     """Write ``data`` to ``path`` through a temp file in the same folder, then rename.
 
     The file gets the ordinary mode for this process's umask (``mkstemp`` alone would
-    leave it 0600); on any error the temp file is removed and ``path`` is untouched.
+    leave it 0600); on any error the temp file is removed and ``path`` is untouched. An
+    OSError names ``path``, never the hidden temp file.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _naming(exc, target) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, _default_file_mode())
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _naming(exc, target) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -262,6 +262,26 @@ def quantize(x: ArrayLike, qp: QParams) -> np.ndarray:
     """
     xf = np.asarray(x, np.float32)
     scale, zero_point = _reshaped(qp, xf.ndim)
+    if xf.ndim == 0 or xf.size <= _BLOCK_ELEMENTS or xf.shape[0] < 2:
+        return _quantize_block(xf, scale, zero_point, qp)
+    # Block by block along axis 0: the float64 temporaries of a multi-GB weight would
+    # otherwise take several times its size (the codes are the same, element by element).
+    codes = np.empty(xf.shape, qp.dtype.numpy_dtype)
+    rows = max(1, _BLOCK_ELEMENTS // (xf.size // xf.shape[0]))
+    per_row = scale.ndim == xf.ndim and scale.shape[0] > 1  # per channel along axis 0
+    for start in range(0, xf.shape[0], rows):
+        block = slice(start, start + rows)
+        codes[block] = _quantize_block(
+            xf[block], scale[block] if per_row else scale, zero_point[block] if per_row else zero_point, qp
+        )
+    return codes
+
+
+#: Elements above which :func:`quantize` works in blocks of about this many.
+_BLOCK_ELEMENTS = 1 << 22
+
+
+def _quantize_block(xf: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qp: QParams) -> np.ndarray:
     # Divide and round in float32 as ONNX does; add the zero point and saturate in
     # float64, where int32's limits (and uint16/int32 zero points) are exact. NaN becomes
     # the lowest code, as onnxruntime's QuantizeLinear makes it.

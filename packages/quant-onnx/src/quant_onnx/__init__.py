@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from quant_onnx.api import DEFAULT_PRESET, ModelQuantizer, PreparedModel, QuantizationResult, quantize, resolve_config
-from quant_onnx.errors import DataError, ModelError
+from quant_onnx.errors import DataError, ModelError, OutputError
 from quant_onnx.io.compare import Comparison, compare_models
 from quant_onnx.pipeline.annotate import plan_model
 from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
@@ -23,6 +23,7 @@ __all__ = [
     "DataError",
     "ModelError",
     "ModelQuantizer",
+    "OutputError",
     "PreparedModel",
     "QuantizationResult",
     "WriterOptions",

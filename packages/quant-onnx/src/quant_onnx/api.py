@@ -49,11 +49,10 @@ from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
 from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
-from quant_onnx.errors import ModelError
 from quant_onnx.io.compare import Comparison, compare_models
-from quant_onnx.io.data import ImageOptions, calibration_batches
+from quant_onnx.io.data import CalibrationReader, ImageOptions
 from quant_onnx.io.report import build_report, write_report
-from quant_onnx.model_io import load_model, opset_version, save_model
+from quant_onnx.model_io import check_output_paths, load_model, opset_version, save_model
 from quant_onnx.pipeline.annotate import ensure_node_names, plan_model
 from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
 from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess_with_report
@@ -244,9 +243,9 @@ class ModelQuantizer:
         num_samples: int | None = None,
         batch_size: int | None = None,
         image_options: ImageOptions | None = None,
-    ) -> Iterable[Mapping[str, np.ndarray]]:
+    ) -> CalibrationReader:
         """Validated feeds for ``prepared``'s inputs (see :mod:`quant_onnx.io.data`)."""
-        return calibration_batches(
+        return CalibrationReader(
             prepared.model,
             calibration_data,
             batch_size=batch_size or self.config.calibration.batch_size,
@@ -279,10 +278,9 @@ class ModelQuantizer:
             prepared, data, num_samples=num_samples, batch_size=batch_size, image_options=image_options
         )
         held = _HeldBatches(batches, self.hold_samples)
-        size = batch_size or self.config.calibration.batch_size
-        count = num_samples if num_samples is not None else self.config.calibration.num_samples
-        total = None if count is None else -(-count // size)
-        calibrated = calibrate(prepared.model, prepared.plan, held, total_batches=total, quiet=self.quiet)
+        calibrated = calibrate(
+            prepared.model, prepared.plan, held, total_batches=batches.num_batches(), quiet=self.quiet
+        )
         for hook in self.calibrated_hooks:
             calibrated = hook(calibrated, held.held)
         return calibrated, held.held
@@ -307,10 +305,10 @@ class ModelQuantizer:
         image_options: ImageOptions | None = None,
     ) -> QuantizationResult:
         """All phases; writes ``model_out`` (atomically) and ``report_path`` when given.
-        Nothing is written when any input is invalid."""
+        Nothing is written when any input is invalid; both output locations are checked
+        (folder exists and is writable, not the input) before any work."""
         input_path = model_in if isinstance(model_in, str | os.PathLike) else None
-        if model_out is not None and input_path is not None and _same_path(model_out, input_path):
-            raise ModelError(f"output path '{model_out}' is the input model; choose another output file")
+        check_output_paths(model_out, report_path, input_path=input_path)  # before any work
         prepared = self.prepare(model_in)
         feeds: list[Mapping[str, np.ndarray]] | None = None
         algorithm_reports: dict[str, Any] = {}
@@ -372,13 +370,6 @@ class ModelQuantizer:
         if report is not None and report_path is not None:
             write_report(report, report_path)
         return QuantizationResult(quantized, calibrated, report, path, algorithm_reports)
-
-
-def _same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    pa, pb = Path(a), Path(b)
-    if pa.exists() and pb.exists():
-        return os.path.samefile(pa, pb)
-    return pa.resolve() == pb.resolve()
 
 
 def quantize(

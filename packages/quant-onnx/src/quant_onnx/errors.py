@@ -1,6 +1,6 @@
 """Exceptions raised by quant_onnx for invalid user input.
 
-Both derive from ValueError so callers that only know "bad input" can catch one type.
+The first three derive from ValueError so callers that only know "bad input" can catch one type.
 
 Example:
     >>> from quant_onnx.errors import DataError
@@ -29,6 +29,16 @@ class DataError(ValueError):
     Example:
         >>> isinstance(DataError("calibration data: no samples"), ValueError)
         True
+    """
+
+
+class OutputError(ValueError):
+    """An output path cannot be written (missing or read-only folder, the input model...);
+    raised before any work is done.
+
+    Example:
+        >>> str(OutputError("output 'out/q.onnx': folder 'out' does not exist"))
+        "output 'out/q.onnx': folder 'out' does not exist"
     """
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from quant_core.plan import PlanNode
+from quant_onnx.tensor_data import to_array, uses_external_data
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 """Names of the default ONNX operator domain."""
@@ -83,7 +83,7 @@ def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
         return None
     for attr in node.attribute:
         if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
+            return to_array(attr.t)
         if attr.name == "value_float":
             return np.array(attr.f, dtype=np.float32)
         if attr.name == "value_floats":
@@ -178,7 +178,10 @@ class GraphIndex:
             return self._constant_cache[tensor]
         value: np.ndarray | None = None
         if tensor in self._initializers:
-            value = numpy_helper.to_array(self._initializers[tensor])
+            initializer = self._initializers[tensor]
+            if uses_external_data(initializer):  # a view of its file: read again rather than held
+                return to_array(initializer)
+            value = to_array(initializer)
         else:
             node = self._producers.get(tensor)
             if node is not None and node.op_type == "Constant":

@@ -16,31 +16,50 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from quant_core.atomic_io import atomic_write
-from quant_onnx.errors import ModelError
+from quant_core.atomic_io import atomic_write, default_file_mode
+from quant_onnx.errors import ModelError, OutputError
 from quant_onnx.graph import DEFAULT_DOMAINS
+from quant_onnx.tensor_data import (
+    all_tensors,
+    bind_external_data,
+    bound_folders,
+    check_tensors,
+    external_bytes,
+    external_data_info,
+    inline_external_data,
+    uses_external_data,
+    without_external_initializers,
+)
 
 #: Opsets of the default domain accepted for *input* models.
 MIN_OPSET = 11
 MAX_OPSET = 21
 #: Protobuf cannot serialise a single message above 2 GiB; bigger models need external data.
 _PROTOBUF_LIMIT = 2**31 - 1
+#: External data from this size up stay in their files after loading, read tensor by
+#: tensor (:mod:`quant_onnx.tensor_data`), so a model larger than memory allows twice
+#: is never held twice; smaller external data are read into the model.
+LAZY_EXTERNAL_BYTES = 1 << 30
 
 PathLike = str | os.PathLike[str]
 
 
 def opset_version(model: onnx.ModelProto) -> int:
-    """Opset of the default ONNX domain ('' or 'ai.onnx'); ModelError if the model declares none."""
-    for opset in model.opset_import:
-        if opset.domain in DEFAULT_DOMAINS:
-            return int(opset.version)
-    raise ModelError("model declares no opset for the default ONNX domain")
+    """Opset of the default ONNX domain ('' or 'ai.onnx'); ModelError if the model declares
+    none, or several that differ (which one would each tool read?)."""
+    versions = sorted({int(opset.version) for opset in model.opset_import if opset.domain in DEFAULT_DOMAINS})
+    if not versions:
+        raise ModelError("model declares no opset for the default ONNX domain")
+    if len(versions) > 1:
+        raise ModelError(f"model declares the default ONNX domain with several opsets {versions}; allowed: one")
+    return versions[0]
 
 
 def load_model(
@@ -53,10 +72,13 @@ def load_model(
     """Return a validated *copy* of an ONNX model given as a path, serialized bytes or a ModelProto.
 
     External weight files next to the model are loaded.  Errors are one-line ModelErrors for:
-    missing file, file that is not ONNX, checker failure, default-domain opset outside
+    missing file, file that is not ONNX, a tensor whose data does not match its dims,
+    external data outside the model's folder or missing (:mod:`quant_onnx.tensor_data`,
+    checked before onnx reads it), checker failure, default-domain opset outside
     [min_opset, max_opset].  The source is never modified.
     """
     label = "<in-memory model>"
+    folder: Path | None = None
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
@@ -68,9 +90,17 @@ def load_model(
         if not path.is_file():
             raise ModelError(f"model '{label}': file not found")
         model = _parse_bytes(path.read_bytes(), label)
-        if _has_external_data(model):
+        folder = path.parent
+    try:  # our own checks, before onnx reads a byte of external data
+        external = check_tensors(model, folder, trust_bound=isinstance(source, onnx.ModelProto))
+    except ModelError as exc:
+        raise ModelError(f"model '{label}': {exc}") from None
+    if external and folder is not None:
+        if external_bytes(model) >= LAZY_EXTERNAL_BYTES:
+            bind_external_data(model, folder)  # read tensor by tensor, when needed
+        else:
             try:
-                onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+                onnx.external_data_helper.load_external_data_for_model(model, str(folder))
             except (OSError, ValueError) as exc:
                 raise ModelError(f"model '{label}': cannot load external data: {_one_line(exc)}") from exc
     if not model.graph.node and not model.graph.output:
@@ -87,7 +117,11 @@ def load_model(
 
 
 def check_model(model: onnx.ModelProto, label: str = "<in-memory model>") -> None:
-    """Run onnx.checker on models under 2 GiB; ModelError with the first line of the finding."""
+    """Run onnx.checker on models under 2 GiB; ModelError with the first line of the finding.
+    Tensors left in their files by :func:`load_model` are checked as typed inputs (their
+    data were checked when loaded)."""
+    if bound_folders(model):
+        model = without_external_initializers(model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
@@ -101,7 +135,10 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike |
     """Write `model` to `path` atomically (temp file in the same folder, then os.replace).
 
     `input_path` is the file the model was read from: saving over it is refused, because the input
-    file must never be modified.  Models above 2 GiB are written with their tensors in `<name>.data`.
+    file must never be modified.  Models above 2 GiB are written with their tensors in
+    `<name>.<content hash>.data`: the data file gets a name no other file uses, then the model file
+    is replaced (atomically, switching from the old data to the new), then the old output's data
+    file is removed; an interrupted save leaves the old output whole.
     """
     target = Path(path)
     if input_path is not None and _same_file(target, Path(input_path)):
@@ -109,22 +146,88 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike |
     if target.is_dir():
         raise ModelError(f"output path '{target}' is a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
+    if bound_folders(model):  # weights still in the input's files: the output gets its own copy
+        model = inline_external_data(model)
     if model.ByteSize() < _PROTOBUF_LIMIT:
         return atomic_write(target, model.SerializeToString(deterministic=True))
-    # Over protobuf's 2 GiB limit: tensors go to `<name>.data`, written under a temp name
-    # and renamed before the model file that names it.
-    data_name = target.name + ".data"
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as scratch:
         to_save = onnx.ModelProto()
         to_save.CopyFrom(model)
-        tmp_data = "tensors.data"
-        onnx.save_model(to_save, str(Path(scratch) / "model.onnx"), save_as_external_data=True, location=tmp_data)
-        for tensor in onnx.external_data_helper._get_all_tensors(to_save):
+        onnx.save_model(to_save, str(Path(scratch) / "model.onnx"), save_as_external_data=True, location="tensors")
+        data_name = f"{target.name}.{_file_digest(Path(scratch) / 'tensors')}.data"
+        for tensor in all_tensors(to_save):
             for entry in tensor.external_data:
                 if entry.key == "location":
                     entry.value = data_name
-        os.replace(Path(scratch) / tmp_data, target.parent / data_name)
-        return atomic_write(target, to_save.SerializeToString())
+        old_data = _own_data_files(target)
+        data_path = target.parent / data_name
+        os.chmod(Path(scratch) / "tensors", default_file_mode())
+        os.replace(Path(scratch) / "tensors", data_path)
+        try:
+            atomic_write(target, to_save.SerializeToString(deterministic=True))
+        except BaseException:
+            if data_name not in old_data:
+                data_path.unlink(missing_ok=True)
+            raise
+    for name in old_data - {data_name}:
+        (target.parent / name).unlink(missing_ok=True)
+    return target
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=8)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _own_data_files(target: Path) -> set[str]:
+    """Data files an existing output at ``target`` names that :func:`save_model` wrote
+    for it (``<name>.<hash>.data``), which a new save may remove."""
+    if not target.is_file():
+        return set()
+    try:
+        existing = onnx.load(str(target), load_external_data=False)
+    except Exception:  # not a model we can read: leave whatever is beside it alone
+        return set()
+    names = {external_data_info(t).get("location", "") for t in all_tensors(existing) if uses_external_data(t)}
+    return {n for n in names if re.fullmatch(re.escape(target.name) + r"\.[0-9a-f]{16}\.data", n)}
+
+
+def check_output_path(path: PathLike, *, input_path: PathLike | None = None, what: str = "output") -> Path:
+    """Refuse, before any work, an output path that cannot be written: the input model
+    itself, a directory, a folder that does not exist (it is not created: a typo in a
+    folder name should not scatter files) or is not writable. OutputError naming ``path``.
+    """
+    target = Path(path)
+    if input_path is not None and _same_file(target, Path(input_path)):
+        raise OutputError(f"{what} '{target}' is the input model; choose another file")
+    if target.is_dir():
+        raise OutputError(f"{what} '{target}' is a directory; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        state = "is not a folder" if folder.exists() else "does not exist (create it first)"
+        raise OutputError(f"{what} '{target}': folder '{folder}' {state}")
+    try:  # permissions, read-only mounts, ACLs: only a real file creation tells
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise OutputError(f"{what} '{target}': folder '{folder}' is not writable ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
+def check_output_paths(
+    model_out: PathLike | None, report_out: PathLike | None = None, *, input_path: PathLike | None = None
+) -> None:
+    """:func:`check_output_path` for a model output and a report output (which must differ)."""
+    if model_out is not None:
+        check_output_path(model_out, input_path=input_path)
+    if report_out is not None:
+        check_output_path(report_out, input_path=input_path, what="report")
+        if model_out is not None and _same_file(Path(report_out), Path(model_out)):
+            raise OutputError(f"report '{report_out}' is the output model; choose another file")
 
 
 def model_hash(model: onnx.ModelProto) -> str:
@@ -151,10 +254,6 @@ def _parse_bytes(data: bytes, label: str) -> onnx.ModelProto:
     if not model.HasField("graph"):
         raise ModelError(f"model '{label}': not an ONNX model (no graph)")
     return model
-
-
-def _has_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model))
 
 
 def _same_file(a: Path, b: Path) -> bool:

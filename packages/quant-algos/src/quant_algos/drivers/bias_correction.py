@@ -12,10 +12,9 @@ Example:
 
 from __future__ import annotations
 
-from tqdm.auto import tqdm
-
 from quant_algos.bias_correction import MeanErrorAccumulator
 from quant_algos.drivers.runner import LayerRunner
+from quant_algos.progress import progress_bar
 from quant_core.algorithm_config import BiasCorrectionConfig, samples_to_use
 
 
@@ -23,17 +22,20 @@ def correct_biases(runner: LayerRunner, config: BiasCorrectionConfig, *, quiet: 
     """Correct every layer's bias through ``runner``; returns notes on layers left alone."""
     count = min(runner.num_samples, samples_to_use(config))
     notes: list[str] = []
-    for layer in tqdm(runner.layers(), desc="bias correction", unit="layer", disable=quiet):
-        if not layer.bias_allowed:
-            continue  # no bias input (MatMul) or no integer bias possible (float input)
-        acc = MeanErrorAccumulator(channel_axis=layer.output_channel_axis)
-        seen = 0
-        for quantized, reference in zip(runner.quantized_outputs(layer), runner.float_outputs(layer), strict=True):
-            take = min(len(quantized), count - seen)
-            if take > 0:
-                acc.update(reference[:take], quantized[:take])
-                seen += take
-        note = runner.set_bias(layer, acc.corrected_bias(layer.bias))
-        if note is not None:
-            notes.append(f"{layer.name}: {note}")
+    layers = runner.layers()
+    with progress_bar(total=len(layers), desc="bias correction", unit="layer", quiet=quiet) as bar:
+        for layer in layers:
+            bar.update(1)
+            if not layer.bias_allowed:
+                continue  # no bias input (MatMul) or no integer bias possible (float input)
+            acc = MeanErrorAccumulator(channel_axis=layer.output_channel_axis)
+            seen = 0
+            for quantized, reference in zip(runner.quantized_outputs(layer), runner.float_outputs(layer), strict=True):
+                take = min(len(quantized), count - seen)
+                if take > 0:
+                    acc.update(reference[:take], quantized[:take])
+                    seen += take
+            note = runner.set_bias(layer, acc.corrected_bias(layer.bias))
+            if note is not None:
+                notes.append(f"{layer.name}: {note}")
     return notes

@@ -20,10 +20,10 @@ import time
 from typing import Any
 
 import attrs
-from tqdm.auto import tqdm
 
 from quant_algos._reconstruction import PoolSettings
 from quant_algos.drivers.runner import LayerRunner, QuantLayer
+from quant_algos.progress import progress_bar
 from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, samples_to_use
 
 
@@ -89,50 +89,53 @@ def reconstruct_layers(
     pool_settings = settings or PoolSettings()
     count = min(runner.num_samples, samples_to_use(config))
     outcomes, notes = [], []
-    for layer in tqdm(runner.layers(), desc=method, unit="layer", disable=quiet):
-        reason = _skip_reason(layer)
-        if reason is not None:
-            notes.append(reason)
-            continue
-        start = time.perf_counter()
-        builder = pool_settings.builder(
-            layer.float_weight.shape, layer.geometry, count, with_targets=True, batch_size=config.batch_size
-        )
-        seen = 0
-        for inputs, targets in zip(runner.quantized_inputs(layer), runner.float_outputs(layer), strict=True):
-            take = min(len(inputs), count - seen)
-            if take > 0:
-                builder.add(inputs[:take], targets[:take])
-                seen += take
-        pool = builder.pool()
-        captured = time.perf_counter()
-        result = solve(
-            layer.float_weight,
-            layer.bias,
-            layer.weight_qparams,
-            pool,
-            config,  # type: ignore[arg-type]
-            activation=layer.activation,
-            name=layer.name,
-            quiet=quiet,
-            settings=pool_settings,
-        )
-        del pool, builder
-        learned = time.perf_counter()
-        runner.set_weight_codes(layer, result.codes)
-        if learn_bias and result.bias is not None and not result.fell_back and layer.bias_allowed:
-            note = runner.set_bias(layer, result.bias)
-            if note is not None:
-                notes.append(f"{layer.name}: {note}")
-        outcomes.append(
-            LayerOutcome(
-                layer.name,
-                float(result.loss_nearest),
-                float(result.loss),
-                int(result.iterations),
-                bool(result.fell_back),
-                round(captured - start, 3),
-                round(learned - captured, 3),
+    layers = runner.layers()
+    with progress_bar(total=len(layers), desc=method, unit="layer", quiet=quiet) as bar:
+        for layer in layers:
+            bar.update(1)
+            reason = _skip_reason(layer)
+            if reason is not None:
+                notes.append(reason)
+                continue
+            start = time.perf_counter()
+            builder = pool_settings.builder(
+                layer.float_weight.shape, layer.geometry, count, with_targets=True, batch_size=config.batch_size
             )
-        )
+            seen = 0
+            for inputs, targets in zip(runner.quantized_inputs(layer), runner.float_outputs(layer), strict=True):
+                take = min(len(inputs), count - seen)
+                if take > 0:
+                    builder.add(inputs[:take], targets[:take])
+                    seen += take
+            pool = builder.pool()
+            captured = time.perf_counter()
+            result = solve(
+                layer.float_weight,
+                layer.bias,
+                layer.weight_qparams,
+                pool,
+                config,  # type: ignore[arg-type]
+                activation=layer.activation,
+                name=layer.name,
+                quiet=quiet,
+                settings=pool_settings,
+            )
+            del pool, builder
+            learned = time.perf_counter()
+            runner.set_weight_codes(layer, result.codes)
+            if learn_bias and result.bias is not None and not result.fell_back and layer.bias_allowed:
+                note = runner.set_bias(layer, result.bias)
+                if note is not None:
+                    notes.append(f"{layer.name}: {note}")
+            outcomes.append(
+                LayerOutcome(
+                    layer.name,
+                    float(result.loss_nearest),
+                    float(result.loss),
+                    int(result.iterations),
+                    bool(result.fell_back),
+                    round(captured - start, 3),
+                    round(learned - captured, 3),
+                )
+            )
     return ReconstructionReport(method, tuple(outcomes), tuple(notes))

@@ -412,6 +412,7 @@ class _Planner:
             or bounds is None
             or producer.op_type not in FUSABLE_PRODUCERS
             or producer.name not in self.quantized_names
+            or pre not in self.specs  # never planned (not a float tensor): nothing to fuse into
             or self.graph.is_graph_output(pre)
             or [c.name for c in self.graph.consumers(pre)] != [node.name]
         ):

@@ -1,8 +1,10 @@
 """``quant-onnx``: quantize, inspect and compare ONNX models from the command line.
 
-Invalid input (a file that is not ONNX, a model failing the checker, calibration data
-that does not fit, an output path equal to the input) prints one line naming what is
-wrong to stderr and exits with status 2, writing nothing.
+Invalid input (a file that is not ONNX, a model failing the checker or whose external
+data lies outside its folder, calibration data that does not fit, an output path equal
+to the input or in a missing or read-only folder) prints one line naming what is wrong
+to stderr and exits with status 2, writing nothing. Ctrl-C prints one line and exits
+with status 130, leaving no partial file (every output is written atomically).
 
 Example:
     >>> main(["quantize", "missing.onnx", "out.onnx", "--calib-data", "x.npy", "--quiet"])
@@ -12,15 +14,16 @@ Example:
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,8 +34,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    from quant_core.presets import list_presets
+
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--preset", help="named config (default: a8w8)")
+    group.add_argument(
+        "--preset", metavar="NAME", help=f"named config, one of: {', '.join(list_presets())} (default: a8w8)"
+    )
     group.add_argument("--config", help="config JSON file (quant_core.serialization format)")
 
 
@@ -102,9 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="quant-onnx", description="Post-training quantization of ONNX models to QDQ.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    q = sub.add_parser("quantize", help="quantize MODEL.onnx to OUT.onnx")
-    q.add_argument("model")
-    q.add_argument("output")
+    q = sub.add_parser(
+        "quantize",
+        help="quantize MODEL.onnx to OUT.onnx",
+        description="Quantize MODEL to a QDQ model at OUTPUT and print a summary of what was done.",
+        epilog="OUTPUT's folder must already exist and be writable: it is checked before any calibration "
+        "work and never created (a mistyped folder fails at once instead of scattering files). "
+        "An existing OUTPUT is replaced atomically; the input model is never modified.",
+    )
+    q.add_argument("model", metavar="MODEL", help="float ONNX model (external data must lie in its folder)")
+    q.add_argument("output", metavar="OUTPUT", help="where to write the quantized model (its folder must exist)")
     q.add_argument(
         "--calib-data", help=".npy (one input, first axis = samples), .npz (keys = input names) or image folder"
     )
@@ -116,13 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--num-calib", type=int, help="use at most N calibration samples")
     q.add_argument("--batch-size", type=int, help="calibration batch size")
     q.add_argument("--exclude", nargs="+", default=[], metavar="PATTERN", help="node-name globs or op types left float")
-    q.add_argument("--report", help="write a JSON report here")
-    q.add_argument("--quiet", action="store_true", help="no progress bars")
+    q.add_argument("--report", help="write a JSON report here (every scale, range and the per-layer SQNR)")
+    q.add_argument("--quiet", action="store_true", help="no progress bars and no summary")
     q.add_argument("--dynamic", action="store_true", help="dynamic quantization (no calibration data)")
     _add_algorithm_options(q)
     _add_image_options(q)
 
-    i = sub.add_parser("inspect", help="ops, what would be quantized, what would stay float")
+    i = sub.add_parser(
+        "inspect",
+        help="ops, what pre-processing folds, what would be quantized or stay float; "
+        "for a quantized model, its formats",
+    )
     i.add_argument("model")
     _add_config_options(i)
     i.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -166,10 +184,10 @@ def _image_options(args: argparse.Namespace) -> Any:
 
 def _quantize(args: argparse.Namespace) -> int:
     from quant_onnx.io.config_overrides import override_config
+    from quant_onnx.io.summary import quantize_summary
 
     if not Path(args.model).is_file():
         raise ValueError(f"model '{args.model}': file not found")
-
     config = override_config(
         _config(args),
         per_channel=args.per_channel,
@@ -177,10 +195,20 @@ def _quantize(args: argparse.Namespace) -> int:
         exclude=args.exclude,
         algorithms=_algorithms(args),
     )
+    started = time.perf_counter()
     if args.dynamic:
         from quant_onnx.pipeline.dynamic import quantize_dynamic
 
-        quantize_dynamic(args.model, args.output, config)
+        model = quantize_dynamic(args.model, args.output, config)
+        if not args.quiet:
+            summary = quantize_summary(
+                model=model,
+                input_path=args.model,
+                output_path=args.output,
+                seconds=time.perf_counter() - started,
+                config_name=f"{config.name} (dynamic)",
+            )
+            print(summary)
         return EXIT_OK
     if not args.calib_data:
         raise ValueError("--calib-data: required for static quantization (or use --dynamic)")
@@ -191,7 +219,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from quant_onnx.api import ModelQuantizer
 
     quantizer = ModelQuantizer(config, quiet=args.quiet)
-    quantizer.quantize(
+    result = quantizer.quantize(
         args.model,
         args.output,
         args.calib_data,
@@ -200,69 +228,60 @@ def _quantize(args: argparse.Namespace) -> int:
         report_path=args.report,
         image_options=_image_options(args),
     )
+    if not args.quiet:
+        plan = result.calibrated.plan if result.calibrated is not None else None
+        summary = quantize_summary(
+            model=result.model,
+            input_path=args.model,
+            output_path=args.output,
+            seconds=time.perf_counter() - started,
+            config_name=config.name,
+            quantized_nodes=None if plan is None else plan.quantized_nodes,
+            float_nodes=() if plan is None else [(f.name, f.op_type) for f in plan.float_nodes],
+            algorithms=result.algorithms,
+            report_path=args.report,
+        )
+        print(summary)
     return EXIT_OK
 
 
-def inspect_model(model: Any, config: Any) -> dict[str, Any]:
-    """What :command:`quant-onnx inspect` prints, as data."""
-    from quant_onnx.api import ModelQuantizer
-
-    prepared = ModelQuantizer(config, quiet=True).prepare(model)
-    ann = prepared.plan
-    ops = collections.Counter(node.op_type for node in prepared.model.graph.node)
-    quantized = collections.Counter(op for _name, op in ann.quantized_nodes)
-    return {
-        "ops": dict(sorted(ops.items())),
-        "quantized": dict(sorted(quantized.items())),
-        "float_nodes": [{"name": f.name, "op_type": f.op_type, "reason": f.reason} for f in ann.float_nodes],
-        "fused_activations": [f.node for f in ann.fused],
-        "activation_groups": len(ann.groups),
-        "weights": len(ann.weights),
-        "preprocess_changes": dict(prepared.preprocess_changes),
-        "notes": list(ann.notes),
-    }
-
-
 def _inspect(args: argparse.Namespace) -> int:
+    from quant_onnx.io.inspection import inspect_lines, inspect_model
+
     info = inspect_model(args.model, _config(args))
     if args.json:
         print(json.dumps(info, indent=2))
-        return EXIT_OK
-    print(f"{'op type':<24}{'count':>7}{'quantized':>11}")
-    for op, count in info["ops"].items():
-        print(f"{op:<24}{count:>7}{info['quantized'].get(op, 0):>11}")
-    print(
-        f"\nweights quantized: {info['weights']}, activation groups: {info['activation_groups']}, "
-        f"fused activations: {len(info['fused_activations'])}"
-    )
-    if info["float_nodes"]:
-        print("\nstays float:")
-        for node in info["float_nodes"]:
-            print(f"  {node['name']} ({node['op_type']}): {node['reason']}")
-    for note in info["notes"]:
-        print(f"note: {note}")
+    else:
+        print("\n".join(inspect_lines(info)))
     return EXIT_OK
 
 
 def _compare(args: argparse.Namespace) -> int:
     from quant_onnx.io.compare import compare_models
-    from quant_onnx.io.data import calibration_batches
-    from quant_onnx.model_io import load_model
+    from quant_onnx.io.data import CalibrationReader
+    from quant_onnx.model_io import check_output_path, load_model
 
+    if args.json:
+        check_output_path(args.json, what="--json")
     float_model = load_model(args.float_model)
     quant_model = load_model(args.quant_model)
-    batches = calibration_batches(
-        float_model, args.data, args.batch_size, args.num_samples, image_options=_image_options(args)
+    batches = CalibrationReader(
+        float_model,
+        args.data,
+        batch_size=args.batch_size,
+        num_samples=args.num_samples,
+        image_options=_image_options(args),
     )
-    result = compare_models(float_model, quant_model, batches, quiet=args.quiet)
+    result = compare_models(float_model, quant_model, batches, total_batches=batches.num_batches(), quiet=args.quiet)
     if result.top1_agreement is not None:
         print(f"top-1 agreement: {result.top1_agreement:.4f} over {result.samples} samples")
     for name, value in result.output_sqnr_db.items():
         print(f"output {name}: SQNR {value:.2f} dB")
     if result.layers:
-        print(f"\n{'tensor':<48}{'SQNR dB':>10}")
+        width = max(len("tensor"), *(len(layer.tensor) for layer in result.layers)) + 2
+        print(f"\n{'tensor':<{width}}{'SQNR dB':>10}")
         for layer in result.layers:
-            print(f"{layer.tensor:<48}{layer.sqnr_db:>10.2f}")
+            print(f"{layer.tensor:<{width}}{layer.sqnr_db:>10.2f}")
     if args.json:
         from quant_onnx.io.report import write_report
 
@@ -276,7 +295,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    """Run the CLI; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -285,12 +304,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"quantize": _quantize, "inspect": _inspect, "compare": _compare}
     try:
         return commands[args.command](args)
+    except KeyboardInterrupt:
+        return _fail("interrupted; no partial file was left", EXIT_INTERRUPTED)
     except (ValueError, OSError, ImportError) as exc:  # ImportError: a missing optional extra
-        print(f"quant-onnx: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _fail(f"error: {_one_line(exc)}", EXIT_BAD_INPUT)
     except RuntimeError as exc:  # onnxruntime rejects what the checks could not see
-        print(f"quant-onnx: error: onnxruntime: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _fail(f"error: onnxruntime: {_one_line(exc)}", EXIT_BAD_INPUT)
+
+
+def _fail(message: str, status: int) -> int:
+    """Erase the progress bars a failed phase left, then one line on stderr."""
+    if "quant_algos.progress" in sys.modules:  # a bar can only be open if a phase ran
+        sys.modules["quant_algos.progress"].clear_open_bars()
+    print(f"quant-onnx: {message}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

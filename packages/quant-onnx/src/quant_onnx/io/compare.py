@@ -27,8 +27,8 @@ import attrs
 import numpy as np
 import onnx
 import onnxruntime as ort
-from tqdm.auto import tqdm
 
+from quant_algos.progress import progress_bar
 from quant_onnx.pipeline.calibrate import augmented_model, inference_session
 
 
@@ -125,12 +125,14 @@ def compare_models(
     *,
     layers: bool = True,
     max_layer_samples: int | None = 64,
+    total_batches: int | None = None,
     quiet: bool = False,
 ) -> Comparison:
     """Run both models over ``batches`` and compare them (see the module docstring).
 
     Top-1 agreement is reported for the first output when it is ``[N, classes]``;
     per-layer SQNR uses at most ``max_layer_samples`` samples (``None``: all).
+    ``total_batches`` sizes the progress bar.
     """
     output_names = [o.name for o in float_model.graph.output]
     float_names = _tensor_names(float_model)
@@ -148,25 +150,27 @@ def compare_models(
     outputs = {name: _PowerSums() for name in output_names}
     per_layer = {name: _PowerSums() for name in layer_names}
     agree = total = layer_samples = 0
-    for batch in tqdm(batches, desc="comparing", unit="batch", disable=quiet):
-        feeds = {k: np.asarray(v) for k, v in batch.items()}
-        n = len(next(iter(feeds.values())))
-        float_values = dict(
-            zip(output_names + layer_names, float_session.run(output_names + layer_names, feeds), strict=True)
-        )
-        quant_values = dict(zip(output_names, quant_session.run(output_names, feeds), strict=True))
-        for name in output_names:
-            outputs[name].add(float_values[name], quant_values[name])
-        first_f, first_q = float_values[output_names[0]], quant_values[output_names[0]]
-        if first_f.ndim == 2 and first_f.shape[1] > 1:
-            agree += int(np.sum(np.argmax(first_f, 1) == np.argmax(first_q, 1)))
-            total += first_f.shape[0]
-        if layer_session is not None and (max_layer_samples is None or layer_samples < max_layer_samples):
-            values = layer_session.run([matched[f] for f in layer_names], feeds)
-            for name, value in zip(layer_names, values, strict=True):
-                per_layer[name].add(float_values[name], value)
-            layer_samples += n
-        del float_values, quant_values
+    with progress_bar(total=total_batches, desc="comparing", unit="batch", quiet=quiet) as bar:
+        for batch in batches:
+            feeds = {k: np.asarray(v) for k, v in batch.items()}
+            n = len(next(iter(feeds.values())))
+            float_values = dict(
+                zip(output_names + layer_names, float_session.run(output_names + layer_names, feeds), strict=True)
+            )
+            quant_values = dict(zip(output_names, quant_session.run(output_names, feeds), strict=True))
+            for name in output_names:
+                outputs[name].add(float_values[name], quant_values[name])
+            first_f, first_q = float_values[output_names[0]], quant_values[output_names[0]]
+            if first_f.ndim == 2 and first_f.shape[1] > 1:
+                agree += int(np.sum(np.argmax(first_f, 1) == np.argmax(first_q, 1)))
+                total += first_f.shape[0]
+            if layer_session is not None and (max_layer_samples is None or layer_samples < max_layer_samples):
+                values = layer_session.run([matched[f] for f in layer_names], feeds)
+                for name, value in zip(layer_names, values, strict=True):
+                    per_layer[name].add(float_values[name], value)
+                layer_samples += n
+            del float_values, quant_values
+            bar.update(1)
     samples_seen = total if total else layer_samples
     return Comparison(
         samples=samples_seen,

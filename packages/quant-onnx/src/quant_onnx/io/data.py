@@ -156,6 +156,22 @@ class CalibrationReader:
         self.image_options = image_options
         self._consumed = False
 
+    def num_batches(self) -> int | None:
+        """Batches one pass yields, when the data know their sample count (arrays, dicts
+        of arrays, lists of them, ``.npy``/``.npz`` files, image folders); ``None`` for
+        other iterables or data that will fail validation. Reads no sample."""
+        try:
+            samples = _known_samples(self.inputs, self.data)
+        except Exception:  # counting is a courtesy for the progress bar; iterating reports errors
+            return None
+        if samples is None:
+            return None
+        if self.num_samples is not None:
+            samples = min(samples, self.num_samples)
+        if self.fixed_batch is not None:
+            return samples // self.batch_size
+        return -(-samples // self.batch_size)
+
     def __iter__(self) -> Iterator[Batch]:
         if isinstance(self.data, Iterator):
             if self._consumed:
@@ -180,6 +196,44 @@ def calibration_batches(
         model_or_inputs, data, batch_size=batch_size, num_samples=num_samples, image_options=image_options
     )
     yield from reader
+
+
+# --- sample counts (progress-bar totals) -----------------------------------------------------------
+def _known_samples(inputs: Sequence[InputSpec], data: Any) -> int | None:
+    if isinstance(data, str | os.PathLike):
+        return _file_samples(Path(data), inputs)
+    if isinstance(data, np.ndarray | Mapping):
+        return _item_samples(inputs, data)
+    if isinstance(data, list | tuple):
+        counts = [_item_samples(inputs, item) for item in data]
+        return None if None in counts else sum(c for c in counts if c is not None)
+    return None
+
+
+def _item_samples(inputs: Sequence[InputSpec], item: Any) -> int | None:
+    """Samples in one array or {input: array} item."""
+    array = item.get(inputs[0].name) if isinstance(item, Mapping) else item
+    return _samples_in_shape(inputs[0], array.shape) if isinstance(array, np.ndarray) else None
+
+
+def _samples_in_shape(spec: InputSpec, shape: tuple[int, ...]) -> int | None:
+    """Samples in an array of ``shape`` fed to ``spec`` (rank = model rank - 1: one sample)."""
+    if spec.rank is None or not shape:
+        return None
+    return 1 if len(shape) == spec.rank - 1 else int(shape[0])
+
+
+def _file_samples(path: Path, inputs: Sequence[InputSpec]) -> int | None:
+    if path.is_dir():
+        return sum(1 for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if path.suffix == ".npy":
+        return _samples_in_shape(inputs[0], np.load(path, mmap_mode="r", allow_pickle=False).shape)
+    if path.suffix == ".npz":  # the header of the first input's member; nothing decompressed
+        with np.load(path, allow_pickle=False) as archive, archive.zip.open(f"{inputs[0].name}.npy") as member:
+            version = np.lib.format.read_magic(member)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            return _samples_in_shape(inputs[0], reader(member)[0])
+    return None
 
 
 # --- file loaders -----------------------------------------------------------------------------------

@@ -41,14 +41,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
-from tqdm.auto import tqdm
 
+from quant_algos.progress import progress_bar
 from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
 from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, needs_own_observer
 from quant_core.qparams import QParams
-from quant_onnx.errors import DataError
+from quant_onnx.errors import DataError, ModelError
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_onnx.ort_session import inference_session
 
 
 @attrs.frozen(eq=False)
@@ -161,14 +162,6 @@ def augmented_model(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.Mode
 CHUNK_BYTES = 32 << 20
 
 
-def inference_session(model: onnx.ModelProto, level: ort.GraphOptimizationLevel) -> ort.InferenceSession:
-    """A CPU session on an in-memory model."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = level
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
 def _batch_rows(feeds: Mapping[str, np.ndarray]) -> int | None:
     """Samples in a batch, or ``None`` when its inputs do not share a first axis (not splittable)."""
     sizes = {int(v.shape[0]) if v.ndim else -1 for v in feeds.values()}
@@ -200,11 +193,18 @@ def calibrate(
         observers[key] = make_observer(requant.spec)
         feeds_of.setdefault(requant.tensor, []).append(key)
     run_outputs = []
+
+    def observe(key: str, tensor: str, value: np.ndarray) -> None:
+        try:
+            observers[key].update(value)
+        except ValueError as exc:  # NaN/Inf: the inputs were checked finite, so the model made them
+            raise ModelError(f"calibration: tensor '{tensor}' {_detail(exc)} (the model computes it)") from None
+
     for name, keys in feeds_of.items():
         value = index.constant(name)
         if value is not None:
             for key in keys:
-                observers[key].update(value)
+                observe(key, name, value)
         elif not index.is_graph_input(name):
             run_outputs.append(name)
     inputs_to_observe = [name for name in feeds_of if index.is_graph_input(name)]
@@ -217,30 +217,39 @@ def calibrate(
         values = session.run(run_outputs, dict(feeds))
         for name, value in zip(run_outputs, values, strict=True):
             for key in feeds_of[name]:
-                observers[key].update(value)
+                observe(key, name, value)
         return sum(v.nbytes for v in values) / max(1, _batch_rows(feeds) or 1)
 
     seen = 0
-    for batch in tqdm(batches, total=total_batches, desc="calibrating", unit="batch", disable=quiet):
-        feeds = {name: np.asarray(value) for name, value in batch.items()}
-        for name in inputs_to_observe:
-            for key in feeds_of[name]:
-                observers[key].update(feeds[name])
-        if run_outputs:
-            rows = _batch_rows(feeds) if may_chunk else None
-            if rows is None:
-                observe_run(feeds)
-            else:
-                first = 0
-                if chunk is None:  # one sample first, to size the chunks from its outputs
-                    chunk = max(1, int(CHUNK_BYTES // max(observe_run(_rows(feeds, 0, 1)), 1.0)))
-                    first = 1
-                for start in range(first, rows, chunk):
-                    observe_run(_rows(feeds, start, start + chunk))
-        seen += 1
+    with progress_bar(total=total_batches, desc="calibrating", unit="batch", quiet=quiet) as bar:
+        for batch in batches:
+            feeds = {name: np.asarray(value) for name, value in batch.items()}
+            for name in inputs_to_observe:
+                for key in feeds_of[name]:
+                    observe(key, name, feeds[name])
+            if run_outputs:
+                rows = _batch_rows(feeds) if may_chunk else None
+                if rows is None:
+                    observe_run(feeds)
+                else:
+                    first = 0
+                    if chunk is None:  # one sample first, to size the chunks from its outputs
+                        chunk = max(1, int(CHUNK_BYTES // max(observe_run(_rows(feeds, 0, 1)), 1.0)))
+                        first = 1
+                    for start in range(first, rows, chunk):
+                        observe_run(_rows(feeds, start, start + chunk))
+            seen += 1
+            bar.update(1)
+    session = None  # onnxruntime holds its own copy of the weights: free it before reading them
     if seen == 0:
         raise DataError("calibration data: no samples")
     for key, observer in observers.items():
         if observer.empty:
             raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
     return CalibratedModel.from_observers(model, plan, observers)
+
+
+def _detail(exc: ValueError) -> str:
+    """``'contains NaN'`` from an observer's ``'<what>: contains NaN; ...'``."""
+    text = str(exc).split(";")[0]
+    return text.split(": ", 1)[-1] if ": " in text else text

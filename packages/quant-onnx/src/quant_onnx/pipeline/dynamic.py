@@ -38,7 +38,7 @@ from quant_core.qparams import quantize
 from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute, plan_node
-from quant_onnx.model_io import load_model, save_model
+from quant_onnx.model_io import check_output_path, load_model, save_model
 from quant_onnx.pipeline.annotate import ensure_node_names
 from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess
 
@@ -192,8 +192,10 @@ def quantize_dynamic(
     *,
     preprocess_options: PreprocessOptions | None = None,
 ) -> onnx.ModelProto:
-    """Quantize dynamically and write ``model_out`` atomically (never over the input)."""
-    quantized = quantize_dynamic_model(model_in, config, preprocess_options=preprocess_options)
+    """Quantize dynamically and write ``model_out`` atomically (never over the input; its
+    folder must exist and be writable, checked first)."""
     input_path = model_in if isinstance(model_in, str | os.PathLike) else None
+    check_output_path(model_out, input_path=input_path)
+    quantized = quantize_dynamic_model(model_in, config, preprocess_options=preprocess_options)
     save_model(quantized, model_out, input_path=input_path)
     return quantized

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from quant_onnx.errors import ModelError
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
 from quant_onnx.graph_edit import copy_model, remove_nodes, rename_tensors, set_attr, set_initializer
 
@@ -45,6 +46,11 @@ def fold_batchnorm_inplace(model: onnx.ModelProto) -> int:
             continue
         gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
         eps = float(node_attribute(bn, "epsilon", 1e-5))
+        if not np.all(var + eps > 0):  # also false for NaN
+            raise ModelError(
+                f"node '{bn.name}' (BatchNormalization): variance + epsilon must be > 0 in every channel "
+                f"(epsilon {eps:g}, smallest variance {float(np.min(var)) if var.size else 0:g})"
+            )
         scale = gamma / np.sqrt(var + eps)
         shift = beta - mean * scale
         if not _fold_into(producer, scale, shift, index, graph):
