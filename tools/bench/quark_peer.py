@@ -95,7 +95,7 @@ class _SampleReader:
 
 
 class _Lines(logging.Handler):
-    """Keeps the messages of Quark's loggers (they propagate to the root logger)."""
+    """Keeps the messages of Quark's loggers (``*_screen`` loggers that do not propagate)."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.INFO)
@@ -134,6 +134,10 @@ def quark_job(
 ) -> Callable[[], dict[str, Any]]:
     """Subprocess setup (``measure_in_subprocess``): import Quark, load model and data; the work quantizes."""
     import onnx
+
+    # Imported here so that their loggers exist when the work attaches to them.
+    import quark.onnx.algorithm.finetuning.fast_finetune
+    import quark.onnx.algorithm.finetuning.train_torch.train_model  # noqa: F401
     from quark.onnx import ModelQuantizer
 
     model = onnx.load(model_in)
@@ -157,8 +161,9 @@ def quark_job(
 
     def work() -> dict[str, Any]:
         lines = _Lines()
-        root = logging.getLogger()
-        root.addHandler(lines)
+        loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.endswith("_screen")]
+        for logger in loggers:
+            logger.addHandler(lines)
         cpu = process_cpu_seconds()
         try:
             with common.atomic_path(model_out, ".onnx") as tmp:
@@ -166,7 +171,8 @@ def quark_job(
                 if not tmp.exists() or tmp.stat().st_size == 0:
                     raise RuntimeError("Quark wrote no model")
         finally:
-            root.removeHandler(lines)
+            for logger in loggers:
+                logger.removeHandler(lines)
         cpu = process_cpu_seconds() - cpu
         optimized = [(float(a), float(b)) for a, b in (m.groups() for m in map(_OPTIMIZED.search, lines.lines) if m)]
         failed = sorted({int(m.group(1)) for m in map(_FAILED.search, lines.lines) if m})
@@ -195,7 +201,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cle.add_argument("--no-cle", dest="include_cle", action="store_const", const=False)
     parser.add_argument("--fast-finetune", type=json.loads, default={}, help="JSON merged into FastFinetune")
     parser.add_argument("--extra", type=json.loads, default={}, help="JSON merged into extra_options")
-    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--timeout", type=float, default=10800, help="seconds (XINT8_ADAROUND: ~900 s quiet)")
     parser.add_argument("--mem-limit-mb", type=float, default=20000)
     parser.add_argument("--verbose", action="store_true", help="show Quark's own output")
     args = parser.parse_args(argv)
