@@ -140,6 +140,8 @@ def quark_job(
     import quark.onnx.algorithm.finetuning.train_torch.train_model  # noqa: F401
     from quark.onnx import ModelQuantizer
 
+    # Quark writes quantized_info.csv (its per-step timings) into the working directory: keep it beside the model.
+    os.chdir(Path(model_out).parent)
     model = onnx.load(model_in)
     initializers = {t.name for t in model.graph.initializer}
     name = next(i.name for i in model.graph.input if i.name not in initializers)
@@ -209,6 +211,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.num_calib = int(np.load(args.calib, mmap_mode="r").shape[0])
     if args.num_calib < 1:
         parser.error(f"--num-calib: {args.num_calib}; allowed: >= 1")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     return args
 
 
