@@ -8,6 +8,14 @@ never used for calibration):
     float | a8w8 per-tensor, per-channel (references) | xint8 | xint8 + CLE (int8_cnn_cle)
     | xint8 + CLE + AdaRound | xint8 + CLE + bias correction | xint8 + CLE + AdaQuant
     | xint8 + mixed precision | w4a8 | w4a8 + CLE + AdaRound
+    | AMD Quark XINT8, XINT8_ADAROUND (peer)
+
+The Quark rows run ``tools/bench/quark_peer.py`` in Quark's own virtual environment (interpreter
+from ``--quark-python`` or ``$QUARK_PYTHON``, default ``/work/quark-venv/bin/python``) on the same
+calibration file, and are scored like ours; without that interpreter they are skipped with a note.
+"time / Quark" and "memory / Quark" divide each row by Quark ``XINT8_ADAROUND`` of the same run;
+"CPU s" (user + system seconds of the quantizing process) is the time that does not grow when other
+jobs share the cores.
 
 Mixed precision gets an ``evaluate`` callback: top-1 agreement with float on the last
 ``HELD_OUT`` *calibration* photos, never the evaluation photos. Accuracy is scored node by node
@@ -22,6 +30,8 @@ Example:
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +55,7 @@ from tools.bench.models import (
     reference_predictions,
     score_quantized,
 )
+from tools.bench.quark_peer import QUARK_PYTHON_ENV, process_cpu_seconds, quark_python
 
 WORK_DIR = common.CACHE_DIR / "bench" / "algos"
 DEFAULT_RESULTS = WORK_DIR / "results.json"
@@ -68,6 +79,7 @@ class Row:
     key: str
     label: str
     build: Callable[[], Any] | None  # -> QuantConfig
+    quark: str | None = None  # a Quark default config name: the row runs quark_peer.py instead
 
 
 def _preset(name: str) -> Callable[[], Any]:
@@ -118,6 +130,7 @@ ROWS: dict[str, Row] = {
         Row("xint8", "xint8 PTQ", _preset("xint8")),
         Row("xint8_cle", "xint8 + CLE", _preset("int8_cnn_cle")),
         Row("xint8_cle_adaround", "xint8 + CLE + AdaRound", _with_algorithms("xint8", "cle", "adaround")),
+        Row("xint8_adaround", "xint8 + AdaRound", _with_algorithms("xint8", "adaround")),
         Row("xint8_cle_bc", "xint8 + CLE + bias correction", _with_algorithms("xint8", "cle", "bias_correction")),
         Row(
             "xint8_cle_adaround_bc",
@@ -128,8 +141,12 @@ ROWS: dict[str, Row] = {
         Row("xint8_mixed", "xint8 + mixed precision (A8W16)", _with_algorithms("xint8", "mixed_precision")),
         Row("w4a8", "w4a8 PTQ", _preset("w4a8")),
         Row("w4a8_cle_adaround", "w4a8 + CLE + AdaRound", _with_algorithms("w4a8", "cle", "adaround")),
+        Row("quark_xint8", "AMD Quark XINT8 (peer)", None, quark="XINT8"),
+        Row("quark_xint8_adaround", "AMD Quark XINT8_ADAROUND (peer)", None, quark="XINT8_ADAROUND"),
     )
 }
+# The row the "/ Quark" columns divide by.
+QUARK_REFERENCE = "quark_xint8_adaround"
 
 
 def agreement_callback(held_out: np.ndarray, float_path: str) -> Callable[[Any], float]:
@@ -155,9 +172,10 @@ def algos_job(model_in: str, model_out: str, row: str, calib_path: str, batch_si
         kwargs["evaluate"] = agreement_callback(held_out, model_in)
 
     def work() -> dict[str, Any]:
+        cpu = process_cpu_seconds()
         with common.captured_warnings() as seen:
             result = common.quant_onnx_quantize(model_in, model_out, config, batches, **kwargs)
-        return {"report": summarise_result(result), "warnings": seen[:20]}
+        return {"report": summarise_result(result), "warnings": seen[:20], "cpu_s": process_cpu_seconds() - cpu}
 
     return work
 
@@ -203,10 +221,14 @@ def run_model(name: str, args: argparse.Namespace, results: dict[str, Any], save
     work = WORK_DIR / name
     for key in args.rows:
         row = ROWS[key]
+        if args.resume and entry["rows"].get(key, {}).get("ok"):
+            continue
+        if row.quark is not None:
+            entry["rows"][key] = run_quark(row, float_path, data, reference, model.metric, work / f"{key}.onnx", args)
+            save()
+            continue
         if row.build is None:
             entry["rows"][key] = {"ok": True, "metric": evaluate(float_path, data, reference, model.metric)}
-            continue
-        if args.resume and entry["rows"].get(key, {}).get("ok"):
             continue
         if not common.api_available("quant_onnx", "quantize"):
             entry["rows"][key] = {"ok": False, "error": "quant_onnx.quantize not available yet"}
@@ -240,12 +262,41 @@ def run_model(name: str, args: argparse.Namespace, results: dict[str, Any], save
         save()
 
 
+def run_quark(
+    row: Row, float_path: Path, data: Any, reference: Any, metric: str | None, out: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """A Quark row: ``quark_peer.py`` in Quark's interpreter (a note, not a failure, when it is absent)."""
+    python = args.quark_python or quark_python()
+    if python is None:
+        note = f"skipped: no Quark interpreter (install amd-quark==0.13 in its own venv, set ${QUARK_PYTHON_ENV})"
+        print(f"  {row.label:<40} {note}", flush=True)
+        return {"ok": False, "skipped": True, "error": note}
+    print(f"  {row.label:<40}", end=" ", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [python, str(Path(__file__).with_name("quark_peer.py")), "--model", str(float_path), "--calib"]
+    command += [str(data.calib_path), "--out", str(out), "--config", str(row.quark)]
+    # Quark's fast finetune takes about twice our AdaRound's time on a quiet machine (894 s on EfficientNet-Lite0).
+    command += ["--timeout", str(3 * args.timeout), "--mem-limit-mb", str(args.mem_limit_mb)]
+    done = subprocess.run(command, cwd=common.REPO_ROOT, capture_output=True, text=True)
+    results = out.with_suffix(".json")
+    measured: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {}
+    if done.returncode != 0 or not measured.get("ok"):
+        measured.update(ok=False, error=measured.get("error") or done.stderr[-2000:])
+        print(f"FAILED: {measured['error']}", flush=True)
+        return measured
+    measured.update(score_quantized(out, data, reference, metric))
+    print(f"{measured['wall_s']:7.1f} s  metric {common.fmt(measured['metric'], 4)}", flush=True)
+    return measured
+
+
 def tables(results: dict[str, Any]) -> str:
     """Markdown: one row per model and config, with the gap to float and the disagreement vs plain PTQ."""
     rows = []
     position = {key: i for i, key in enumerate(ROWS)}  # table order; unknown keys last
     for name, entry in results["models"].items():
         float_metric = entry["rows"].get("float", {}).get("metric")
+        quark = entry["rows"].get(QUARK_REFERENCE, {})
+        quark = quark if quark.get("ok") else {}
         ranked = sorted(entry["rows"].items(), key=lambda kv: position.get(kv[0], len(position)))
         for key, r in ranked:
             metric = r.get("metric") if r.get("ok") else None
@@ -257,6 +308,8 @@ def tables(results: dict[str, Any]) -> str:
             )
             extras = r.get("extras") or {}
             notes = describe_algorithms(extras.get("report") or {})
+            if "layers_optimized" in extras:
+                notes = f"fast finetune: {extras['layers_optimized']} layers, {len(extras['layers_failed'])} skipped"
             rows.append(
                 [
                     name,
@@ -266,7 +319,10 @@ def tables(results: dict[str, Any]) -> str:
                     disagreement_ratio,
                     r.get("metric_kernels") if r.get("ok") else None,
                     r.get("wall_s"),
+                    extras.get("cpu_s"),
                     r.get("peak_increase_mb"),
+                    common.ratio(r.get("wall_s"), quark.get("wall_s")),
+                    common.ratio(r.get("peak_increase_mb"), quark.get("peak_increase_mb")),
                     notes or (r.get("error") if not r.get("ok") else None),
                 ]
             )
@@ -279,7 +335,10 @@ def tables(results: dict[str, Any]) -> str:
             "disagreement / plain PTQ",
             "metric (ORT integer kernels)",
             "quantize s",
+            "CPU s",
             "peak +MB",
+            "time / Quark",
+            "memory / Quark",
             "notes",
         ],
         rows,
@@ -299,6 +358,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--quick", action="store_true", help="64 calibration samples, small eval set")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--quark-python", default=None, help="Quark venv interpreter (default: $QUARK_PYTHON)")
     args = parser.parse_args(argv)
     if "float" not in args.rows:
         args.rows = ["float", *args.rows]
