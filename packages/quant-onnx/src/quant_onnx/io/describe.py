@@ -262,7 +262,7 @@ def _symmetric(dtype: int | None, zero_point: np.ndarray | None) -> bool | None:
     values = np.asarray(zero_point, np.int64)
     middle = 0
     if dtype in (TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT4):
-        bits = {TensorProto.UINT8: 8, TensorProto.UINT16: 16, TensorProto.UINT4: 4}[dtype]
+        bits = {int(TensorProto.UINT8): 8, int(TensorProto.UINT16): 16, int(TensorProto.UINT4): 4}[dtype]
         middle = 1 << (bits - 1)
         if np.all(values == 0):
             return False  # unsigned with zero point 0: a one-sided (asymmetric) range

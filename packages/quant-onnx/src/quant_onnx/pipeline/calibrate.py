@@ -240,7 +240,7 @@ def calibrate(
                         observe_run(_rows(feeds, start, start + chunk))
             seen += 1
             bar.update(1)
-    session = None  # onnxruntime holds its own copy of the weights: free it before reading them
+    del session  # onnxruntime holds its own copy of the weights: free it before reading them
     if seen == 0:
         raise DataError("calibration data: no samples")
     for key, observer in observers.items():
