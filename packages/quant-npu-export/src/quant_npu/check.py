@@ -216,7 +216,9 @@ class _Checker:
         shift_cut = ipos + wpos - opos
         if not inside(shift_cut, self.profile.shift_cut_range):
             lo, hi = self.profile.shift_cut_range
-            self.step_add(step, "shift_cut", f"wpos {wpos} + ipos {ipos} - opos {opos} = {shift_cut}; allowed: [{lo}, {hi}]")
+            self.step_add(
+                step, "shift_cut", f"wpos {wpos} + ipos {ipos} - opos {opos} = {shift_cut}; allowed: [{lo}, {hi}]"
+            )
         bias_pos = self.pos(bias_key) if has_bias else None
         if bias_pos is not None:
             leaky = step.activation is not None and step.activation.op_type == "LeakyRelu"
@@ -233,7 +235,9 @@ class _Checker:
         depthwise = group > 1 and weight_shape[1] == 1
         p = self.profile
         k_range, s_range = (
-            (p.depthwise_kernel_range, p.depthwise_stride_range) if depthwise else (p.conv_kernel_range, p.conv_stride_range)
+            (p.depthwise_kernel_range, p.depthwise_stride_range)
+            if depthwise
+            else (p.conv_kernel_range, p.conv_stride_range)
         )
         kind = "depthwise conv" if depthwise else "conv"
         if kernel and not (k_range[0] <= min(kernel) and max(kernel) <= k_range[1]):
@@ -248,10 +252,12 @@ class _Checker:
             return
         known = [int(p) for p in positions if p is not None]
         low = min(known)
-        lo, hi = add_shift_read_range(self.profile)
+        _lo, hi = add_shift_read_range(self.profile)
         for key, p in zip([k for k in step.data_inputs if k is not None], known, strict=True):
             if p - low > hi:
-                self.step_add(step, "shift_read", f"input {key} at {p}, min input position {low}; allowed: <= {hi} apart")
+                self.step_add(
+                    step, "shift_read", f"input {key} at {p}, min input position {low}; allowed: <= {hi} apart"
+                )
         write = low - opos
         if not inside(write, self.profile.add_shift_write_range):
             wlo, whi = self.profile.add_shift_write_range
@@ -267,7 +273,9 @@ class _Checker:
         shift = sum(int(p) for p in positions if p is not None) - opos
         allowed = mul_shift_range(self.profile, swish=is_swish(self.qdq, step))
         if not inside(shift, allowed):
-            self.step_add(step, "mul_shift", f"sum(ipos) {shift + opos} - opos {opos} = {shift}; allowed: {list(allowed)}")
+            self.step_add(
+                step, "mul_shift", f"sum(ipos) {shift + opos} - opos {opos} = {shift}; allowed: {list(allowed)}"
+            )
 
     def check_hard_sigmoid(self, step: Step) -> None:
         node = step.node
@@ -320,7 +328,9 @@ class _Checker:
             if inner is not None and outer is not None and inner != outer:
                 self.step_add(step, "fused_position", f"{step.skipped}@{inner} before the activation, @{outer} after")
         else:
-            self.step_add(step, "fused_position", f"{step.skipped} is quantized before the fused {step.activation.op_type}")
+            self.step_add(
+                step, "fused_position", f"{step.skipped} is quantized before the fused {step.activation.op_type}"
+            )
 
 
 def check(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None = None) -> CheckResult:

@@ -79,7 +79,9 @@ class ParameterLegalizer:
             reason = "device weight format" if wpos == start else f"shift_cut {ipos + start - opos} outside range"
             if clipped:
                 reason += f"; {clipped} code(s) saturated"
-            self.changes.append(ParameterChange("weight", step.name, weight.describe(), _describe("int8", wpos), reason))
+            self.changes.append(
+                ParameterChange("weight", step.name, weight.describe(), _describe("int8", wpos), reason)
+            )
         if len(step.node.input) > 2 and step.node.input[2]:
             self.legalize_bias(step, ipos, wpos, opos)
 

@@ -124,7 +124,7 @@ class QuantTensor:
     def position(self) -> int | None:
         """The fix position of a per-tensor power-of-two tensor, else None."""
         pos = self.fix_pos
-        if pos is None or pos.size != 1 or self.axis is not None and self.scale.ndim:
+        if pos is None or pos.size != 1 or (self.axis is not None and self.scale.ndim):
             return None
         return int(pos.reshape(-1)[0])
 

@@ -28,7 +28,9 @@ def scale_for(position: int) -> np.ndarray:
     return np.asarray(scale_from_fix_pos(position), np.float32)
 
 
-def quantize_real(values: np.ndarray, position: int, qmin: int, qmax: int, rounding: RoundMode) -> tuple[np.ndarray, int]:
+def quantize_real(
+    values: np.ndarray, position: int, qmin: int, qmax: int, rounding: RoundMode
+) -> tuple[np.ndarray, int]:
     """Integer codes of exact real ``values`` at ``position`` and how many saturated.
 
     Example:
@@ -62,6 +64,14 @@ class ModelEditor:
         self.graph.initializer.append(tensor_proto(name, value))
         return name
 
+    def _replace_initializer(self, name: str, value: np.ndarray) -> str:
+        for i, tensor in enumerate(self.graph.initializer):
+            if tensor.name == name:
+                self.graph.initializer[i].CopyFrom(tensor_proto(name, value))
+                self.retyped.add(name)
+                return name
+        return self.initializer(f"{name}_npu", value)
+
     def qparams(self, base: str, position: int, zero_point: int, elem_type: int) -> tuple[str, str]:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
         scale = self.initializer(f"{base}_npu_scale", scale_for(position))
@@ -90,7 +100,11 @@ class ModelEditor:
         """A constant's DequantizeLinear reads ``codes`` (int8/int32 by their dtype) at ``position``."""
         tensor = qdq.tensors[key]
         base = tensor.initializer or key
-        name = self.initializer(f"{base}_npu", codes)
+        readers = {id(r) for r in self.names.consumers(base)}
+        if readers and readers <= {id(d) for d in qdq.dequantizers.get(key, ())}:
+            name = self._replace_initializer(base, codes)  # read only here: keep its name
+        else:
+            name = self.initializer(f"{base}_npu", codes)
         elem_type = helper.np_dtype_to_tensor_dtype(codes.dtype)
         for dq in qdq.dequantizers.get(key, ()):
             dq.input[0] = name

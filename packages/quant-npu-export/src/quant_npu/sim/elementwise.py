@@ -117,7 +117,9 @@ class HardSigmoidKernel:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         shifted = np.ldexp(x.astype(np.float64), self.up) + self.three
         clipped = np.clip(shifted, 0, 2 * self.three)
-        return requantize(clipped * self.multiplier, self.shift, self.mode, *self.out_range, storage_dtype(*self.out_range))
+        return requantize(
+            clipped * self.multiplier, self.shift, self.mode, *self.out_range, storage_dtype(*self.out_range)
+        )
 
 
 class HardSwishKernel:
@@ -158,7 +160,15 @@ class SoftmaxKernel:
 
     EXP_BITS = 15
 
-    def __init__(self, axis: int, in_pos: int, out_pos: int, mode: RoundMode, in_range: tuple[int, int], out_range: tuple[int, int]):
+    def __init__(
+        self,
+        axis: int,
+        in_pos: int,
+        out_pos: int,
+        mode: RoundMode,
+        in_range: tuple[int, int],
+        out_range: tuple[int, int],
+    ):
         span = in_range[1] - in_range[0]
         differences = -np.arange(span + 1, dtype=np.float64)
         self.exp_table = round_values(np.ldexp(np.exp(np.ldexp(differences, -in_pos)), self.EXP_BITS), mode)

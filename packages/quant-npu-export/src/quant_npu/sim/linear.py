@@ -45,9 +45,7 @@ class ConvKernel:
         self.taps = np.ascontiguousarray(self.weights[:, 0].transpose(1, 2, 0))  # (kh, kw, M)
         g, m = group, self.out_channels // group
         # per group: (C/g * kh * kw, M/g), the right operand of the im2col product
-        self.matrices = [
-            np.ascontiguousarray(self.weights[i * m : (i + 1) * m].reshape(m, -1).T) for i in range(g)
-        ]
+        self.matrices = [np.ascontiguousarray(self.weights[i * m : (i + 1) * m].reshape(m, -1).T) for i in range(g)]
         self.pointwise = geometry.kernel == (1, 1) and geometry.strides == (1, 1) and geometry.padding(1, 1) == (0,) * 4
 
     def accumulate(self, x: np.ndarray) -> np.ndarray:

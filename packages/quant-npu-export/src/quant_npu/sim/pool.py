@@ -27,7 +27,9 @@ from quant_npu.sim.spatial import Geometry
 class MaxPoolKernel:
     """Max over each window (padding never wins: it is filled with the lowest code)."""
 
-    def __init__(self, geometry: Geometry, shift: int, mode: RoundMode, in_range: tuple[int, int], out_range: tuple[int, int]):
+    def __init__(
+        self, geometry: Geometry, shift: int, mode: RoundMode, in_range: tuple[int, int], out_range: tuple[int, int]
+    ):
         self.geometry = geometry
         self.shift = shift
         self.mode = mode
@@ -43,7 +45,9 @@ class MaxPoolKernel:
 class AveragePoolKernel:
     """``sum(window) * N >> (M + shift)``, one rounding."""
 
-    def __init__(self, geometry: Geometry, profile: NPUProfile, shift: int, mode: RoundMode, out_range: tuple[int, int]):
+    def __init__(
+        self, geometry: Geometry, profile: NPUProfile, shift: int, mode: RoundMode, out_range: tuple[int, int]
+    ):
         self.geometry = geometry
         self.factor, self.factor_shift = average_pool_factor(*geometry.kernel, profile)
         self.shift = shift
@@ -59,7 +63,9 @@ class AveragePoolKernel:
 class GlobalAveragePoolKernel:
     """Average over the last two axes (GlobalAveragePool; ReduceMean over H and W)."""
 
-    def __init__(self, profile: NPUProfile, shift: int, mode: RoundMode, out_range: tuple[int, int], keepdims: bool = True):
+    def __init__(
+        self, profile: NPUProfile, shift: int, mode: RoundMode, out_range: tuple[int, int], keepdims: bool = True
+    ):
         self.profile = profile
         self.shift = shift
         self.mode = mode
@@ -67,7 +73,9 @@ class GlobalAveragePoolKernel:
         self.dtype = storage_dtype(*out_range)
         self.keepdims = keepdims
 
-    def _stage(self, values: np.ndarray, axis: int, count: tuple[int, int], shift: int, out: tuple[int, int]) -> np.ndarray:
+    def _stage(
+        self, values: np.ndarray, axis: int, count: tuple[int, int], shift: int, out: tuple[int, int]
+    ) -> np.ndarray:
         factor, factor_shift = average_pool_factor(*count, self.profile)
         sums = values.sum(axis=axis, keepdims=True, dtype=np.float64)
         return requantize(sums * factor, factor_shift + shift, self.mode, *out, storage_dtype(*out))

@@ -212,7 +212,9 @@ class _Compiler:
             raise self.fail(step, f"{weights.ndim - 2}-D convolution; allowed: 2-D")
         attributes = _attributes(step.node)
         ipos = self.pos(step, x)
-        epilogue = self._epilogue(step, ipos + wpos, out_pos, out_range, 2, 1, 4, accumulator_bound(weights, self.bound(x)))
+        epilogue = self._epilogue(
+            step, ipos + wpos, out_pos, out_range, 2, 1, 4, accumulator_bound(weights, self.bound(x))
+        )
         geometry = Geometry.from_node_attributes(attributes, weights.shape[2:])
         kernel = ConvKernel(weights, int(attributes.get("group", 1)), geometry, epilogue, self.bound(x))
         return (x,), (), kernel
