@@ -37,8 +37,8 @@ def average_pool_factor(kh: int, kw: int, profile: NPUProfile) -> tuple[int, int
     Example:
         >>> average_pool_factor(7, 7, NPUProfile())
         (21, 10)
-        >>> average_pool_factor(2, 3, NPUProfile())  # 683 / 4096 ~ 1/6
-        (683, 12)
+        >>> average_pool_factor(2, 3, NPUProfile())  # 85 / 512 ~ 1/6, M < ceil(log2(6 * 128)) = 10
+        (85, 9)
     """
     if kh < 1 or kw < 1:
         raise ValueError(f"pool kernel: {kh}x{kw} is not allowed; allowed: sizes >= 1")

@@ -23,7 +23,7 @@ Example:
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], inits)
     >>> result = legalize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
     >>> result.remaining.ok, [c.line for c in result.changes][:1]
-    (True, ['activation xq: uint8 scale 0.3 -> uint8@-1 (power-of-two symmetric int8 format)'])
+    (True, ['activation xq: uint8 scale 0.3 -> uint8@1 (power-of-two symmetric int8 format)'])
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from quant_npu.check import CheckResult, check_loaded
 from quant_npu.formats import activation_issues
 from quant_npu.parameters import ParameterLegalizer, legalize_operand
 from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, plan
-from quant_npu.positions import PositionSolver
+from quant_npu.positions import PositionSolver, representable_range
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.qdq import QDQGraph, QuantTensor, node_attribute, node_label
 
@@ -149,6 +149,8 @@ class _Legalizer:
             exact = tensor.position == position and tensor.elem_type == elem_type and tensor.is_symmetric
             if exact and not activation_issues(tensor, self.profile):
                 continue
+            if not tensor.is_symmetric:
+                self.keep_clamp(key, tensor)
             self.editor.set_activation(self.qdq, key, position, zero_point, elem_type)
             after = f"{np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name}@{position}"
             reason = moved[key].reason if key in moved else "device format"
@@ -160,6 +162,24 @@ class _Legalizer:
         self.changes.extend(Change(c.kind, c.target, c.before, c.after, c.reason) for c in parameters.changes)
         self.notes.extend(parameters.notes)
         self.unfuse_quantization()
+
+    def keep_clamp(self, key: str, tensor: QuantTensor) -> None:
+        """An asymmetric tensor that holds no negative values clamps at 0 (and at its top) by
+        saturation alone: a writer drops a Relu/Clip(0, 6) it reproduces that way. Made
+        symmetric, the tensor would hold negative values, so the clamp comes back as an op
+        fused into the producer."""
+        lo, hi = representable_range(tensor)
+        producer = self.qdq.producer(tensor.float_name) if tensor.float_name else None
+        if lo < 0 or producer is None:
+            return
+        fusable = self.profile.fusions.get(producer.op_type, frozenset())
+        if "Clip" in fusable:
+            op = self.editor.insert_clamp(self.qdq, key, lo, hi)
+        elif "Relu" in fusable and lo == 0:
+            op = self.editor.insert_clamp(self.qdq, key, 0.0, None)
+        else:
+            return
+        self.changes.append(Change("clamp", key, "saturation", op, "an asymmetric quantizer clamped there"))
 
     def leaky_relu_alphas(self) -> None:
         for step in self.steps:

@@ -42,12 +42,17 @@ def initial_position(tensor: QuantTensor, profile: NPUProfile) -> int:
     if tensor.is_constant:
         real = tensor.real_values()
         return covering_position(float(real.min(initial=0.0)), float(real.max(initial=0.0)))
+    lo, hi = representable_range(tensor)
+    return covering_position(lo, hi)
+
+
+def representable_range(tensor: QuantTensor) -> tuple[float, float]:
+    """The real values a tensor's codes can hold (its QuantizeLinear saturates there)."""
     scale = np.asarray(tensor.scale, np.float64).reshape(-1)
     zero = np.asarray(tensor.zero_point, np.int64).reshape(-1)
-    info = np.iinfo(tensor.numpy_dtype)
-    lo = float(np.min((int(info.min) - zero) * scale))
-    hi = float(np.max((int(info.max) - zero) * scale))
-    return covering_position(lo, hi)
+    lo = float(np.min((tensor.dtype.qmin - zero) * scale))
+    hi = float(np.max((tensor.dtype.qmax - zero) * scale))
+    return lo, hi
 
 
 def operand_constants(qdq: QDQGraph, steps: list[Step]) -> list[str]:

@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from quant_core.dtypes import DType
 from quant_core.qparams import pow2_fix_pos, scale_from_fix_pos
 from quant_onnx.graph import GraphIndex, is_default_domain
 
@@ -94,12 +95,17 @@ class QuantTensor:
         return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(self.elem_type))
 
     @property
+    def dtype(self) -> DType:
+        """The storage format (int4/uint4 included)."""
+        return DType.parse(self.numpy_dtype.name)
+
+    @property
     def bits(self) -> int:
-        return int(np.iinfo(self.numpy_dtype).bits)
+        return self.dtype.bits
 
     @property
     def signed(self) -> bool:
-        return bool(np.iinfo(self.numpy_dtype).min < 0)
+        return self.dtype.signed
 
     @property
     def symmetric_offset(self) -> int:
@@ -131,9 +137,8 @@ class QuantTensor:
     @property
     def value_range(self) -> tuple[int, int]:
         """Range of the signed values ``q - zero_point`` (per-tensor zero point)."""
-        info = np.iinfo(self.numpy_dtype)
         zp = int(np.asarray(self.zero_point).reshape(-1)[0])
-        return int(info.min) - zp, int(info.max) - zp
+        return self.dtype.qmin - zp, self.dtype.qmax - zp
 
     def values(self) -> np.ndarray:
         """A constant's signed integer values ``q - zero_point`` (int64)."""
@@ -157,7 +162,7 @@ class QuantTensor:
 
     def describe(self) -> str:
         """``int8@5``-style text for messages."""
-        dtype = self.numpy_dtype.name
+        dtype = self.dtype.value
         pos = self.fix_pos
         if pos is None:
             return f"{dtype} scale {float(np.asarray(self.scale).reshape(-1)[0]):.6g}"

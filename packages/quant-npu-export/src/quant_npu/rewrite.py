@@ -120,6 +120,24 @@ class ModelEditor:
         self.graph.node.append(helper.make_node("DequantizeLinear", [name, *params], [output], name=dq_name))
         node.input[index] = output
 
+    def insert_clamp(self, qdq: QDQGraph, key: str, lo: float, hi: float | None) -> str:
+        """A Clip(lo, hi) (``hi`` None: a Relu, ``lo`` must then be 0) between ``key``'s
+        QuantizeLinear and the float tensor it reads; returns the new node's op type."""
+        quantizer = qdq.quantizers[key]
+        source = quantizer.input[0]
+        output = self.names.unique_name(f"{source}_npu_clamp")
+        name = self.names.unique_name(f"{source}_npu_clamp")
+        if hi is None:
+            node = helper.make_node("Relu", [source], [output], name=name)
+        else:
+            bounds = [
+                self.initializer(f"{name}_{side}", np.asarray(v, np.float32)) for side, v in (("min", lo), ("max", hi))
+            ]
+            node = helper.make_node("Clip", [source, *bounds], [output], name=name)
+        self.graph.node.append(node)
+        quantizer.input[0] = output
+        return node.op_type
+
     def remove_pair(self, qdq: QDQGraph, key: str) -> None:
         """Remove ``key``'s QuantizeLinear and DequantizeLinear nodes; their readers read the float tensor."""
         quantizer = qdq.quantizers[key]

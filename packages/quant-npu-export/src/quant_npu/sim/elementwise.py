@@ -49,14 +49,12 @@ class AddKernel:
         self.sign = -1.0 if subtract else 1.0
         self.mode = mode
         self.out_range = out_range
-        self.activation = activation
+        self.saturation = out_range if activation is None else activation.saturation(out_pos, mode, out_range)
         self.dtype = exact_dtype(sum(b * 2.0**u for b, u in zip(bounds, self.ups, strict=True)))
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         total = align(a, self.ups[0], self.dtype) + self.sign * align(b, self.ups[1], self.dtype)
-        if self.activation is not None:
-            total = self.activation.apply(total, self.finest)
-        return requantize(total, self.shift, self.mode, *self.out_range, storage_dtype(*self.out_range))
+        return requantize(total, self.shift, self.mode, *self.saturation, storage_dtype(*self.out_range))
 
 
 class MulKernel:
@@ -88,18 +86,21 @@ class DivKernel:
 
 
 class ActivationKernel:
-    """A standalone Relu/Clip/LeakyRelu: applied to the input codes, then one rounding shift."""
+    """A standalone Relu/Clip/LeakyRelu on the input codes, then one rounding shift."""
 
     def __init__(self, activation: Activation, in_pos: int, out_pos: int, mode: RoundMode, out_range: tuple[int, int]):
         self.activation = activation
-        self.in_pos = in_pos
-        self.shift = in_pos + activation.bits - out_pos if activation.kind == "leaky" else in_pos - out_pos
+        leaky = activation.kind == "leaky"
+        self.shift = in_pos + activation.bits - out_pos if leaky else in_pos - out_pos
         self.mode = mode
         self.out_range = out_range
+        self.saturation = out_range if leaky else activation.saturation(out_pos, mode, out_range)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        values = self.activation.apply(x.astype(np.float64), self.in_pos)
-        return requantize(values, self.shift, self.mode, *self.out_range, storage_dtype(*self.out_range))
+        values = x.astype(np.float64)
+        if self.activation.kind == "leaky":
+            values = self.activation.apply(values)
+        return requantize(values, self.shift, self.mode, *self.saturation, storage_dtype(*self.out_range))
 
 
 class HardSigmoidKernel:

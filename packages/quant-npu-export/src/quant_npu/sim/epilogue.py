@@ -4,7 +4,9 @@ and saturation.
 
 Positions may be per channel (``acc_pos``/``bias_pos`` arrays along ``channel_axis``).
 A bias finer than the accumulator (negative shift_bias) moves the accumulator onto the
-bias's grid first, so the sum stays exact and is still rounded once.
+bias's grid first, so the sum stays exact and is still rounded once. Relu and Clip are
+applied as part of the final saturation, which gives exactly the rounding of the clamped
+value (see :meth:`Activation.saturation`); LeakyRelu scales the negative values exactly.
 
 Example:
     >>> from quant_core.spec import RoundMode
@@ -22,6 +24,7 @@ import math
 import attrs
 import numpy as np
 
+from quant_core.qparams import round_values
 from quant_core.spec import RoundMode
 from quant_npu.sim.arith import exact_dtype, requantize, storage_dtype
 
@@ -52,37 +55,32 @@ class Activation:
         """Real bounds of a relu/clip."""
         return (0.0, math.inf) if self.kind == "relu" else (self.lo, self.hi)
 
-    def output_bounds(self, position: int) -> tuple[float, float] | None:
-        """The bounds as integers at ``position`` when both are (then the activation can
-        be applied after rounding, as part of saturation: rounding is monotone and keeps
-        integers), else None.
+    def saturation(self, position: int, mode: RoundMode, out_range: tuple[int, int]) -> tuple[int, int]:
+        """A relu/clip folded into the final saturation: rounding is monotone, so
+        ``round(clip(v, lo, hi)) == clip(round(v), round(lo), round(hi))`` exactly, with the
+        real bounds rounded at the output ``position`` by the same ``mode``.
 
         Example:
-            >>> Activation("clip", lo=0.0, hi=6.0).output_bounds(3), Activation("clip", lo=0.0, hi=0.1).output_bounds(3)
-            ((0.0, 48.0), None)
+            >>> Activation("clip", lo=0.0, hi=0.7).saturation(6, RoundMode.HALF_UP, (-128, 127))
+            (0, 45)
         """
         if self.kind == "leaky":
-            return None
-        scaled = [math.ldexp(b, position) if math.isfinite(b) else b for b in self.bounds]
-        if any(math.isfinite(b) and b != math.floor(b) for b in scaled):
-            return None
-        return scaled[0], scaled[1]
+            raise ValueError("a leaky activation is not a clamp")
+        lo, hi = out_range
+        bounds = [round_values(np.array(math.ldexp(b, position)), mode) for b in self.bounds if math.isfinite(b)]
+        low = max(lo, int(bounds[0])) if math.isfinite(self.bounds[0]) else lo
+        high = min(hi, int(bounds[-1])) if math.isfinite(self.bounds[1]) else hi
+        return low, high
 
     @property
     def scale(self) -> int:
         """Factor the activation moves the grid by (leaky: ``2**bits``)."""
         return 2**self.bits if self.kind == "leaky" else 1
 
-    def apply(self, values: np.ndarray, grid: int | np.ndarray) -> np.ndarray:
-        """``values`` (exact integers at position ``grid``) through the activation; a leaky
-        result is at ``grid + bits``."""
-        if self.kind == "relu":
-            return np.maximum(values, 0)
-        if self.kind == "clip":
-            # bounds on the values' grid, in the values' dtype (a float64 bound would widen them)
-            lo = np.ceil(np.ldexp(np.float64(self.lo), grid)) if math.isfinite(self.lo) else -np.inf
-            hi = np.floor(np.ldexp(np.float64(self.hi), grid)) if math.isfinite(self.hi) else np.inf
-            return np.clip(values, np.asarray(lo).astype(values.dtype), np.asarray(hi).astype(values.dtype))
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        """A leaky activation on exact integers: the result is at ``bits`` more fraction bits."""
+        if self.kind != "leaky":
+            raise ValueError(f"{self.kind} folds into saturation (see saturation)")
         return np.where(values >= 0, values * self.scale, values * self.numerator)
 
 
@@ -124,9 +122,8 @@ class Epilogue:
         scale = activation.scale if activation is not None else 1
         self.shift = self._shape(grid + int(math.log2(scale)) - out_pos, channel_axis, ndim)
         self.work_dtype = exact_dtype((acc_bound * 2.0 ** float(np.max(extra, initial=0)) + bias_bound) * scale)
-        after = activation.output_bounds(out_pos) if activation is not None and self.shift.ndim == 0 else None
-        if after is not None:  # relu/clip folded into saturation
-            self.lo, self.hi = int(max(self.lo, after[0])), int(min(self.hi, after[1]))
+        if activation is not None and activation.kind != "leaky":
+            self.lo, self.hi = activation.saturation(out_pos, mode, out_range)
             self.activation = None
 
     @staticmethod
@@ -144,5 +141,5 @@ class Epilogue:
         if self.bias_term is not None:
             values = values + self.bias_term.astype(self.work_dtype)
         if self.activation is not None:
-            values = self.activation.apply(values, self.grid)
+            values = self.activation.apply(values)
         return requantize(values, self.shift, self.mode, self.lo, self.hi, self.dtype)
