@@ -29,7 +29,7 @@ from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
 from quant_npu.formats import activation_issues, bias_issues, weight_issues
 from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish, plan, step_label
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.qdq import QDQGraph, node_attribute, node_label
+from quant_npu.qdq import QDQGraph, float_attribute, int_attribute, int_list, node_attribute, node_label
 from quant_npu.shifts import (
     add_shift_read_range,
     hard_sigmoid_output_range,
@@ -142,7 +142,7 @@ class _Checker:
         if op in self.profile.shared_position_ops or op in self.profile.layout_ops or op == "Resize":
             self.check_shared(step)
         if op in ("MaxPool", "AveragePool"):
-            kernel = [int(k) for k in node_attribute(step.node, "kernel_shape", [])]  # type: ignore[union-attr]
+            kernel = int_list(step.node, "kernel_shape")
             if kernel and max(kernel) > self.profile.pool_kernel_max:
                 limit = self.profile.pool_kernel_max
                 self.step_add(step, "engine_limit", f"pool kernel {kernel}; allowed: <= {limit}", fixable=False)
@@ -199,8 +199,8 @@ class _Checker:
             return
         for rule, message in weight_issues(weight, self.profile):
             self.step_add(step, rule, message)
-        if node.op_type == "Conv":
-            self.check_conv_limits(step, weight.codes.shape)  # type: ignore[union-attr]
+        if node.op_type == "Conv" and weight.codes is not None:
+            self.check_conv_limits(step, weight.codes.shape)
         ipos, wpos, opos = self.pos(step.data_inputs[0]), weight.position, self.pos(step.output)
         if wpos is None and weight.fix_pos is not None:
             wpos = int(weight.fix_pos.max())  # per-channel: the channel with the largest shift
@@ -229,9 +229,9 @@ class _Checker:
                 self.step_add(step, "shift_bias", message)
 
     def check_conv_limits(self, step: Step, weight_shape: tuple[int, ...]) -> None:
-        group = int(node_attribute(step.node, "group", 1))  # type: ignore[call-overload]
+        group = int_attribute(step.node, "group", 1)
         kernel = list(weight_shape[2:])
-        strides = [int(s) for s in node_attribute(step.node, "strides", [1] * len(kernel))]  # type: ignore[union-attr]
+        strides = int_list(step.node, "strides", [1] * len(kernel))
         depthwise = group > 1 and weight_shape[1] == 1
         p = self.profile
         k_range, s_range = (
@@ -280,8 +280,8 @@ class _Checker:
     def check_hard_sigmoid(self, step: Step) -> None:
         node = step.node
         if node.op_type == "HardSigmoid":
-            alpha = float(node_attribute(node, "alpha", 0.2))  # type: ignore[arg-type]
-            beta = float(node_attribute(node, "beta", 0.5))  # type: ignore[arg-type]
+            alpha = float_attribute(node, "alpha", 0.2)
+            beta = float_attribute(node, "beta", 0.5)
             if not is_device_hard_sigmoid(alpha, beta):
                 self.step_add(step, "unsupported_attribute", f"alpha {alpha}, beta {beta}; allowed: 1/6, 0.5", False)
         ipos, opos = self.pos(step.data_inputs[0]), self.pos(step.output)
@@ -316,7 +316,7 @@ class _Checker:
             self.step_add(step, "shared_position", f"{listed}; allowed: one position (the minimum)")
 
     def check_leaky_relu(self, step: Step, node: onnx.NodeProto) -> None:
-        alpha = float(node_attribute(node, "alpha", 0.01))  # type: ignore[arg-type]
+        alpha = float_attribute(node, "alpha", 0.01)
         numerator, bits = leaky_relu_alpha(alpha, self.profile)
         if numerator / 2**bits != np.float64(np.float32(alpha)):
             self.step_add(step, "leaky_relu_alpha", f"alpha {alpha:.8g} runs as {numerator}/{2**bits}")

@@ -118,7 +118,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if out.suffix == ".npy":
         np.save(buffer, next(iter(outputs.values())))
     else:
-        np.savez(buffer, **outputs)
+        np.savez(buffer, **outputs)  # type: ignore[arg-type]
     atomic_write(out, buffer.getvalue())
     return EXIT_OK
 

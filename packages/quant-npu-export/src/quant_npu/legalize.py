@@ -42,7 +42,7 @@ from quant_npu.parameters import ParameterLegalizer, legalize_operand
 from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, plan
 from quant_npu.positions import PositionSolver, representable_range
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.qdq import QDQGraph, QuantTensor, node_attribute, node_label
+from quant_npu.qdq import QDQGraph, QuantTensor, float_attribute, node_label
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
 
@@ -186,7 +186,7 @@ class _Legalizer:
             for node in step.nodes:
                 if node.op_type != "LeakyRelu":
                     continue
-                alpha = float(node_attribute(node, "alpha", 0.01))  # type: ignore[arg-type]
+                alpha = float_attribute(node, "alpha", 0.01)
                 device = device_leaky_relu_alpha(alpha, self.profile)
                 if device == float(np.float32(alpha)):
                     continue

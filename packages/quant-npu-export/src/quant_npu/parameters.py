@@ -98,6 +98,7 @@ class ParameterLegalizer:
                 return
             real, before = np.asarray(value, np.float64).reshape(-1), "float"
         accumulator = ipos + wpos
+        dtype: type[np.signedinteger]
         if self.profile.bias_format is BiasFormat.INT32_INPUT_PLUS_WEIGHT:
             bpos, (qmin, qmax), dtype = accumulator, INT32, np.int32
         else:

@@ -138,7 +138,8 @@ def is_swish(qdq: QDQGraph, step: Step) -> bool:
     for a, b in ((keys[0], keys[1]), (keys[1], keys[0])):
         float_name = qdq.tensors[a].float_name
         producer = qdq.producer(float_name) if float_name else None
-        hard_sigmoid = producer is not None and producer.op_type == "HardSigmoid" and bool(producer.input)
-        if hard_sigmoid and qdq.dequantized.get(producer.input[0]) == b:  # type: ignore[union-attr]
+        if producer is None or producer.op_type != "HardSigmoid" or not producer.input:
+            continue
+        if qdq.dequantized.get(producer.input[0]) == b:
             return True
     return False

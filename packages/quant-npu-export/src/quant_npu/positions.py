@@ -135,9 +135,10 @@ class PositionSolver:
                     self.union([*shared, step.output], f"shares one position at {op} {step.name!r}")
             elif op in ADD_OPS and p.add_inputs_share_position:
                 self.union(keys, f"inputs of {op} {step.name!r} share one position")
-            fused = step.skipped is not None and step.activation is not None and step.output is not None
-            if fused and step.activation.op_type in COMMUTING_ACTIVATIONS:  # type: ignore[union-attr]
-                self.union([step.skipped, step.output], f"fused into {step.op_type} {step.name!r}")
+            skipped, activation, output = step.skipped, step.activation, step.output
+            commuting = activation is not None and activation.op_type in COMMUTING_ACTIVATIONS
+            if skipped is not None and output is not None and commuting:
+                self.union([skipped, output], f"fused into {step.op_type} {step.name!r}")
 
     # ------------------------------------------------------------------ rules
     def known(self, keys: list[str | None]) -> list[str]:

@@ -70,8 +70,16 @@ def _factors(value: Mapping[str, Iterable[int]]) -> Mapping[str, tuple[int, int]
     return factors
 
 
-def _round(field: str) -> Any:
-    return lambda v: parse_enum(RoundMode, v, field)
+def _activation_rounding(value: Any) -> RoundMode:
+    return parse_enum(RoundMode, value, "activation_rounding")
+
+
+def _weight_rounding(value: Any) -> RoundMode:
+    return parse_enum(RoundMode, value, "weight_rounding")
+
+
+def _bias_rounding(value: Any) -> RoundMode:
+    return parse_enum(RoundMode, value, "bias_rounding")
 
 
 _XINT8_OPS = frozenset(
@@ -170,9 +178,9 @@ class NPUProfile:
     bias_format: BiasFormat = attrs.field(
         default=BiasFormat.INT8_OWN_POSITION, converter=lambda v: parse_enum(BiasFormat, v, "bias_format")
     )
-    activation_rounding: RoundMode = attrs.field(default=RoundMode.HALF_UP, converter=_round("activation_rounding"))
-    weight_rounding: RoundMode = attrs.field(default=RoundMode.HALF_EVEN, converter=_round("weight_rounding"))
-    bias_rounding: RoundMode = attrs.field(default=RoundMode.HALF_EVEN, converter=_round("bias_rounding"))
+    activation_rounding: RoundMode = attrs.field(default=RoundMode.HALF_UP, converter=_activation_rounding)
+    weight_rounding: RoundMode = attrs.field(default=RoundMode.HALF_EVEN, converter=_weight_rounding)
+    bias_rounding: RoundMode = attrs.field(default=RoundMode.HALF_EVEN, converter=_bias_rounding)
     shift_cut_range: Range = attrs.field(default=(0, 16), converter=_range)
     shift_bias_max: int = 15
     bias_accumulator_bits: int = 24

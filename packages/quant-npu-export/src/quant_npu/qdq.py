@@ -57,6 +57,24 @@ def node_attribute(node: onnx.NodeProto, name: str, default: object = None) -> o
     return _attribute(node, name, default)
 
 
+def int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    """An integer attribute (``group``, ``axis``...), or ``default``."""
+    value = _attribute(node, name, default)
+    return int(value) if isinstance(value, int | float) else default
+
+
+def float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
+    """A float attribute (``alpha``, ``beta``...), or ``default``."""
+    value = _attribute(node, name, default)
+    return float(value) if isinstance(value, int | float) else default
+
+
+def int_list(node: onnx.NodeProto, name: str, default: list[int] | None = None) -> list[int]:
+    """An integer-list attribute (``kernel_shape``, ``strides``...), or ``default`` (empty)."""
+    value = _attribute(node, name, None)
+    return [int(v) for v in value] if isinstance(value, list | tuple) else list(default or [])
+
+
 def node_label(node: onnx.NodeProto) -> str:
     """The node's name, or its first output when it has none."""
     return node.name or (node.output[0] if node.output else node.op_type)
@@ -154,11 +172,12 @@ class QuantTensor:
     def real_values(self) -> np.ndarray:
         """A constant's real values ``(q - zp) * scale`` in float64 (exact for these formats)."""
         scale = np.asarray(self.scale, np.float64)
+        values = self.values()
         if self.axis is not None and scale.ndim:
-            shape = [1] * self.codes.ndim  # type: ignore[union-attr]
+            shape = [1] * values.ndim
             shape[self.axis] = -1
             scale = scale.reshape(shape)
-        return self.values().astype(np.float64) * scale
+        return values.astype(np.float64) * scale
 
     def describe(self) -> str:
         """``int8@5``-style text for messages."""
@@ -244,14 +263,13 @@ class QDQGraph:
         return np.asarray(scale, np.float32), zero_point
 
     def _axis(self, node: onnx.NodeProto, scale: np.ndarray) -> int | None:
-        return int(_attribute(node, "axis", 1)) if scale.ndim else None  # type: ignore[call-overload]
+        return int_attribute(node, "axis", 1) if scale.ndim else None
 
     def _read_quantize(self, node: onnx.NodeProto) -> None:
         scale, zero_point = self._qparams(node)
+        elem_type = int_attribute(node, "output_dtype", 0) or onnx.TensorProto.UINT8
         if zero_point is not None:
-            elem_type = onnx.helper.np_dtype_to_tensor_dtype(zero_point.dtype)
-        else:
-            elem_type = int(_attribute(node, "output_dtype", 0)) or onnx.TensorProto.UINT8  # type: ignore[call-overload]
+            elem_type = int(onnx.helper.np_dtype_to_tensor_dtype(zero_point.dtype))
         key = node.output[0]
         zp = np.zeros(scale.shape, np.int64) if zero_point is None else zero_point.astype(np.int64)
         self.tensors[key] = QuantTensor(key, scale, zp, elem_type, self._axis(node, scale), float_name=node.input[0])

@@ -68,11 +68,11 @@ def identity(x: np.ndarray, attributes: Attributes, params: Params) -> np.ndarra
 
 
 def slice_(x: np.ndarray, attributes: Attributes, params: Params) -> np.ndarray:
-    starts = _param(params, 0)
+    starts: Any = _param(params, 0)
+    ends: Any
     if starts is None:  # opset < 10: attributes
-        starts, ends = np.asarray(attributes["starts"]), np.asarray(attributes["ends"])
-        axes_value = attributes.get("axes")
-        steps = None
+        starts, ends = attributes["starts"], attributes["ends"]
+        axes_value, steps = attributes.get("axes"), None
     else:
         ends, axes_value, steps = _param(params, 1), _param(params, 2), _param(params, 3)
     starts_l = [int(v) for v in np.asarray(starts).reshape(-1)]
@@ -103,8 +103,10 @@ def pad(x: np.ndarray, attributes: Attributes, params: Params, fill: int = 0) ->
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode == "constant":
         return np.pad(x, widths, constant_values=fill)
-    if mode in ("reflect", "edge"):
-        return np.pad(x, widths, mode=mode)
+    if mode == "reflect":
+        return np.pad(x, widths, mode="reflect")
+    if mode == "edge":
+        return np.pad(x, widths, mode="edge")
     raise ValueError(f"Pad mode {mode!r} is not simulated; allowed: constant, reflect, edge")
 
 

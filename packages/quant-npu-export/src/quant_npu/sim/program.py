@@ -452,9 +452,11 @@ class _Compiler:
         for output in self.model.graph.output:
             dq = self.qdq.producer(output.name)
             key = self.qdq.dequantized.get(output.name) if dq is not None else None
-            if key is None or self.qdq.tensors[key].position is None:
+            if key is None or self.qdq.tensors[key].position is None:  # checked before use below
                 raise ValueError(f"graph output {output.name!r}: not a DequantizeLinear of a fix-position tensor")
-            found[output.name] = (key, int(self.qdq.tensors[key].position))  # type: ignore[arg-type]
+            position = self.qdq.tensors[key].position
+            assert position is not None
+            found[output.name] = (key, position)
         return found
 
 

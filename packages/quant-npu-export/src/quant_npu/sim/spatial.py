@@ -34,12 +34,14 @@ class Geometry:
         if len(kernel) != 2:
             raise ValueError(f"kernel {list(kernel)}: only 2-D windows are simulated; allowed: [kh, kw]")
         auto_pad = attributes.get("auto_pad", b"NOTSET")
-        pads = tuple(int(p) for p in attributes.get("pads", (0, 0, 0, 0)))
+        top, left, bottom, right = (int(p) for p in attributes.get("pads", (0, 0, 0, 0)))
+        sh, sw = (int(s) for s in attributes.get("strides", (1, 1)))
+        dh, dw = (int(d) for d in attributes.get("dilations", (1, 1)))
         return cls(
             kernel=(int(kernel[0]), int(kernel[1])),
-            strides=tuple(int(s) for s in attributes.get("strides", (1, 1))),  # type: ignore[arg-type]
-            dilations=tuple(int(d) for d in attributes.get("dilations", (1, 1))),  # type: ignore[arg-type]
-            pads=pads,  # type: ignore[arg-type]
+            strides=(sh, sw),
+            dilations=(dh, dw),
+            pads=(top, left, bottom, right),
             auto_pad=auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad),
             ceil_mode=bool(attributes.get("ceil_mode", 0)),
         )
