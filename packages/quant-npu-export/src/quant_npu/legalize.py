@@ -72,7 +72,8 @@ class Change:
 
 @attrs.frozen(eq=False)
 class LegalizeResult:
-    """The legalised model, what changed, and what still breaks a rule."""
+    """The legalised model, what changed, and what still breaks a rule (see the module
+    example: ``result.remaining.ok``, ``result.changes``)."""
 
     model: onnx.ModelProto
     changes: tuple[Change, ...]

@@ -26,7 +26,12 @@ INT32 = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
 
 @attrs.frozen
 class ParameterChange:
-    """A weight or bias requantized."""
+    """A weight or bias requantized.
+
+    Example:
+        >>> ParameterChange("bias", "conv1", "int32@12", "int8@6", "bias format int8_own_position").after
+        'int8@6'
+    """
 
     kind: str
     target: str
@@ -45,7 +50,8 @@ def _describe(dtype: str, position: int | None) -> str:
 
 
 class ParameterLegalizer:
-    """Requantizes the weight and bias of Conv/Gemm/MatMul steps."""
+    """Requantizes the weight and bias of Conv/Gemm/MatMul steps (see the module example
+    for the weight position rule; ``legalize_model`` drives it)."""
 
     def __init__(self, qdq: QDQGraph, profile: NPUProfile, editor: ModelEditor, positions: dict[str, int]) -> None:
         self.qdq = qdq

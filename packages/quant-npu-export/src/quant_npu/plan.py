@@ -7,10 +7,25 @@ file it may exist as a QuantizeLinear/DequantizeLinear pair (``skipped``), or th
 may be joined by a float edge (what ``legalize`` leaves for LeakyRelu).
 
 Example:
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper, numpy_helper
     >>> from quant_npu.profile import NPUProfile
-    >>> fused_pairs = NPUProfile().fusions
-    >>> sorted(fused_pairs["Add"])
-    ['Relu']
+    >>> inits = {"s": np.array(0.25, np.float32), "z": np.array(0, np.int8), "w": np.ones((2, 2, 1, 1), np.int8)}
+    >>> nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+    ...          helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+    ...          helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wd"]),
+    ...          helper.make_node("Conv", ["xd", "wd"], ["c"], name="conv"),
+    ...          helper.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"]),
+    ...          helper.make_node("DequantizeLinear", ["cq", "s", "z"], ["cd"]),
+    ...          helper.make_node("Relu", ["cd"], ["r"], name="relu"),
+    ...          helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"]),
+    ...          helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["y"])]
+    >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 1, 1])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 1])],
+    ...     [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    >>> qdq = QDQGraph(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    >>> [(step_label(s), s.skipped, s.output) for s in plan(qdq, NPUProfile())]
+    [('conv+relu', 'cq', 'rq')]
 """
 
 from __future__ import annotations
@@ -29,7 +44,7 @@ COMMUTING_ACTIVATIONS = frozenset({"Relu", "Clip"})
 
 @attrs.frozen(eq=False)
 class Step:
-    """One NPU operation.
+    """One NPU operation (see the module example).
 
     Args:
         main: the compute node.
@@ -100,12 +115,7 @@ def _fused_activation(qdq: QDQGraph, cn: ComputeNode, profile: NPUProfile) -> tu
 
 
 def plan(qdq: QDQGraph, profile: NPUProfile) -> list[Step]:
-    """The device's steps for ``qdq`` in execution order.
-
-    Example:
-        >>> plan.__name__
-        'plan'
-    """
+    """The device's steps for ``qdq`` in execution order (see the module example)."""
     by_node = {id(cn.node): cn for cn in qdq.compute_nodes}
     absorbed: set[int] = set()
     steps: list[Step] = []

@@ -69,7 +69,12 @@ def operand_constants(qdq: QDQGraph, steps: list[Step]) -> list[str]:
 
 @attrs.define
 class PositionChange:
-    """One activation moved by the solver."""
+    """One activation moved by the solver.
+
+    Example:
+        >>> PositionChange("k", 5, 4, "shares one position at Concat 'c'").after
+        4
+    """
 
     key: str
     before: int | None
@@ -78,7 +83,8 @@ class PositionChange:
 
 
 class PositionSolver:
-    """Chooses a position for every activation key used by ``steps``."""
+    """Chooses a position for every activation key used by ``steps`` (exercised through
+    :func:`quant_npu.legalize.legalize_model`, whose example shows a moved position)."""
 
     def __init__(self, qdq: QDQGraph, steps: list[Step], profile: NPUProfile) -> None:
         self.qdq = qdq

@@ -192,7 +192,8 @@ class QuantTensor:
 
 @attrs.frozen(eq=False)
 class ComputeNode:
-    """A node on the data path with its integer inputs and output resolved.
+    """A node on the data path with its integer inputs and output resolved (see the
+    module example: ``relu`` reads ``xq`` and writes ``yq``).
 
     Args:
         node: the ONNX node.
@@ -215,10 +216,9 @@ class ComputeNode:
 
 
 class QDQGraph:
-    """Integer tensors and compute nodes of a QDQ model (a snapshot; ``model`` is not modified).
-
-    Raises ValueError with one line when a QuantizeLinear/DequantizeLinear has
-    non-constant qparams.
+    """Integer tensors and compute nodes of a QDQ model (a snapshot; ``model`` is not
+    modified; see the module example). Raises ValueError with one line when a
+    QuantizeLinear/DequantizeLinear has non-constant qparams.
     """
 
     def __init__(self, model: onnx.ModelProto) -> None:

@@ -122,7 +122,12 @@ def write_quant_info(model: ModelSource, path: str | os.PathLike[str]) -> dict[s
 
 @attrs.frozen(eq=False)
 class ImportResult:
-    """The model with the file's positions, and what did not match."""
+    """The model with the file's positions, and what did not match.
+
+    Example:
+        >>> ImportResult(onnx.ModelProto(), 3, ("net::gone",), ()).unmatched
+        ('net::gone',)
+    """
 
     model: onnx.ModelProto
     applied: int

@@ -5,8 +5,6 @@ QuantizeLinear/DequantizeLinear pair removed. Every new tensor gets a fresh name
 initializers that other nodes share are never changed.
 
 Example:
-    >>> import onnx
-    >>> editor = ModelEditor(onnx.ModelProto())
     >>> float(np.asarray(scale_for(3)))
     0.125
 """
@@ -50,7 +48,14 @@ def _drop_axis(node: onnx.NodeProto) -> None:
 
 
 class ModelEditor:
-    """Edits ``model`` in place (callers pass their own copy)."""
+    """Edits ``model`` in place (callers pass their own copy); ``finish`` drops what the
+    edits left unused and sorts the nodes.
+
+    Example:
+        >>> editor = ModelEditor(onnx.ModelProto())
+        >>> editor.initializer("w", np.zeros(2, np.int8)), [t.name for t in editor.graph.initializer]
+        ('w', ['w'])
+    """
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model

@@ -58,7 +58,12 @@ class AddKernel:
 
 
 class MulKernel:
-    """``a * b``: exact product at ``pa + pb``, rounded to ``out_pos``."""
+    """``a * b``: exact product at ``pa + pb``, rounded to ``out_pos``.
+
+    Example:
+        >>> MulKernel((4, 4), 4, RoundMode.HALF_UP, (-128, 127))(np.array([24]), np.array([40])).tolist()  # 1.5 * 2.5
+        [60]
+    """
 
     def __init__(self, positions: tuple[int, int], out_pos: int, mode: RoundMode, out_range: tuple[int, int]):
         self.shift = sum(positions) - out_pos
@@ -71,7 +76,12 @@ class MulKernel:
 
 
 class DivKernel:
-    """``a / b``: ``a * 2**(opos - pa + pb) / b`` rounded once (see ``arith.divide_round``)."""
+    """``a / b``: ``a * 2**(opos - pa + pb) / b`` rounded once (see ``arith.divide_round``).
+
+    Example:
+        >>> DivKernel((0, 0), 2, RoundMode.HALF_EVEN, (-128, 127))(np.array([1, 5]), np.array([3, 0])).tolist()
+        [1, 127]
+    """
 
     def __init__(self, positions: tuple[int, int], out_pos: int, mode: RoundMode, out_range: tuple[int, int]):
         self.up = out_pos - positions[0] + positions[1]
@@ -86,7 +96,13 @@ class DivKernel:
 
 
 class ActivationKernel:
-    """A standalone Relu/Clip/LeakyRelu on the input codes, then one rounding shift."""
+    """A standalone Relu/Clip/LeakyRelu on the input codes, then one rounding shift.
+
+    Example:
+        >>> kernel = ActivationKernel(Activation("leaky", numerator=26, bits=8), 0, 0, RoundMode.HALF_UP, (-128, 127))
+        >>> kernel(np.array([-100, 7])).tolist()  # -100 * 26 / 256 = -10.16
+        [-10, 7]
+    """
 
     def __init__(self, activation: Activation, in_pos: int, out_pos: int, mode: RoundMode, out_range: tuple[int, int]):
         self.activation = activation
@@ -104,7 +120,13 @@ class ActivationKernel:
 
 
 class HardSigmoidKernel:
-    """``relu6(x + 3) * m >> (shift + g - opos)`` on the grid ``g = max(ipos, 0)``."""
+    """``relu6(x + 3) * m >> (shift + g - opos)`` on the grid ``g = max(ipos, 0)``.
+
+    Example:
+        >>> from quant_npu.profile import NPUProfile
+        >>> HardSigmoidKernel(NPUProfile(), 0, 7, RoundMode.HALF_UP, (-128, 127))(np.array([-3, 0, 3])).tolist()
+        [0, 64, 127]
+    """
 
     def __init__(self, profile: NPUProfile, in_pos: int, out_pos: int, mode: RoundMode, out_range: tuple[int, int]):
         self.grid = max(in_pos, 0)
@@ -124,7 +146,13 @@ class HardSigmoidKernel:
 
 
 class HardSwishKernel:
-    """``x * hardsigmoid(x)`` with the hardsigmoid rounded to int8 at ``hard_swish_sigmoid_position``."""
+    """``x * hardsigmoid(x)`` with the hardsigmoid rounded to int8 at ``hard_swish_sigmoid_position``.
+
+    Example:
+        >>> from quant_npu.profile import NPUProfile
+        >>> HardSwishKernel(NPUProfile(), 0, 0, RoundMode.HALF_UP, (-128, 127))(np.array([-4, 1, 4])).tolist()
+        [0, 1, 4]
+    """
 
     def __init__(self, profile: NPUProfile, in_pos: int, out_pos: int, mode: RoundMode, out_range: tuple[int, int]):
         hpos = profile.hard_swish_sigmoid_position
@@ -136,7 +164,12 @@ class HardSwishKernel:
 
 
 class TableKernel:
-    """``f`` through a table over every input code: ``round(f(q * 2**-ipos) * 2**opos)``."""
+    """``f`` through a table over every input code: ``round(f(q * 2**-ipos) * 2**opos)``.
+
+    Example:
+        >>> TableKernel(np.tanh, 4, 7, RoundMode.HALF_UP, (-128, 127), (-128, 127))(np.array([0, 16])).tolist()
+        [0, 97]
+    """
 
     def __init__(
         self,
@@ -157,7 +190,13 @@ class TableKernel:
 
 
 class SoftmaxKernel:
-    """Integer softmax along ``axis`` (see the module docstring)."""
+    """Integer softmax along ``axis`` (see the module docstring).
+
+    Example:
+        >>> kernel = SoftmaxKernel(-1, 0, 7, RoundMode.HALF_EVEN, (-128, 127), (-128, 127))
+        >>> kernel(np.array([[0, 0], [1, 0]])).tolist()  # 0.5, 0.5 and 0.73, 0.27
+        [[64, 64], [94, 34]]
+    """
 
     EXP_BITS = 15
 

@@ -115,7 +115,6 @@ class Epilogue:
             self.bias_term = np.ldexp(np.asarray(bias, np.float64), (acc + extra - bpos).astype(np.int32))
             bias_bound = float(np.max(np.abs(self.bias_term), initial=0.0))
         grid = acc + extra
-        self.grid = self._shape(grid, channel_axis, ndim)
         self.extra = self._shape(extra, channel_axis, ndim) if extra.any() else None
         if self.bias_term is not None:
             self.bias_term = self._shape(self.bias_term, channel_axis, ndim)

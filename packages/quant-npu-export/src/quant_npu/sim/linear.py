@@ -100,7 +100,14 @@ class ConvKernel:
 
 class MatMulKernel:
     """``x @ w`` with a constant ``w`` of shape ``(K, N)`` (Gemm's B after transB), for
-    inputs of any leading shape; the channel axis of the epilogue is the last one."""
+    inputs of any leading shape; the channel axis of the epilogue is the last one.
+
+    Example:
+        >>> from quant_core.spec import RoundMode
+        >>> e = Epilogue(acc_pos=2, out_pos=0, mode=RoundMode.HALF_UP, out_range=(-128, 127), channel_axis=-1, ndim=2)
+        >>> MatMulKernel(np.array([[1], [2]]), e, 128)(np.array([[3, 4]])).tolist()  # (3 + 8) / 4
+        [[3]]
+    """
 
     def __init__(self, weights: np.ndarray, epilogue: Epilogue, input_bound: int):
         self.epilogue = epilogue
@@ -112,7 +119,14 @@ class MatMulKernel:
 
 
 class ActivationMatMulKernel:
-    """``a @ b`` of two integer activations (one rounding shift at the end)."""
+    """``a @ b`` of two integer activations (one rounding shift at the end).
+
+    Example:
+        >>> from quant_core.spec import RoundMode
+        >>> e = Epilogue(acc_pos=1, out_pos=0, mode=RoundMode.HALF_EVEN, out_range=(-128, 127), ndim=2)
+        >>> ActivationMatMulKernel(e, 2, 128, 128)(np.array([[1, 2]]), np.array([[3], [0]])).tolist()  # 3 / 2
+        [[2]]
+    """
 
     def __init__(self, epilogue: Epilogue, depth: int, bound_a: int, bound_b: int):
         self.epilogue = epilogue

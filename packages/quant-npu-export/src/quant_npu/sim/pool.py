@@ -25,7 +25,13 @@ from quant_npu.sim.spatial import Geometry
 
 
 class MaxPoolKernel:
-    """Max over each window (padding never wins: it is filled with the lowest code)."""
+    """Max over each window (padding never wins: it is filled with the lowest code).
+
+    Example:
+        >>> kernel = MaxPoolKernel(Geometry((2, 2), strides=(2, 2)), 0, RoundMode.HALF_UP, (-128, 127), (-128, 127))
+        >>> kernel(np.arange(16, dtype=np.int8).reshape(1, 1, 4, 4))[0, 0].tolist()
+        [[5, 7], [13, 15]]
+    """
 
     def __init__(
         self, geometry: Geometry, shift: int, mode: RoundMode, in_range: tuple[int, int], out_range: tuple[int, int]
@@ -43,7 +49,13 @@ class MaxPoolKernel:
 
 
 class AveragePoolKernel:
-    """``sum(window) * N >> (M + shift)``, one rounding."""
+    """``sum(window) * N >> (M + shift)``, one rounding.
+
+    Example:
+        >>> kernel = AveragePoolKernel(Geometry((3, 3)), NPUProfile(), 0, RoundMode.HALF_UP, (-128, 127))
+        >>> kernel(np.full((1, 1, 3, 3), 9, np.int8)).ravel().tolist()  # 81 * 7 / 64 = 8.86
+        [9]
+    """
 
     def __init__(
         self, geometry: Geometry, profile: NPUProfile, shift: int, mode: RoundMode, out_range: tuple[int, int]
@@ -61,7 +73,8 @@ class AveragePoolKernel:
 
 
 class GlobalAveragePoolKernel:
-    """Average over the last two axes (GlobalAveragePool; ReduceMean over H and W)."""
+    """Average over the last two axes (GlobalAveragePool; ReduceMean over H and W); see
+    the module example."""
 
     def __init__(
         self, profile: NPUProfile, shift: int, mode: RoundMode, out_range: tuple[int, int], keepdims: bool = True

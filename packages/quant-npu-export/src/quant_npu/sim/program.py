@@ -7,8 +7,22 @@ would run them. Graph inputs are quantized on the host (the profile's rounding i
 ``device`` mode), graph outputs are dequantized (exact).
 
 Example:
-    >>> compile_program.__name__
-    'compile_program'
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper, numpy_helper
+    >>> from quant_npu.profile import NPUProfile
+    >>> inits = [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+    ...          numpy_helper.from_array(np.array(0, np.int8), "z")]
+    >>> nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+    ...          helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+    ...          helper.make_node("MaxPool", ["xd"], ["p"], name="pool", kernel_shape=[2, 2]),
+    ...          helper.make_node("QuantizeLinear", ["p", "s", "z"], ["pq"]),
+    ...          helper.make_node("DequantizeLinear", ["pq", "s", "z"], ["y"])]
+    >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 1])], inits)
+    >>> program = compile_program(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]),
+    ...                           NPUProfile(), RoundMode.HALF_UP)
+    >>> [(op.op_type, op.data, op.output) for op in program.operations], dict(program.outputs)
+    ([('MaxPool', ('xq',), 'pq')], {'y': ('pq', 1)})
 """
 
 from __future__ import annotations
@@ -62,7 +76,7 @@ Kernel = Callable[..., np.ndarray]
 
 @attrs.frozen(eq=False)
 class Operation:
-    """One compiled step: ``kernel(*data, *params)`` writes ``output``."""
+    """One compiled step: ``kernel(*data, *params)`` writes ``output`` (see the module example)."""
 
     name: str
     op_type: str
@@ -74,7 +88,14 @@ class Operation:
 
 @attrs.frozen(eq=False)
 class HostOperation:
-    """A shape computation run with ONNX's reference implementation."""
+    """A shape computation run with ONNX's reference implementation.
+
+    Example:
+        >>> from onnx.reference import ReferenceEvaluator
+        >>> node = onnx.helper.make_node("Shape", ["x"], ["s"])
+        >>> HostOperation(node, ReferenceEvaluator(node)).run({"x": np.zeros((2, 3))})["s"].tolist()
+        [2, 3]
+    """
 
     node: onnx.NodeProto
     evaluator: Any
@@ -87,7 +108,8 @@ class HostOperation:
 
 @attrs.frozen(eq=False)
 class Program:
-    """The compiled model: input quantizers, operations in order, output dequantizers."""
+    """The compiled model: input quantizers, operations in order, output dequantizers
+    (see the module example)."""
 
     inputs: Mapping[str, tuple[tuple[str, QParams], ...]]  # graph input -> (key, qparams) per QuantizeLinear
     raw_inputs: Mapping[str, tuple[str, int]]  # integer graph input read by a DequantizeLinear -> (key, zp)
