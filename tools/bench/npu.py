@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -100,6 +101,7 @@ def quantize_row(name: str, row: str, float_path: Path, calib_path: Path, args: 
         },
         timeout_s=args.timeout,
         mem_limit_mb=args.mem_limit_mb,
+        threads=args.quantize_threads,
         quiet=not args.verbose,
     )
     measured["path"] = str(out)
@@ -125,7 +127,7 @@ def run_row(name: str, row: str, args: argparse.Namespace, results: dict[str, An
 
     model = MODELS[name]
     entry = results["models"].setdefault(name, {"rows": {}})
-    if args.resume and entry["rows"].get(row, {}).get("ok"):
+    if args.resume and not args.rescore and entry["rows"].get(row, {}).get("ok"):
         return
     float_path = model.ensure()
     data = load_data(model, args.num_calib, args.num_eval)
@@ -144,6 +146,9 @@ def run_row(name: str, row: str, args: argparse.Namespace, results: dict[str, An
     path = Path(quantized["path"])
     legal_path = WORK_DIR / name / f"{row}.legal.onnx"
     legalized = legalize(path, legal_path)
+    int32_path = WORK_DIR / name / f"{row}.legal_int32_bias.onnx"
+    legalize(path, int32_path, "xint8_int32_bias")
+    ort_int32 = common.top1(common.predict(int32_path, data.eval_x, level=EVAL_LEVEL))
     ort_original = common.top1(common.predict(path, data.eval_x, level=EVAL_LEVEL))
     ort_logits = common.predict(legal_path, data.eval_x, level=EVAL_LEVEL)
     ort_legal = common.top1(ort_logits)
@@ -167,6 +172,7 @@ def run_row(name: str, row: str, args: argparse.Namespace, results: dict[str, An
         "simulate_s": device_s,
     }
     record["legalize_delta_pt"] = 100 * (record["int8_ort_legal"] - record["int8_ort"])
+    record["legalize_int32_bias_delta_pt"] = 100 * (score(ort_int32, labels, reference) - record["int8_ort"])
     entry["rows"][row] = record
     print(
         f"ORT {record['int8_ort']:.4f}  NPU {record['npu_device']:.4f}  agree {record['agreement_device']:.4f}"
@@ -190,7 +196,9 @@ def throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
         from tools.bench.models import save_npy
 
         save_npy(data_path, x[:THROUGHPUT_IMAGES])
+    # the machine may be shared: the load average says how much of the 2 cores the run had
     record: dict[str, Any] = {"images": THROUGHPUT_IMAGES, "threads": common.DEFAULT_THREADS}
+    record["load_average_before"] = os.getloadavg()[0]
     for rounding in ("device", "onnx"):
         record[f"simulator_{rounding}"] = common.measure_in_subprocess(
             "tools.bench.npu:simulate_job",
@@ -202,6 +210,7 @@ def throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
         {"model_path": str(legal), "data_path": str(data_path)},
         threads=common.DEFAULT_THREADS,
     )
+    record["load_average_after"] = os.getloadavg()[0]
     results["throughput"] = record
     device = record["simulator_device"].get("wall_s")
     print(f"  throughput: simulator {common.fmt(device)} s for {THROUGHPUT_IMAGES} images", flush=True)
@@ -252,6 +261,7 @@ def tables(results: dict[str, Any]) -> str:
                     "yes" if r["bit_exact_onnx"] else f"no (max {r['max_logit_diff_onnx']:.3g})",
                     r["int8_ort_legal"],
                     f"{r['legalize_delta_pt']:+.2f}",
+                    None if "legalize_int32_bias_delta_pt" not in r else f"{r['legalize_int32_bias_delta_pt']:+.2f}",
                     ", ".join(f"{k} {v}" for k, v in sorted(r["legalize_changes"].items())),
                     r["npu_onnx"],
                 ]
@@ -269,6 +279,7 @@ def tables(results: dict[str, Any]) -> str:
                 "bit-exact (onnx rounding)",
                 "ORT on legalised",
                 "legalize Δ (pt)",
+                "legalize Δ, int32 bias target (pt)",
                 "legalize changes",
                 "NPU sim, onnx rounding",
             ],
@@ -305,6 +316,8 @@ def tables(results: dict[str, Any]) -> str:
                 ],
                 rows,
             )
+            + f"\n\nload average (1 min) before / after: {common.fmt(t.get('load_average_before'))} / "
+            f"{common.fmt(t.get('load_average_after'))} on {os.cpu_count()} cores"
         )
     p = results.get("presets")
     if p:
@@ -332,9 +345,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-calib", type=int, default=NUM_CALIB)
     parser.add_argument("--num-eval", type=int, default=None)
     parser.add_argument("--mem-limit-mb", type=float, default=14000)
-    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--timeout", type=float, default=1800, help="per quantization subprocess")
+    parser.add_argument(
+        "--quantize-threads", type=int, help="OMP_NUM_THREADS for quantization (1 helps AdaRound on a busy machine)"
+    )
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--resume", action="store_true", help="keep finished rows and quantized models")
+    parser.add_argument("--rescore", action="store_true", help="with --resume: score finished rows again")
     parser.add_argument("--no-throughput", action="store_true")
     parser.add_argument("--no-presets", action="store_true")
     parser.add_argument("--verbose", action="store_true")
