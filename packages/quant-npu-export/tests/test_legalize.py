@@ -144,3 +144,23 @@ def test_conflicting_rules_are_reported_not_looped_forever() -> None:
     profile = NPUProfile(ops=[*NPUProfile().ops, "HardSigmoid"])
     result = legalize_model(model, profile)
     assert result.remaining.ok, result.remaining.format_text()  # the group moved to 0: both rules hold
+
+
+def test_outlier_biases_are_limited_where_the_output_saturates() -> None:
+    # one channel's bias (100) is far beyond what the output can hold: on any input that
+    # channel saturates, so legalisation may clip it there and give the others a finer position
+    w = QDQWriter()
+    x = w.quantize("x", 5)
+    bias = np.array([100 * 2**10, 3, -5, 7], np.int32)  # int32 at ipos + wpos = 10
+    conv = w.op("Conv", [x, w.constant(np.ones((4, 3, 1, 1), np.int8), 5), w.constant(bias, 10)], "conv")
+    model = w.model([("x", ["N", 3, 4, 4])], [w.quantize(conv, 4)])
+    result = legalize_model(model)
+    assert result.remaining.ok
+    (change,) = [c for c in result.changes if c.kind == "bias"]
+    assert "1 value(s) limited to where the output saturates anyway" in change.reason
+    # limited to 127/16 + 4 * 3/32 + 1/16 = 8.375: position 3 (127/8 covers it); 100 would have needed 0
+    assert change.after == "int8@3"
+    data = np.random.default_rng(0).uniform(-4, 4, (16, 3, 4, 4)).astype(np.float32)
+    before, after = ort_run(model, data)[0], ort_run(result.model, data)[0]
+    np.testing.assert_array_equal(after[:, 0], before[:, 0])  # the outlier channel: saturated either way
+    assert np.all(after[:, 0] == 127 / 16)

@@ -171,8 +171,7 @@ class _Checker:
             tensor = self.qdq.tensors[key]
             node, op = self.tensor_owner(key)
             for rule, message in activation_issues(tensor, self.profile):
-                fixable = rule != "per_channel" or tensor.is_constant
-                self.add(node, op, rule, message, fixable)
+                self.add(node, op, rule, message)
 
     def tensor_owner(self, key: str) -> tuple[str, str]:
         tensor = self.qdq.tensors[key]

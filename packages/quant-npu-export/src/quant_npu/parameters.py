@@ -17,7 +17,7 @@ from quant_npu.formats import bias_issues, weight_issues
 from quant_npu.plan import Step
 from quant_npu.positions import covering_position
 from quant_npu.profile import BiasFormat, NPUProfile
-from quant_npu.qdq import QDQGraph
+from quant_npu.qdq import QDQGraph, int_attribute
 from quant_npu.rewrite import ModelEditor, quantize_real
 from quant_npu.shifts import clamp, shift_bias_range
 
@@ -78,10 +78,12 @@ class ParameterLegalizer:
         start = weight.position if usable else covering_position(float(real.min()), float(real.max()), 127)
         assert start is not None
         wpos = weight_position(ipos, opos, start, self.profile)
+        final = real
         if not usable or wpos != start:
             codes, clipped = quantize_real(real, wpos, qmin, 127, self.profile.weight_rounding)
             assert weight_key is not None
             self.editor.set_constant(self.qdq, weight_key, codes.astype(np.int8), wpos)
+            final = np.ldexp(codes.astype(np.float64), -wpos)
             reason = "device weight format" if wpos == start else f"shift_cut {ipos + start - opos} outside range"
             if clipped:
                 reason += f"; {clipped} code(s) saturated"
@@ -89,9 +91,36 @@ class ParameterLegalizer:
                 ParameterChange("weight", step.name, weight.describe(), _describe("int8", wpos), reason)
             )
         if len(step.node.input) > 2 and step.node.input[2]:
-            self.legalize_bias(step, ipos, wpos, opos)
+            self.legalize_bias(step, ipos, wpos, opos, final)
 
-    def legalize_bias(self, step: Step, ipos: int, wpos: int, opos: int) -> None:
+    def bias_limits(self, step: Step, ipos: int, opos: int, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per output channel, the bias values beyond which the output saturates whatever
+        the input (``output range +- max |sum w x|``, one output step of margin): clipping
+        a bias there changes no output, and keeps an outlier channel (CLE scales some
+        biases far beyond the output range) from coarsening every other channel's bias."""
+        axis = (
+            1
+            if step.op_type == "MatMul" or (step.op_type == "Gemm" and not int_attribute(step.node, "transB", 0))
+            else 0
+        )
+        moved = np.moveaxis(np.abs(weights), axis, 0)
+        in_tensor = self.qdq.tensors[step.data_inputs[0]]  # type: ignore[index]
+        largest_input = max(abs(v) for v in in_tensor.value_range) * 2.0**-ipos
+        reach = largest_input * moved.reshape(moved.shape[0], -1).sum(axis=1)
+        step_size = 2.0**-opos
+        low, high = -128 * step_size, 127 * step_size
+        activation = step.activation
+        if activation is not None and activation.op_type == "Relu":
+            low = 0.0
+        elif activation is not None and activation.op_type == "Clip":
+            bounds = [self.qdq.constant(n) for n in activation.input[1:3] if n]
+            if len(bounds) == 2 and all(b is not None for b in bounds):
+                low, high = max(low, float(bounds[0])), min(high, float(bounds[1]))  # type: ignore[arg-type]
+        if activation is not None and activation.op_type == "LeakyRelu":
+            low = -np.inf  # negative values are scaled, not clamped
+        return low - reach - step_size, high + reach + step_size
+
+    def legalize_bias(self, step: Step, ipos: int, wpos: int, opos: int, weights: np.ndarray) -> None:
         key = step.data_inputs[2] if len(step.data_inputs) > 2 else None
         tensor = self.qdq.tensors.get(key) if key else None
         if tensor is not None:
@@ -105,10 +134,20 @@ class ParameterLegalizer:
             real, before = np.asarray(value, np.float64).reshape(-1), "float"
         accumulator = ipos + wpos
         dtype: type[np.signedinteger]
+        outliers = 0
         if self.profile.bias_format is BiasFormat.INT32_INPUT_PLUS_WEIGHT:
             bpos, (qmin, qmax), dtype = accumulator, INT32, np.int32
         else:
-            usable = tensor is not None and tensor.position is not None and not bias_issues(tensor, None, self.profile)
+            low, high = self.bias_limits(step, ipos, opos, weights)
+            if real.shape == low.shape:
+                outliers = int(np.count_nonzero((real < low) | (real > high)))
+                real = np.clip(real, low, high)
+            usable = (
+                tensor is not None
+                and tensor.position is not None
+                and not outliers
+                and not bias_issues(tensor, None, self.profile)
+            )
             start = tensor.position if usable and tensor is not None else None
             if start is None:
                 start = covering_position(float(real.min()), float(real.max()), 127)
@@ -130,6 +169,8 @@ class ParameterLegalizer:
         else:
             self.editor.quantize_input(step.node, 2, codes.astype(dtype), bpos)
         reason = f"bias format {self.profile.bias_format.value}"
+        if outliers:
+            reason += f"; {outliers} value(s) limited to where the output saturates anyway"
         if clipped:
             reason += f"; {clipped} value(s) saturated"
         after = _describe(np.dtype(dtype).name, bpos)
