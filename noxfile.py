@@ -112,8 +112,10 @@ def torch_fx(session: nox.Session) -> None:
 
 @nox.session
 def npu(session: nox.Session) -> None:
-    """quant-npu-export over the ONNX backend."""
+    """quant-npu-export over the ONNX backend, without torch; its console script runs."""
     session.install(CORE, ALGOS, ONNX, NPU, *TEST_DEPS)
+    _assert_absent(session, "torch")
+    session.run("quant-npu", "targets")
     _pytest(session, f"{NPU}/tests")
 
 

@@ -1,60 +1,67 @@
-"""Conv/Gemm shift rules: ``shift_cut = wpos + ipos - opos`` in the profile's range,
-``shift_bias = wpos + ipos - bpos`` in ``[min(0, shift_cut - 16), shift_bias_max]``
-(lower bound 0 when a LeakyRelu follows).
+"""The shift rules of the device, as allowed ranges of position arithmetic. ``check``
+compares the model's shifts with them; ``legalize`` clamps into them.
+
+- Conv/Gemm/MatMul: ``shift_cut = wpos + ipos - opos`` in ``shift_cut_range``;
+  ``shift_bias = wpos + ipos - bpos`` in ``[min(0, shift_cut + 8 - bias_accumulator_bits),
+  shift_bias_max]`` (lower bound ``leaky_relu_shift_bias_min`` when a LeakyRelu is fused).
+- Add/Sub: ``shift_read_i = ipos_i - min(ipos) <= add_shift_read_max`` and
+  ``shift_write = min(ipos) - opos`` in ``add_shift_write_range``.
+- Mul: ``sum(ipos) - opos`` in ``mul_shift_range`` (``swish_shift_range`` for x * hardsigmoid(x)).
+- HardSigmoid: ``ipos`` in ``hard_sigmoid_input_range``, ``opos >= hard_sigmoid_output_min``,
+  ``hard_sigmoid_shift + ipos - opos`` in ``hard_sigmoid_shift_range``.
 
 Example:
-    >>> check_conv_shifts("conv1", ipos=5, wpos=7, opos=4, bpos=9)
-    []
-    >>> [v.rule for v in check_conv_shifts("conv1", ipos=5, wpos=7, opos=-6, bpos=9)]
-    ['shift_cut']
+    >>> from quant_npu.profile import NPUProfile
+    >>> p = NPUProfile()
+    >>> shift_bias_range(p, shift_cut=2), shift_bias_range(p, shift_cut=2, leaky_relu=True)
+    ((-14, 15), (0, 15))
+    >>> clamp(17, p.shift_cut_range)
+    16
 """
 
 from __future__ import annotations
 
-import attrs
-
-from quant_npu.profile import NPUProfile
+from quant_npu.profile import NPUProfile, Range
 
 
-@attrs.frozen
-class ShiftViolation:
-    """One broken rule at one node.
+def clamp(value: int, allowed: Range) -> int:
+    """``value`` moved into ``allowed``."""
+    return max(allowed[0], min(allowed[1], value))
+
+
+def inside(value: int, allowed: Range) -> bool:
+    return allowed[0] <= value <= allowed[1]
+
+
+def shift_bias_range(profile: NPUProfile, shift_cut: int, leaky_relu: bool = False) -> Range:
+    """Allowed ``wpos + ipos - bpos`` for a given shift_cut."""
+    lo = min(0, shift_cut + 8 - profile.bias_accumulator_bits)
+    if leaky_relu and profile.leaky_relu_shift_bias_min is not None:
+        lo = profile.leaky_relu_shift_bias_min
+    return lo, profile.shift_bias_max
+
+
+def add_shift_read_range(profile: NPUProfile) -> Range:
+    return 0, profile.add_shift_read_max
+
+
+def mul_shift_range(profile: NPUProfile, swish: bool = False) -> Range:
+    return profile.swish_shift_range if swish else profile.mul_shift_range
+
+
+def hard_sigmoid_shift(profile: NPUProfile, ipos: int, opos: int) -> int:
+    """The device's right shift after multiplying by ``hard_sigmoid_multiplier``."""
+    return profile.hard_sigmoid_shift + ipos - opos
+
+
+def hard_sigmoid_output_range(profile: NPUProfile, ipos: int) -> Range:
+    """Allowed output positions of a HardSigmoid whose input is at ``ipos``.
 
     Example:
-        >>> ShiftViolation("c", "shift_cut", 17, (0, 16)).message
-        'c: shift_cut 17 outside [0, 16]'
+        >>> from quant_npu.profile import NPUProfile
+        >>> hard_sigmoid_output_range(NPUProfile(), 4)
+        (7, 18)
     """
-
-    node: str
-    rule: str
-    value: int
-    allowed: tuple[int, int]
-
-    @property
-    def message(self) -> str:
-        return f"{self.node}: {self.rule} {self.value} outside [{self.allowed[0]}, {self.allowed[1]}]"
-
-
-def check_conv_shifts(
-    node: str,
-    *,
-    ipos: int,
-    wpos: int,
-    opos: int,
-    bpos: int | None = None,
-    leaky_relu_follows: bool = False,
-    profile: NPUProfile | None = None,
-) -> list[ShiftViolation]:
-    """Violations of the conv shift rules for one node's fix positions."""
-    profile = profile or NPUProfile()
-    violations = []
-    shift_cut = wpos + ipos - opos
-    lo, hi = profile.shift_cut_range
-    if not lo <= shift_cut <= hi:
-        violations.append(ShiftViolation(node, "shift_cut", shift_cut, (lo, hi)))
-    if bpos is not None:
-        shift_bias = wpos + ipos - bpos
-        bias_lo = 0 if leaky_relu_follows else min(0, shift_cut - 16)
-        if not bias_lo <= shift_bias <= profile.shift_bias_max:
-            violations.append(ShiftViolation(node, "shift_bias", shift_bias, (bias_lo, profile.shift_bias_max)))
-    return violations
+    lo_shift, hi_shift = profile.hard_sigmoid_shift_range
+    lo = max(profile.hard_sigmoid_output_min, profile.hard_sigmoid_shift + ipos - hi_shift)
+    return lo, profile.hard_sigmoid_shift + ipos - lo_shift

@@ -1,0 +1,345 @@
+"""``check``: every device rule a QDQ model breaks, by node and rule.
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper, numpy_helper
+    >>> inits = [numpy_helper.from_array(np.array(0.3, np.float32), "s"),
+    ...          numpy_helper.from_array(np.array(0, np.int8), "z")]
+    >>> nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+    ...          helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+    ...          helper.make_node("Sigmoid", ["xd"], ["y"], name="sig")]
+    >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], inits)
+    >>> result = check(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    >>> result.ok, sorted(result.counts())
+    (False, ['not_quantized', 'power_of_two', 'unsupported_op'])
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import attrs
+import numpy as np
+import onnx
+
+from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
+from quant_npu.formats import activation_issues, bias_issues, weight_issues
+from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish, plan, step_label
+from quant_npu.profile import NPUProfile, load_profile
+from quant_npu.qdq import QDQGraph, float_attribute, int_attribute, int_list, node_attribute, node_label
+from quant_npu.shifts import (
+    add_shift_read_range,
+    hard_sigmoid_output_range,
+    hard_sigmoid_shift,
+    inside,
+    mul_shift_range,
+    shift_bias_range,
+)
+from quant_npu.violations import Violation
+
+ModelSource = str | os.PathLike[str] | onnx.ModelProto
+
+
+@attrs.frozen
+class CheckResult:
+    """The violations of one model under one profile.
+
+    Example:
+        >>> CheckResult("xint8", ()).ok
+        True
+    """
+
+    target: str
+    violations: tuple[Violation, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def counts(self) -> dict[str, int]:
+        """Violations per rule."""
+        return dict(Counter(v.rule for v in self.violations))
+
+    def unfixable(self) -> tuple[Violation, ...]:
+        return tuple(v for v in self.violations if not v.fixable)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "ok": self.ok,
+            "counts": dict(sorted(self.counts().items())),
+            "violations": [v.to_dict() for v in self.violations],
+        }
+
+    def format_text(self) -> str:
+        if self.ok:
+            return f"ok: the model meets every rule of target '{self.target}'"
+        lines = [v.line for v in self.violations]
+        fixable = len(self.violations) - len(self.unfixable())
+        lines.append(
+            f"{len(self.violations)} violation(s) of target '{self.target}' ({fixable} fixable by legalize): "
+            + ", ".join(f"{rule} {n}" for rule, n in sorted(self.counts().items()))
+        )
+        return "\n".join(lines)
+
+
+class _Checker:
+    def __init__(self, qdq: QDQGraph, profile: NPUProfile) -> None:
+        self.qdq = qdq
+        self.profile = profile
+        self.steps = plan(qdq, profile)
+        self.found: list[Violation] = []
+        self.seen_tensors: set[str] = set()
+
+    # ------------------------------------------------------------------ helpers
+    def add(self, node: str, op_type: str, rule: str, message: str, fixable: bool = True) -> None:
+        self.found.append(Violation(node, op_type, rule, message, fixable))
+
+    def step_add(self, step: Step, rule: str, message: str, fixable: bool = True) -> None:
+        op = step.op_type if step.activation is None else f"{step.op_type}+{step.activation.op_type}"
+        self.add(step_label(step), op, rule, message, fixable)
+
+    def pos(self, key: str | None) -> int | None:
+        return self.qdq.position(key)
+
+    def float_inputs(self, step: Step) -> list[str]:
+        """Inputs of the main node that carry float data (not quantized, not constant, not shape)."""
+        names = []
+        for name, key in zip(step.node.input, step.data_inputs, strict=True):
+            if not name or key is not None or name in self.qdq.host_values or self.qdq.constant(name) is not None:
+                continue
+            names.append(name)
+        return names
+
+    # ------------------------------------------------------------------ rules
+    def run(self) -> list[Violation]:
+        for step in self.steps:
+            self.check_step(step)
+        return self.found
+
+    def check_step(self, step: Step) -> None:
+        op = step.op_type
+        if op not in self.profile.accepted_ops:
+            self.step_add(step, "unsupported_op", f"{op} is not in target '{self.profile.name}'", fixable=False)
+        floats = self.float_inputs(step)
+        if floats:
+            self.step_add(step, "not_quantized", f"reads float tensor {floats[0]!r}", fixable=False)
+        if step.output is None:
+            out = (step.activation or step.node).output[0]
+            self.step_add(step, "not_quantized", f"writes float tensor {out!r}", fixable=False)
+        self.check_formats(step)
+        if op in WEIGHTED_OPS:
+            self.check_weighted(step)
+        elif op in ADD_OPS:
+            self.check_add(step)
+        elif op == "Mul":
+            self.check_mul(step)
+        elif op in ("HardSigmoid", "HardSwish"):
+            self.check_hard_sigmoid(step)
+        if op in self.profile.shared_position_ops or op in self.profile.layout_ops or op == "Resize":
+            self.check_shared(step)
+        if op in ("MaxPool", "AveragePool"):
+            kernel = int_list(step.node, "kernel_shape")
+            if kernel and max(kernel) > self.profile.pool_kernel_max:
+                limit = self.profile.pool_kernel_max
+                self.step_add(step, "engine_limit", f"pool kernel {kernel}; allowed: <= {limit}", fixable=False)
+        if op == "Resize":
+            mode = node_attribute(step.node, "mode", b"nearest")
+            text = mode.decode() if isinstance(mode, bytes) else str(mode)
+            if text not in self.profile.resize_modes:
+                allowed = ", ".join(sorted(self.profile.resize_modes))
+                self.step_add(step, "unsupported_attribute", f"Resize mode {text!r}; allowed: {allowed}", False)
+        for node in step.nodes:
+            if node.op_type == "LeakyRelu":
+                self.check_leaky_relu(step, node)
+        if step.skipped is not None:
+            self.check_fused(step)
+
+    def check_formats(self, step: Step) -> None:
+        keys = [k for k in step.data_inputs if k is not None]
+        if step.op_type in WEIGHTED_OPS and len(keys) > 1 and self.qdq.tensors[keys[1]].is_constant:
+            keys = keys[:1]  # weights and biases have their own rules
+        if step.output is not None:
+            keys.append(step.output)
+        for key in keys:
+            if key in self.seen_tensors:
+                continue
+            self.seen_tensors.add(key)
+            tensor = self.qdq.tensors[key]
+            node, op = self.tensor_owner(key)
+            for rule, message in activation_issues(tensor, self.profile):
+                self.add(node, op, rule, message)
+
+    def tensor_owner(self, key: str) -> tuple[str, str]:
+        tensor = self.qdq.tensors[key]
+        producer = self.qdq.producer(tensor.float_name) if tensor.float_name else None
+        if producer is not None:
+            return node_label(producer), producer.op_type
+        quantizer = self.qdq.quantizers.get(key)
+        return (node_label(quantizer), quantizer.op_type) if quantizer is not None else (key, "Constant")
+
+    def check_weighted(self, step: Step) -> None:
+        node = step.node
+        weight_key = step.data_inputs[1] if len(step.data_inputs) > 1 else None
+        weight = self.qdq.tensors.get(weight_key) if weight_key else None
+        if node.op_type == "Gemm":
+            for attr, default in (("alpha", 1.0), ("beta", 1.0), ("transA", 0)):
+                value = node_attribute(node, attr, default)
+                if value != default:
+                    self.step_add(step, "unsupported_attribute", f"Gemm {attr}={value}; allowed: {default}", False)
+        if weight is None or not weight.is_constant:
+            if node.op_type != "MatMul" or weight is None:
+                self.step_add(step, "not_quantized", "weight is not an integer constant", fixable=False)
+                return
+            self.check_mul(step)  # activation x activation
+            return
+        for rule, message in weight_issues(weight, self.profile):
+            self.step_add(step, rule, message)
+        if node.op_type == "Conv" and weight.codes is not None:
+            self.check_conv_limits(step, weight.codes.shape)
+        ipos, wpos, opos = self.pos(step.data_inputs[0]), weight.position, self.pos(step.output)
+        if wpos is None and weight.fix_pos is not None:
+            wpos = int(weight.fix_pos.max())  # per-channel: the channel with the largest shift
+        bias_key = step.data_inputs[2] if len(step.data_inputs) > 2 else None
+        has_bias = len(node.input) > 2 and bool(node.input[2])
+        accumulator = None if ipos is None or wpos is None else ipos + wpos
+        if has_bias:
+            bias = self.qdq.tensors.get(bias_key) if bias_key else None
+            for rule, message in bias_issues(bias, accumulator, self.profile):
+                self.step_add(step, rule, message)
+        if ipos is None or wpos is None or opos is None:
+            return
+        shift_cut = ipos + wpos - opos
+        if not inside(shift_cut, self.profile.shift_cut_range):
+            lo, hi = self.profile.shift_cut_range
+            self.step_add(
+                step, "shift_cut", f"wpos {wpos} + ipos {ipos} - opos {opos} = {shift_cut}; allowed: [{lo}, {hi}]"
+            )
+        bias_pos = self.pos(bias_key) if has_bias else None
+        if bias_pos is not None:
+            leaky = step.activation is not None and step.activation.op_type == "LeakyRelu"
+            lo, hi = shift_bias_range(self.profile, shift_cut, leaky)
+            shift_bias = ipos + wpos - bias_pos
+            if not lo <= shift_bias <= hi:
+                message = f"wpos {wpos} + ipos {ipos} - bpos {bias_pos} = {shift_bias}; allowed: [{lo}, {hi}]"
+                self.step_add(step, "shift_bias", message)
+
+    def check_conv_limits(self, step: Step, weight_shape: tuple[int, ...]) -> None:
+        group = int_attribute(step.node, "group", 1)
+        kernel = list(weight_shape[2:])
+        strides = int_list(step.node, "strides", [1] * len(kernel))
+        depthwise = group > 1 and weight_shape[1] == 1
+        p = self.profile
+        k_range, s_range = (
+            (p.depthwise_kernel_range, p.depthwise_stride_range)
+            if depthwise
+            else (p.conv_kernel_range, p.conv_stride_range)
+        )
+        kind = "depthwise conv" if depthwise else "conv"
+        if kernel and not (k_range[0] <= min(kernel) and max(kernel) <= k_range[1]):
+            self.step_add(step, "engine_limit", f"{kind} kernel {kernel}; allowed: {list(k_range)}", fixable=False)
+        if strides and not (s_range[0] <= min(strides) and max(strides) <= s_range[1]):
+            self.step_add(step, "engine_limit", f"{kind} stride {strides}; allowed: {list(s_range)}", fixable=False)
+
+    def check_add(self, step: Step) -> None:
+        positions = [self.pos(k) for k in step.data_inputs if k is not None]
+        opos = self.pos(step.output)
+        if len(positions) < 2 or any(p is None for p in positions) or opos is None:
+            return
+        known = [int(p) for p in positions if p is not None]
+        low = min(known)
+        _lo, hi = add_shift_read_range(self.profile)
+        for key, p in zip([k for k in step.data_inputs if k is not None], known, strict=True):
+            if p - low > hi:
+                self.step_add(
+                    step, "shift_read", f"input {key} at {p}, min input position {low}; allowed: <= {hi} apart"
+                )
+        write = low - opos
+        if not inside(write, self.profile.add_shift_write_range):
+            wlo, whi = self.profile.add_shift_write_range
+            self.step_add(step, "shift_write", f"min(ipos) {low} - opos {opos} = {write}; allowed: [{wlo}, {whi}]")
+        if self.profile.add_inputs_share_position and len(set(known)) > 1:
+            self.step_add(step, "shared_position", f"input positions {known}; allowed: one position")
+
+    def check_mul(self, step: Step) -> None:
+        positions = [self.pos(k) for k in step.data_inputs if k is not None]
+        opos = self.pos(step.output)
+        if len(positions) < 2 or any(p is None for p in positions) or opos is None:
+            return
+        shift = sum(int(p) for p in positions if p is not None) - opos
+        allowed = mul_shift_range(self.profile, swish=is_swish(self.qdq, step))
+        if not inside(shift, allowed):
+            self.step_add(
+                step, "mul_shift", f"sum(ipos) {shift + opos} - opos {opos} = {shift}; allowed: {list(allowed)}"
+            )
+
+    def check_hard_sigmoid(self, step: Step) -> None:
+        node = step.node
+        if node.op_type == "HardSigmoid":
+            alpha = float_attribute(node, "alpha", 0.2)
+            beta = float_attribute(node, "beta", 0.5)
+            if not is_device_hard_sigmoid(alpha, beta):
+                self.step_add(step, "unsupported_attribute", f"alpha {alpha}, beta {beta}; allowed: 1/6, 0.5", False)
+        ipos, opos = self.pos(step.data_inputs[0]), self.pos(step.output)
+        if ipos is None or opos is None:
+            return
+        p = self.profile
+        lo, hi = p.hard_sigmoid_input_range
+        if not lo <= ipos <= hi:
+            self.step_add(step, "hard_sigmoid", f"input position {ipos}; allowed: [{lo}, {hi}]")
+        if node.op_type == "HardSigmoid":
+            olo, ohi = hard_sigmoid_output_range(p, ipos)
+            if not olo <= opos <= ohi:
+                shift = hard_sigmoid_shift(p, ipos, opos)
+                self.step_add(step, "hard_sigmoid", f"output position {opos} (shift {shift}); allowed: [{olo}, {ohi}]")
+            return
+        hpos = p.hard_swish_sigmoid_position
+        swish = ipos + hpos - opos
+        if not inside(swish, p.swish_shift_range):
+            allowed = list(p.swish_shift_range)
+            self.step_add(step, "hard_sigmoid", f"swish shift ipos + {hpos} - opos = {swish}; allowed: {allowed}")
+
+    def check_shared(self, step: Step) -> None:
+        keys = [k for k in step.data_inputs if k is not None]
+        if step.op_type != "Concat":
+            keys = keys[:1]
+        if step.output is not None:
+            keys.append(step.output)
+        positions = {k: self.pos(k) for k in keys}
+        known = {p for p in positions.values() if p is not None}
+        if len(known) > 1:
+            listed = ", ".join(f"{k}@{p}" for k, p in positions.items())
+            self.step_add(step, "shared_position", f"{listed}; allowed: one position (the minimum)")
+
+    def check_leaky_relu(self, step: Step, node: onnx.NodeProto) -> None:
+        alpha = float_attribute(node, "alpha", 0.01)
+        numerator, bits = leaky_relu_alpha(alpha, self.profile)
+        if numerator / 2**bits != np.float64(np.float32(alpha)):
+            self.step_add(step, "leaky_relu_alpha", f"alpha {alpha:.8g} runs as {numerator}/{2**bits}")
+
+    def check_fused(self, step: Step) -> None:
+        assert step.activation is not None and step.skipped is not None
+        if step.activation.op_type in COMMUTING_ACTIVATIONS:
+            inner, outer = self.pos(step.skipped), self.pos(step.output)
+            if inner is not None and outer is not None and inner != outer:
+                self.step_add(step, "fused_position", f"{step.skipped}@{inner} before the activation, @{outer} after")
+        else:
+            self.step_add(
+                step, "fused_position", f"{step.skipped} is quantized before the fused {step.activation.op_type}"
+            )
+
+
+def check(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None = None) -> CheckResult:
+    """Every rule of ``target`` (a profile, a built-in name or a ``.json`` file; default
+    ``xint8``) that ``model`` (a path or ModelProto, never modified) breaks."""
+    from quant_onnx.model_io import load_model
+
+    return check_loaded(load_model(model), load_profile(target))
+
+
+def check_loaded(model: onnx.ModelProto, profile: NPUProfile) -> CheckResult:
+    """:func:`check` of an already loaded and validated model."""
+    return CheckResult(profile.name, tuple(_Checker(QDQGraph(model), profile).run()))

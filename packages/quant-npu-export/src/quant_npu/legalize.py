@@ -1,0 +1,249 @@
+"""``legalize``: a QDQ model changed so that it meets the profile, where that is possible.
+
+What it fixes: activation formats (symmetric, power-of-two, 8-bit; uint8 at zero point
+128 kept where the profile accepts it), shared positions (the group's minimum), the
+Add/Sub/Mul/HardSigmoid shift rules (output or input positions moved), shift_cut (weight
+position moved), weight format (per-tensor int8 in ``[weight_qmin, 127]``), bias format
+and shift_bias (bias requantized), LeakyRelu alpha (set to the device's value), and QDQ
+pairs between an op and a fused LeakyRelu (removed, so the CPU model rounds once like the
+device). What it cannot fix (unsupported ops, float islands, engine limits) stays, and
+``remaining`` lists it. The input model is never modified.
+
+Example:
+    >>> import numpy as np
+    >>> from onnx import TensorProto, helper, numpy_helper
+    >>> inits = [numpy_helper.from_array(np.array(0.3, np.float32), "s"),
+    ...          numpy_helper.from_array(np.array(128, np.uint8), "z")]
+    >>> nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+    ...          helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+    ...          helper.make_node("Relu", ["xd"], ["r"], name="relu"),
+    ...          helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"], name="q2"),
+    ...          helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["y"], name="dq2")]
+    >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], inits)
+    >>> result = legalize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    >>> result.remaining.ok, [c.line for c in result.changes][:1]
+    (True, ['activation xq: uint8 scale 0.3 -> uint8@1 (power-of-two symmetric int8 format)'])
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+import numpy as np
+import onnx
+
+from quant_npu.approximations import device_leaky_relu_alpha
+from quant_npu.check import CheckResult, check_loaded
+from quant_npu.formats import activation_issues
+from quant_npu.parameters import ParameterLegalizer, legalize_operand
+from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, plan
+from quant_npu.positions import PositionSolver, representable_range
+from quant_npu.profile import NPUProfile, load_profile
+from quant_npu.qdq import QDQGraph, QuantTensor, float_attribute, node_label
+
+ModelSource = str | os.PathLike[str] | onnx.ModelProto
+
+
+@attrs.frozen
+class Change:
+    """One edit ``legalize`` made.
+
+    Example:
+        >>> Change("bias", "conv1", "int32@12", "int8@6", "bias format").line
+        'bias conv1: int32@12 -> int8@6 (bias format)'
+    """
+
+    kind: str
+    target: str
+    before: str
+    after: str
+    reason: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.kind} {self.target}: {self.before} -> {self.after} ({self.reason})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(eq=False)
+class LegalizeResult:
+    """The legalised model, what changed, and what still breaks a rule (see the module
+    example: ``result.remaining.ok``, ``result.changes``)."""
+
+    model: onnx.ModelProto
+    changes: tuple[Change, ...]
+    remaining: CheckResult
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        kinds: dict[str, int] = {}
+        for change in self.changes:
+            kinds[change.kind] = kinds.get(change.kind, 0) + 1
+        return {
+            "target": self.remaining.target,
+            "ok": self.remaining.ok,
+            "changes_by_kind": kinds,
+            "changes": [c.to_dict() for c in self.changes],
+            "remaining": self.remaining.to_dict(),
+            "notes": list(self.notes),
+        }
+
+    def format_text(self) -> str:
+        lines = [c.line for c in self.changes] + [f"note: {n}" for n in self.notes]
+        lines.append(f"{len(self.changes)} change(s)")
+        if self.remaining.ok:
+            lines.append(f"ok: the legalised model meets every rule of target '{self.remaining.target}'")
+        else:
+            lines.append("not fixed:")
+            lines.append(self.remaining.format_text())
+        return "\n".join(lines)
+
+
+def storage(tensor: QuantTensor, profile: NPUProfile) -> tuple[int, int]:
+    """``(elem_type, zero_point)`` a device activation is stored with: the tensor's own
+    signed type at its width, uint8 at 128 where the profile accepts that encoding, else int8.
+
+    Example:
+        >>> t = QuantTensor("a", np.array(1.0, np.float32), np.array(0), onnx.TensorProto.UINT16, None)
+        >>> storage(t, NPUProfile())
+        (2, 128)
+    """
+    bits = profile.activation_bits
+    if not tensor.signed and profile.accept_uint8_offset and bits == 8:
+        return onnx.TensorProto.UINT8, 128
+    signed = {8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16}[bits]
+    return signed, 0
+
+
+class _Legalizer:
+    def __init__(self, model: onnx.ModelProto, profile: NPUProfile) -> None:
+        from quant_npu.rewrite import ModelEditor
+
+        self.model = model
+        self.profile = profile
+        self.qdq = QDQGraph(model)
+        self.steps = plan(self.qdq, profile)
+        self.editor = ModelEditor(model)
+        self.changes: list[Change] = []
+        self.notes: list[str] = []
+
+    def run(self) -> None:
+        self.leaky_relu_alphas()
+        solver = PositionSolver(self.qdq, self.steps, self.profile)
+        moved = {c.key: c for c in solver.solve()}
+        self.notes.extend(solver.notes)
+        for key in solver.keys:
+            tensor = self.qdq.tensors[key]
+            position = solver.pos[key]
+            if tensor.is_constant:
+                if key in moved or activation_issues(tensor, self.profile):
+                    before = legalize_operand(self.qdq, self.editor, key, position, self.profile)
+                    reason = moved[key].reason if key in moved else "device format"
+                    self.changes.append(Change("constant", key, before, f"int8@{position}", reason))
+                continue
+            elem_type, zero_point = storage(tensor, self.profile)
+            exact = tensor.position == position and tensor.elem_type == elem_type and tensor.is_symmetric
+            if exact and not activation_issues(tensor, self.profile):
+                continue
+            if not tensor.is_symmetric:
+                self.keep_clamp(key, tensor)
+            self.editor.set_activation(self.qdq, key, position, zero_point, elem_type)
+            after = f"{np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name}@{position}"
+            reason = moved[key].reason if key in moved else "device format"
+            self.changes.append(Change("activation", key, tensor.describe(), after, reason))
+        parameters = ParameterLegalizer(self.qdq, self.profile, self.editor, solver.pos)
+        for step in self.steps:
+            if step.op_type in WEIGHTED_OPS:
+                parameters.legalize(step)
+        self.changes.extend(Change(c.kind, c.target, c.before, c.after, c.reason) for c in parameters.changes)
+        self.notes.extend(parameters.notes)
+        self.unfuse_quantization()
+
+    def keep_clamp(self, key: str, tensor: QuantTensor) -> None:
+        """An asymmetric tensor that holds no negative values clamps at 0 (and at its top) by
+        saturation alone: a writer drops a Relu/Clip(0, 6) it reproduces that way. Made
+        symmetric, the tensor would hold negative values, so the clamp comes back as an op
+        fused into the producer."""
+        lo, hi = representable_range(tensor)
+        producer = self.qdq.producer(tensor.float_name) if tensor.float_name else None
+        if lo < 0 or producer is None:
+            return
+        fusable = self.profile.fusions.get(producer.op_type, frozenset())
+        if "Clip" in fusable:
+            op = self.editor.insert_clamp(self.qdq, key, lo, hi)
+        elif "Relu" in fusable and lo == 0:
+            op = self.editor.insert_clamp(self.qdq, key, 0.0, None)
+        else:
+            return
+        self.changes.append(Change("clamp", key, "saturation", op, "an asymmetric quantizer clamped there"))
+
+    def leaky_relu_alphas(self) -> None:
+        for step in self.steps:
+            for node in step.nodes:
+                if node.op_type != "LeakyRelu":
+                    continue
+                alpha = float_attribute(node, "alpha", 0.01)
+                device = device_leaky_relu_alpha(alpha, self.profile)
+                if device == float(np.float32(alpha)):
+                    continue
+                kept = [a for a in node.attribute if a.name != "alpha"]
+                del node.attribute[:]
+                node.attribute.extend([*kept, onnx.helper.make_attribute("alpha", device)])
+                self.changes.append(
+                    Change("leaky_relu_alpha", node_label(node), f"{alpha:.8g}", f"{device}", "the device's alpha")
+                )
+
+    def unfuse_quantization(self) -> None:
+        """Drop the QDQ pair between an op and a fused activation that does not commute
+        with rounding (LeakyRelu): the device never rounds there."""
+        for step in self.steps:
+            if step.skipped is None or step.activation is None:
+                continue
+            if step.activation.op_type in COMMUTING_ACTIVATIONS:
+                continue
+            self.editor.remove_pair(self.qdq, step.skipped)
+            self.changes.append(
+                Change("fused_qdq", step.skipped, "quantized", "removed", f"fused into {step.op_type} {step.name!r}")
+            )
+
+
+def legalize_model(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None = None) -> LegalizeResult:
+    """Legalise ``model`` (path or ModelProto, never modified) for ``target`` (a profile,
+    built-in name or ``.json`` file; default ``xint8``)."""
+    from quant_onnx.model_io import check_model, load_model
+
+    profile = load_profile(target)
+    work = load_model(model)
+    legalizer = _Legalizer(work, profile)
+    legalizer.run()
+    result = legalizer.editor.finish()
+    check_model(result, "<legalised model>")
+    remaining = check_loaded(result, profile)
+    return LegalizeResult(result, tuple(legalizer.changes), remaining, tuple(legalizer.notes))
+
+
+def legalize(
+    model_in: str | os.PathLike[str],
+    model_out: str | os.PathLike[str],
+    target: str | os.PathLike[str] | NPUProfile | None = None,
+    *,
+    report_path: str | os.PathLike[str] | None = None,
+) -> LegalizeResult:
+    """:func:`legalize_model` and write the result to ``model_out`` (atomically; never over
+    the input) and, when given, a JSON report."""
+    from quant_onnx.model_io import save_model
+
+    result = legalize_model(model_in, target)
+    save_model(result.model, model_out, input_path=model_in)
+    if report_path is not None:
+        import json
+
+        from quant_core.atomic_io import atomic_write
+
+        atomic_write(report_path, json.dumps(result.to_dict(), indent=2) + "\n")
+    return result

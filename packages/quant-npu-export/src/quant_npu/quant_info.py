@@ -1,0 +1,220 @@
+"""Vitis AI's ``quant_info.json``: the bit width and fix position of every quantized
+tensor, the file ``pytorch_nndct``'s quantizer writes and reads back.
+
+Layout (keys are ``<graph name>::<tensor name>``, each value a list with one
+``[bit_width, fix_position]`` pair; ``null`` position: not quantized)::
+
+    {"param":  {"net::conv1.weight_quantized": [[8, 7]], "net::conv1.bias_quantized": [[8, 6]]},
+     "input":  {"net::input": [[8, 6]]},
+     "output": {"net::/conv1/Conv_output_0": [[8, 4]]},
+     "fast_finetuned": false, "bias_corrected": false, "version": "quant-npu-export 0.1.0"}
+
+``param`` names the integer initializers of weights, biases and constant operands,
+``input`` the graph inputs, ``output`` every other activation by the float tensor its
+QuantizeLinear reads. :func:`import_quant_info` applies such a file to a QDQ model (fix
+positions of activations; parameters requantized from their exact real values).
+
+Example:
+    >>> parse_key("ResNet::layer1.conv.weight")
+    'layer1.conv.weight'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import onnx
+
+from quant_npu.profile import NPUProfile, load_profile
+from quant_npu.qdq import QDQGraph, QuantTensor
+from quant_npu.rewrite import ModelEditor, quantize_real
+
+ModelSource = str | os.PathLike[str] | onnx.ModelProto
+SECTIONS = ("param", "input", "output")
+
+
+def parse_key(key: str) -> str:
+    """The tensor name of a ``quant_info.json`` key (the part after ``::``)."""
+    return key.split("::", 1)[1] if "::" in key else key
+
+
+def _position(tensor: QuantTensor) -> int:
+    pos = tensor.fix_pos
+    if pos is None:
+        raise ValueError(
+            f"tensor {tensor.key!r}: {tensor.describe()} is not a power of two; run quant-npu legalize first"
+        )
+    if np.unique(pos).size != 1:
+        raise ValueError(f"tensor {tensor.key!r}: one position per channel; quant_info.json holds one per tensor")
+    return int(pos.reshape(-1)[0])
+
+
+def export_quant_info(model: ModelSource) -> dict[str, Any]:
+    """The ``quant_info.json`` data of a QDQ model with power-of-two scales.
+
+    Example:
+        >>> import numpy as np
+        >>> from onnx import TensorProto, helper, numpy_helper
+        >>> inits = [numpy_helper.from_array(np.array(0.125, np.float32), "s"),
+        ...          numpy_helper.from_array(np.array(0, np.int8), "z")]
+        >>> nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        ...          helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["y"])]
+        >>> g = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], inits)
+        >>> export_quant_info(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))["input"]
+        {'net::x': [[8, 3]]}
+    """
+    from quant_npu import __version__
+    from quant_onnx.model_io import load_model
+
+    loaded = load_model(model)
+    qdq = QDQGraph(loaded)
+    prefix = loaded.graph.name or "model"
+    data: dict[str, Any] = {section: {} for section in SECTIONS}
+    for tensor in qdq.tensors.values():
+        entry = [[tensor.bits, _position(tensor)]]
+        if tensor.is_constant:
+            data["param"].setdefault(f"{prefix}::{tensor.initializer}", entry)
+        elif tensor.float_name is not None:
+            section = "input" if qdq.index.is_graph_input(tensor.float_name) else "output"
+            data[section].setdefault(f"{prefix}::{tensor.float_name}", entry)
+    data.update({"fast_finetuned": False, "bias_corrected": False, "version": f"quant-npu-export {__version__}"})
+    return data
+
+
+def dumps(data: Mapping[str, Any]) -> str:
+    """JSON text in Vitis AI's layout: one tensor entry per line.
+
+    Example:
+        >>> print(dumps({"param": {"m::w": [[8, 7]]}, "version": "x"}))
+        {
+          "param": {
+            "m::w": [[8, 7]]
+          },
+          "version": "x"
+        }
+    """
+    blocks = []
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            lines = [f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()]
+            body = "{\n" + ",\n".join(lines) + "\n  }" if lines else "{}"
+            blocks.append(f"  {json.dumps(key)}: {body}")
+        else:
+            blocks.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(blocks) + "\n}\n"
+
+
+def write_quant_info(model: ModelSource, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """:func:`export_quant_info` written to ``path`` (atomically); returns the data."""
+    from quant_core.atomic_io import atomic_write
+
+    data = export_quant_info(model)
+    atomic_write(path, dumps(data))
+    return data
+
+
+@attrs.frozen(eq=False)
+class ImportResult:
+    """The model with the file's positions, and what did not match.
+
+    Example:
+        >>> ImportResult(onnx.ModelProto(), 3, ("net::gone",), ()).unmatched
+        ('net::gone',)
+    """
+
+    model: onnx.ModelProto
+    applied: int
+    unmatched: tuple[str, ...]
+    not_in_file: tuple[str, ...]
+
+
+def _entries(info: Mapping[str, Any]) -> dict[str, tuple[int, int | None]]:
+    entries: dict[str, tuple[int, int | None]] = {}
+    for section in SECTIONS:
+        block = info.get(section, {})
+        if not isinstance(block, Mapping):
+            raise ValueError(f"quant_info: section {section!r} must be an object of tensor entries")
+        for key, value in block.items():
+            try:
+                bits, pos = value[0]
+                entries[parse_key(key)] = (int(bits), None if pos is None else int(pos))
+            except (TypeError, ValueError, IndexError):
+                raise ValueError(
+                    f"quant_info: entry {key!r} is {value!r}; allowed: [[bit_width, fix_position]]"
+                ) from None
+    return entries
+
+
+def load_quant_info(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """The data of a ``quant_info.json`` file (or the mapping itself)."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"quant_info: file '{path}' not found")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"quant_info: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"quant_info: '{path}' must hold a JSON object")
+    return data
+
+
+def _storage(bits: int, tensor: QuantTensor) -> tuple[int, int]:
+    unsigned = {8: onnx.TensorProto.UINT8, 16: onnx.TensorProto.UINT16}
+    signed = {8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16, 32: onnx.TensorProto.INT32}
+    if not tensor.signed and bits in unsigned:
+        return unsigned[bits], 2 ** (bits - 1)
+    if bits not in signed:
+        raise ValueError(f"quant_info: tensor {tensor.key!r}: bit width {bits}; allowed: 8, 16, 32")
+    return signed[bits], 0
+
+
+def import_quant_info(
+    model: ModelSource,
+    info: str | os.PathLike[str] | Mapping[str, Any],
+    target: str | os.PathLike[str] | NPUProfile | None = None,
+) -> ImportResult:
+    """``model`` (never modified) with the positions and bit widths of ``info``: each
+    activation's QuantizeLinear/DequantizeLinear get ``2**-pos`` (symmetric), each
+    parameter is requantized from its exact real values with the profile's rounding.
+    Tensors are matched by name (see the module docstring)."""
+    from quant_onnx.model_io import check_model, load_model
+
+    profile = load_profile(target)
+    work = load_model(model)
+    qdq = QDQGraph(work)
+    entries = _entries(load_quant_info(info))
+    editor = ModelEditor(work)
+    matched: set[str] = set()
+    missing: list[str] = []
+    for key, tensor in qdq.tensors.items():
+        name = tensor.initializer if tensor.is_constant else tensor.float_name
+        if name is None or name not in entries:
+            missing.append(name or key)
+            continue
+        matched.add(name)
+        bits, pos = entries[name]
+        if pos is None:
+            continue
+        elem_type, zero_point = _storage(bits, tensor)
+        if tensor.is_constant:
+            info_type = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+            limits = np.iinfo(info_type)
+            rounding = profile.bias_rounding if bits > 8 else profile.weight_rounding
+            codes, _clipped = quantize_real(tensor.real_values(), pos, int(limits.min), int(limits.max), rounding)
+            editor.set_constant(qdq, key, codes.astype(info_type), pos)
+        else:
+            editor.set_activation(qdq, key, pos, zero_point, elem_type)
+    result = editor.finish()
+    check_model(result, "<model with imported quant_info>")
+    unmatched = tuple(sorted(set(entries) - matched))
+    return ImportResult(result, len(matched), unmatched, tuple(missing))

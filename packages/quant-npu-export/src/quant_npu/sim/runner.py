@@ -1,0 +1,158 @@
+"""Running a compiled program over batches, with a progress bar."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+
+from quant_npu.profile import NPUProfile, load_profile
+from quant_npu.sim.program import HostOperation, Program, compile_program, quantize_input
+
+ModelSource = str | os.PathLike[str] | onnx.ModelProto
+BATCH_ELEMENTS = 2**25
+"""Automatic batch size: the largest tensor of a batch holds about this many elements
+(128 MB as float32), at most :data:`MAX_BATCH` samples."""
+MAX_BATCH = 1024
+
+
+class NPUSimulator:
+    """An integer-only simulation of what an XINT8 NPU computes for a QDQ model.
+
+    Args:
+        model: a legalised QDQ model (path or ModelProto; never modified).
+        target: profile (name, ``.json`` file or :class:`NPUProfile`; default ``xint8``).
+        rounding: ``"device"`` (the profile's rounding, half-up by default) or ``"onnx"``
+            (half-to-even, what onnxruntime's QuantizeLinear does), or a RoundMode name.
+
+    Example:
+        >>> import numpy as np
+        >>> from onnx import TensorProto, helper, numpy_helper
+        >>> inits = [numpy_helper.from_array(np.array(0.25, np.float32), "s"),
+        ...          numpy_helper.from_array(np.array(0, np.int8), "z")]
+        >>> nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        ...          helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        ...          helper.make_node("Relu", ["xd"], ["r"], name="relu"),
+        ...          helper.make_node("QuantizeLinear", ["r", "s", "z"], ["rq"]),
+        ...          helper.make_node("DequantizeLinear", ["rq", "s", "z"], ["y"])]
+        >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])], inits)
+        >>> sim = NPUSimulator(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+        >>> sim.run(np.array([[-1.0, 0.375, 0.625]], np.float32), quiet=True)["y"].tolist()
+        [[0.0, 0.5, 0.75]]
+    """
+
+    def __init__(
+        self,
+        model: ModelSource,
+        target: str | os.PathLike[str] | NPUProfile | None = None,
+        rounding: str = "device",
+    ) -> None:
+        from quant_onnx.model_io import load_model
+
+        self.profile = load_profile(target)
+        self.rounding = self.profile.rounding_for(rounding)
+        self.model = load_model(model)
+        self.program: Program = compile_program(self.model, self.profile, self.rounding)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.program.notes
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.program.inputs) + [k for k in self.program.raw_inputs if k not in self.program.inputs]
+
+    def _feeds(self, data: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = self.input_names
+        if isinstance(data, Mapping):
+            missing = [n for n in names if n not in data]
+            if missing:
+                raise ValueError(f"data: input {missing[0]!r} is missing; model inputs: {', '.join(names)}")
+            feeds = {n: np.asarray(data[n]) for n in names}
+        else:
+            if len(names) != 1:
+                raise ValueError(f"data: one array given; the model has inputs {', '.join(names)} (use a .npz)")
+            feeds = {names[0]: np.asarray(data)}
+        sizes = {len(v) for v in feeds.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"data: inputs have different sample counts {sorted(sizes)}")
+        return feeds
+
+    def run_batch(
+        self, feeds: Mapping[str, np.ndarray], integer: bool = False, sizes: list[int] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One batch through the program; outputs dequantized (float32) or, with
+        ``integer``, the signed integer codes. ``sizes`` collects every tensor's element count."""
+        program = self.program
+        values: dict[str, np.ndarray] = dict(program.constants)
+        for name, quantizers in program.inputs.items():
+            values[name] = feeds[name]
+            for key, qp in quantizers:
+                values[key] = quantize_input(feeds[name], qp, program.mode)
+        for name, (key, zero_point) in program.raw_inputs.items():
+            values[key] = np.asarray(feeds[name]).astype(np.int64) - zero_point
+        for operation in program.operations:
+            if isinstance(operation, HostOperation):
+                values.update(operation.run(values))
+                continue
+            arguments = [values[k] for k in operation.data]
+            arguments += [values[p] if p else None for p in operation.params]  # type: ignore[misc]
+            values[operation.output] = operation.kernel(*arguments)
+            if sizes is not None:
+                sizes.append(values[operation.output].size)
+        outputs = {}
+        for name, (key, position) in program.outputs.items():
+            codes = values[key]
+            outputs[name] = codes if integer else np.ldexp(codes.astype(np.float32), -position).astype(np.float32)
+        return outputs
+
+    def run(
+        self,
+        data: np.ndarray | Mapping[str, np.ndarray],
+        *,
+        batch_size: int | None = None,
+        quiet: bool = False,
+        integer: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """Every graph output for ``data`` (one array for a single-input model, else
+        ``{input name: array}``; first axis = samples), batch by batch (``batch_size``
+        None: sized from the model's largest tensor, see :data:`BATCH_ELEMENTS`)."""
+        from tqdm import tqdm
+
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size: {batch_size} is out of range; allowed: an integer >= 1")
+        feeds = self._feeds(data)
+        count = len(next(iter(feeds.values())))
+        if batch_size is None:
+            batch_size = self.automatic_batch_size(feeds) if count else 1
+        parts: dict[str, list[np.ndarray]] = {}
+        starts = range(0, count, batch_size)
+        for start in tqdm(starts, desc="simulate", unit="batch", disable=quiet):
+            batch = {n: v[start : start + batch_size] for n, v in feeds.items()}
+            for name, value in self.run_batch(batch, integer).items():
+                parts.setdefault(name, []).append(value)
+        return {name: np.concatenate(values) for name, values in parts.items()}
+
+    def automatic_batch_size(self, feeds: Mapping[str, np.ndarray]) -> int:
+        """Samples per batch so that the largest tensor holds about :data:`BATCH_ELEMENTS`
+        elements (measured on one sample)."""
+        sizes: list[int] = []
+        self.run_batch({n: v[:1] for n, v in feeds.items()}, sizes=sizes)
+        largest = max([*sizes, *(v[:1].size for v in feeds.values()), 1])
+        return int(max(1, min(MAX_BATCH, 2 ** int(np.log2(max(BATCH_ELEMENTS // largest, 1))))))
+
+
+def simulate(
+    model: ModelSource,
+    data: np.ndarray | Mapping[str, np.ndarray],
+    target: str | os.PathLike[str] | NPUProfile | None = None,
+    *,
+    rounding: str = "device",
+    batch_size: int | None = None,
+    quiet: bool = False,
+) -> dict[str, np.ndarray]:
+    """:class:`NPUSimulator` in one call: graph output name -> float32 array."""
+    return NPUSimulator(model, target, rounding).run(data, batch_size=batch_size, quiet=quiet)

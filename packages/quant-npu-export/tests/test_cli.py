@@ -1,0 +1,95 @@
+"""quant-npu on the command line: exit statuses, one-line errors, atomic outputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from builders import conv_chain, ort_run, quantize, random_inputs
+
+from quant_npu.cli import main
+
+
+@pytest.fixture
+def files(tmp_path):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(quantize(conv_chain()).SerializeToString())
+    data = tmp_path / "x.npy"
+    np.save(data, random_inputs(conv_chain(), 20))
+    return tmp_path, model, data
+
+
+def test_check_legalize_check(files, capsys) -> None:
+    tmp, model, _ = files
+    assert main(["check", str(model)]) == 1
+    assert "bias_format 7" in capsys.readouterr().out
+    assert main(["check", str(model), "--target", "xint8_int32_bias"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(model), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["counts"] == {"bias_format": 7}
+    legal = tmp / "legal.onnx"
+    assert main(["legalize", str(model), str(legal), "--report", str(tmp / "r.json")]) == 0
+    assert "ok: the legalised model meets every rule" in capsys.readouterr().out
+    assert main(["check", str(legal)]) == 0
+    assert json.loads((tmp / "r.json").read_text())["ok"] is True
+
+
+def test_simulate_writes_npy_and_npz(files, capsys) -> None:
+    tmp, model, data = files
+    legal = tmp / "legal.onnx"
+    main(["legalize", str(model), str(legal)])
+    assert main(["simulate", str(legal), "--data", str(data), "--out", str(tmp / "y.npy"), "--rounding", "onnx",
+                 "--quiet", "--batch-size", "8"]) == 0  # fmt: skip
+    import onnx
+
+    expected = ort_run(onnx.load(str(legal)), np.load(data))[0]
+    np.testing.assert_array_equal(np.load(tmp / "y.npy"), expected)
+    np.savez(tmp / "x.npz", x=np.load(data))
+    assert main(["simulate", str(legal), "--data", str(tmp / "x.npz"), "--out", str(tmp / "y.npz"), "--quiet",
+                 "--integer"]) == 0  # fmt: skip
+    with np.load(tmp / "y.npz") as out:
+        assert out[out.files[0]].dtype == np.int8
+
+
+def test_export_info_and_targets(files, capsys) -> None:
+    tmp, model, _ = files
+    legal = tmp / "legal.onnx"
+    main(["legalize", str(model), str(legal)])
+    capsys.readouterr()
+    assert main(["export-info", str(legal), str(tmp / "quant_info.json")]) == 0
+    assert "param" in json.loads((tmp / "quant_info.json").read_text())
+    assert main(["targets"]) == 0
+    assert "dpu" in capsys.readouterr().out
+    assert main(["targets", "dpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["weight_qmin"] == -128
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["check", "{tmp}/missing.onnx"], "model '{tmp}/missing.onnx': file not found"),
+        (["check", "{model}", "--target", "npu9"], "target: 'npu9' is not a known profile"),
+        (["legalize", "{model}", "{model}"], "is the input model; choose another output file"),
+        (["simulate", "{model}", "--data", "{data}", "--out", "{tmp}/y.txt"], "--out: '{tmp}/y.txt' is not allowed"),
+        (["simulate", "{model}", "--data", "{tmp}/none.npy", "--out", "{tmp}/y.npy"], "--data: file"),
+        (["simulate", "{model}", "--data", "{data}", "--out", "{tmp}/y.npy", "--rounding", "up"], "rounding: 'up'"),
+        (["simulate", "{model}", "--data", "{data}", "--out", "{tmp}/y.npy", "--batch-size", "0"], "batch_size: 0"),
+        (["export-info", "{model}", "{tmp}/q.json", "--extra"], "unrecognized arguments: --extra"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(files, capsys, argv: list[str], message: str) -> None:
+    tmp, model, data = files
+    if "simulate" in argv and "{model}" in argv:  # a model the simulator accepts, so the data/out errors show
+        legal = tmp / "legal.onnx"
+        main(["legalize", str(model), str(legal)])
+        model = legal
+    capsys.readouterr()
+    before = sorted(p.name for p in tmp.iterdir())
+    fill = {"tmp": str(tmp), "model": str(model), "data": str(data)}
+    assert main([a.format(**fill) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("quant-npu: error: ")
+    assert message.format(**fill) in err
+    assert sorted(p.name for p in tmp.iterdir()) == before  # nothing written

@@ -1,0 +1,72 @@
+"""quant_info.json: Vitis AI's layout, a lossless round trip, positions applied to another model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from builders import conv_chain, ort_run, quantize, random_inputs
+
+from quant_npu.legalize import legalize_model
+from quant_npu.qdq import QDQGraph
+from quant_npu.quant_info import export_quant_info, import_quant_info, load_quant_info, write_quant_info
+
+
+@pytest.fixture(scope="module")
+def npu_model():
+    return legalize_model(quantize(conv_chain())).model
+
+
+def test_layout_names_every_tensor(npu_model) -> None:
+    info = export_quant_info(npu_model)
+    assert set(info) == {"param", "input", "output", "fast_finetuned", "bias_corrected", "version"}
+    qdq = QDQGraph(npu_model)
+    constants = [t for t in qdq.tensors.values() if t.is_constant]
+    assert len(info["param"]) == len({t.initializer for t in constants})
+    assert info["input"] == {"test::x": [[8, qdq.tensors[qdq.quantized["x"]].position]]}
+    assert len(info["output"]) == len(list(qdq.activation_keys())) - 1
+    for key, value in info["param"].items():
+        assert key.startswith("test::") and value[0][0] in (8, 32) and isinstance(value[0][1], int)
+
+
+def test_round_trip_is_lossless(npu_model, tmp_path) -> None:
+    path = tmp_path / "quant_info.json"
+    write_quant_info(npu_model, path)
+    text = path.read_text()
+    assert '"test::x": [[8, ' in text  # one entry per line, as Vitis AI writes it
+    result = import_quant_info(npu_model, path)
+    assert result.unmatched == () and result.not_in_file == ()
+    assert export_quant_info(result.model) == json.loads(text)
+    x = random_inputs(conv_chain(), 16)
+    np.testing.assert_array_equal(ort_run(result.model, x)[0], ort_run(npu_model, x)[0])
+
+
+def test_import_applies_positions_to_another_quantization(npu_model) -> None:
+    other = quantize(conv_chain(), "a8w8")  # float scales, asymmetric
+    info = export_quant_info(npu_model)
+    # a8w8's initializers have the same names: quant_onnx names them after the float model
+    result = import_quant_info(other, info)
+    assert result.applied > 0 and result.not_in_file == ()
+    # a8w8's writer absorbed the Relus into asymmetric quantizers: the pre-Relu tensors do not exist there
+    assert result.unmatched and all(name.startswith(("conv", "add")) for name in result.unmatched)
+    qdq = QDQGraph(result.model)
+    for key in qdq.activation_keys():
+        tensor = qdq.tensors[key]
+        assert tensor.is_symmetric and tensor.position == info["output" if key != qdq.quantized["x"] else "input"][
+            f"test::{tensor.float_name}"][0][1]  # fmt: skip
+
+
+def test_bad_files(tmp_path, npu_model) -> None:
+    with pytest.raises(ValueError, match=r"file '.*nope\.json' not found"):
+        load_quant_info(tmp_path / "nope.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object"):
+        load_quant_info(broken)
+    with pytest.raises(ValueError, match="entry 'test::x' is 8; allowed: \\[\\[bit_width, fix_position\\]\\]"):
+        import_quant_info(npu_model, {"input": {"test::x": 8}})
+    with pytest.raises(ValueError, match="bit width 12; allowed: 8, 16, 32"):
+        import_quant_info(npu_model, {"input": {"test::x": [[12, 3]]}})
+    with pytest.raises(ValueError, match="is not a power of two; run quant-npu legalize first"):
+        export_quant_info(quantize(conv_chain(), "a8w8"))
