@@ -490,5 +490,5 @@ def compile_program(model: onnx.ModelProto, profile: NPUProfile, mode: RoundMode
 
 def quantize_input(x: np.ndarray, qp: QParams, mode: RoundMode) -> np.ndarray:
     """Signed codes of a float graph input (the host's QuantizeLinear)."""
-    codes = quantize(np.asarray(x, np.float32), qp, mode).astype(np.int64) - int(qp.zero_point)
+    codes = quantize(np.asarray(x, np.float32), attrs.evolve(qp, rounding=mode)).astype(np.int64) - int(qp.zero_point)
     return codes.astype(storage_dtype(qp.qmin - int(qp.zero_point), qp.qmax - int(qp.zero_point)))
