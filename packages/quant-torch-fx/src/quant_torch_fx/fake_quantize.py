@@ -60,20 +60,35 @@ def round_tensor(x: torch.Tensor, mode: RoundMode) -> torch.Tensor:
     return torch.trunc(x)
 
 
+def codes_from_tensors(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int, rounding: RoundMode
+) -> torch.Tensor:
+    """Integer codes of ``x`` (as floats of ``zero_point``'s dtype) for qparams already
+    shaped to broadcast against ``x``: ``quant_core.qparams.quantize``'s arithmetic."""
+    rounded = round_tensor(x.to(torch.float32) / scale, rounding)
+    q = rounded.to(zero_point.dtype) + zero_point
+    q = torch.where(torch.isnan(q), torch.full_like(q, float(qmin)), q)
+    return torch.clamp(q, qmin, qmax)
+
+
+def fake_quantize_tensors(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int, rounding: RoundMode
+) -> torch.Tensor:
+    """:func:`fake_quantize` for qparams held as broadcastable tensors (no host round trip:
+    what the fake-quantize modules call every batch)."""
+    q = codes_from_tensors(x, scale, zero_point, qmin, qmax, rounding)
+    return (q - zero_point).to(torch.float32) * scale
+
+
 def quantize_codes(x: torch.Tensor, qp: QParams) -> torch.Tensor:
     """Integer codes of ``x`` as a float tensor (float32 for codes of up to 16 bits, where
     it is exact; float64 above), matching ``quant_core.qparams.quantize``."""
     scale, zero_point = qparams_to_tensors(qp, x.dim(), x.device)
-    rounded = round_tensor(x.to(torch.float32) / scale, qp.rounding)
-    q = rounded.to(zero_point.dtype) + zero_point
-    q = torch.where(torch.isnan(q), torch.full_like(q, float(qp.qmin)), q)
-    return torch.clamp(q, qp.qmin, qp.qmax)
+    return codes_from_tensors(x, scale, zero_point, qp.qmin, qp.qmax, qp.rounding)
 
 
 def fake_quantize(x: torch.Tensor, qp: QParams) -> torch.Tensor:
     """``dequantize(quantize(x))`` in float32 on ``x``'s device, matching
     ``quant_core.qparams.fake_quantize`` bit for bit (rounding from ``qp``)."""
     scale, zero_point = qparams_to_tensors(qp, x.dim(), x.device)
-    q = quantize_codes(x, qp)
-    centred = (q - zero_point).to(torch.float32)
-    return centred * scale
+    return fake_quantize_tensors(x, scale, zero_point, qp.qmin, qp.qmax, qp.rounding)
