@@ -19,7 +19,7 @@ Example:
     >>> sig = InputSignature.of((torch.randn(1, 4),))
     >>> calibrate(gm, [torch.tensor([[-1.0, 0.0, 1.0, 2.55]])], sig, quiet=True)
     >>> {key: float(q.current_qparams().scale) for key, q in activation_quantizers(gm)}
-    {'x': 0.014313725195825100, 'relu': 0.009999999776482582}
+    {'input_1': 0.013921568170189857, 'relu': 0.009999999776482582}
 """
 
 from __future__ import annotations

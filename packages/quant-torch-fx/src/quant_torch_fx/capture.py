@@ -134,7 +134,8 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
         match = re.search(r'File "([^"]+)", line (\d+), in (\S+)', lines[i])
         code = lines[i + 1].strip() if i + 1 < len(lines) else ""
         if match:
-            location = f"{match.group(1)}:{match.group(2)} in {match.group(3)}: {code}".rstrip(": ")
+            location = f"{match.group(1)}:{match.group(2)} in {match.group(3)}"
+            location += f": {code}" if code else ""
     return construct, location
 
 

@@ -304,6 +304,8 @@ def onnx_model(
             do_constant_folding=True,
         )
     proto = onnx.load_from_string(buffer.getvalue())
+    _inline_identities(proto)
+    _strip_prefix(proto, "inner.")
     _shape_reads_quantized(proto)
     _raise_opset(proto, max(opset, needed))
     return proto
@@ -336,6 +338,44 @@ def _raise_opset(model: onnx.ModelProto, opset: int) -> None:
             entry.version = opset
     if opset >= 21 and model.ir_version < 10:
         model.ir_version = 10
+
+
+def _inline_identities(model: onnx.ModelProto) -> None:
+    """Consumers of ``Identity(initializer)`` read the initializer itself: the exporter
+    deduplicates equal buffers (zero points, power-of-two scales) behind Identity nodes,
+    and integer kernels want initializers at their Q/DQ inputs."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    renamed: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        if node.op_type == "Identity" and node.input[0] in initializers and node.output[0] not in outputs:
+            renamed[node.output[0]] = node.input[0]
+            continue
+        kept.append(node)
+    for node in kept:
+        for i, name in enumerate(node.input):
+            if name in renamed:
+                node.input[i] = renamed[name]
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _strip_prefix(model: onnx.ModelProto, prefix: str) -> None:
+    """Initializer names without the export wrapper's attribute prefix (module paths as in
+    the model's ``state_dict``)."""
+    graph = model.graph
+    taken = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    mapping = {}
+    for tensor in graph.initializer:
+        if tensor.name.startswith(prefix) and tensor.name[len(prefix) :] not in taken:
+            mapping[tensor.name] = tensor.name[len(prefix) :]
+    for tensor in graph.initializer:
+        tensor.name = mapping.get(tensor.name, tensor.name)
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = mapping.get(name, name)
 
 
 def _shape_reads_quantized(model: onnx.ModelProto) -> None:

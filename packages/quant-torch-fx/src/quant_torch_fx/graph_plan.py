@@ -20,7 +20,9 @@ Example:
     ...         self.fc = torch.nn.Linear(4, 2)
     ...     def forward(self, x):
     ...         return torch.relu(self.fc(x))
+    >>> from quant_torch_fx.prepare import normalize
     >>> gm = torch.export.export(Net(), (torch.randn(3, 4),)).module()
+    >>> normalize(gm, fold_batch_norms=True)
     >>> view = build_plan_graph(gm)
     >>> [(n.name, n.op_type, n.inputs) for n in view.graph.nodes]
     [('fc/linear', 'Gemm', ('x', 'fc_weight', 'fc_bias')), ('relu', 'Relu', ('linear',))]
@@ -88,9 +90,10 @@ def plan_name(node: Node) -> str:
 
 
 def module_paths(node: Node) -> list[str]:
-    """Module paths the node was called in, outermost first (from ``nn_module_stack``)."""
+    """Module paths the node was called in, outermost first (from ``nn_module_stack``;
+    torch's placeholder entries for nodes it created itself are skipped)."""
     stack = node.meta.get("nn_module_stack") or {}
-    return [path for path, _type in stack.values() if path]
+    return [path for path, _type in stack.values() if path and not path.startswith("_empty_nn_module_stack")]
 
 
 def module_types(node: Node) -> list[str]:
@@ -105,6 +108,13 @@ def module_types(node: Node) -> list[str]:
 def _is_float_tensor(node: Node) -> bool:
     meta = node.meta.get("val")
     return isinstance(meta, torch.Tensor) and meta.is_floating_point()
+
+
+def _holds_tensors(node: Node) -> bool:
+    meta = node.meta.get("val")
+    if isinstance(meta, list | tuple):
+        return any(isinstance(v, torch.Tensor) for v in meta)
+    return meta is None or isinstance(meta, torch.Tensor)
 
 
 def _alias_source(gm: GraphModule, node: Node) -> Node | None:
@@ -154,6 +164,8 @@ def build_plan_graph(gm: GraphModule) -> GraphView:
             continue
         if node.op == "output" or (node.op == "call_function" and node.target is operator.getitem):
             continue
+        if not _holds_tensors(node):
+            continue  # shape arithmetic (sym_size...) and assertions: not data
         source = _alias_source(gm, node)
         if source is not None:
             canonical[node] = resolve(source)

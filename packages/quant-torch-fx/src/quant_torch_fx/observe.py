@@ -1,10 +1,11 @@
 """Feeding ``quant_core`` observers from torch tensors, on the tensor's own device.
 
 A batch is reduced where it lives: ``torch.aminmax`` (per tensor, or per channel after
-moving the channel axis first) for the min-max observers, and a histogram counted with
-``torch.bincount`` on the grid the observer hands out (:meth:`HistogramObserver.grid_for`)
-for the histogram methods (percentile, entropy, MSE, power-of-two MinMSE). Only the
-reduction (two numbers, one per channel, or ``bins`` counts) crosses to the host; the
+moving the channel axis first) for the min-max observers, and a histogram on the grid
+the observer hands out (:meth:`HistogramObserver.grid_for`) for the histogram methods
+(percentile, entropy, MSE, power-of-two MinMSE): ``torch.bincount`` on an accelerator,
+``quant_core``'s binning on the CPU tensor's own memory. Only the reduction (two
+numbers, one per channel, or ``bins`` counts) crosses to the host; the
 observer then makes its decision with ``quant_core``'s one implementation of the math, so
 the statistics, and the qparams, are those the numpy path gives for the same data.
 
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 
 from quant_core.observers import HistogramObserver, Observer
+from quant_core.observers.binning import bin_counts
 from quant_core.observers.grid import HistogramGrid
 
 
@@ -75,6 +77,22 @@ def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
     Example:
         >>> g = HistogramGrid(exponent=-1, offset=-2, bins=4)  # edges -1, -0.5, 0, 0.5, 1
         >>> histogram_counts(torch.tensor([-1.0, -0.01, 0.0, 0.99]), g).tolist()
+        [1, 1, 1, 1]
+    """
+    flat = x.reshape(-1)
+    if flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64):
+        # On the CPU the numpy view is the tensor's own memory (no copy), and quant_core's
+        # cache-blocked binning is about 10x faster than the same arithmetic as torch ops.
+        return torch.from_numpy(bin_counts(flat.contiguous().numpy(), grid))
+    return torch_histogram_counts(flat, grid)
+
+
+def torch_histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
+    """:func:`histogram_counts` as torch ops on any device (what accelerators run).
+
+    Example:
+        >>> g = HistogramGrid(exponent=-1, offset=-2, bins=4)
+        >>> torch_histogram_counts(torch.tensor([-1.0, -0.01, 0.0, 0.99]), g).tolist()
         [1, 1, 1, 1]
     """
     flat = x.reshape(-1)

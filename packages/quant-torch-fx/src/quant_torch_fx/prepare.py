@@ -24,7 +24,7 @@ Example:
     >>> gm = torch.export.export(Net(), (torch.randn(2, 3, 8, 8),)).module()
     >>> gm = prepare_graph(gm, get_preset("a8w8"), mode="ptq")
     >>> sorted(graph_info(gm).activation), sorted(graph_info(gm).weights)
-    (['relu', 'x'], ['conv/conv2d'])
+    (['conv2d', 'x'], ['conv/conv2d'])
 """
 
 from __future__ import annotations

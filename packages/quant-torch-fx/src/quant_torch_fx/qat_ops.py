@@ -23,7 +23,7 @@ Example:
     [0.5, 0.5, 3.5]
     >>> y.sum().backward()
     >>> x.grad.tolist(), round(float(s.grad), 4)
-    ([1.0, 1.0, 0.0], 8.92)
+    ([1.0, 1.0, 0.0], 6.92)
 """
 
 from __future__ import annotations
