@@ -25,6 +25,7 @@ import contextlib
 import copy
 import io
 import logging
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -78,7 +79,7 @@ def _export(model: nn.Module, args: tuple[Any, ...], dynamic_shapes: Any) -> tor
     level = quiet_logs.level
     quiet_logs.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
     finally:
         quiet_logs.setLevel(level)
@@ -128,7 +129,8 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     lines = text.splitlines()
     location = ""
     frames = [i for i, line in enumerate(lines) if line.strip().startswith('File "')]
-    user = [i for i in frames if "site-packages/torch" not in lines[i] and "/torch/" not in lines[i]]
+    torch_dir = os.path.dirname(torch.__file__)
+    user = [i for i in frames if torch_dir not in lines[i]]
     if user:
         i = user[-1]
         match = re.search(r'File "([^"]+)", line (\d+), in (\S+)', lines[i])

@@ -33,6 +33,7 @@ from quant_torch_fx.calibrate import model_device
 from quant_torch_fx.data import labels_of, loader_length
 from quant_torch_fx.errors import DataError
 from quant_torch_fx.modules import GraphBatchNorm
+from quant_torch_fx.quantizer import FakeQuantizer
 
 EpochCallback = Callable[[int, nn.Module], dict[str, float] | None]
 
@@ -71,23 +72,41 @@ def _leaves(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def qparam_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The learnable quantization parameters (LSQ scales, TQT thresholds) of ``model``."""
-    from quant_torch_fx.quantizer import FakeQuantizer
-
-    return [m.learned for m in model.modules() if isinstance(m, FakeQuantizer) and m.learned is not None]
+def learnable_quantizers(model: nn.Module) -> list[FakeQuantizer]:
+    """The quantizers of ``model`` with learnable qparams (LSQ scales, TQT thresholds)."""
+    return [m for m in model.modules() if isinstance(m, FakeQuantizer) and m.learned is not None]
 
 
 def default_optimizer(model: nn.Module, lr: float, qparam_lr: float | None) -> torch.optim.Optimizer:
-    """Adam over the weights at ``lr`` and the quantization parameters at ``qparam_lr``
-    (default ``10 * lr``: thresholds move in log2 units or whole scales)."""
-    qparams = qparam_parameters(model)
-    ids = {id(p) for p in qparams}
+    """Adam: weights at ``lr``; TQT log2 thresholds at ``qparam_lr`` (default ``10 * lr``, in
+    log2 units); each LSQ scale at ``qparam_lr`` times its own magnitude (Adam's steps do not
+    scale with the gradient, so a scale of 0.01 would otherwise move by whole multiples of
+    itself). Learnable qparams must be initialised first (see :func:`train_qat`)."""
+    rate = qparam_lr if qparam_lr is not None else 10 * lr
+    learners = learnable_quantizers(model)
+    ids = {id(fq.learned) for fq in learners}
     weights = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
     groups: list[dict[str, Any]] = [{"params": weights, "lr": lr}]
-    if qparams:
-        groups.append({"params": qparams, "lr": qparam_lr if qparam_lr is not None else 10 * lr})
+    thresholds = [fq.learned for fq in learners if fq.learning == "tqt"]
+    if thresholds:
+        groups.append({"params": thresholds, "lr": rate})
+    for fq in learners:
+        if fq.learning == "lsq" and fq.learned is not None:
+            magnitude = float(fq.learned.detach().abs().mean())
+            groups.append({"params": [fq.learned], "lr": rate * max(magnitude, 1e-12)})
     return torch.optim.Adam(groups)
+
+
+def initialize_learnables(model: nn.Module, inputs: Sequence[Any]) -> None:
+    """Run one batch in eval mode without gradients so that learnable qparams still waiting
+    for data start from it (batch-norm statistics are not touched)."""
+    if all(fq.initialized for fq in learnable_quantizers(model)):
+        return
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        model(*inputs)
+    model.train(was_training)
 
 
 def set_batch_norm_stats_frozen(model: nn.Module, frozen: bool) -> None:
@@ -120,9 +139,13 @@ def train_qat(
     ``scheduler`` (if given) steps once per batch."""
     if epochs < 1:
         raise ValueError(f"epochs: {epochs!r} is out of range; allowed: an integer >= 1")
-    optimizer = optimizer or default_optimizer(model, lr, qparam_lr)
     criterion = loss_fn or F.cross_entropy
     device = model_device(model)
+    if optimizer is None:
+        for item in loader:
+            initialize_learnables(model, _inputs(item, num_inputs, 0, device))
+            break
+        optimizer = default_optimizer(model, lr, qparam_lr)
     if teacher is not None:
         teacher.eval()
     history: list[dict[str, float]] = []
