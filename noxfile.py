@@ -146,6 +146,15 @@ def typecheck(session: nox.Session) -> None:
         f"{ALGOS}/src/quant_algos",
         env={"MYPYPATH": f"{CORE}/src"},
     )
+    # The torch backend is checked against torch's own annotations (standard mode).
+    session.install(TORCH)
+    session.install("onnx>=1.15")
+    session.run(
+        "mypy",
+        "--follow-imports=silent",
+        f"{TORCH_FX}/src/quant_torch_fx",
+        env={"MYPYPATH": f"{CORE}/src:{ALGOS}/src"},
+    )
 
 
 @nox.session

@@ -106,7 +106,7 @@ def test_empty_loader_and_nan_data() -> None:
         ModelQuantizer(quiet=True).quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), [])
     bad = images(1)[0]
     bad[0, 0, 0, 0] = float("nan")
-    with pytest.raises(ValueError, match="tensor 'x'.*NaN"):
+    with pytest.raises(ValueError, match=r"tensor 'x'.*NaN"):
         ModelQuantizer(quiet=True).quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), [bad])
 
 

@@ -310,4 +310,5 @@ def to_plan_node(
     inputs = [naming(v) if isinstance(v, Node) else "" for v in mapped.inputs]
     while inputs and inputs[-1] == "":
         inputs.pop()
-    return PlanNode(name, mapped.op_type, tuple(inputs), tuple(outputs), mapped.attributes, standard=mapped.standard)
+    # attrs' converter=tuple gives mypy an unsolved generic parameter type here
+    return PlanNode(name, mapped.op_type, tuple(inputs), tuple(outputs), mapped.attributes, standard=mapped.standard)  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from quant_core.observers import make_observer
 from quant_core.plan import plan_weight_qparams

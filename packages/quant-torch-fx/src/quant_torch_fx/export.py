@@ -295,7 +295,7 @@ def onnx_model(
         torch.onnx.export(
             _Traced(model),  # a plain wrapper: the exporter takes a module with a .graph for a ScriptModule
             args,
-            buffer,
+            buffer,  # type: ignore[arg-type]  # file objects work; the stub says paths only
             dynamo=False,
             opset_version=export_opset,
             input_names=names_in,

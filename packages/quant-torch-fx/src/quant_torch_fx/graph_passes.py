@@ -191,7 +191,12 @@ def _batch_norm_module(gm: GraphModule, node: Node) -> GraphBatchNorm | None:
         return None  # batch statistics only (track_running_stats=False): left as captured
     assert isinstance(mean, Node) and isinstance(var, Node)
     running_mean = get_attr_value(gm, mean)
-    module = GraphBatchNorm(running_mean.shape[0], eps=float(eps), momentum=momentum, affine=weight is not None)
+    module = GraphBatchNorm(
+        running_mean.shape[0],
+        eps=float(eps),  # type: ignore[arg-type]
+        momentum=None if momentum is None else float(momentum),  # type: ignore[arg-type]
+        affine=weight is not None,
+    )
     module.to(running_mean.device)
     with torch.no_grad():
         module.running_mean.copy_(running_mean)  # type: ignore[union-attr]

@@ -58,6 +58,9 @@ class FakeQuantizer(nn.Module):
         "name='relu_1', dtype=uint8, axis=None, learning=None"
     """
 
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+
     def __init__(self, spec: QuantSpec, *, name: str) -> None:
         super().__init__()
         if not spec.is_quantized:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from quant_torch_fx.calibrate import model_device
 from quant_torch_fx.data import labels_of, loader_length
