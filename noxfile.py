@@ -148,7 +148,7 @@ def typecheck(session: nox.Session) -> None:
     )
     # The torch backend is checked against torch's own annotations (standard mode).
     session.install(TORCH)
-    session.install("onnx>=1.15")
+    session.install("onnx>=1.15", "tqdm>=4.60")
     session.run(
         "mypy",
         "--follow-imports=silent",
