@@ -94,7 +94,9 @@ def test_one_config_two_backends_give_equal_scales(name: str, preset: str, image
     calib = images[:128]
     onnx_side = quant_onnx.quantize(_float_onnx(model), None, config, calib, batch_size=32, quiet=True).model
     q = ModelQuantizer(config, quiet=True)
-    frozen = q.freeze(q.quantize_model(model, EXAMPLE, [torch.from_numpy(calib[i : i + 32]) for i in range(0, 128, 32)]))
+    frozen = q.freeze(
+        q.quantize_model(model, EXAMPLE, [torch.from_numpy(calib[i : i + 32]) for i in range(0, 128, 32)])
+    )
     torch_side = onnx_model(frozen, (EXAMPLE,))
     a, b = _layer_scales(onnx_side), _layer_scales(torch_side)
     assert [row[0] for row in a] == [row[0] for row in b] and len(a) > 20
@@ -127,7 +129,7 @@ def test_every_conv_and_the_classifier_run_in_integer_kernels(exported) -> None:
     assert counts["float"] == 0, counts["float_nodes"]
 
 
-def _session(path: Path, level: "ort.GraphOptimizationLevel") -> "ort.InferenceSession":
+def _session(path: Path, level: ort.GraphOptimizationLevel) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = level
     options.intra_op_num_threads = 2

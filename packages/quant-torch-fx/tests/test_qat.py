@@ -50,6 +50,39 @@ def test_tqt_scales_are_powers_of_two_and_the_threshold_gradient_is_ln2_scaled()
     torch.testing.assert_close(t.grad, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("zero", [True, False])
+@pytest.mark.parametrize("method", ["tqt", "lsq", "ste"])
+@pytest.mark.parametrize("axis", [None, 0])
+def test_training_forward_is_bit_exact(method: str, axis: int | None, zero: bool) -> None:
+    """The differentiable paths compute exactly quant_core's fake quantization (ties, a
+    subnormal, saturation), per tensor and per channel."""
+    from quant_core.qparams import QParams
+    from quant_torch_fx.fake_quantize import fake_quantize
+    from quant_torch_fx.qat_ops import ste_fake_quantize
+
+    torch.manual_seed(0)
+    step = 2.0**-5 if method != "lsq" else 0.0371
+    x = torch.randn(6, 5, 4) * 3
+    x[0, 0, :4] = torch.tensor([step * 0.5, step * 1.5, -step * 2.5, 1e-45])
+    x.requires_grad_()
+    channels = 1 if axis is None else 6
+    shape = () if axis is None else (channels, 1, 1)
+    qp = QParams(np.full(channels, step, np.float32).reshape(() if axis is None else (channels,)),
+                 np.zeros(() if axis is None else channels, np.int64), QParams.per_tensor(1, 0, "int8").dtype, axis=axis)  # fmt: skip
+    zeros = torch.zeros(shape)
+    if method == "tqt":
+        got = tqt_fake_quantize(
+            x, torch.full(shape, 1.3), zeros, -128, 127, RoundMode.HALF_EVEN, bits=8, zero_is_zero=zero
+        )
+    elif method == "lsq":
+        got = lsq_fake_quantize(
+            x, torch.full(shape, step), zeros, -128, 127, RoundMode.HALF_EVEN, grad_scale=1.0, zero_is_zero=zero
+        )
+    else:
+        got = ste_fake_quantize(x, torch.full(shape, step), zeros, -128, 127, RoundMode.HALF_EVEN, True, zero)
+    assert torch.equal(got.detach(), fake_quantize(x.detach(), qp))
+
+
 def test_auto_method_learns_tqt_for_xint8_and_lsq_for_a8w8() -> None:
     for preset, method in (("xint8", "tqt"), ("a8w8", "lsq")):
         qat = ModelQuantizer(preset, quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))

@@ -130,7 +130,7 @@ class QuantizeDequantize(nn.Module):
         self.qmin, self.qmax = qp.qmin, qp.qmax
         self.rounding = _ROUNDING.index(qp.rounding)
 
-    def forward(self, x: torch.Tensor, observe_batch: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, observe_batch: bool = True, redundant: bool = False) -> torch.Tensor:
         out: torch.Tensor = _QuantizeDequantize.apply(
             x, self.scale, self.zero_point, self.qmin, self.qmax, self.rounding
         )

@@ -164,9 +164,18 @@ class ConvBn(nn.Module):
         weight = self.weight * factor.reshape(shape)
         if self.weight_quantizer is not None:
             weight = self.weight_quantizer(weight, False)
-        y = aten_op(self.op_name)(x, weight, None, *self.conv_args)
+        conv = aten_op(self.op_name)
+        bn = self.bn
+        if not bn.training:
+            # Running statistics: the batch norm is the fold's affine map, so the output is
+            # conv(x, q(w_fold)) + b_fold exactly as the frozen model computes it.
+            assert bn.running_mean is not None
+            bias = torch.zeros_like(factor) if self.bias is None else self.bias
+            beta = torch.zeros_like(factor) if bn.bias is None else bn.bias
+            return conv(x, weight, (bias - bn.running_mean) * factor + beta, *self.conv_args)
+        y = conv(x, weight, None, *self.conv_args)
         out_shape = (1, -1) + (1,) * (y.dim() - 2)
-        y = y / factor.reshape(out_shape)
+        y = y * (1.0 / factor).reshape(out_shape)
         if self.bias is not None:
             y = y + self.bias.reshape(out_shape)
-        return self.bn(y)
+        return bn(y)

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
@@ -60,6 +61,19 @@ ACTIVATIONS = "activation_quantizers"
 WEIGHTS = "weight_quantizers"
 SHAPE_READERS = frozenset({"sym_size", "sym_numel", "sym_stride", "sym_storage_offset"})
 """Ops that read only a tensor's shape: they keep reading the float tensor."""
+
+VALUE_PRESERVING = frozenset(
+    {
+        "max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "view", "reshape", "_unsafe_view",
+        "flatten", "permute", "transpose", "t", "squeeze", "unsqueeze", "slice", "narrow", "select", "split",
+        "split_with_sizes", "chunk", "unbind", "expand", "repeat", "cat", "concat", "pixel_shuffle",
+        "pixel_unshuffle", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "clone", "contiguous",
+    }
+)  # fmt: skip
+"""ATen ops whose output values are some of their inputs' values (in torch's arithmetic):
+fake quantization after them, with the qparams their inputs already carry, changes
+nothing. Training skips those calls (``redundant``); eval keeps them, so the frozen
+model and the export keep the QDQ pairs onnxruntime's 8-bit ops need."""
 
 
 @attrs.define(eq=False)
@@ -193,12 +207,16 @@ def prepare_graph(
     weights: nn.ModuleDict = gm.get_submodule(WEIGHTS)  # type: ignore[assignment]
     activation_paths: dict[str, str] = {}
     constant_groups: list[str] = []
+    # A fused producer's output is quantized again, with the same qparams, after its
+    # Relu/Clip: r(clip(r(x))) == r(clip(x)), so training can skip the first call.
+    fused_pre = {f.pre_tensor for f in plan.fused}
     for group in plan.groups:
         key = _key(group.key, activations.keys())
         fq = FakeQuantizer(group.spec, name=group.key)
         activations[key] = fq
         path = f"{ACTIVATIONS}.{key}"
         activation_paths[group.key] = path
+        inserted: dict[str, Node] = {}
         for member in group.members:
             node = view.tensors[member]
             observed = member in group.observed
@@ -206,7 +224,8 @@ def prepare_graph(
                 if observed and group.key not in constant_groups:
                     constant_groups.append(group.key)
                 observed = False
-            _insert_after(gm, node, path, observed)
+            redundant = not observed and (member in fused_pre or _preserves_group_values(node, inserted))
+            inserted[member] = _insert_after(gm, node, path, observed, redundant)
     fq_device_to(gm, activation_paths.values(), view)
 
     weight_paths: dict[str, str] = {}
@@ -262,9 +281,31 @@ def fq_device_to(gm: GraphModule, paths: Collection[str], view: Any) -> None:
         gm.get_submodule(path).to(device)
 
 
-def _insert_after(gm: GraphModule, node: Node, path: str, observe: bool) -> Node:
+def _preserves_group_values(node: Node, inserted: dict[str, Node]) -> bool:
+    """``node`` is a value-preserving op reading only tensors already fake-quantized with
+    its group's qparams (the calls in ``inserted``)."""
+    if op_name(node) not in VALUE_PRESERVING:
+        if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], Node):
+            return _preserves_group_values(node.args[0], inserted)
+        return False
+    quantized = set(inserted.values())
+    tensors = [a for a in _flat(node.args) if isinstance(a, Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+    return bool(tensors) and all(t in quantized for t in tensors)
+
+
+def _flat(values: Any) -> list[Any]:
+    flat: list[Any] = []
+    for value in values:
+        flat.extend(_flat(value) if isinstance(value, list | tuple) else [value])
+    return flat
+
+
+def _insert_after(gm: GraphModule, node: Node, path: str, observe: bool, redundant: bool = False) -> Node:
     with gm.graph.inserting_after(node):
-        call = gm.graph.call_module(path, (node,), {"observe_batch": observe})
+        kwargs: dict[str, Any] = {"observe_batch": observe}
+        if redundant:
+            kwargs["redundant"] = True
+        call = gm.graph.call_module(path, (node,), kwargs)
     call.meta["val"] = node.meta.get("val")
     call.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
     node.replace_all_uses_with(call, delete_user_cb=lambda user: user is not call and _data_user(user))

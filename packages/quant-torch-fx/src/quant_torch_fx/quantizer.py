@@ -74,6 +74,7 @@ class FakeQuantizer(nn.Module):
         self.initialized = False
         self.track = False
         self._levels = spec.qrange[1]
+        self._zero_is_zero = False
         self.sync: BatchSync | None = None
         self.qparams: QParams | None = None
         self.register_buffer("scale", torch.ones(()))
@@ -89,6 +90,7 @@ class FakeQuantizer(nn.Module):
         """Use ``qp`` from now on (and as the initial value of a learnable parameter)."""
         self.qparams = qp
         self._levels = max(1, qp.qmax - int(np.max(qp.zero_point)))
+        self._zero_is_zero = not np.any(qp.zero_point)
         device = self.scale.device
         self.scale = torch.as_tensor(np.asarray(qp.scale, np.float32), device=device).clone()
         self.zero_point = torch.as_tensor(np.asarray(qp.zero_point), dtype=code_dtype(qp), device=device).clone()
@@ -154,7 +156,12 @@ class FakeQuantizer(nn.Module):
         return torch.as_tensor(value, dtype=torch.float32)
 
     # --- forward --------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, observe_batch: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, observe_batch: bool = True, redundant: bool = False) -> torch.Tensor:
+        """Observe (``observe_batch``) and fake-quantize ``x``. A ``redundant`` call, one the
+        preparer proved changes nothing (its input already carries these qparams), is
+        skipped in training mode to save time and kept in eval mode."""
+        if redundant and self.training and not self.observing:
+            return x
         if self.observing and observe_batch:
             self._observe(x, None)  # calibration: observers are merged across ranks at the end
         if self.track and self.quantizing and self.learning is None:
@@ -194,14 +201,19 @@ class FakeQuantizer(nn.Module):
         zero_point = self._broadcast(self.zero_point, x.dim())
         if self.learning is not None and self.learned is not None:
             learned = self._broadcast(self.learned, x.dim())
+            zero = self._zero_is_zero
             if self.learning == "tqt":
-                return tqt_fake_quantize(x, learned, zero_point, qmin, qmax, rounding, bits=self.spec.dtype.bits)
+                bits = self.spec.dtype.bits
+                return tqt_fake_quantize(x, learned, zero_point, qmin, qmax, rounding, bits=bits, zero_is_zero=zero)
             per_scale = x.numel() // max(1, self.learned.numel())
             grad_scale = 1.0 / math.sqrt(max(1, per_scale) * self._levels)
-            return lsq_fake_quantize(x, learned, zero_point, qmin, qmax, rounding, grad_scale=grad_scale)
+            return lsq_fake_quantize(
+                x, learned, zero_point, qmin, qmax, rounding, grad_scale=grad_scale, zero_is_zero=zero
+            )
         scale = self._broadcast(self.scale, x.dim())
         if torch.is_grad_enabled() and x.requires_grad:
-            return ste_fake_quantize(x, scale, zero_point, qmin, qmax, rounding)
+            pow2 = self.qparams is not None and self.qparams.fix_pos is not None
+            return ste_fake_quantize(x, scale, zero_point, qmin, qmax, rounding, pow2, self._zero_is_zero)
         return fake_quantize_tensors(x, scale, zero_point, qmin, qmax, rounding)
 
     def learned_scale(self) -> torch.Tensor:
