@@ -68,6 +68,8 @@ class ModelQuantizer:
         share_concat_scales: Concat's inputs and output share one scale (the planner's default).
         qat_method: ``"auto"`` (TQT for power-of-two specs, LSQ for float scales), ``"lsq"``,
             ``"tqt"`` or ``"ste"`` (qparams fixed from calibration, straight-through gradients).
+        compile_fake_quant: QAT's power-of-two fake quantization through ``torch.compile``
+            (about twice as fast on CPU; needs a C++ compiler; the first steps compile).
         quiet: no progress bars.
 
     Example:
@@ -85,6 +87,7 @@ class ModelQuantizer:
         dynamic_batch: bool = True,
         share_concat_scales: bool = True,
         qat_method: str = "auto",
+        compile_fake_quant: bool = False,
         quiet: bool = False,
     ) -> None:
         self.config = resolve_config(config, DEFAULT_PRESET)
@@ -105,6 +108,7 @@ class ModelQuantizer:
         self.dynamic_batch = dynamic_batch
         self.share_concat_scales = share_concat_scales
         self.qat_method = qat_method
+        self.compile_fake_quant = compile_fake_quant
         self.quiet = quiet
 
     # ---------------------------------------------------------------------------- capture
@@ -179,7 +183,7 @@ class ModelQuantizer:
         convolution is simulated folded; learnable qparams (``qat_method``) start from a
         calibration over ``calib_loader`` when given, else from the first training batch."""
         prepared = self.prepare(model, example_inputs, mode="qat")
-        enable_qat(prepared, self.qat_method)
+        enable_qat(prepared, self.qat_method, compiled=self.compile_fake_quant)
         if calib_loader is not None:
             self.calibrate(prepared, calib_loader, example_inputs, num_batches=num_batches)
         elif self.qat_method == "ste":

@@ -47,8 +47,9 @@ def method_for(spec: QuantSpec, method: str) -> str:
     return "lsq"
 
 
-def enable_qat(model: nn.Module, method: str) -> None:
-    """Make every prepared graph in ``model`` ready to train (in place)."""
+def enable_qat(model: nn.Module, method: str, *, compiled: bool = False) -> None:
+    """Make every prepared graph in ``model`` ready to train (in place); ``compiled``: the
+    power-of-two paths through ``torch.compile``."""
     import torch
 
     if method not in QAT_METHODS:
@@ -57,6 +58,7 @@ def enable_qat(model: nn.Module, method: str) -> None:
         info = graph_info(gm)
         for _key, fq in activation_quantizers(gm):
             chosen = method_for(fq.spec, method)
+            fq.compiled = compiled
             fq.observing = False
             if chosen == "ste":
                 fq.quantizing = False  # until calibrated
@@ -67,6 +69,7 @@ def enable_qat(model: nn.Module, method: str) -> None:
         values = constant_lookup(gm)
         for node, fq in weight_quantizers(gm):
             chosen = method_for(fq.spec, method)
+            fq.compiled = compiled
             fq.quantizing = True
             if chosen == "ste":
                 fq.track = True

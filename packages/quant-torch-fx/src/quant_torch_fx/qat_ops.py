@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -221,3 +222,40 @@ def tqt_fake_quantize(
 ) -> torch.Tensor:
     """TQT: power-of-two scale from a learnable log2 threshold (broadcastable)."""
     return _apply(x, tqt_scale(log2_threshold, bits), zero_point, qmin, qmax, rounding, True, 1.0, zero_is_zero)
+
+
+def _power_of_two_reference(x: torch.Tensor, scale: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """Power-of-two fake quantization with zero point 0 and half-even rounding as plain
+    differentiable torch ops: autograd gives the straight-through input gradient (clamp's
+    mask) and LSQ's scale gradient. What :func:`compiled_power_of_two` compiles."""
+    v = x / scale
+    rounded = v + (torch.round(v) - v).detach()
+    return torch.clamp(rounded, qmin, qmax) * scale
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def compiled_power_of_two(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int, rounding: RoundMode
+) -> torch.Tensor | None:
+    """:func:`_power_of_two_reference` compiled by ``torch.compile`` (one fused loop each way,
+    about twice the speed of the eager function on CPU), or ``None`` where it does not apply
+    exactly: scales must be powers of two (then ``x / s`` and ``x * (1 / s)`` agree, whatever
+    the compiler emits), rounding half-even, the zero point 0. The first call per input
+    rank compiles (tens of seconds)."""
+    if rounding is not RoundMode.HALF_EVEN or x.dtype != torch.float32 or bool(zero_point.any()):
+        return None
+    if _COMPILED.get("failed"):
+        return None
+    function = _COMPILED.get("pow2")
+    if function is None:
+        function = torch.compile(_power_of_two_reference, dynamic=True)
+        _COMPILED["pow2"] = function
+    try:
+        out: torch.Tensor = function(x, scale, qmin, qmax)
+    except Exception as exc:  # no C++ compiler, unsupported platform...: the eager path
+        warnings.warn(f"compile_fake_quant: torch.compile failed ({type(exc).__name__}); using eager", stacklevel=2)
+        _COMPILED["failed"] = True
+        return None
+    return out

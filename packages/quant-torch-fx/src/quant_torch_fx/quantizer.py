@@ -40,7 +40,13 @@ from quant_core.qparams import QParams, scale_from_fix_pos
 from quant_core.spec import QuantSpec, ScaleType
 from quant_torch_fx.fake_quantize import code_dtype, fake_quantize_tensors
 from quant_torch_fx.observe import BatchSync, observe
-from quant_torch_fx.qat_ops import lsq_fake_quantize, ste_fake_quantize, tqt_fake_quantize, tqt_scale
+from quant_torch_fx.qat_ops import (
+    compiled_power_of_two,
+    lsq_fake_quantize,
+    ste_fake_quantize,
+    tqt_fake_quantize,
+    tqt_scale,
+)
 
 LEARNING_METHODS = ("lsq", "tqt")
 
@@ -73,6 +79,7 @@ class FakeQuantizer(nn.Module):
         self.learning: str | None = None
         self.initialized = False
         self.track = False
+        self.compiled = False
         self._levels = spec.qrange[1]
         self._zero_is_zero = False
         self.sync: BatchSync | None = None
@@ -199,6 +206,10 @@ class FakeQuantizer(nn.Module):
         qmin, qmax = self.spec.qrange
         rounding = self.spec.rounding
         zero_point = self._broadcast(self.zero_point, x.dim())
+        if self.compiled and torch.is_grad_enabled() and x.requires_grad:
+            out = self._compiled(x, zero_point, qmin, qmax)
+            if out is not None:
+                return out
         if self.learning is not None and self.learned is not None:
             learned = self._broadcast(self.learned, x.dim())
             zero = self._zero_is_zero
@@ -215,6 +226,16 @@ class FakeQuantizer(nn.Module):
             pow2 = self.qparams is not None and self.qparams.fix_pos is not None
             return ste_fake_quantize(x, scale, zero_point, qmin, qmax, rounding, pow2, self._zero_is_zero)
         return fake_quantize_tensors(x, scale, zero_point, qmin, qmax, rounding)
+
+    def _compiled(self, x: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor | None:
+        """The compiled power-of-two path (TQT, or STE with power-of-two qparams), if it applies."""
+        if self.learning == "tqt" and self.learned is not None:
+            scale = tqt_scale(self._broadcast(self.learned, x.dim()), self.spec.dtype.bits)
+        elif self.learning is None and self.qparams is not None and self.qparams.fix_pos is not None:
+            scale = self._broadcast(self.scale, x.dim()).detach()
+        else:
+            return None
+        return compiled_power_of_two(x, scale, zero_point, qmin, qmax, self.spec.rounding)
 
     def learned_scale(self) -> torch.Tensor:
         """The scale in use as a tensor (learned or set), for QAT helpers and reports."""
