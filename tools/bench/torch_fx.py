@@ -315,6 +315,7 @@ def part_qat_fmnist(args: argparse.Namespace, results: dict[str, Any]) -> None:
             "ptq_xint8": metric(name, predict(ptq, x_eval), labels),
             "qat_xint8": metric(name, predict(frozen, x_eval), labels),
             "qat_xint8_ort_kernels": metric(name, ort_predict(path, x_eval), labels),
+            "float_convs": common.float_compute_nodes(path)["float"],
             "train_seconds": seconds,
             "loss": history[-1]["loss"],
             "steps": history[-1]["batches"],

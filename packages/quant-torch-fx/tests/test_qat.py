@@ -15,7 +15,7 @@ from torch import nn
 from quant_core.spec import RoundMode
 from quant_torch_fx import DataError, ModelQuantizer, train_qat
 from quant_torch_fx.modules import ConvBn
-from quant_torch_fx.prepare import activation_quantizers, quantized_graphs, weight_quantizers
+from quant_torch_fx.prepare import activation_quantizers, graph_info, quantized_graphs, weight_quantizers
 from quant_torch_fx.qat_ops import lsq_fake_quantize, tqt_fake_quantize
 from quant_torch_fx.quantizer import FakeQuantizer
 
@@ -83,6 +83,21 @@ def test_training_forward_is_bit_exact(method: str, axis: int | None, zero: bool
     assert torch.equal(got.detach(), fake_quantize(x.detach(), qp))
 
 
+def test_qat_quantizes_every_weight_the_ptq_plan_quantizes() -> None:
+    """Conv + BN becomes a ConvBn module in QAT; its folded weight is still a weight slot."""
+    q = ModelQuantizer("xint8", quiet=True)
+    ptq = q.prepare(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    qat = q.prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    assert sorted(dict(weight_quantizers(qat))) == sorted(
+        dict(weight_quantizers(ptq))
+    )  # same names, as configs see them
+    assert len(dict(weight_quantizers(qat))) == 3
+    conv_bns = [m for m in qat.modules() if isinstance(m, ConvBn)]
+    assert len(conv_bns) == 2 and all(m.weight_quantizer is not None for m in conv_bns)
+    depthwise = next(s for s in graph_info(qat).plan.weights if s.node.startswith("conv2"))
+    assert depthwise.tensor.endswith(".weight") and depthwise.spec.per_channel_axis is None
+
+
 def test_auto_method_learns_tqt_for_xint8_and_lsq_for_a8w8() -> None:
     for preset, method in (("xint8", "tqt"), ("a8w8", "lsq")):
         qat = ModelQuantizer(preset, quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
@@ -125,6 +140,17 @@ def test_qat_learns_and_the_frozen_model_computes_what_eval_computed(preset: str
         evaluated, folded = qat.eval()(x), frozen(x)
     step = float(dict(activation_quantizers(frozen))["linear"].current_qparams().scale)
     assert torch.max(torch.abs(evaluated - folded)) <= 2 * step  # fold and int32 bias move a tie or two
+    from onnx import TensorProto
+
+    from quant_torch_fx.export import onnx_model
+
+    proto = onnx_model(frozen, (test[0][0][:1],))
+    inits = {t.name: t for t in proto.graph.initializer}
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    weighted = [n for n in proto.graph.node if n.op_type in ("Conv", "Gemm")]
+    assert len(weighted) == 3
+    for node in weighted:  # every weight of the trained model is an int8 initializer behind a DequantizeLinear
+        assert inits[producers[node.input[1]].input[0]].data_type == TensorProto.INT8
     if preset == "xint8":
         for _node, fq in weight_quantizers(frozen):
             fix_pos = fq.current_qparams().fix_pos

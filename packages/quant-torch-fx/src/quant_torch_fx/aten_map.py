@@ -307,7 +307,8 @@ def to_plan_node(
 ) -> PlanNode:
     """A :class:`MappedNode` with its tensors named (trailing omitted inputs dropped)."""
     naming = tensor_name or (lambda n: n.name)
-    inputs = [naming(v) if isinstance(v, Node) else "" for v in mapped.inputs]
+    # inputs are FX nodes, tensor names already (a module's own constants), or omitted (None)
+    inputs = [naming(v) if isinstance(v, Node) else v if isinstance(v, str) else "" for v in mapped.inputs]
     while inputs and inputs[-1] == "":
         inputs.pop()
     # attrs' converter=tuple gives mypy an unsolved generic parameter type here

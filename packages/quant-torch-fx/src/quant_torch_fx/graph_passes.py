@@ -295,8 +295,12 @@ def modularize(gm: GraphModule, *, fold_batch_norms: bool) -> None:
                 assert isinstance(target, torch._ops.OpOverload)
                 conv_bn = ConvBn(target, weight, bias, tuple(conv.args[3:]), bn)
                 conv_bn.weight.requires_grad_(weight.requires_grad)
+                from quant_torch_fx.graph_plan import plan_name
+
+                name = plan_name(conv)  # QAT plans name the layer as PTQ plans do
                 path = _free_path(gm, _owner_path(weight_node))
-                _replace_with_module(gm, [conv, node], path, conv_bn, (conv.args[0],))
+                call = _replace_with_module(gm, [conv, node], path, conv_bn, (conv.args[0],))
+                call.meta["plan_name"] = name
             else:
                 path = _free_path(gm, _owner_path(mean))
                 _replace_with_module(gm, [node], path, bn, (node.args[0],))

@@ -83,6 +83,8 @@ def plan_name(node: Node) -> str:
         >>> plan_name(y)
         'block.act/relu'
     """
+    if "plan_name" in node.meta:  # a module call standing for a captured op keeps the op's name
+        return str(node.meta["plan_name"])
     if node.op == "call_module":
         return str(node.target)
     path = module_paths(node)
@@ -204,7 +206,8 @@ def _map(gm: GraphModule, node: Node, constants: dict[str, Callable[[], torch.Te
             path = str(node.target)
             constants[f"{path}.weight"] = lambda: module.folded()[0]
             constants[f"{path}.bias"] = lambda: module.folded()[1]
-            groups = int(module.conv_args[4]) if len(module.conv_args) > 4 else 1
+            # conv_args: stride, padding, dilation, groups
+            groups = int(module.conv_args[3]) if len(module.conv_args) > 3 else 1
             return MappedNode("Conv", (node.args[0], f"{path}.weight", f"{path}.bias"), {"group": groups})
         if isinstance(module, GraphBatchNorm):
             return MappedNode("BatchNormalization", (node.args[0],), {})
