@@ -46,7 +46,7 @@ from quant_core.config import QuantConfig
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
 from quant_torch_fx.calibrate import calibrate, finish_calibration, run_batches, start_observing
-from quant_torch_fx.capture import _record_inputs, as_args, capture
+from quant_torch_fx.capture import as_args, capture, record_inputs
 from quant_torch_fx.data import InputSignature
 from quant_torch_fx.export import DEFAULT_OPSET, export_onnx
 from quant_torch_fx.freeze import freeze
@@ -119,7 +119,7 @@ class ModelQuantizer:
             gm = capture(model, args, dynamic_batch=self.dynamic_batch)
             return self._instrument(gm, mode)
         root = copy.deepcopy(model).eval()
-        recorded = _record_inputs(root, args)
+        recorded = record_inputs(root, args)
         names = sorted(self.regions)
         for a, b in itertools.pairwise(names):
             if b.startswith(a + "."):

@@ -141,7 +141,7 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     return construct, location
 
 
-def _record_inputs(model: nn.Module, args: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+def record_inputs(model: nn.Module, args: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
     """Each submodule's positional arguments on its first call while ``model`` runs."""
     recorded: dict[str, tuple[Any, ...]] = {}
     handles = []
@@ -177,7 +177,7 @@ def failing_submodule(
 ) -> tuple[str, BaseException | None, list[str]]:
     """The deepest submodule that ``torch.export`` cannot capture (``""``: the model's own
     code), its error, and the top-level children that do capture."""
-    recorded = _record_inputs(model, args)
+    recorded = record_inputs(model, args)
     capturable: list[str] = []
     for name, _child in model.named_children():
         if name in recorded and _captures(_child, recorded[name]) is None:

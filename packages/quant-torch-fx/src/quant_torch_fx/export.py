@@ -373,9 +373,12 @@ def _strip_prefix(model: onnx.ModelProto, prefix: str) -> None:
             mapping[tensor.name] = tensor.name[len(prefix) :]
     for tensor in graph.initializer:
         tensor.name = mapping.get(tensor.name, tensor.name)
+    scope = "/" + prefix.rstrip(".")
     for node in graph.node:
         for i, name in enumerate(node.input):
             node.input[i] = mapping.get(name, name)
+        if node.name.startswith(scope + "/"):
+            node.name = node.name[len(scope) :]
 
 
 def _shape_reads_quantized(model: onnx.ModelProto) -> None:

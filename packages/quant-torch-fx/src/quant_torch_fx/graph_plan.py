@@ -98,7 +98,7 @@ def module_paths(node: Node) -> list[str]:
     return [path for path, _type in stack.values() if path and not path.startswith("_empty_nn_module_stack")]
 
 
-def module_types(node: Node) -> list[str]:
+def module_type_names(node: Node) -> list[str]:
     """Qualified type names of the modules the node was called in."""
     stack = node.meta.get("nn_module_stack") or {}
     names = []
@@ -248,8 +248,8 @@ def excluded_nodes(
     type_names = {f"{t.__module__}.{t.__qualname__}" for t in module_types}
     names = []
     for name, node in view.nodes.items():
-        paths = _paths_of(view, name, node)
-        kinds = set(_types_of(view, node))
+        paths = module_paths(node) + ([str(node.target)] if node.op == "call_module" else [])
+        kinds = set(module_type_names(node))
         inside = any(fnmatch.fnmatchcase(p, pattern) for p in paths for pattern in modules)
         typed = bool(kinds & type_names)
         outside = only_modules is not None and not any(
@@ -258,14 +258,3 @@ def excluded_nodes(
         if inside or typed or outside:
             names.append(name)
     return names
-
-
-def _paths_of(view: GraphView, name: str, node: Node) -> list[str]:
-    paths = module_paths(node)
-    if node.op == "call_module":
-        paths = [*paths, str(node.target)]
-    return paths
-
-
-def _types_of(view: GraphView, node: Node) -> list[str]:
-    return module_types(node)

@@ -226,7 +226,7 @@ def prepare_graph(
                 observed = False
             redundant = not observed and (member in fused_pre or _preserves_group_values(node, inserted))
             inserted[member] = _insert_after(gm, node, path, observed, redundant)
-    fq_device_to(gm, activation_paths.values(), view)
+    _to_model_device(gm, activation_paths.values())
 
     weight_paths: dict[str, str] = {}
     weighted: dict[str, str] = {}
@@ -272,7 +272,7 @@ def _device_of(gm: GraphModule, node: Node) -> torch.device:
     return meta.device if isinstance(meta, torch.Tensor) else torch.device("cpu")
 
 
-def fq_device_to(gm: GraphModule, paths: Collection[str], view: Any) -> None:
+def _to_model_device(gm: GraphModule, paths: Collection[str]) -> None:
     """Put activation quantizers on the device of the tensors they see (the model's)."""
     device = next((p.device for p in gm.parameters()), None) or next((b.device for b in gm.buffers()), None)
     if device is None:
