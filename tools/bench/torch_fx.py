@@ -445,19 +445,17 @@ def speed_row(name: str, repeats: int) -> dict[str, Any]:
     x = torch.from_numpy(np.ascontiguousarray(calibration_set(name, max(batch, 64))[:batch]))
     y = torch.randint(0, 10 if name in FMNIST else 1000, (batch,), generator=torch.Generator().manual_seed(0))
     float_step = _train_steps(copy.deepcopy(model).train(), x, y)
-    qat_step = _train_steps(
-        ModelQuantizer("xint8", quiet=True).prepare_qat(model, example(name), calib_loader=[x]).train(), x, y
-    )
-    for _ in range(2):
-        float_step()
-        qat_step()
-    float_s, qat_s = _median_pair(float_step, qat_step, repeats)
-    row: dict[str, Any] = {
-        "batch": batch,
-        "float_train_step_s": float_s,
-        "qat_step_s": qat_s,
-        "qat_ratio": qat_s / float_s,
-    }
+    row: dict[str, Any] = {"batch": batch}
+    for label, compiled in (("qat", False), ("qat_compiled", True)):
+        q = ModelQuantizer("xint8", compile_fake_quant=compiled, quiet=True)
+        qat_step = _train_steps(q.prepare_qat(model, example(name), calib_loader=[x]).train(), x, y)
+        for _ in range(3):  # warm-up (and torch.compile's first compilations)
+            float_step()
+            qat_step()
+        float_s, qat_s = _median_pair(float_step, qat_step, repeats)
+        row.update(
+            {f"{label}_float_train_step_s": float_s, f"{label}_step_s": qat_s, f"{label}_ratio": qat_s / float_s}
+        )
     model.eval()
     infer = _inference(model, x)
     for preset in ("a8w8", "xint8"):
@@ -516,11 +514,11 @@ def tables(results: dict[str, Any]) -> str:
             f"{common.fmt(r['ort_kernels_agreement'])}; total {common.fmt(r['seconds'] / 60)} min"
         )
     if "speed" in results:
-        rows = [[n, r["batch"], r["float_train_step_s"], r["qat_step_s"], r["qat_ratio"], r["a8w8_throughput_ratio"],
-                 r["xint8_throughput_ratio"]] for n, r in results["speed"].items()]  # fmt: skip
+        rows = [[n, r["batch"], r["qat_float_train_step_s"], r["qat_step_s"], r["qat_ratio"], r["qat_compiled_ratio"],
+                 r["a8w8_throughput_ratio"], r["xint8_throughput_ratio"]] for n, r in results["speed"].items()]  # fmt: skip
         out.append(common.markdown_table(
-            ["model", "batch", "float train step s", "QAT step s", "QAT / float", "calib/infer throughput a8w8 (MinMax)",
-             "calib/infer throughput xint8 (MinMSE)"], rows))  # fmt: skip
+            ["model", "batch", "float train step s", "QAT step s", "QAT / float", "QAT / float (compile_fake_quant)",
+             "calib / infer throughput a8w8 (MinMax)", "calib / infer throughput xint8 (MinMSE)"], rows))  # fmt: skip
     return "\n\n".join(out)
 
 
