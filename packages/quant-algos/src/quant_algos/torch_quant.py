@@ -62,6 +62,26 @@ def round_tensor(x: torch.Tensor, mode: RoundMode) -> torch.Tensor:
     return torch.trunc(x)
 
 
+def codes_from_tensors(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int, rounding: RoundMode
+) -> torch.Tensor:
+    """Integer codes of ``x`` (as floats of ``zero_point``'s dtype) for qparams already
+    shaped to broadcast against ``x``: ``quant_core.qparams.quantize``'s arithmetic."""
+    rounded = round_tensor(x.to(torch.float32) / scale, rounding)
+    q = rounded.to(zero_point.dtype) + zero_point
+    q = torch.where(torch.isnan(q), torch.full_like(q, float(qmin)), q)
+    return torch.clamp(q, qmin, qmax)
+
+
+def fake_quantize_tensors(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int, rounding: RoundMode
+) -> torch.Tensor:
+    """:func:`fake_quantize` for qparams held as broadcastable tensors (no host round trip:
+    what fake-quantize modules call every batch)."""
+    q = codes_from_tensors(x, scale, zero_point, qmin, qmax, rounding)
+    return (q - zero_point).to(torch.float32) * scale
+
+
 class FakeQuantizer:
     """Fake quantization with one :class:`~quant_core.qparams.QParams`, its scale and zero
     point placed on ``device`` once (what a training loop calls every step).
@@ -80,10 +100,7 @@ class FakeQuantizer:
 
     def codes(self, x: torch.Tensor) -> torch.Tensor:
         """Integer codes as a float tensor (:func:`code_dtype`), like ``quant_core.qparams.quantize``."""
-        rounded = round_tensor(x.to(torch.float32) / self.scale, self.qp.rounding)
-        q = rounded.to(self.zero_point.dtype) + self.zero_point
-        q = torch.where(torch.isnan(q), torch.full_like(q, float(self.qp.qmin)), q)
-        return torch.clamp(q, self.qp.qmin, self.qp.qmax)
+        return codes_from_tensors(x, self.scale, self.zero_point, self.qp.qmin, self.qp.qmax, self.qp.rounding)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``dequantize(quantize(x))`` in float32, like ``quant_core.qparams.fake_quantize``."""

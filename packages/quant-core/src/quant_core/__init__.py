@@ -34,7 +34,7 @@ from quant_core.observer_config import (
     PowerOfTwoMSE,
     observer_config,
 )
-from quant_core.presets import PRESETS, get_preset, list_presets
+from quant_core.presets import PRESETS, get_preset, list_presets, resolve_config
 from quant_core.qparams import (
     QParams,
     bias_qparams,
@@ -98,6 +98,7 @@ __all__ = [
     "observer_config",
     "qparams_from_range",
     "quantize",
+    "resolve_config",
     "save_config",
     "sqnr_db",
     "to_data",

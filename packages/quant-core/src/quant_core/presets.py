@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import attrs
@@ -214,3 +215,30 @@ def get_preset(name: str) -> QuantConfig:
     except (KeyError, TypeError):
         raise ValueError(f"preset: {name!r} is not a known preset; allowed: {', '.join(PRESETS)}") from None
     return preset.factory()
+
+
+def resolve_config(config: QuantConfig | str | os.PathLike[str] | None, default: str = "a8w8") -> QuantConfig:
+    """A :class:`QuantConfig` from a config, a preset name, a ``.json`` config file, or
+    ``None`` (the ``default`` preset): what every backend's entry point accepts.
+
+    Example:
+        >>> resolve_config(None).name, resolve_config("xint8").name
+        ('a8w8', 'xint8')
+        >>> resolve_config(3)
+        Traceback (most recent call last):
+        ...
+        ValueError: config: int is not allowed; allowed: a QuantConfig, a preset name, a .json path
+    """
+    if config is None:
+        return get_preset(default)
+    if isinstance(config, QuantConfig):
+        return config
+    if isinstance(config, os.PathLike) or (isinstance(config, str) and config.endswith(".json")):
+        from quant_core.serialization import load_config
+
+        return load_config(config)
+    if isinstance(config, str):
+        return get_preset(config)
+    raise ValueError(
+        f"config: {type(config).__name__} is not allowed; allowed: a QuantConfig, a preset name, a .json path"
+    )

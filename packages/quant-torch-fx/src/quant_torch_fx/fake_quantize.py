@@ -10,6 +10,22 @@ Example:
 
 from __future__ import annotations
 
-from quant_algos.torch_quant import code_dtype, fake_quantize, qparams_to_tensors, quantize_codes, round_tensor
+from quant_algos.torch_quant import (
+    code_dtype,
+    codes_from_tensors,
+    fake_quantize,
+    fake_quantize_tensors,
+    qparams_to_tensors,
+    quantize_codes,
+    round_tensor,
+)
 
-__all__ = ["code_dtype", "fake_quantize", "qparams_to_tensors", "quantize_codes", "round_tensor"]
+__all__ = [
+    "code_dtype",
+    "codes_from_tensors",
+    "fake_quantize",
+    "fake_quantize_tensors",
+    "qparams_to_tensors",
+    "quantize_codes",
+    "round_tensor",
+]

@@ -47,6 +47,7 @@ def plan_weight_qparams(
     plan: QuantPlan,
     value: ConstantLookup,
     input_qparams: InputQParams,
+    given: Mapping[str, QParams] | None = None,
 ) -> tuple[dict[str, QParams], list[str]]:
     """Weighted node name -> weight qparams for every weight slot of ``plan``, and notes.
 
@@ -56,13 +57,26 @@ def plan_weight_qparams(
             folds when writing, e.g. ONNX Gemm's ``alpha`` into the weight, ``beta``
             into the bias).
         input_qparams: what each layer's input is quantized with.
+        given: weighted node name -> qparams to start from instead of the observer's
+            (scales learned by QAT); the bias fit still applies to them.
+
+    Example (a learned scale of 0.25 is kept; no bias needs a wider one):
+        >>> from quant_core.plan import WeightSlot
+        >>> from quant_core.spec import QuantSpec
+        >>> slot = WeightSlot("fc", "Gemm", "w", 1, QuantSpec(dtype="int8"))
+        >>> one = QuantPlan(groups=(), weights=(slot,), biases=(), fused=(), quantized_nodes=(), float_nodes=())
+        >>> learned = {"fc": QParams.per_tensor(0.25, 0, "int8")}
+        >>> w = {"w": np.ones((2, 2), np.float32)}
+        >>> float(plan_weight_qparams(one, w.get, lambda n, t: None, learned)[0]["fc"].scale)
+        0.25
     """
     result: dict[str, QParams] = {}
     for slot in plan.weights:
         weight = value(slot.tensor)
         if weight is None:
             raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
-        result[slot.node] = constant_qparams(weight, slot.spec)
+        start = None if given is None else given.get(slot.node)
+        result[slot.node] = constant_qparams(weight, slot.spec) if start is None else start
     notes = []
     for bias_slot in plan.biases:
         int32_default = bias_slot.spec is None or bias_slot.spec.dtype is DType.INT32

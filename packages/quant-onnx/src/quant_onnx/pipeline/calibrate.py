@@ -49,7 +49,7 @@ from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, needs
 from quant_core.qparams import QParams
 from quant_onnx.errors import DataError, ModelError
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
-from quant_onnx.ort_session import inference_session
+from quant_onnx.ort_session import CheckedSession, inference_session
 
 
 @attrs.frozen(eq=False)
@@ -208,12 +208,15 @@ def calibrate(
         elif not index.is_graph_input(name):
             run_outputs.append(name)
     inputs_to_observe = [name for name in feeds_of if index.is_graph_input(name)]
-    session = inference_session(augmented_model(model, run_outputs), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    session: CheckedSession | None = inference_session(
+        augmented_model(model, run_outputs), ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    )
     may_chunk = all(group.spec.observer.method != "moving_average" for group in plan.groups)
     chunk: int | None = None  # samples per run, sized from the first run's output bytes
 
     def observe_run(feeds: Mapping[str, np.ndarray]) -> float:
         """Run once, feed the observers, drop the arrays; returns observed bytes per sample."""
+        assert session is not None
         values = session.run(run_outputs, dict(feeds))
         for name, value in zip(run_outputs, values, strict=True):
             for key in feeds_of[name]:
@@ -240,7 +243,7 @@ def calibrate(
                         observe_run(_rows(feeds, start, start + chunk))
             seen += 1
             bar.update(1)
-    del session  # onnxruntime holds its own copy of the weights: free it before reading them
+    session = None  # onnxruntime holds its own copy of the weights: free it before reading them
     if seen == 0:
         raise DataError("calibration data: no samples")
     for key, observer in observers.items():

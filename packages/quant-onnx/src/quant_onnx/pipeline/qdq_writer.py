@@ -49,8 +49,6 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Literal
 
 import attrs
 import numpy as np
@@ -60,6 +58,15 @@ from onnx import helper, numpy_helper
 from quant_core.bias import BiasRule, EncodedBias, encode_bias
 from quant_core.dtypes import DType
 from quant_core.plan import BiasSlot, FusedActivation, InputRequant
+from quant_core.qdq import (
+    BASE_QDQ_OPSET,
+    ActivationEncoding,
+    activation_is_absorbed,
+    bound_is_absorbed,
+    encode_activation,
+    encode_activation_dtype,
+    required_opset,
+)
 from quant_core.qparams import QParams, quantize
 from quant_onnx.graph import DEFAULT_DOMAINS, GraphIndex, is_default_domain, node_attribute
 from quant_onnx.pipeline.calibrate import CalibratedModel
@@ -67,30 +74,34 @@ from quant_onnx.tensor_types import DTYPE_OF_ONNX, ONNX_DTYPES
 
 _LOG = logging.getLogger(__name__)
 
-ActivationEncoding = Literal["x86_uint8", "as_spec"]
+__all__ = [  # the QDQ facts from quant_core.qdq are part of this module's interface
+    "BASE_QDQ_OPSET",
+    "MS_DOMAIN",
+    "SHAPE_READERS",
+    "ActivationEncoding",
+    "WriterOptions",
+    "WrittenModel",
+    "activation_is_absorbed",
+    "bound_is_absorbed",
+    "encode_activation",
+    "encode_activation_dtype",
+    "exact_int32",
+    "output_channels",
+    "required_opset",
+    "write_qdq",
+    "write_qdq_with_notes",
+]
 
-# QuantizeLinear/DequantizeLinear accept these formats from this default-domain opset on.
-_OPSET_FOR_DTYPE = {DType.INT4: 21, DType.UINT4: 21, DType.INT16: 21, DType.UINT16: 21}
 MS_DOMAIN = "com.microsoft"
 """onnxruntime's contrib domain: its QuantizeLinear/DequantizeLinear take 16-bit types at any opset."""
-BASE_QDQ_OPSET = 13
-"""Per-channel DequantizeLinear (``axis``) needs opset 13."""
 
+# The QDQ facts both backends share (opset per format, x86 uint8 encoding, fused
+# activations the quantizer absorbs) live in quant_core.qdq; re-exported here.
 SHAPE_READERS = frozenset({"Shape", "Size"})
 """Ops whose output depends only on their input's shape."""
 
 ORT_COMPLETED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm"})
 """Ops whose float weight and bias onnxruntime quantizes itself when they read a DequantizeLinear."""
-
-
-def required_opset(dtypes: Iterable[DType]) -> int:
-    """The default-domain opset a QDQ model with these formats needs.
-
-    Example:
-        >>> required_opset([DType.UINT8, DType.INT8]), required_opset([DType.INT16])
-        (13, 21)
-    """
-    return max([BASE_QDQ_OPSET, *(_OPSET_FOR_DTYPE.get(d, BASE_QDQ_OPSET) for d in dtypes)])
 
 
 @attrs.frozen
@@ -116,29 +127,6 @@ class WriterOptions:
     def _check(self, _attribute: object, value: str) -> None:
         if value not in ("x86_uint8", "as_spec"):
             raise ValueError(f"activation_encoding: {value!r} is not allowed; allowed: x86_uint8, as_spec")
-
-
-def encode_activation_dtype(dtype: DType, encoding: ActivationEncoding) -> DType:
-    """The stored format of an activation spec's dtype (int8 -> uint8 for x86).
-
-    Example:
-        >>> encode_activation_dtype(DType.INT8, "x86_uint8").value
-        'uint8'
-    """
-    return DType.UINT8 if encoding == "x86_uint8" and dtype is DType.INT8 else dtype
-
-
-def encode_activation(qp: QParams, encoding: ActivationEncoding) -> QParams:
-    """``qp`` in the stored encoding: int8 -> uint8 with ``zero_point + 128`` for x86.
-
-    Example:
-        >>> qp = encode_activation(QParams.per_tensor(0.5, 0, "int8"), "x86_uint8")
-        >>> qp.dtype.value, int(qp.zero_point)
-        ('uint8', 128)
-    """
-    if encode_activation_dtype(qp.dtype, encoding) is qp.dtype:
-        return qp
-    return attrs.evolve(qp, zero_point=qp.zero_point + 128, dtype=DType.UINT8)
 
 
 def exact_int32(values: np.ndarray) -> tuple[np.ndarray, QParams]:
@@ -171,27 +159,6 @@ def output_channels(node: onnx.NodeProto, weight: np.ndarray) -> int:
     if node.op_type == "Gemm" and not node_attribute(node, "transB", 0):
         return int(weight.shape[1])
     return int(weight.shape[0])
-
-
-def bound_is_absorbed(qp: QParams, bound: float, code: int) -> bool:
-    """True when ``bound`` (infinite: nothing to apply) quantizes to ``code`` (qmin for a
-    lower bound, qmax for an upper one): saturation then applies the bound exactly."""
-    return not np.isfinite(bound) or int(quantize(np.array(bound, np.float32), qp)) == code
-
-
-def activation_is_absorbed(qp: QParams, bounds: tuple[float, float]) -> bool:
-    """True when quantizing with ``qp`` already applies ``clip(x, lo, hi)``: every value
-    below ``lo`` maps to the code of ``lo`` (= qmin) and every value above ``hi`` to the
-    code of ``hi`` (= qmax).
-
-    Example:
-        >>> activation_is_absorbed(QParams.per_tensor(0.1, 0, "uint8"), (0.0, float("inf")))
-        True
-        >>> activation_is_absorbed(QParams.per_tensor(0.1, 128, "uint8"), (0.0, float("inf")))
-        False
-    """
-    lo, hi = bounds
-    return bound_is_absorbed(qp, lo, qp.qmin) and bound_is_absorbed(qp, hi, qp.qmax)
 
 
 class _Writer:
@@ -244,7 +211,7 @@ class _Writer:
 
     def domain_for(self, dtype: DType) -> str:
         """The default domain, or com.microsoft for 16-bit Q/DQ below opset 21."""
-        if dtype.bits == 16 and self.opset < _OPSET_FOR_DTYPE[dtype]:
+        if dtype.bits == 16 and self.opset < required_opset([dtype]):
             self.ms_domain_used = True
             return MS_DOMAIN
         return ""

@@ -1,0 +1,235 @@
+"""``ModelQuantizer``: the entry points users call.
+
+    q = ModelQuantizer(qc.get_preset("xint8"))                      # any QuantConfig, a preset name or a JSON path
+    qmodel = q.quantize_model(model, example_inputs, calib_loader)  # PTQ
+    qat = q.prepare_qat(model, example_inputs)                      # QAT: train it like any module
+    frozen = q.freeze(qmodel_or_qat)                                # qparams fixed, BN folded, bias int32
+    q.export_onnx(frozen, example_inputs, "model_qdq.onnx")         # QDQ ONNX that onnxruntime runs
+
+The model is captured with ``torch.export`` (batch axis dynamic), mapped onto the
+planner (:mod:`quant_core.plan`: the same decisions as the ONNX backend for the same
+config), instrumented with fake-quantize modules holding ``quant_core`` observers, and
+calibrated or trained. The input model is never modified.
+
+Partial quantization: ``exclude_modules`` (module-path globs) and
+``exclude_module_types`` leave those modules' nodes float (the config's ``exclude``
+matches node names, ``"<module path>/<op>"``); ``regions`` captures and quantizes only
+the named submodules, the rest of the model runs (and exports) in float, which is also
+how a model ``torch.export`` cannot capture as a whole is quantized.
+
+The accuracy algorithms of a config (CLE, bias correction, AdaRound, AdaQuant, mixed
+precision) are not run by this backend yet; a config listing them is refused rather
+than silently quantized without them.
+
+Example:
+    >>> import torch
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    >>> q = ModelQuantizer("xint8", quiet=True)
+    >>> qmodel = q.quantize_model(net, torch.randn(1, 1, 4, 4), [torch.randn(8, 1, 4, 4) for _ in range(2)])
+    >>> qmodel(torch.randn(3, 1, 4, 4)).shape
+    torch.Size([3, 2])
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from collections.abc import Collection, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from quant_core.config import QuantConfig
+from quant_core.presets import resolve_config
+from quant_core.qdq import ActivationEncoding
+from quant_torch_fx.calibrate import calibrate, finish_calibration, run_batches, start_observing
+from quant_torch_fx.capture import as_args, capture, record_inputs
+from quant_torch_fx.data import InputSignature
+from quant_torch_fx.export import DEFAULT_OPSET, export_onnx
+from quant_torch_fx.freeze import freeze
+from quant_torch_fx.prepare import graph_info, prepare_graph, quantized_graphs
+from quant_torch_fx.qat import QAT_METHODS, enable_qat
+
+DEFAULT_PRESET = "a8w8"
+
+
+class ModelQuantizer:
+    """Graph-mode PTQ and QAT of ``nn.Module`` s with one ``quant_core`` config.
+
+    Args:
+        config: a ``QuantConfig``, a preset name, a ``.json`` config path, or ``None`` (``a8w8``).
+        exclude_modules: module-path globs whose nodes stay float (``"head"``, ``"layer4.*"``).
+        exclude_module_types: module types whose nodes stay float (``torch.nn.Hardswish``).
+        regions: quantize only these submodules (each captured on its own); the rest runs in float.
+        dynamic_batch: capture with a dynamic batch axis (default).
+        share_concat_scales: Concat's inputs and output share one scale (the planner's default).
+        qat_method: ``"auto"`` (TQT for power-of-two specs, LSQ for float scales), ``"lsq"``,
+            ``"tqt"`` or ``"ste"`` (qparams fixed from calibration, straight-through gradients).
+        compile_fake_quant: QAT's power-of-two fake quantization through ``torch.compile``
+            (about twice as fast on CPU; needs a C++ compiler; the first steps compile).
+        quiet: no progress bars.
+
+    Example:
+        >>> ModelQuantizer("xint8").config.name
+        'xint8'
+    """
+
+    def __init__(
+        self,
+        config: QuantConfig | str | os.PathLike[str] | None = None,
+        *,
+        exclude_modules: Sequence[str] = (),
+        exclude_module_types: Collection[type] = (),
+        regions: Sequence[str] | None = None,
+        dynamic_batch: bool = True,
+        share_concat_scales: bool = True,
+        qat_method: str = "auto",
+        compile_fake_quant: bool = False,
+        quiet: bool = False,
+    ) -> None:
+        self.config = resolve_config(config, DEFAULT_PRESET)
+        if self.config.algorithms:
+            kinds = ", ".join(type(a).kind for a in self.config.algorithms)
+            raise ValueError(
+                f"config.algorithms: {kinds} are not run by the torch backend yet; allowed here: none "
+                "(use quant-onnx for them, or drop them from the config)"
+            )
+        if qat_method not in QAT_METHODS:
+            raise ValueError(f"qat_method: {qat_method!r} is not allowed; allowed: {', '.join(QAT_METHODS)}")
+        for name in regions or ():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"regions: {name!r} is not allowed; allowed: submodule paths such as 'backbone'")
+        self.exclude_modules = tuple(exclude_modules)
+        self.exclude_module_types = tuple(exclude_module_types)
+        self.regions = None if regions is None else tuple(regions)
+        self.dynamic_batch = dynamic_batch
+        self.share_concat_scales = share_concat_scales
+        self.qat_method = qat_method
+        self.compile_fake_quant = compile_fake_quant
+        self.quiet = quiet
+
+    # ---------------------------------------------------------------------------- capture
+    def prepare(self, model: nn.Module, example_inputs: Any, *, mode: str = "ptq") -> nn.Module:
+        """The instrumented model, not yet calibrated (``mode``: ``"ptq"`` or ``"qat"``)."""
+        args = as_args(example_inputs)
+        if self.regions is None:
+            gm = capture(model, args, dynamic_batch=self.dynamic_batch)
+            return self._instrument(gm, mode)
+        root = copy.deepcopy(model).eval()
+        recorded = record_inputs(root, args)
+        names = sorted(self.regions)
+        for a, b in itertools.pairwise(names):
+            if b.startswith(a + "."):
+                raise ValueError(f"regions: {b!r} lies inside {a!r}; allowed: regions that do not nest")
+        for name in self.regions:
+            try:
+                sub = root.get_submodule(name)
+            except AttributeError:
+                raise ValueError(f"regions: {name!r} is not a submodule of {type(model).__name__}") from None
+            if name not in recorded:
+                raise ValueError(f"regions: {name!r} is not called when the model runs on the example inputs")
+            gm = capture(sub, recorded[name], dynamic_batch=self.dynamic_batch)
+            root.set_submodule(name, self._instrument(gm, mode))
+        return root
+
+    def _instrument(self, gm: torch.fx.GraphModule, mode: str) -> torch.fx.GraphModule:
+        return prepare_graph(
+            gm,
+            self.config,
+            mode=mode,
+            exclude_modules=self.exclude_modules,
+            exclude_module_types=self.exclude_module_types,
+            share_concat_scales=self.share_concat_scales,
+        )
+
+    def signature(self, example_inputs: Any) -> InputSignature:
+        """What a data batch must look like (the example inputs' shapes, any batch size)."""
+        return InputSignature.of(as_args(example_inputs), self.dynamic_batch)
+
+    # -------------------------------------------------------------------------------- PTQ
+    def quantize_model(
+        self, model: nn.Module, example_inputs: Any, calib_loader: Iterable[Any], *, num_batches: int | None = None
+    ) -> nn.Module:
+        """Post-training quantization: capture, plan, calibrate on ``calib_loader`` (tensors
+        or ``(tensor, label)`` batches; a list works). Returns the fake-quantized model in
+        eval mode; ``model`` is not modified."""
+        prepared = self.prepare(model, example_inputs, mode="ptq")
+        calibrate(prepared, calib_loader, self.signature(example_inputs), num_batches=num_batches, quiet=self.quiet)
+        return prepared.eval()
+
+    def calibrate(
+        self, prepared: nn.Module, calib_loader: Iterable[Any], example_inputs: Any, *, num_batches: int | None = None
+    ) -> nn.Module:
+        """(Re)calibrate a prepared model in place: activation observers over the data, then
+        qparams (learnable QAT parameters start from them)."""
+        observing = start_observing(prepared)
+        run_batches(prepared, calib_loader, self.signature(example_inputs), num_batches=num_batches, quiet=self.quiet)
+        finish_calibration(prepared, observing)
+        return prepared
+
+    # -------------------------------------------------------------------------------- QAT
+    def prepare_qat(
+        self,
+        model: nn.Module,
+        example_inputs: Any,
+        *,
+        calib_loader: Iterable[Any] | None = None,
+        num_batches: int | None = None,
+    ) -> nn.Module:
+        """A model to train with quantization in the loop (train mode). Batch norm after a
+        convolution is simulated folded; learnable qparams (``qat_method``) start from a
+        calibration over ``calib_loader`` when given, else from the first training batch."""
+        prepared = self.prepare(model, example_inputs, mode="qat")
+        enable_qat(prepared, self.qat_method, compiled=self.compile_fake_quant)
+        if calib_loader is not None:
+            self.calibrate(prepared, calib_loader, example_inputs, num_batches=num_batches)
+        elif self.qat_method == "ste":
+            raise ValueError("prepare_qat: qat_method 'ste' keeps calibrated qparams; pass calib_loader")
+        return prepared.train()
+
+    # ------------------------------------------------------------------------ freeze, export
+    def freeze(self, model: nn.Module) -> nn.Module:
+        """A frozen copy (see :mod:`quant_torch_fx.freeze`)."""
+        return freeze(model)
+
+    def export_onnx(
+        self,
+        model: nn.Module,
+        example_inputs: Any,
+        path: str | os.PathLike[str],
+        *,
+        opset: int = DEFAULT_OPSET,
+        activation_encoding: ActivationEncoding = "x86_uint8",
+        input_names: Sequence[str] | None = None,
+        output_names: Sequence[str] | None = None,
+    ) -> Path:
+        """Write the QDQ ONNX model of ``model`` (frozen first if it is not) to ``path``,
+        atomically."""
+        frozen = model if all(graph_info(g).frozen for g in quantized_graphs(model)) else freeze(model)
+        return export_onnx(
+            frozen,
+            example_inputs,
+            path,
+            opset=opset,
+            activation_encoding=activation_encoding,
+            dynamic_batch=self.dynamic_batch,
+            input_names=input_names,
+            output_names=output_names,
+        )
+
+    def report(self, model: nn.Module) -> dict[str, Any]:
+        """What was decided: per graph, quantized and float nodes (with reasons) and notes."""
+        graphs = {}
+        for index, gm in enumerate(quantized_graphs(model)):
+            info = graph_info(gm)
+            graphs[str(index)] = {
+                "quantized_nodes": [name for name, _op in info.plan.quantized_nodes],
+                "float_nodes": [
+                    {"name": f.name, "op_type": f.op_type, "reason": f.reason} for f in info.plan.float_nodes
+                ],
+                "notes": [*info.plan.notes, *info.notes],
+            }
+        return graphs

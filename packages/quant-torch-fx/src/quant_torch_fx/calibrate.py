@@ -1,0 +1,133 @@
+"""Calibration: run the float model over the data with every activation quantizer
+observing, then turn the statistics into qparams (``quant_core``'s math) and switch fake
+quantization on.
+
+Observers see the float model (fake quantization off), as in the ONNX backend, so one
+config and one data set give the same activation scales on both. Weight qparams come
+from :func:`quant_core.plan.plan_weight_qparams` after the activations': a weight scale
+is raised where the int32 bias would not fit at ``input_scale * weight_scale``. Under
+``torch.distributed`` the observers are merged across ranks first
+(:func:`~quant_torch_fx.distributed.merge_observers`).
+
+Example:
+    >>> import torch
+    >>> from quant_core.presets import get_preset
+    >>> from quant_torch_fx.capture import capture
+    >>> from quant_torch_fx.data import InputSignature
+    >>> from quant_torch_fx.prepare import prepare_graph, activation_quantizers
+    >>> gm = prepare_graph(capture(torch.nn.ReLU(), (torch.randn(1, 4),)), get_preset("a8w8"), mode="ptq")
+    >>> sig = InputSignature.of((torch.randn(1, 4),))
+    >>> calibrate(gm, [torch.tensor([[-1.0, 0.0, 1.0, 2.55]])], sig, quiet=True)
+    >>> {key: float(q.current_qparams().scale) for key, q in activation_quantizers(gm)}
+    {'input_1': 0.013921568170189857, 'relu': 0.009999999776482582}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+from quant_core.observers import make_observer
+from quant_core.plan import plan_weight_qparams
+from quant_torch_fx.data import InputSignature, batches, loader_length
+from quant_torch_fx.distributed import merge_observers
+from quant_torch_fx.errors import DataError
+from quant_torch_fx.prepare import (
+    activation_qparams_lookup,
+    activation_quantizers,
+    constant_lookup,
+    graph_info,
+    observe_constants,
+    quantized_graphs,
+    weight_quantizers,
+)
+from quant_torch_fx.quantizer import FakeQuantizer
+
+
+def model_device(model: nn.Module) -> torch.device | None:
+    """The device of the model's first parameter or buffer (``None``: it has neither)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return None
+
+
+def start_observing(model: nn.Module) -> list[FakeQuantizer]:
+    """Fresh observers on every activation quantizer, fake quantization off everywhere;
+    constants observed once. Returns the activation quantizers (all graphs, plan order)."""
+    observing: list[FakeQuantizer] = []
+    for gm in quantized_graphs(model):
+        for _key, fq in activation_quantizers(gm):
+            fq.observer = make_observer(fq.spec)
+            fq.observing, fq.quantizing = True, False
+            observing.append(fq)
+        for _node, fq in weight_quantizers(gm):
+            fq.observing, fq.quantizing = False, False
+        observe_constants(gm)
+    return observing
+
+
+def run_batches(
+    model: nn.Module,
+    loader: Iterable[Any],
+    signature: InputSignature,
+    *,
+    num_batches: int | None = None,
+    desc: str = "calibrating",
+    quiet: bool = False,
+) -> int:
+    """Run ``model`` (eval mode, no grad) over the loader's checked batches; returns how many ran."""
+    total = loader_length(loader)
+    if num_batches is not None:
+        total = num_batches if total is None else min(total, num_batches)
+    device = model_device(model)
+    seen = 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for inputs in tqdm(batches(loader, signature, device), total=total, desc=desc, unit="batch", disable=quiet):
+                model(*inputs)
+                seen += 1
+                if num_batches is not None and seen >= num_batches:
+                    break
+    finally:
+        model.train(was_training)
+    if seen == 0:
+        raise DataError(f"{desc}: the data loader yielded no batches")
+    return seen
+
+
+def finish_calibration(model: nn.Module, observing: list[FakeQuantizer]) -> None:
+    """Merge across ranks, set activation and weight qparams, switch fake quantization on."""
+    merge_observers(observing)
+    for gm in quantized_graphs(model):
+        info = graph_info(gm)
+        for _key, fq in activation_quantizers(gm):
+            fq.observing = False
+            fq.compute_qparams()
+            fq.quantizing = True
+        learned = {node: fq.current_qparams() for node, fq in weight_quantizers(gm) if fq.learning is not None}
+        qparams, notes = plan_weight_qparams(info.plan, constant_lookup(gm), activation_qparams_lookup(gm), learned)
+        info.notes.extend(note for note in notes if note not in info.notes)
+        for node, fq in weight_quantizers(gm):
+            if fq.learning is None:
+                fq.set_qparams(qparams[node])
+            fq.quantizing = True
+
+
+def calibrate(
+    model: nn.Module,
+    loader: Iterable[Any],
+    signature: InputSignature,
+    *,
+    num_batches: int | None = None,
+    quiet: bool = False,
+) -> None:
+    """Calibrate every prepared graph in ``model`` (in place; see the module docstring)."""
+    observing = start_observing(model)
+    run_batches(model, loader, signature, num_batches=num_batches, quiet=quiet)
+    finish_calibration(model, observing)

@@ -1,0 +1,227 @@
+"""Capture a model with ``torch.export.export``, batch dimension dynamic by default.
+
+Users capture with one sample and calibrate, train or evaluate with batches of 64 or
+500, so the first axis of every tensor input that shares the first input's batch size
+is a dynamic dimension. ``torch.export`` specialises a dimension of size 1, so a
+batch-of-one example is captured as a batch of two (the sample repeated); the graph
+then takes any batch size.
+
+When ``torch.export`` fails, :func:`capture` raises a :class:`CaptureError` naming the
+construct (torch's first message line), where it is (file and line), and the deepest
+submodule that cannot be captured, with how to leave it out: quantize the capturable
+submodules only (``regions=[...]``).
+
+Example:
+    >>> import torch
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    >>> gm = capture(net, (torch.randn(1, 4),))
+    >>> gm(torch.randn(5, 4)).shape
+    torch.Size([5, 2])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.export import Dim
+from torch.fx import GraphModule
+
+from quant_torch_fx.errors import CaptureError
+
+
+def as_args(example_inputs: Any) -> tuple[Any, ...]:
+    """Example inputs as a positional-argument tuple (a lone tensor becomes a 1-tuple).
+
+    Example:
+        >>> len(as_args(torch.zeros(1))), len(as_args([torch.zeros(1), torch.zeros(2)]))
+        (1, 2)
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list | tuple):
+        return tuple(example_inputs)
+    raise ValueError(
+        f"example_inputs: {type(example_inputs).__name__} is not allowed; allowed: a tensor or a tuple of tensors"
+    )
+
+
+def _batched(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+    """Arguments repeated to a batch of two where needed, and the dynamic-shape spec."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0]
+    if not tensors:
+        return args, None
+    batch = tensors[0].shape[0]
+    dim = Dim("batch", min=1)
+    shapes: list[Any] = []
+    new_args: list[Any] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and arg.dim() > 0 and arg.shape[0] == batch:
+            shapes.append({0: dim})
+            new_args.append(torch.cat([arg, arg]) if batch == 1 else arg)
+        else:
+            shapes.append(None)
+            new_args.append(arg)
+    return tuple(new_args), tuple(shapes)
+
+
+def _export(model: nn.Module, args: tuple[Any, ...], dynamic_shapes: Any) -> torch.export.ExportedProgram:
+    # torch logs and prints the partial graph on failure; the error says what matters.
+    quiet_logs = logging.getLogger("torch")
+    level = quiet_logs.level
+    quiet_logs.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
+    finally:
+        quiet_logs.setLevel(level)
+
+
+def capture(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    dynamic_batch: bool = True,
+    dynamic_shapes: Any = None,
+    diagnose: bool = True,
+) -> GraphModule:
+    """``torch.export`` graph module of a copy of ``model`` in eval mode (``model`` itself
+    is not touched). ``dynamic_shapes`` overrides the dynamic batch; ``diagnose``: on
+    failure, find the submodule that cannot be captured (captures each submodule)."""
+    model_copy = copy.deepcopy(model).eval()
+    args = as_args(example_inputs)
+    shapes = dynamic_shapes
+    capture_args = args
+    if dynamic_shapes is None and dynamic_batch:
+        capture_args, shapes = _batched(args)
+    try:
+        program = _export(model_copy, capture_args, shapes)
+    except Exception as exc:  # torch raises many unrelated types here
+        raise CaptureError(_explain(model_copy, args, exc, diagnose)) from exc
+    gm = program.module(check_guards=False)
+    assert isinstance(gm, GraphModule)
+    # ExportedProgram.module() makes train()/eval() raise; the prepared graph calls
+    # batch-norm and dropout modules that follow the mode, so give the methods back.
+    for method in ("train", "eval"):
+        gm.__dict__.pop(method, None)
+    return gm
+
+
+def describe_failure(exc: BaseException) -> tuple[str, str]:
+    """``(construct, location)`` from a ``torch.export`` error: its first line and the user
+    code that raised it (``file:line: code``), or ``""`` when torch does not say.
+
+    Example:
+        >>> describe_failure(RuntimeError('Could not guard\\nThe following call raised this error:\\n  File "m.py", line 5, in forward\\n    if x.sum() > 0:\\n'))
+        ('Could not guard', 'm.py:5 in forward: if x.sum() > 0:')
+    """
+    text = str(exc).strip()
+    construct = text.splitlines()[0].strip() if text else type(exc).__name__
+    construct = re.sub(r"\s+", " ", construct)[:300]
+    lines = text.splitlines()
+    location = ""
+    frames = [i for i, line in enumerate(lines) if line.strip().startswith('File "')]
+    torch_dir = os.path.dirname(torch.__file__)
+    user = [i for i in frames if torch_dir not in lines[i]]
+    if user:
+        i = user[-1]
+        match = re.search(r'File "([^"]+)", line (\d+), in (\S+)', lines[i])
+        code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if match:
+            location = f"{match.group(1)}:{match.group(2)} in {match.group(3)}"
+            location += f": {code}" if code else ""
+    return construct, location
+
+
+def record_inputs(model: nn.Module, args: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    """Each submodule's positional arguments on its first call while ``model`` runs."""
+    recorded: dict[str, tuple[Any, ...]] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+
+        def hook(_module: nn.Module, inputs: tuple[Any, ...], name: str = name) -> None:
+            recorded.setdefault(name, inputs)
+
+        handles.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(*args)
+    except Exception:  # the model may not even run eagerly; diagnose with what was recorded
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return recorded
+
+
+def _captures(module: nn.Module, inputs: tuple[Any, ...]) -> BaseException | None:
+    try:
+        _export(module, inputs, None)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def failing_submodule(
+    model: nn.Module, args: tuple[Any, ...], max_depth: int = 8
+) -> tuple[str, BaseException | None, list[str]]:
+    """The deepest submodule that ``torch.export`` cannot capture (``""``: the model's own
+    code), its error, and the top-level children that do capture."""
+    recorded = record_inputs(model, args)
+    capturable: list[str] = []
+    for name, _child in model.named_children():
+        if name in recorded and _captures(_child, recorded[name]) is None:
+            capturable.append(name)
+    path, error = "", None
+    module = model
+    for _ in range(max_depth):
+        found = False
+        for name, child in module.named_children():
+            full = f"{path}.{name}" if path else name
+            if full not in recorded:
+                continue
+            failure = _captures(child, recorded[full])
+            if failure is not None:
+                path, error, module, found = full, failure, child, True
+                break
+        if not found:
+            break
+    return path, error, capturable
+
+
+def _explain(model: nn.Module, args: tuple[Any, ...], exc: BaseException, diagnose: bool) -> str:
+    construct, location = describe_failure(exc)
+    where = f" at {location}" if location else ""
+    message = f"model: torch.export cannot capture {type(model).__name__}: {construct}{where}"
+    if not diagnose:
+        return message
+    path, error, capturable = failing_submodule(model, args)
+    if path:
+        inner_construct, inner_location = describe_failure(error) if error is not None else (construct, location)
+        kind = type(model.get_submodule(path)).__name__
+        where = f" at {inner_location}" if inner_location else ""
+        message = f"model: torch.export cannot capture submodule {path!r} ({kind}): {inner_construct}{where}"
+    hint = _hint(path, capturable)
+    return f"{message}; {hint}"
+
+
+def _hint(path: str, capturable: Sequence[str]) -> str:
+    top = path.split(".")[0] if path else ""
+    others = [name for name in capturable if name != top]
+    if others:
+        regions = ", ".join(repr(n) for n in others)
+        return (
+            f"leave it out by quantizing only the submodules that capture: ModelQuantizer(config, regions=[{regions}]) "
+            "(the rest runs in float), or rewrite the construct without data-dependent Python control flow"
+        )
+    return "rewrite the construct without data-dependent Python control flow, or quantize capturable submodules with regions=[...]"

@@ -1,0 +1,124 @@
+"""What a data loader may yield, and the check that its batches fit the model.
+
+A batch is a tensor, or a tuple/list whose first elements are the model's inputs (a
+``(images, labels)`` pair from a ``DataLoader``: the labels are ignored where only inputs
+are needed); numpy arrays are accepted. Every tensor input must have the example
+input's shape apart from the batch axis: a wrong batch fails at once, naming the
+expected shape, before anything runs.
+
+Example:
+    >>> import torch
+    >>> sig = InputSignature.of((torch.zeros(1, 3, 8, 8),))
+    >>> [t.shape for t in sig.inputs((torch.zeros(4, 3, 8, 8), torch.tensor([1, 2, 3, 4])), 0)]
+    [torch.Size([4, 3, 8, 8])]
+    >>> sig.inputs(torch.zeros(4, 8, 8), 0)
+    Traceback (most recent call last):
+    ...
+    quant_torch_fx.errors.DataError: data: batch 0, input 0 has shape [4, 8, 8]; expected [N, 3, 8, 8] (the example input's shape, any batch size N)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from quant_torch_fx.errors import DataError
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+@attrs.frozen
+class InputSignature:
+    """The model's positional inputs: per input the example's shape (``None`` for a
+    non-tensor argument) and dtype, and whether axis 0 is a free batch axis.
+
+    Example:
+        >>> InputSignature.of((torch.zeros(2, 5),)).describe(0)
+        '[N, 5]'
+    """
+
+    shapes: tuple[tuple[int, ...] | None, ...]
+    dtypes: tuple[torch.dtype | None, ...]
+    dynamic_batch: bool = True
+
+    @staticmethod
+    def of(example_args: tuple[Any, ...], dynamic_batch: bool = True) -> InputSignature:
+        return InputSignature(
+            tuple(_shape(a) for a in example_args),
+            tuple(a.dtype if isinstance(a, torch.Tensor) else None for a in example_args),
+            dynamic_batch,
+        )
+
+    def describe(self, index: int) -> str:
+        shape = self.shapes[index]
+        if shape is None:
+            return "a non-tensor argument"
+        dims = [str(d) for d in shape]
+        if self.dynamic_batch and dims:
+            dims[0] = "N"
+        return f"[{', '.join(dims)}]"
+
+    def inputs(self, item: Any, index: int) -> tuple[Any, ...]:
+        """The model inputs of batch ``index`` (checked; see the module docstring)."""
+        count = len(self.shapes)
+        if isinstance(item, np.ndarray):
+            item = torch.from_numpy(item)
+        if isinstance(item, torch.Tensor):
+            values: tuple[Any, ...] = (item,)
+        elif isinstance(item, list | tuple):
+            values = tuple(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in item[:count])
+        else:
+            raise DataError(
+                f"data: batch {index} is a {type(item).__name__}; allowed: a tensor, or a tuple whose first "
+                f"{count} element(s) are the model inputs (e.g. (images, labels))"
+            )
+        if len(values) < count:
+            raise DataError(f"data: batch {index} has {len(values)} input(s); the model takes {count}")
+        for position, (value, shape, dtype) in enumerate(zip(values, self.shapes, self.dtypes, strict=True)):
+            if shape is None:
+                continue
+            ok = isinstance(value, torch.Tensor) and value.dim() == len(shape)
+            if ok:
+                start = 1 if self.dynamic_batch else 0
+                ok = tuple(value.shape[start:]) == shape[start:]
+            if not ok:
+                got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise DataError(
+                    f"data: batch {index}, input {position} has shape {got}; expected {self.describe(position)} "
+                    "(the example input's shape, any batch size N)"
+                )
+            if dtype is not None and value.is_floating_point() != dtype.is_floating_point:
+                raise DataError(
+                    f"data: batch {index}, input {position} has dtype {value.dtype}; expected {dtype} like the example input"
+                )
+        return values
+
+
+def batches(loader: Iterable[Any], signature: InputSignature, device: torch.device | None) -> Iterator[tuple[Any, ...]]:
+    """The loader's batches as checked input tuples on ``device``."""
+    for index, item in enumerate(loader):
+        values = signature.inputs(item, index)
+        if device is not None:
+            values = tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
+        yield values
+
+
+def labels_of(item: Any, count: int) -> Any:
+    """The labels of a ``(inputs..., labels)`` batch, or ``None`` when it has none."""
+    if isinstance(item, list | tuple) and len(item) > count:
+        return item[count]
+    return None
+
+
+def loader_length(loader: Any) -> int | None:
+    """``len(loader)`` when it has one (a progress bar's total)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None

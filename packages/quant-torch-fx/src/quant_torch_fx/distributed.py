@@ -1,0 +1,76 @@
+"""Keeping quantization parameters identical across ``torch.distributed`` ranks.
+
+- Calibration (PTQ, or QAT's initial pass): each rank feeds its observers its own
+  shard; :func:`merge_observers` then gathers every rank's observer state and merges them
+  in rank order, so every rank holds the same statistic, the one a single process
+  gets on the union of the data (min-max and histograms merge exactly).
+- Per-batch statistics during training (a learnable quantizer initialised on the first
+  batch): :class:`TorchDistSync` all-reduces min, max and histogram counts, so every rank
+  sees the union of the ranks' batches.
+- Learnable scales and thresholds are parameters: DDP averages their gradients like
+  any other, so they stay identical once initialised identically.
+
+Without an initialised process group (or with one process) everything here is a no-op.
+
+Example:
+    >>> distributed_world() is None
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from quant_core.observers import Observer, make_observer
+from quant_torch_fx.quantizer import FakeQuantizer
+
+
+def distributed_world() -> tuple[int, int] | None:
+    """``(rank, world size)`` inside a process group of more than one process, else ``None``."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    size = dist.get_world_size()
+    return (dist.get_rank(), size) if size > 1 else None
+
+
+class TorchDistSync:
+    """A :class:`~quant_torch_fx.observe.BatchSync` over the default process group.
+
+    Example:
+        >>> TorchDistSync().counts(torch.tensor([1, 2])).tolist()  # one process: unchanged
+        [1, 2]
+    """
+
+    def min_max(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if distributed_world() is None:
+            return lo, hi
+        lo, hi = lo.clone(), hi.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        return lo, hi
+
+    def counts(self, counts: torch.Tensor) -> torch.Tensor:
+        if distributed_world() is None:
+            return counts
+        counts = counts.clone()
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+        return counts
+
+
+def merge_observers(quantizers: Sequence[FakeQuantizer]) -> None:
+    """Replace each quantizer's observer by the merge of every rank's (in rank order), on
+    every rank. All ranks must pass the same quantizers in the same order."""
+    if distributed_world() is None or not quantizers:
+        return
+    states = [q.observer.state_dict() for q in quantizers]
+    gathered: list[list[dict[str, object]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, states)
+    for index, fq in enumerate(quantizers):
+        merged: Observer = make_observer(fq.spec)
+        for rank_states in gathered:
+            assert rank_states is not None
+            merged.merge(Observer.from_state_dict(rank_states[index]))  # type: ignore[arg-type]
+        fq.observer = merged

@@ -1,0 +1,85 @@
+"""Switch a prepared model into QAT: which quantizers learn, and how.
+
+``qat_method``:
+
+- ``"auto"``: TQT (learnable log2 threshold, power-of-two scales) for symmetric
+  power-of-two specs, LSQ (learnable float scale) for float-scale specs; an asymmetric
+  power-of-two spec falls back to ``"ste"``;
+- ``"lsq"`` / ``"tqt"``: that method everywhere (an incompatible spec is an error);
+- ``"ste"``: no learnable qparams: activation qparams stay as calibrated, weight qparams
+  follow the weights at every step; gradients pass straight through.
+
+Learnable weight qparams start from the weight's observer at once (the weights are
+known); learnable activation qparams start from a calibration pass, or from the first
+training batch (all ranks' first batches together under ``torch.distributed``).
+
+Example:
+    >>> from quant_core.spec import QuantSpec
+    >>> method_for(QuantSpec(dtype="int8", scale_type="power_of_two"), "auto"), method_for(QuantSpec(dtype="int8"), "auto")
+    ('tqt', 'lsq')
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from quant_core.observers import make_observer
+from quant_core.spec import QuantSpec, ScaleType
+from quant_torch_fx.distributed import TorchDistSync
+from quant_torch_fx.observe import observe
+from quant_torch_fx.prepare import (
+    activation_quantizers,
+    constant_lookup,
+    graph_info,
+    quantized_graphs,
+    weight_quantizers,
+)
+
+QAT_METHODS = ("auto", "lsq", "tqt", "ste")
+
+
+def method_for(spec: QuantSpec, method: str) -> str:
+    """The method a quantizer with ``spec`` uses under ``method`` (see the module docstring)."""
+    if method != "auto":
+        return method
+    if spec.scale_type is ScaleType.POWER_OF_TWO:
+        return "tqt" if spec.symmetric else "ste"
+    return "lsq"
+
+
+def enable_qat(model: nn.Module, method: str, *, compiled: bool = False) -> None:
+    """Make every prepared graph in ``model`` ready to train (in place); ``compiled``: the
+    power-of-two paths through ``torch.compile``."""
+    import torch
+
+    if method not in QAT_METHODS:
+        raise ValueError(f"qat_method: {method!r} is not allowed; allowed: {', '.join(QAT_METHODS)}")
+    for gm in quantized_graphs(model):
+        info = graph_info(gm)
+        for _key, fq in activation_quantizers(gm):
+            chosen = method_for(fq.spec, method)
+            fq.compiled = compiled
+            fq.observing = False
+            if chosen == "ste":
+                fq.quantizing = False  # until calibrated
+                continue
+            fq.enable_learning(chosen)
+            fq.sync = TorchDistSync()
+            fq.quantizing = True
+        values = constant_lookup(gm)
+        for node, fq in weight_quantizers(gm):
+            chosen = method_for(fq.spec, method)
+            fq.compiled = compiled
+            fq.quantizing = True
+            if chosen == "ste":
+                fq.track = True
+                continue
+            slot = info.plan.weight_of(node)
+            assert slot is not None
+            weight = values(slot.tensor)
+            assert weight is not None
+            axis = fq.spec.channel_axis
+            fq.enable_learning(chosen, () if axis is None else (int(weight.shape[axis]),))
+            observer = make_observer(fq.spec)
+            observe(observer, torch.from_numpy(weight))
+            fq.set_qparams(observer.qparams())

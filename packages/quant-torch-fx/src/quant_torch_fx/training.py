@@ -1,0 +1,197 @@
+"""A small QAT training loop, with knowledge distillation from the float model.
+
+Users often have unlabeled images only: with ``teacher=`` (the float model) the loss is
+the distillation loss ``T^2 * KL(softmax(teacher / T) || softmax(student / T))`` for
+classification logits (mean squared error for other outputs), and labels are not
+needed; without a teacher the loss is ``loss_fn(output, labels)`` (cross entropy by
+default) on ``(inputs, labels)`` batches. Any ``nn.Module`` works, a DDP-wrapped
+prepared model included.
+
+Example:
+    >>> import torch
+    >>> from quant_torch_fx import ModelQuantizer
+    >>> float_net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).eval()
+    >>> q = ModelQuantizer("a8w8", quiet=True)
+    >>> qat = q.prepare_qat(float_net, torch.randn(1, 4))
+    >>> data = [torch.randn(16, 4) for _ in range(4)]
+    >>> history = train_qat(qat, data, teacher=float_net, epochs=2, lr=1e-3, quiet=True)
+    >>> len(history), history[-1]["batches"]
+    (2, 4.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+from quant_torch_fx.calibrate import model_device
+from quant_torch_fx.data import labels_of, loader_length
+from quant_torch_fx.errors import DataError
+from quant_torch_fx.modules import GraphBatchNorm
+from quant_torch_fx.quantizer import FakeQuantizer
+
+EpochCallback = Callable[[int, nn.Module], dict[str, float] | None]
+
+
+def distillation_loss(student: Any, teacher: Any, temperature: float = 1.0) -> torch.Tensor:
+    """KL distillation for ``[N, classes]`` logits, mean squared error otherwise (pytrees
+    of tensors are compared leaf by leaf).
+
+    Example:
+        >>> t = torch.tensor([[2.0, 0.0]])
+        >>> abs(float(distillation_loss(t, t))) < 1e-6
+        True
+    """
+    s_leaves, t_leaves = _leaves(student), _leaves(teacher)
+    if len(s_leaves) != len(t_leaves):
+        raise ValueError(f"distillation: the student returns {len(s_leaves)} tensors, the teacher {len(t_leaves)}")
+    total = torch.zeros((), device=s_leaves[0].device)
+    for s, t in zip(s_leaves, t_leaves, strict=True):
+        t = t.detach()
+        if s.dim() == 2 and s.is_floating_point():
+            log_p = F.log_softmax(s / temperature, dim=1)
+            target = F.softmax(t / temperature, dim=1)
+            total = total + F.kl_div(log_p, target, reduction="batchmean") * temperature**2
+        else:
+            total = total + F.mse_loss(s, t)
+    return total
+
+
+def _leaves(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list | tuple):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return []
+
+
+def learnable_quantizers(model: nn.Module) -> list[FakeQuantizer]:
+    """The quantizers of ``model`` with learnable qparams (LSQ scales, TQT thresholds)."""
+    return [m for m in model.modules() if isinstance(m, FakeQuantizer) and m.learned is not None]
+
+
+def default_optimizer(model: nn.Module, lr: float, qparam_lr: float | None) -> torch.optim.Optimizer:
+    """Adam: weights at ``lr``; TQT log2 thresholds at ``qparam_lr`` (default ``10 * lr``, in
+    log2 units); each LSQ scale at ``qparam_lr`` times its own magnitude (Adam's steps do not
+    scale with the gradient, so a scale of 0.01 would otherwise move by whole multiples of
+    itself). Learnable qparams must be initialised first (see :func:`train_qat`)."""
+    rate = qparam_lr if qparam_lr is not None else 10 * lr
+    learners = learnable_quantizers(model)
+    ids = {id(fq.learned) for fq in learners}
+    weights = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
+    groups: list[dict[str, Any]] = [{"params": weights, "lr": lr}]
+    thresholds = [fq.learned for fq in learners if fq.learning == "tqt"]
+    if thresholds:
+        groups.append({"params": thresholds, "lr": rate})
+    for fq in learners:
+        if fq.learning == "lsq" and fq.learned is not None:
+            magnitude = float(fq.learned.detach().abs().mean())
+            groups.append({"params": [fq.learned], "lr": rate * max(magnitude, 1e-12)})
+    return torch.optim.Adam(groups)
+
+
+def initialize_learnables(model: nn.Module, inputs: Sequence[Any]) -> None:
+    """Run one batch in eval mode without gradients so that learnable qparams still waiting
+    for data start from it (batch-norm statistics are not touched)."""
+    if all(fq.initialized for fq in learnable_quantizers(model)):
+        return
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        model(*inputs)
+    model.train(was_training)
+
+
+def set_batch_norm_stats_frozen(model: nn.Module, frozen: bool) -> None:
+    """Batch norms use (and keep) their running statistics while the rest trains."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm | GraphBatchNorm):
+            module.train(not frozen and model.training)
+
+
+def train_qat(
+    model: nn.Module,
+    loader: Iterable[Any],
+    *,
+    epochs: int = 1,
+    teacher: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr: float = 1e-4,
+    qparam_lr: float | None = None,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    temperature: float = 1.0,
+    freeze_batch_norm: bool = False,
+    num_inputs: int = 1,
+    on_epoch_end: EpochCallback | None = None,
+    scheduler: Any = None,
+    quiet: bool = False,
+) -> list[dict[str, float]]:
+    """Train ``model`` for ``epochs`` over ``loader`` (see the module docstring). Returns
+    one record per epoch: mean loss, batch count, and what ``on_epoch_end(epoch, model)``
+    returned. ``freeze_batch_norm`` keeps batch-norm statistics fixed (small data sets);
+    ``scheduler`` (if given) steps once per batch."""
+    if epochs < 1:
+        raise ValueError(f"epochs: {epochs!r} is out of range; allowed: an integer >= 1")
+    criterion = loss_fn or F.cross_entropy
+    device = model_device(model)
+    if optimizer is None:
+        for item in loader:
+            initialize_learnables(model, _inputs(item, num_inputs, 0, device))
+            break
+        optimizer = default_optimizer(model, lr, qparam_lr)
+    if teacher is not None:
+        teacher.eval()
+    history: list[dict[str, float]] = []
+    for epoch in range(epochs):
+        model.train()
+        set_batch_norm_stats_frozen(model, freeze_batch_norm)
+        total, count = 0.0, 0
+        progress = tqdm(loader, total=loader_length(loader), desc=f"QAT epoch {epoch + 1}/{epochs}", disable=quiet)
+        for index, item in enumerate(progress):
+            inputs = _inputs(item, num_inputs, index, device)
+            output = model(*inputs)
+            if teacher is not None:
+                with torch.no_grad():
+                    target = teacher(*inputs)
+                loss = distillation_loss(output, target, temperature)
+            else:
+                labels = labels_of(item, num_inputs)
+                if labels is None:
+                    raise DataError(
+                        f"data: batch {index} has no labels; pass (inputs, labels) batches or a teacher= model"
+                    )
+                loss = criterion(output, labels.to(device) if isinstance(labels, torch.Tensor) else labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            total += float(loss.detach())
+            count += 1
+            progress.set_postfix(loss=f"{total / count:.4f}")
+        if count == 0:
+            raise DataError("data: the training loader yielded no batches")
+        record: dict[str, float] = {"epoch": float(epoch + 1), "loss": total / count, "batches": float(count)}
+        if on_epoch_end is not None:
+            record.update(on_epoch_end(epoch + 1, model) or {})
+        history.append(record)
+    return history
+
+
+def _inputs(item: Any, count: int, index: int, device: torch.device | None) -> Sequence[Any]:
+    if isinstance(item, torch.Tensor):
+        values: Sequence[Any] = (item,)
+    elif isinstance(item, list | tuple):
+        values = tuple(item[:count])
+    else:
+        raise DataError(f"data: batch {index} is a {type(item).__name__}; allowed: a tensor or (inputs, labels)")
+    if device is None:
+        return values
+    return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)

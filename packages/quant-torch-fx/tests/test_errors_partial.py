@@ -1,0 +1,163 @@
+"""Bad input gets a one-line error naming the problem; partial quantization leaves the
+rest float."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from models import conv_bn_net, images
+from torch import nn
+
+from quant_torch_fx import CaptureError, DataError, ModelQuantizer
+from quant_torch_fx.prepare import graph_info, quantized_graphs
+
+
+class Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent control flow: torch.export cannot capture it
+            return self.fc(x)
+        return -self.fc(x)
+
+
+class Backbone(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x)).mean((2, 3))
+
+
+class Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = Backbone()
+        self.head = Gate()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def test_uncapturable_model_names_the_construct_the_module_and_the_way_out() -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    with pytest.raises(CaptureError) as info:
+        q.quantize_model(Gated().eval(), torch.randn(1, 3, 8, 8), images(1))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "submodule 'head' (Gate)" in message
+    assert "if x.sum() > 0" in message and "test_errors_partial.py" in message
+    assert "regions=['backbone']" in message
+
+
+def test_regions_quantize_only_the_named_submodules() -> None:
+    model = Gated().eval()
+    q = ModelQuantizer("a8w8", regions=["backbone"], quiet=True)
+    qmodel = q.quantize_model(model, torch.randn(1, 3, 8, 8), images(2))
+    assert isinstance(qmodel, Gated) and isinstance(qmodel.head, Gate)  # the head stays eager float
+    assert len(quantized_graphs(qmodel)) == 1
+    x = images(1, seed=3)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(qmodel(x), model(x), rtol=0.1, atol=0.05)
+        frozen = q.freeze(qmodel)
+        assert frozen(x).shape == (8, 3)
+    assert model.backbone.conv.weight.requires_grad  # the input model is untouched
+
+
+def test_regions_must_exist_and_not_nest() -> None:
+    with pytest.raises(ValueError, match="'missing' is not a submodule"):
+        ModelQuantizer(regions=["missing"], quiet=True).prepare(Gated(), torch.randn(1, 3, 8, 8))
+    with pytest.raises(ValueError, match="lies inside"):
+        ModelQuantizer(regions=["backbone", "backbone.conv"], quiet=True).prepare(Gated(), torch.randn(1, 3, 8, 8))
+
+
+def test_wrong_shape_loader_fails_on_its_first_batch_naming_the_expected_shape() -> None:
+    seen = []
+
+    def loader():
+        for batch in images(3, shape=(3, 16, 16)):
+            seen.append(batch)
+            yield batch
+
+    with pytest.raises(DataError, match=r"batch 0, input 0 has shape \[8, 3, 16, 16\]; expected \[N, 3, 8, 8\]"):
+        ModelQuantizer(quiet=True).quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), loader())
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("item", "match"),
+    [
+        ({"x": 1}, "batch 0 is a dict"),
+        ((torch.zeros(2, 3, 8, 8, dtype=torch.long),), "dtype torch.int64"),
+        (torch.zeros(3, 8, 8), r"shape \[3, 8, 8\]"),
+    ],
+)
+def test_other_bad_batches(item: object, match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        ModelQuantizer(quiet=True).quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), [item])
+
+
+def test_empty_loader_and_nan_data() -> None:
+    with pytest.raises(DataError, match="no batches"):
+        ModelQuantizer(quiet=True).quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), [])
+    bad = images(1)[0]
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"tensor 'x'.*NaN"):
+        ModelQuantizer(quiet=True).quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), [bad])
+
+
+def test_bad_arguments_name_the_field() -> None:
+    with pytest.raises(ValueError, match="qat_method: 'adam' is not allowed; allowed: auto, lsq, tqt, ste"):
+        ModelQuantizer(qat_method="adam")
+    with pytest.raises(ValueError, match="preset: 'int7' is not a known preset"):
+        ModelQuantizer("int7")
+    with pytest.raises(ValueError, match="example_inputs: dict is not allowed"):
+        ModelQuantizer(quiet=True).prepare(conv_bn_net(), {"x": torch.zeros(1)})
+    with pytest.raises(ValueError, match="ConvBnNet holds no quantized graph"):
+        ModelQuantizer(quiet=True).freeze(conv_bn_net())
+
+
+def test_freeze_before_calibration_is_refused() -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    prepared = q.prepare(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    with pytest.raises(ValueError, match="has no qparams yet; calibrate"):
+        q.freeze(prepared)
+
+
+def _float_ops(model: nn.Module) -> set[str]:
+    return {f.op_type for gm in quantized_graphs(model) for f in graph_info(gm).plan.float_nodes}
+
+
+def _float_names(model: nn.Module) -> list[str]:
+    return [f.name for gm in quantized_graphs(model) for f in graph_info(gm).plan.float_nodes]
+
+
+def test_exclude_by_module_glob_type_and_node_name() -> None:
+    data, example = images(2), torch.randn(1, 3, 8, 8)
+    by_glob = ModelQuantizer("a8w8", exclude_modules=["head*"], quiet=True).quantize_model(conv_bn_net(), example, data)
+    assert _float_names(by_glob) == ["head.1/linear"]
+    by_type = ModelQuantizer("a8w8", exclude_module_types=[nn.Linear], quiet=True).quantize_model(
+        conv_bn_net(), example, data
+    )
+    assert _float_names(by_type) == ["head.1/linear"]
+    from quant_core.presets import get_preset
+
+    config = get_preset("a8w8").evolve(exclude=("conv2/*", "Concat"))
+    by_config = ModelQuantizer(config, quiet=True).quantize_model(conv_bn_net(), example, data)
+    assert _float_names(by_config) == ["conv2/conv2d_1", "cat"]
+    assert graph_info(quantized_graphs(by_config)[0]).plan.float_nodes[0].reason == "excluded by the config"
+
+
+def test_excluded_parts_compute_in_float() -> None:
+    model = conv_bn_net()
+    q = ModelQuantizer("a8w8", exclude_modules=["*"], quiet=True)
+    everything = q.quantize_model(model, torch.randn(1, 3, 8, 8), images(2))
+    x = images(1, seed=7)[0]
+    with torch.no_grad():
+        got, expected = everything(x).numpy(), model(x).numpy()
+    # only the graph input is still quantized (no node reads it as excluded input spec)
+    assert np.max(np.abs(got - expected)) < 0.05

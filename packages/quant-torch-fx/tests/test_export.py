@@ -1,0 +1,114 @@
+"""QDQ ONNX export, checked with onnx's reference evaluator (no onnxruntime here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from models import conv_bn_net, images
+from onnx import TensorProto, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from quant_torch_fx import ModelQuantizer
+from quant_torch_fx.export import onnx_model
+from quant_torch_fx.prepare import activation_quantizers
+
+EXAMPLE = torch.randn(1, 3, 8, 8)
+
+
+@pytest.fixture(scope="module", params=["a8w8", "xint8"])
+def frozen(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module]:
+    q = ModelQuantizer(request.param, quiet=True)
+    return request.param, q.freeze(q.quantize_model(conv_bn_net(), EXAMPLE, images(3)))
+
+
+def _inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.graph.initializer}
+
+
+def test_weights_are_integer_initializers_and_bias_is_int32_at_the_product_scale(frozen) -> None:
+    _preset, model = frozen
+    proto = onnx_model(model, (EXAMPLE,))
+    inits = _inits(proto)
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    weighted = [n for n in proto.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
+    assert [n.op_type for n in weighted] == ["Conv", "Conv", "Gemm"]
+    for node in weighted:
+        x_dq, w_dq = producers[node.input[0]], producers[node.input[1]]
+        assert x_dq.op_type == "DequantizeLinear" and w_dq.op_type == "DequantizeLinear"
+        assert inits[w_dq.input[0]].data_type == TensorProto.INT8
+        b_dq = producers[node.input[2]]
+        assert b_dq.op_type == "DequantizeLinear" and inits[b_dq.input[0]].data_type == TensorProto.INT32
+        in_scale = numpy_helper.to_array(inits[x_dq.input[1]])
+        w_scale = numpy_helper.to_array(inits[w_dq.input[1]])
+        b_scale = numpy_helper.to_array(inits[b_dq.input[1]])
+        np.testing.assert_array_equal(b_scale, (in_scale * w_scale).astype(np.float32))
+        users = [n for n in proto.graph.node if node.output[0] in n.input]
+        assert [u.op_type for u in users] == [
+            "QuantizeLinear"
+        ]  # each conv writes one Q (ReLU/Clip absorbed or kept after)
+    assert all(o.type.tensor_type.elem_type == TensorProto.FLOAT for o in proto.graph.output)
+
+
+def test_activations_are_uint8_for_x86_or_as_the_spec_says(frozen) -> None:
+    preset, model = frozen
+    x86 = onnx_model(model, (EXAMPLE,))
+    as_spec = onnx_model(model, (EXAMPLE,), activation_encoding="as_spec")
+    for proto, expected in (
+        (x86, TensorProto.UINT8),
+        (as_spec, TensorProto.INT8 if preset == "xint8" else TensorProto.UINT8),
+    ):
+        inits = _inits(proto)
+        quantize = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
+        assert quantize and {inits[n.input[2]].data_type for n in quantize} == {expected}
+
+
+def test_reference_evaluator_matches_the_frozen_model_within_one_output_step(frozen) -> None:
+    _preset, model = frozen
+    proto = onnx_model(model, (EXAMPLE,), opset=19)  # the reference evaluator's DequantizeLinear starts at 19
+    session = ReferenceEvaluator(proto)
+    x = images(1, batch=5, seed=11)[0]  # another batch size than the example's
+    (got,) = session.run(None, {"input": x.numpy()})
+    with torch.no_grad():
+        expected = model(x).numpy()
+    step = float(dict(activation_quantizers(model))["linear"].current_qparams().scale)
+    assert got.shape == expected.shape == (5, 5)
+    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+
+
+def test_export_writes_atomically_and_nothing_on_failure(frozen, tmp_path: Path, monkeypatch) -> None:
+    _preset, model = frozen
+    q = ModelQuantizer(quiet=True)
+    target = q.export_onnx(model, EXAMPLE, tmp_path / "m.onnx")
+    onnx.checker.check_model(onnx.load(target))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("exporter failed")
+
+    monkeypatch.setattr(torch.onnx, "export", broken)
+    with pytest.raises(RuntimeError, match="exporter failed"):
+        q.export_onnx(model, EXAMPLE, tmp_path / "other.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_unfrozen_models_are_frozen_for_export(tmp_path: Path) -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    qmodel = q.quantize_model(conv_bn_net(), EXAMPLE, images(2))
+    path = q.export_onnx(qmodel, EXAMPLE, tmp_path / "m.onnx")
+    assert any(n.op_type == "QuantizeLinear" for n in onnx.load(path).graph.node)
+    with pytest.raises(ValueError, match="not frozen"):
+        onnx_model(qmodel, (EXAMPLE,))
+
+
+def test_excluded_modules_export_float() -> None:
+    q = ModelQuantizer("a8w8", exclude_modules=["head*"], quiet=True)
+    frozen = q.freeze(q.quantize_model(conv_bn_net(), EXAMPLE, images(2)))
+    proto = onnx_model(frozen, (EXAMPLE,))
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    gemm = next(n for n in proto.graph.node if n.op_type == "Gemm")
+    assert gemm.input[1] not in producers  # a float weight initializer
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == gemm.output[0] for n in proto.graph.node)

@@ -1,0 +1,92 @@
+"""Observers fed from torch tensors (on-device reductions) hold exactly the statistics the
+numpy path gives for the same data, for every observer kind."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quant_core.observer_config import MSE, Entropy, MinMax, MovingAverageMinMax, Percentile, PowerOfTwoMSE
+from quant_core.observers import HistogramObserver, make_observer
+from quant_core.observers.binning import bin_counts
+from quant_core.spec import QuantSpec
+from quant_torch_fx.observe import histogram_counts, observe, torch_histogram_counts
+
+SPECS = {
+    "minmax": QuantSpec(dtype="uint8", symmetric=False, observer=MinMax()),
+    "minmax_per_channel": QuantSpec(dtype="int8", per_channel_axis=1, observer=MinMax()),
+    "moving_average": QuantSpec(dtype="int8", observer=MovingAverageMinMax(0.8)),
+    "percentile": QuantSpec(dtype="uint8", symmetric=False, observer=Percentile(99.9, bins=512)),
+    "entropy": QuantSpec(dtype="int8", observer=Entropy(bins=512, num_quantized_bins=128)),
+    "mse": QuantSpec(dtype="int8", observer=MSE(bins=256, num_candidates=50)),
+    "minmse_pow2": QuantSpec(dtype="int8", scale_type="power_of_two", observer=PowerOfTwoMSE(bins=512)),
+}
+
+
+def _batches(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    scales = (0.1, 3.0, 0.5, 40.0)  # the histogram grid has to grow between batches
+    return [(rng.standard_normal((4, 6, 5, 5)) * s).astype(np.float32) for s in scales]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_torch_feeding_equals_numpy_feeding(name: str) -> None:
+    spec = SPECS[name]
+    reference, fed = make_observer(spec), make_observer(spec)
+    for batch in _batches(0):
+        reference.update(batch)
+        observe(fed, torch.from_numpy(batch))
+    state_ref, state_fed = reference.state_dict(), fed.state_dict()
+    assert state_ref.keys() == state_fed.keys()
+    for key in state_ref:
+        np.testing.assert_array_equal(
+            np.asarray(state_fed[key], dtype=object), np.asarray(state_ref[key], dtype=object)
+        )
+    assert fed.qparams() == reference.qparams()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), exponent=st.integers(-6, 6), bins=st.sampled_from([16, 64, 2048]))
+def test_both_histogram_paths_count_like_quant_core(seed: int, exponent: int, bins: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(3000) * 2.0**exponent).astype(np.float32)
+    x[:3] = [0.0, -0.0, -1e-45]  # signed zero and a subnormal next to the zero edge
+    obs = HistogramObserver(QuantSpec(dtype="int8", observer=Percentile(99.0, bins=bins)))
+    grid = obs.grid_for(float(x.min()), float(x.max()))
+    expected = bin_counts(x, grid)
+    np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x), grid).numpy(), expected)
+    np.testing.assert_array_equal(torch_histogram_counts(torch.from_numpy(x), grid).numpy(), expected)
+    np.testing.assert_array_equal(
+        torch_histogram_counts(torch.from_numpy(x.astype(np.float64)), grid).numpy(), expected
+    )
+
+
+def test_non_finite_values_are_refused_naming_the_problem() -> None:
+    obs = make_observer(SPECS["percentile"])
+    with pytest.raises(ValueError, match="NaN"):
+        observe(obs, torch.tensor([1.0, float("nan")]))
+    with pytest.raises(ValueError, match="infinite"):
+        observe(make_observer(SPECS["minmax"]), torch.tensor([1.0, float("inf")]))
+    assert obs.empty  # a failed update changes nothing
+
+
+def test_empty_batches_are_ignored_and_half_precision_widens() -> None:
+    obs = make_observer(SPECS["minmax"])
+    observe(obs, torch.zeros(0, 3))
+    assert obs.empty
+    observe(obs, torch.tensor([-1.5, 2.25], dtype=torch.float16))
+    assert [float(v) for v in obs.range()] == [-1.5, 2.25]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_cuda_feeding_equals_cpu_feeding(name: str) -> None:
+    spec = SPECS[name]
+    cpu, cuda = make_observer(spec), make_observer(spec)
+    for batch in _batches(3):
+        observe(cpu, torch.from_numpy(batch))
+        observe(cuda, torch.from_numpy(batch).cuda())
+    assert cuda.qparams() == cpu.qparams()

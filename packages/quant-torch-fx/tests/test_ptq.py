@@ -1,0 +1,162 @@
+"""PTQ: activation qparams equal quant_core's numpy observers on the float model's tensors,
+for every observer; weight qparams and biases follow the planner's rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from models import conv_bn_net, images
+from torch import nn
+
+from quant_core.bias import encode_bias
+from quant_core.config import OperatorConfig, QuantConfig
+from quant_core.observer_config import MSE, Entropy, MinMax, Percentile, PowerOfTwoMSE
+from quant_core.observers import make_observer
+from quant_core.presets import get_preset
+from quant_core.qparams import fake_quantize as np_fake_quantize
+from quant_core.spec import QuantSpec
+from quant_core.weights import constant_qparams
+from quant_torch_fx import ModelQuantizer
+from quant_torch_fx.prepare import activation_quantizers, graph_info, weight_quantizers
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        s = torch.sigmoid(y) + y
+        return self.fc(s.mean((2, 3)))
+
+    def tensors(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The float tensors the plan observes, computed independently of the backend."""
+        y = torch.relu(self.conv(x))
+        sig = torch.sigmoid(y)
+        s = sig + y
+        m = s.mean((2, 3))
+        return {"x": x, "relu": y, "sigmoid": sig, "add": s, "mean": m, "linear": self.fc(m)}
+
+
+OBSERVERS = {
+    "minmax": (MinMax(), False),
+    "percentile": (Percentile(99.9, bins=256), False),
+    "entropy": (Entropy(bins=256, num_quantized_bins=128), False),
+    "mse": (MSE(bins=256, num_candidates=40), False),
+    "minmse_pow2": (PowerOfTwoMSE(bins=256), True),
+}
+
+
+def _config(observer: object, pow2: bool) -> QuantConfig:
+    act = QuantSpec(dtype="int8" if pow2 else "uint8", symmetric=pow2, observer=observer,
+                    scale_type="power_of_two" if pow2 else "float")  # fmt: skip
+    weight = QuantSpec(dtype="int8", per_channel_axis="output", scale_type="power_of_two" if pow2 else "float")
+    return QuantConfig(global_config=OperatorConfig(input=act, weight=weight, output=act))
+
+
+@pytest.mark.parametrize("method", sorted(OBSERVERS))
+def test_activation_qparams_equal_numpy_observers_on_float_tensors(method: str) -> None:
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    config = _config(*OBSERVERS[method])
+    data = images(5, batch=6, seed=2)
+    qmodel = ModelQuantizer(config, quiet=True).quantize_model(model, torch.randn(1, 3, 8, 8), data)
+    reference = {}
+    with torch.no_grad():
+        for batch in data:
+            for name, value in model.tensors(batch).items():
+                reference.setdefault(name, make_observer(config.global_config.input)).update(value.numpy())
+    got = {key: fq.current_qparams() for key, fq in activation_quantizers(qmodel)}
+    renamed = {k.split("_")[0] if k.startswith("sigmoid") else k: v for k, v in got.items()}
+    keys = {"x": "x", "conv2d": "relu", "sigmoid": "sigmoid", "add": "add", "mean": "mean", "linear": "linear"}
+    assert set(renamed) == set(keys), renamed.keys()
+    for key, name in keys.items():
+        assert renamed[key] == reference[name].qparams(), (key, renamed[key], reference[name].qparams())
+
+
+def test_weight_qparams_and_bias_follow_quant_core() -> None:
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    q = ModelQuantizer("a8w8", quiet=True)
+    qmodel = q.quantize_model(model, torch.randn(1, 3, 8, 8), images(3, seed=4))
+    weights = dict(weight_quantizers(qmodel))
+    spec = get_preset("a8w8").global_config.weight.evolve(per_channel_axis=0)
+    assert weights["conv/conv2d"].current_qparams() == constant_qparams(model.conv.weight.detach().numpy(), spec)
+    frozen = q.freeze(qmodel)
+    info = graph_info(frozen)
+    acts = dict(activation_quantizers(frozen))
+    expected = encode_bias(
+        model.conv.bias.detach().numpy(),
+        acts["x"].current_qparams().scale,
+        dict(weight_quantizers(frozen))["conv/conv2d"].current_qparams(),
+        None,
+        integer_kernel=True,
+    )
+    encoded = info.biases["conv/conv2d"]
+    np.testing.assert_array_equal(encoded.codes, expected.codes)
+    assert encoded.qparams == expected.qparams and encoded.rule.value == "product"
+
+
+def test_frozen_model_computes_the_quantized_arithmetic() -> None:
+    """Each layer of the frozen model equals quant_core's numpy fake quantization of its inputs."""
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    q = ModelQuantizer("xint8", quiet=True)
+    frozen = q.freeze(q.quantize_model(model, torch.randn(1, 3, 8, 8), images(3, seed=4)))
+    acts = dict(activation_quantizers(frozen))
+    info = graph_info(frozen)
+    x = images(1, batch=4, seed=9)[0]
+    w_qp = dict(weight_quantizers(frozen))["conv/conv2d"].current_qparams()
+    xq = np_fake_quantize(x.numpy(), acts["x"].current_qparams())
+    wq = np_fake_quantize(model.conv.weight.detach().numpy(), w_qp)
+    bias = info.biases["conv/conv2d"].values()
+    conv = F.conv2d(torch.from_numpy(xq), torch.from_numpy(wq), torch.from_numpy(bias), padding=1)
+    relu_q = np_fake_quantize(torch.relu(conv).numpy(), acts["conv2d"].current_qparams())
+    captured = {}
+    node = next(n for n in frozen.graph.nodes if n.op == "call_module" and n.target == info.activation["conv2d"])
+    handle = frozen.get_submodule(str(node.target)).register_forward_hook(
+        lambda _m, _i, out: captured.__setitem__("relu", out)  # the group's last call: after the ReLU
+    )
+    with torch.no_grad():
+        frozen(x)
+    handle.remove()
+    np.testing.assert_allclose(captured["relu"].numpy(), relu_q, atol=float(acts["conv2d"].current_qparams().scale))
+    assert np.mean(captured["relu"].numpy() == relu_q) > 0.99  # float accumulation order flips a few ties
+
+
+def test_dynamic_batch_from_calibration_to_inference() -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    qmodel = q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), images(2, batch=5))
+    assert qmodel(torch.randn(64, 3, 8, 8)).shape == (64, 5)
+    assert q.freeze(qmodel)(torch.randn(1, 3, 8, 8)).shape == (1, 5)
+
+
+def test_loader_of_image_label_pairs_and_num_batches() -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    data = [(x, torch.zeros(x.shape[0], dtype=torch.long)) for x in images(4)]
+    calls = []
+
+    class Counting(list):
+        def __iter__(self):
+            for item in super().__iter__():
+                calls.append(1)
+                yield item
+
+    qmodel = q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), Counting(data), num_batches=2)
+    assert len(calls) == 2
+    assert qmodel(images(1)[0]).shape == (8, 5)
+
+
+def test_same_model_data_config_give_identical_models() -> None:
+    q = ModelQuantizer("xint8", quiet=True)
+    states = []
+    for _ in range(2):
+        frozen = q.freeze(q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), images(2)))
+        states.append({k: v for k, v in frozen.state_dict().items() if isinstance(v, torch.Tensor)})
+    assert states[0].keys() == states[1].keys()
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), key

@@ -1,0 +1,215 @@
+"""QAT: straight-through, LSQ and TQT gradients, conv+BN simulated then folded, training
+with labels or with a teacher, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from models import conv_bn_net, images
+from torch import nn
+
+from quant_core.spec import RoundMode
+from quant_torch_fx import DataError, ModelQuantizer, train_qat
+from quant_torch_fx.modules import ConvBn
+from quant_torch_fx.prepare import activation_quantizers, graph_info, quantized_graphs, weight_quantizers
+from quant_torch_fx.qat_ops import lsq_fake_quantize, tqt_fake_quantize
+from quant_torch_fx.quantizer import FakeQuantizer
+
+
+def test_lsq_gradients_match_the_paper() -> None:
+    torch.manual_seed(0)
+    x = (torch.randn(500) * 3).requires_grad_()
+    s = torch.tensor(0.05, requires_grad=True)
+    qmin, qmax, g = -128, 127, 0.3
+    y = lsq_fake_quantize(x, s, torch.tensor(0.0), qmin, qmax, RoundMode.HALF_EVEN, grad_scale=g)
+    upstream = torch.randn(500)
+    (y * upstream).sum().backward()
+    v = x.detach() / 0.05
+    inside = (torch.round(v) >= qmin) & (torch.round(v) <= qmax)
+    ds = torch.where(inside, torch.round(v) - v, torch.clamp(torch.round(v), qmin, qmax))
+    torch.testing.assert_close(s.grad, (upstream * ds).sum() * g, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x.grad, upstream * inside)
+
+
+def test_tqt_scales_are_powers_of_two_and_the_threshold_gradient_is_ln2_scaled() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(400) * 2
+    t = torch.tensor(1.3, requires_grad=True)  # threshold 2**ceil(1.3) = 4 -> scale 4 / 128
+    y = tqt_fake_quantize(x, t, torch.tensor(0.0), -128, 127, RoundMode.HALF_EVEN, bits=8)
+    scale = 4 / 128
+    codes = torch.clamp(torch.round(x / scale), -128, 127)
+    torch.testing.assert_close(y, codes * scale)
+    y.sum().backward()
+    v = x / scale
+    inside = (torch.round(v) >= -128) & (torch.round(v) <= 127)
+    expected = (torch.where(inside, torch.round(v) - v, codes) * scale * math.log(2)).sum()
+    torch.testing.assert_close(t.grad, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("zero", [True, False])
+@pytest.mark.parametrize("method", ["tqt", "lsq", "ste"])
+@pytest.mark.parametrize("axis", [None, 0])
+def test_training_forward_is_bit_exact(method: str, axis: int | None, zero: bool) -> None:
+    """The differentiable paths compute exactly quant_core's fake quantization (ties, a
+    subnormal, saturation), per tensor and per channel."""
+    from quant_core.qparams import QParams
+    from quant_torch_fx.fake_quantize import fake_quantize
+    from quant_torch_fx.qat_ops import ste_fake_quantize
+
+    torch.manual_seed(0)
+    step = 2.0**-5 if method != "lsq" else 0.0371
+    x = torch.randn(6, 5, 4) * 3
+    x[0, 0, :4] = torch.tensor([step * 0.5, step * 1.5, -step * 2.5, 1e-45])
+    x.requires_grad_()
+    channels = 1 if axis is None else 6
+    shape = () if axis is None else (channels, 1, 1)
+    qp = QParams(np.full(channels, step, np.float32).reshape(() if axis is None else (channels,)),
+                 np.zeros(() if axis is None else channels, np.int64), QParams.per_tensor(1, 0, "int8").dtype, axis=axis)  # fmt: skip
+    zeros = torch.zeros(shape)
+    if method == "tqt":
+        got = tqt_fake_quantize(
+            x, torch.full(shape, 1.3), zeros, -128, 127, RoundMode.HALF_EVEN, bits=8, zero_is_zero=zero
+        )
+    elif method == "lsq":
+        got = lsq_fake_quantize(
+            x, torch.full(shape, step), zeros, -128, 127, RoundMode.HALF_EVEN, grad_scale=1.0, zero_is_zero=zero
+        )
+    else:
+        got = ste_fake_quantize(x, torch.full(shape, step), zeros, -128, 127, RoundMode.HALF_EVEN, True, zero)
+    assert torch.equal(got.detach(), fake_quantize(x.detach(), qp))
+
+
+def test_qat_quantizes_every_weight_the_ptq_plan_quantizes() -> None:
+    """Conv + BN becomes a ConvBn module in QAT; its folded weight is still a weight slot."""
+    q = ModelQuantizer("xint8", quiet=True)
+    ptq = q.prepare(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    qat = q.prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    assert sorted(dict(weight_quantizers(qat))) == sorted(
+        dict(weight_quantizers(ptq))
+    )  # same names, as configs see them
+    assert len(dict(weight_quantizers(qat))) == 3
+    conv_bns = [m for m in qat.modules() if isinstance(m, ConvBn)]
+    assert len(conv_bns) == 2 and all(m.weight_quantizer is not None for m in conv_bns)
+    depthwise = next(s for s in graph_info(qat).plan.weights if s.node.startswith("conv2"))
+    assert depthwise.tensor.endswith(".weight") and depthwise.spec.per_channel_axis is None
+
+
+def test_auto_method_learns_tqt_for_xint8_and_lsq_for_a8w8() -> None:
+    for preset, method in (("xint8", "tqt"), ("a8w8", "lsq")):
+        qat = ModelQuantizer(preset, quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+        learners = [m.learning for m in qat.modules() if isinstance(m, FakeQuantizer)]
+        assert learners and set(learners) == {method}
+        learned = {id(p) for p in qat.parameters()}
+        assert all(id(m.learned) in learned for m in qat.modules() if isinstance(m, FakeQuantizer))
+
+
+def _task(seed: int, n: int = 256) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, 8, 8, generator=generator)
+    x[:, 0] += torch.randn(n, 1, 1, generator=generator)  # the label: the sign of channel 0's offset
+    labels = (x[:, 0].mean((1, 2)) > 0).long()
+    return [(x[i : i + 32], labels[i : i + 32]) for i in range(0, n, 32)]
+
+
+def _accuracy(model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    model.eval()
+    with torch.no_grad():
+        hits = sum(int((model(x).argmax(1) == y).sum()) for x, y in data)
+    return hits / sum(len(y) for _, y in data)
+
+
+@pytest.mark.parametrize("preset", ["xint8", "a8w8"])
+def test_qat_learns_and_the_frozen_model_computes_what_eval_computed(preset: str) -> None:
+    train, test = _task(0, 512), _task(1)
+    q = ModelQuantizer(preset, quiet=True)
+    qat = q.prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8), calib_loader=[x for x, _ in train[:2]])
+    before = _accuracy(qat, test)
+    history = train_qat(qat, train, epochs=6, lr=3e-3, quiet=True)
+    assert history[-1]["loss"] < history[0]["loss"]
+    after = _accuracy(qat, test)
+    assert after > max(before, 0.5)
+    frozen = q.freeze(qat)
+    assert not any(isinstance(m, ConvBn) for m in frozen.modules())
+    assert not any(p.requires_grad for p in frozen.parameters())
+    x = test[0][0]
+    with torch.no_grad():
+        evaluated, folded = qat.eval()(x), frozen(x)
+    step = float(dict(activation_quantizers(frozen))["linear"].current_qparams().scale)
+    assert torch.max(torch.abs(evaluated - folded)) <= 2 * step  # fold and int32 bias move a tie or two
+    from onnx import TensorProto
+
+    from quant_torch_fx.export import onnx_model
+
+    proto = onnx_model(frozen, (test[0][0][:1],))
+    inits = {t.name: t for t in proto.graph.initializer}
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    weighted = [n for n in proto.graph.node if n.op_type in ("Conv", "Gemm")]
+    assert len(weighted) == 3
+    for node in weighted:  # every weight of the trained model is an int8 initializer behind a DequantizeLinear
+        assert inits[producers[node.input[1]].input[0]].data_type == TensorProto.INT8
+    if preset == "xint8":
+        for _node, fq in weight_quantizers(frozen):
+            fix_pos = fq.current_qparams().fix_pos
+            assert fix_pos is not None and np.all(fq.current_qparams().scale == 2.0 ** (-fix_pos.astype(float)))
+
+
+def test_distillation_needs_no_labels_and_labels_are_needed_without_a_teacher() -> None:
+    teacher = conv_bn_net()
+    q = ModelQuantizer("xint8", quiet=True)
+    qat = q.prepare_qat(teacher, torch.randn(1, 3, 8, 8))
+    unlabeled = [x for x, _ in _task(2)]
+    history = train_qat(qat, unlabeled, teacher=teacher, epochs=3, lr=1e-3, freeze_batch_norm=True, quiet=True)
+    assert history[-1]["loss"] < history[0]["loss"]
+    with pytest.raises(DataError, match="no labels; pass"):
+        train_qat(qat, unlabeled, epochs=1, quiet=True)
+
+
+def test_learnable_qparams_start_from_the_first_batch() -> None:
+    qat = ModelQuantizer("a8w8", quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    quantizers = dict(activation_quantizers(qat))
+    assert not any(fq.initialized for fq in quantizers.values())
+    batch = images(1, batch=16)[0]
+    qat(batch)
+    assert all(fq.initialized for fq in quantizers.values())
+    x_qp = quantizers["x"].current_qparams()
+    lo, hi = float(batch.min()), float(batch.max())
+    np.testing.assert_allclose(float(x_qp.scale), (hi - lo) / 255, rtol=1e-5)
+
+
+def test_ste_qat_keeps_calibrated_activations_and_tracks_weights() -> None:
+    q = ModelQuantizer("a8w8", qat_method="ste", quiet=True)
+    qat = q.prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8), calib_loader=images(2))
+    before = {k: fq.current_qparams() for k, fq in activation_quantizers(qat)}
+    w_before = {k: fq.current_qparams() for k, fq in weight_quantizers(qat)}
+    train_qat(qat, _task(3), epochs=1, lr=1e-2, quiet=True)
+    assert {k: fq.current_qparams() for k, fq in activation_quantizers(qat)} == before
+    assert any(fq.current_qparams() != w_before[k] for k, fq in weight_quantizers(qat))
+    with pytest.raises(ValueError, match="'ste' keeps calibrated qparams; pass calib_loader"):
+        q.prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+
+
+def test_checkpoint_round_trip_restores_observers_and_learned_values() -> None:
+    q = ModelQuantizer("xint8", quiet=True)
+    qat = q.prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8), calib_loader=images(2))
+    train_qat(qat, _task(4), epochs=1, lr=1e-2, quiet=True)
+    state = qat.state_dict()
+    fresh = q.prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    fresh.load_state_dict(state)
+    x = images(1, seed=8)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.eval()(x), qat.eval()(x))
+    assert len(quantized_graphs(fresh)) == 1
+
+
+def test_distillation_loss_is_kl_for_logits_and_mse_otherwise() -> None:
+    from quant_torch_fx import distillation_loss
+
+    s, t = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    expected = F.kl_div(F.log_softmax(s, 1), F.softmax(t, 1), reduction="batchmean")
+    torch.testing.assert_close(distillation_loss(s, t), expected)
+    a, b = torch.ones(2, 3, 4), torch.zeros(2, 3, 4)
+    torch.testing.assert_close(distillation_loss((a,), (b,)), torch.tensor(1.0))

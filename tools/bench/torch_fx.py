@@ -1,0 +1,567 @@
+"""quant-torch-fx benchmarks (issue 9), one run, every figure against its peer measured here.
+
+Parts (``--parts``, default all):
+
+* ``ptq``: Fashion-MNIST top-1 of the reference models (trained weights loaded into their
+  torch definitions, ``tools/reference_models/torch_weights.py``) after PTQ on 512 training
+  images: ours (``a8w8`` min-max, ``a8w8`` with MSE activations, ``xint8``) against torchao's
+  PT2E flow (``prepare_pt2e``/``convert_pt2e`` with ``X86InductorQuantizer``'s default config:
+  uint8 histogram activations, int8 per-channel weights), same images, same batches.
+* ``backends``: one config, two backends: quant-torch-fx then ``export_onnx`` against the
+  torch-exported float ONNX then quant-onnx, same config and calibration data; layers whose
+  activation (and weight) scales are equal, and each QDQ model's metric through onnxruntime
+  (Fashion-MNIST top-1 / EfficientNet-Lite0 top-1 agreement with float on held-out crops).
+* ``qat_fmnist``: ``xint8`` QAT (TQT, power-of-two per-tensor), one epoch over the 60k
+  training images from the float weights, against float and PTQ.
+* ``qat_effnet``: EfficientNet-Lite0 ``xint8`` QAT with TQT and distillation from the float
+  model on the 512 calibration crops alone (no labels; batch-norm statistics frozen),
+  top-1 agreement on the 520 held-out crops after every epoch, within a time budget.
+* ``speed``: QAT step time against the float training step, and PTQ calibration throughput
+  against float inference, same batch, interleaved, medians.
+
+Example:
+    $ nice -n 10 python -m tools.bench.torch_fx                      # everything (about an hour on 2 cores)
+    $ python -m tools.bench.torch_fx --parts ptq speed --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: make `tools.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench import common
+from tools.bench.models import MODELS, load_data
+
+WORK_DIR = common.CACHE_DIR / "bench" / "torch_fx"
+DEFAULT_RESULTS = WORK_DIR / "results.json"
+PARTS = ("ptq", "backends", "qat_fmnist", "qat_effnet", "speed")
+FMNIST = ("fmnist_resnet18", "fmnist_mobilenetv2")
+CALIB_BATCH = 32
+
+
+# ------------------------------------------------------------------------------------- models and data
+def load_torch_model(name: str):  # -> torch.nn.Module
+    if name == "efficientnet_lite0":
+        from tools.export_efficientnet import build_efficientnet_lite0
+
+        return build_efficientnet_lite0()
+    from tools.reference_models.torch_weights import load_reference_model
+
+    return load_reference_model(name)
+
+
+def calibration_set(name: str, num: int) -> np.ndarray:
+    return np.load(load_data(MODELS[name], num_calib=num).calib_path)
+
+
+def batches(x: np.ndarray, size: int) -> list[Any]:
+    import torch
+
+    return [torch.from_numpy(np.ascontiguousarray(x[i : i + size])) for i in range(0, len(x), size)]
+
+
+def predict(model: Any, x: np.ndarray, batch: int = 250, *, set_eval: bool = True) -> np.ndarray:
+    """Top-1 class of a torch model over ``x`` (``set_eval``: call ``model.eval()`` first;
+    PT2E graphs refuse it and are put in eval mode by torchao's own helper)."""
+    import torch
+
+    if set_eval:
+        model.eval()
+    with torch.no_grad():
+        return np.concatenate([model(b).argmax(1).numpy() for b in batches(x, batch)])
+
+
+def ort_predict(path: Path, x: np.ndarray, level: str = "all") -> np.ndarray:
+    return common.predict(str(path), x, batch_size=100, level=level).argmax(1)
+
+
+def metric(name: str, predictions: np.ndarray, reference: np.ndarray) -> float:
+    """Top-1 accuracy (labels) or agreement (float predictions): the same count."""
+    return common.accuracy(predictions, reference)
+
+
+def eval_set(name: str, quick: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    data = load_data(MODELS[name], num_calib=512, num_eval=(200 if quick else None))
+    return data.eval_x, data.eval_labels
+
+
+def example(name: str):  # -> torch.Tensor
+    import torch
+
+    return torch.zeros(1, 3, 224, 224) if name == "efficientnet_lite0" else torch.zeros(1, 1, 32, 32)
+
+
+# ------------------------------------------------------------------------------------------------- PTQ
+def pt2e_quantize(model: Any, calib: list[Any]) -> tuple[Any, float]:
+    """torchao's PT2E flow with the X86 Inductor quantizer's default config; (model, seconds)."""
+    import torch
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    start = time.perf_counter()
+    exported = torch.export.export(
+        copy.deepcopy(model).eval(), (calib[0],), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},)
+    ).module()
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported, quantizer)
+    with torch.no_grad():
+        for batch in calib:
+            prepared(batch)
+    converted = convert_pt2e(prepared)
+    move_exported_model_to_eval(converted)
+    return converted, time.perf_counter() - start
+
+
+def ours_quantize(model: Any, config: Any, calib: list[Any], ex: Any) -> tuple[Any, Any, float]:
+    from quant_torch_fx import ModelQuantizer
+
+    start = time.perf_counter()
+    q = ModelQuantizer(config, quiet=True)
+    frozen = q.freeze(q.quantize_model(model, ex, calib))
+    return q, frozen, time.perf_counter() - start
+
+
+def mse_activations(preset: str):  # -> QuantConfig
+    """``preset`` with activations calibrated by MSE (the range search PT2E's HistogramObserver does)."""
+    import attrs
+
+    from quant_core.observer_config import MSE
+    from quant_core.presets import get_preset
+
+    config = get_preset(preset)
+    glob = config.global_config
+    act = glob.input.evolve(observer=MSE())
+    return config.evolve(global_config=attrs.evolve(glob, input=act, output=act), name=f"{preset}+mse")
+
+
+def part_ptq(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    rows = results.setdefault("ptq", {})
+    for name in FMNIST:
+        model = load_torch_model(name)
+        x_eval, labels = eval_set(name, args.quick)
+        calib = batches(calibration_set(name, args.num_calib), CALIB_BATCH)
+        row: dict[str, Any] = {"float": metric(name, predict(model, x_eval), labels)}
+        converted, seconds = pt2e_quantize(model, calib)
+        row["pt2e_x86"] = {"top1": metric(name, predict(converted, x_eval, set_eval=False), labels), "seconds": seconds}
+        for label, config in (("a8w8", "a8w8"), ("a8w8+mse", mse_activations("a8w8")), ("xint8", "xint8")):
+            q, frozen, seconds = ours_quantize(model, config, calib, example(name))
+            path = WORK_DIR / f"{name}_{label}.onnx"
+            q.export_onnx(frozen, example(name), path)
+            row[label] = {
+                "top1": metric(name, predict(frozen, x_eval), labels),
+                "top1_ort_kernels": metric(name, ort_predict(path, x_eval), labels),
+                "seconds": seconds,
+            }
+        rows[name] = row
+        print(name, row, flush=True)
+
+
+# -------------------------------------------------------------------------------------------- backends
+def layer_scales(model: Any) -> list[tuple[str, float | None, list[float] | None, float | None]]:
+    """Per Conv/Gemm/Add/pool in graph order: (op, input scale, weight scales, output scale)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    producers = {out: n for n in model.graph.node for out in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def dq_scale(tensor: str) -> np.ndarray | None:
+        node = producers.get(tensor)
+        return inits[node.input[1]] if node is not None and node.op_type == "DequantizeLinear" else None
+
+    rows = []
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "Gemm", "Add", "Mul", "GlobalAveragePool"):
+            continue
+        quantize = [c for c in consumers.get(node.output[0], []) if c.op_type == "QuantizeLinear"]
+        out = float(inits[quantize[0].input[1]]) if quantize else None
+        x = dq_scale(node.input[0])
+        w = dq_scale(node.input[1]) if node.op_type in ("Conv", "Gemm") else None
+        rows.append((node.op_type, None if x is None else float(x), None if w is None else w.reshape(-1).tolist(), out))
+    return rows
+
+
+def compare_scales(a: list[Any], b: list[Any], rtol: float) -> dict[str, Any]:
+    """How many layers carry equal scales (``rtol``: float scales; 0 for powers of two)."""
+    if [r[0] for r in a] != [r[0] for r in b]:
+        return {"layers": [len(a), len(b)], "same_ops": False}
+    equal_act, equal_w, total_w, worst = 0, 0, 0, 0.0
+    for (_op, x1, w1, y1), (_op2, x2, w2, y2) in zip(a, b, strict=True):
+        pairs = [(x1, x2), (y1, y2)]
+        ok = all((u is None) == (v is None) for u, v in pairs)
+        for u, v in pairs:
+            if u is not None and v is not None:
+                rel = abs(u - v) / abs(u)
+                worst = max(worst, rel)
+                ok &= rel <= rtol
+        equal_act += ok
+        if w1 is not None and w2 is not None:
+            total_w += 1
+            equal_w += bool(np.allclose(w1, w2, rtol=rtol, atol=0))
+    return {"layers": len(a), "equal_activation_scales": equal_act, "weights": total_w, "equal_weight_scales": equal_w,
+            "worst_relative_difference": worst, "same_ops": True}  # fmt: skip
+
+
+def float_onnx(name: str, model: Any) -> Any:
+    """The float ONNX a user hands quant-onnx: the committed reference model, or the cached
+    EfficientNet-Lite0 export (both by torch's TorchScript exporter from these weights)."""
+    import onnx
+
+    return onnx.load(str(MODELS[name].ensure()))
+
+
+def part_backends(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    import quant_onnx
+    from quant_core.presets import get_preset
+    from quant_torch_fx.export import onnx_model
+
+    rows = results.setdefault("backends", {})
+    for name in (*FMNIST, "efficientnet_lite0"):
+        model = load_torch_model(name)
+        x_eval, labels = eval_set(name, args.quick)
+        calib_x = calibration_set(name, args.num_calib)
+        reference = labels if labels is not None else predict(model, x_eval, batch=50)
+        float_model = float_onnx(name, model)
+        for preset in ("a8w8", "xint8"):
+            config = get_preset(preset)
+            start = time.perf_counter()
+            onnx_side = quant_onnx.quantize(float_model, None, config, calib_x, batch_size=CALIB_BATCH, quiet=True)
+            onnx_seconds = time.perf_counter() - start
+            onnx_path = WORK_DIR / f"{name}_{preset}_quant_onnx.onnx"
+            with common.atomic_path(onnx_path, ".onnx") as tmp:
+                tmp.write_bytes(onnx_side.model.SerializeToString())
+            q, frozen, seconds = ours_quantize(model, config, batches(calib_x, CALIB_BATCH), example(name))
+            ours_path = WORK_DIR / f"{name}_{preset}_torch_fx.onnx"
+            q.export_onnx(frozen, example(name), ours_path)
+            ours_pred, onnx_pred = ort_predict(ours_path, x_eval), ort_predict(onnx_path, x_eval)
+            row = {
+                "scales": compare_scales(
+                    layer_scales(onnx_side.model),
+                    layer_scales(onnx_model(frozen, (example(name),))),
+                    0.0 if preset == "xint8" else 1e-5,
+                ),
+                "torch_fx": metric(name, ours_pred, reference),
+                "quant_onnx": metric(name, onnx_pred, reference),
+                "between_backends": common.agreement(ours_pred, onnx_pred),
+                "torch_fx_seconds": seconds,
+                "quant_onnx_seconds": onnx_seconds,
+                "float_convs_torch_fx": common.float_compute_nodes(ours_path)["float"],
+            }
+            rows[f"{name}/{preset}"] = row
+            print(name, preset, row, flush=True)
+
+
+# -------------------------------------------------------------------------------------------------- QAT
+class Shuffled:
+    """Batches of ``(x, y)`` arrays in a fresh seeded order every epoch (a re-iterable loader)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, size: int, seed: int = 0, limit: int | None = None) -> None:
+        self.x, self.y, self.size, self.limit = x, y, size, limit
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        n = -(-len(self.x) // self.size)
+        return n if self.limit is None else min(n, self.limit)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        import torch
+
+        order = self.rng.permutation(len(self.x))
+        for k, i in enumerate(range(0, len(order), self.size)):
+            if self.limit is not None and k >= self.limit:
+                return
+            idx = np.sort(order[i : i + self.size])
+            yield torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx])
+
+
+def part_qat_fmnist(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    from quant_torch_fx import ModelQuantizer, train_qat
+    from tools.reference_models.data import load_fashion_mnist
+
+    rows = results.setdefault("qat_fmnist", {})
+    train_x, train_y = load_fashion_mnist("train")
+    for name in FMNIST:
+        model = load_torch_model(name)
+        x_eval, labels = eval_set(name, args.quick)
+        calib = batches(calibration_set(name, args.num_calib), CALIB_BATCH)
+        q = ModelQuantizer("xint8", quiet=True)
+        ptq = q.freeze(q.quantize_model(model, example(name), calib))
+        qat = q.prepare_qat(model, example(name), calib_loader=calib)
+        loader = Shuffled(train_x, train_y, args.qat_batch, limit=20 if args.quick else None)
+        start = time.perf_counter()
+        history = train_qat(qat, loader, epochs=1, lr=args.fmnist_lr, quiet=args.quiet)
+        seconds = time.perf_counter() - start
+        frozen = q.freeze(qat)
+        path = WORK_DIR / f"{name}_xint8_qat.onnx"
+        q.export_onnx(frozen, example(name), path)
+        row = {
+            "float": metric(name, predict(model, x_eval), labels),
+            "ptq_xint8": metric(name, predict(ptq, x_eval), labels),
+            "qat_xint8": metric(name, predict(frozen, x_eval), labels),
+            "qat_xint8_ort_kernels": metric(name, ort_predict(path, x_eval), labels),
+            "float_convs": common.float_compute_nodes(path)["float"],
+            "train_seconds": seconds,
+            "loss": history[-1]["loss"],
+            "steps": history[-1]["batches"],
+        }
+        rows[name] = row
+        print(name, row, flush=True)
+
+
+def part_qat_effnet(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    import torch
+
+    from quant_torch_fx import ModelQuantizer, distillation_loss, train_qat
+
+    name = "efficientnet_lite0"
+    model = load_torch_model(name)
+    x_eval, _ = eval_set(name, args.quick)
+    calib_x = calibration_set(name, 64 if args.quick else args.num_calib)
+    float_eval = predict(model, x_eval, batch=50)
+    with torch.no_grad():  # the teacher never changes: its logits once, then distil from them
+        teacher = np.concatenate([model(b).numpy() for b in batches(calib_x, 50)])
+    q = ModelQuantizer("xint8", quiet=True)
+    calib = batches(calib_x, CALIB_BATCH)
+    start = time.perf_counter()
+    qat = q.prepare_qat(model, example(name), calib_loader=calib)
+    ptq_agreement = metric(name, predict(qat, x_eval, batch=50), float_eval)
+    curve = [{"epoch": 0, "agreement": ptq_agreement, "seconds": time.perf_counter() - start}]
+    print("epoch 0 (PTQ start)", curve[-1], flush=True)
+    loader = Shuffled(calib_x, teacher, args.effnet_batch)
+    temperature = args.temperature
+
+    def loss(output: Any, target: Any) -> Any:
+        return distillation_loss(output, target, temperature)
+
+    def on_epoch_end(epoch: int, trained: Any) -> dict[str, float]:
+        row = {"epoch": epoch, "agreement": metric(name, predict(trained, x_eval, batch=50), float_eval),
+               "seconds": time.perf_counter() - start}  # fmt: skip
+        curve.append(row)
+        print(row, flush=True)
+        return row
+
+    optimizer = None
+    for epoch in range(1, args.effnet_epochs + 1):
+        if time.perf_counter() - start > args.effnet_budget:
+            break
+        if optimizer is None:
+            from quant_torch_fx.training import default_optimizer
+
+            optimizer = default_optimizer(qat, args.effnet_lr, args.effnet_qparam_lr)
+        train_qat(qat, loader, epochs=1, optimizer=optimizer, loss_fn=loss, freeze_batch_norm=True,
+                  on_epoch_end=lambda _e, m, epoch=epoch: on_epoch_end(epoch, m), quiet=args.quiet)  # fmt: skip
+        if curve[-1]["agreement"] >= args.effnet_stop:
+            break
+    frozen = q.freeze(qat)
+    path = WORK_DIR / f"{name}_xint8_qat.onnx"
+    q.export_onnx(frozen, example(name), path)
+    results["qat_effnet"] = {
+        "curve": curve,
+        "frozen_agreement": metric(name, predict(frozen, x_eval, batch=50), float_eval),
+        "ort_kernels_agreement": metric(name, ort_predict(path, x_eval), float_eval),
+        "seconds": time.perf_counter() - start,
+        "train_samples": len(calib_x),
+        "eval_samples": len(x_eval),
+        "lr": args.effnet_lr,
+        "qparam_lr": args.effnet_qparam_lr,
+        "batch": args.effnet_batch,
+    }
+    print(results["qat_effnet"], flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ speed
+def _median_pair(first: Callable[[], Any], second: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """Medians of interleaved wall times (the machine is shared: interleaving cancels drift)."""
+    a, b = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        first()
+        a.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        second()
+        b.append(time.perf_counter() - t)
+    return statistics.median(a), statistics.median(b)
+
+
+def _train_steps(model: Any, x: Any, y: Any) -> Callable[[], None]:
+    import torch
+    import torch.nn.functional as F
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-9)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def _inference(model: Any, x: Any) -> Callable[[], None]:
+    import torch
+
+    def infer() -> None:
+        with torch.no_grad():
+            model(x)
+
+    return infer
+
+
+def _calibration(name: str, model: Any, preset: str, x: Any) -> Callable[[], None]:
+    from quant_torch_fx import ModelQuantizer
+    from quant_torch_fx.calibrate import run_batches, start_observing
+
+    q = ModelQuantizer(preset, quiet=True)
+    prepared = q.prepare(model, example(name))
+    signature = q.signature(example(name))
+    start_observing(prepared)
+    return lambda: run_batches(prepared, [x], signature, quiet=True)
+
+
+def speed_row(name: str, repeats: int) -> dict[str, Any]:
+    import torch
+
+    from quant_torch_fx import ModelQuantizer
+
+    model = load_torch_model(name)
+    batch = 128 if name in FMNIST else 16
+    x = torch.from_numpy(np.ascontiguousarray(calibration_set(name, max(batch, 64))[:batch]))
+    y = torch.randint(0, 10 if name in FMNIST else 1000, (batch,), generator=torch.Generator().manual_seed(0))
+    float_step = _train_steps(copy.deepcopy(model).train(), x, y)
+    row: dict[str, Any] = {"batch": batch}
+    for label, compiled in (("qat", False), ("qat_compiled", True)):
+        q = ModelQuantizer("xint8", compile_fake_quant=compiled, quiet=True)
+        qat_step = _train_steps(q.prepare_qat(model, example(name), calib_loader=[x]).train(), x, y)
+        for _ in range(3):  # warm-up (and torch.compile's first compilations)
+            float_step()
+            qat_step()
+        float_s, qat_s = _median_pair(float_step, qat_step, repeats)
+        row.update(
+            {f"{label}_float_train_step_s": float_s, f"{label}_step_s": qat_s, f"{label}_ratio": qat_s / float_s}
+        )
+    model.eval()
+    infer = _inference(model, x)
+    for preset in ("a8w8", "xint8"):
+        observe = _calibration(name, model, preset, x)
+        infer()
+        observe()
+        infer_s, calib_s = _median_pair(infer, observe, repeats)
+        row[f"{preset}_infer_s"] = infer_s
+        row[f"{preset}_calib_s"] = calib_s
+        row[f"{preset}_throughput_ratio"] = infer_s / calib_s
+    return row
+
+
+def part_speed(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    rows = results.setdefault("speed", {})
+    for name in (*FMNIST, "efficientnet_lite0"):
+        rows[name] = speed_row(name, args.repeats)
+        print(name, rows[name], flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- report
+def tables(results: dict[str, Any]) -> str:
+    out = []
+    if "ptq" in results:
+        rows = []
+        for name, r in results["ptq"].items():
+            ours = [r[k]["top1"] for k in ("a8w8", "a8w8+mse", "xint8")]
+            rows.append([name, r["float"], r["pt2e_x86"]["top1"], *ours, r["a8w8+mse"]["top1_ort_kernels"],
+                         max(ours[:2]) - r["pt2e_x86"]["top1"], r["pt2e_x86"]["seconds"], r["a8w8"]["seconds"]])  # fmt: skip
+        out.append(common.markdown_table(
+            ["model", "float", "PT2E X86", "ours a8w8", "ours a8w8+MSE", "ours xint8", "ours a8w8+MSE (ORT kernels)",
+             "best ours (a8w8) − PT2E", "PT2E s", "ours s"], rows))  # fmt: skip
+    if "backends" in results:
+        rows = []
+        for key, r in results["backends"].items():
+            s = r["scales"]
+            rows.append([key, f"{s.get('equal_activation_scales')}/{s['layers']}",
+                         f"{s.get('equal_weight_scales')}/{s.get('weights')}", s.get("worst_relative_difference"),
+                         r["torch_fx"], r["quant_onnx"], r["torch_fx"] - r["quant_onnx"], r["between_backends"],
+                         r["float_convs_torch_fx"]])  # fmt: skip
+        out.append(common.markdown_table(
+            ["model / config", "equal activation scales", "equal weight scales", "worst rel. diff", "torch-fx → ORT",
+             "quant-onnx → ORT", "difference", "backends agree", "float convs (torch-fx)"], rows))  # fmt: skip
+    if "qat_fmnist" in results:
+        rows = [[n, r["float"], r["ptq_xint8"], r["qat_xint8"], r["qat_xint8_ort_kernels"], r["float"] - r["qat_xint8"],
+                 r["steps"], r["train_seconds"]] for n, r in results["qat_fmnist"].items()]  # fmt: skip
+        out.append(common.markdown_table(
+            ["model", "float", "PTQ xint8", "QAT xint8 (1 epoch)", "QAT (ORT kernels)", "float − QAT", "steps", "train s"],
+            rows))  # fmt: skip
+    if "qat_effnet" in results:
+        r = results["qat_effnet"]
+        rows = [[c["epoch"], c["agreement"], c["seconds"] / 60] for c in r["curve"]]
+        out.append(common.markdown_table(["epoch", "agreement with float (held-out crops)", "minutes"], rows))
+        out.append(
+            f"frozen: {common.fmt(r['frozen_agreement'])}; exported, onnxruntime integer kernels: "
+            f"{common.fmt(r['ort_kernels_agreement'])}; total {common.fmt(r['seconds'] / 60)} min"
+        )
+    if "speed" in results:
+        rows = [[n, r["batch"], r["qat_float_train_step_s"], r["qat_step_s"], r["qat_ratio"], r["qat_compiled_ratio"],
+                 r["a8w8_throughput_ratio"], r["xint8_throughput_ratio"]] for n, r in results["speed"].items()]  # fmt: skip
+        out.append(common.markdown_table(
+            ["model", "batch", "float train step s", "QAT step s", "QAT / float", "QAT / float (compile_fake_quant)",
+             "calib / infer throughput a8w8 (MinMax)", "calib / infer throughput xint8 (MinMSE)"], rows))  # fmt: skip
+    return "\n\n".join(out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    parser.add_argument("--num-calib", type=int, default=512)
+    parser.add_argument("--qat-batch", type=int, default=128)
+    parser.add_argument("--fmnist-lr", type=float, default=1e-4)
+    parser.add_argument("--effnet-batch", type=int, default=16)
+    parser.add_argument("--effnet-lr", type=float, default=1e-5)
+    parser.add_argument("--effnet-qparam-lr", type=float, default=1e-3)
+    parser.add_argument("--effnet-epochs", type=int, default=30)
+    parser.add_argument("--effnet-budget", type=float, default=1800.0, help="seconds; the issue's limit is 30 min")
+    parser.add_argument("--effnet-stop", type=float, default=1.01, help="stop once agreement reaches this")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=common.DEFAULT_THREADS)
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="small evaluation sets, few steps")
+    parser.add_argument("--quiet", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    results = common.load_results(args.results, args.resume)
+    results.setdefault("environment", {})["torch"] = torch.__version__
+    results["environment"]["threads"] = args.threads
+    runners = {"ptq": part_ptq, "backends": part_backends, "qat_fmnist": part_qat_fmnist,
+               "qat_effnet": part_qat_effnet, "speed": part_speed}  # fmt: skip
+    for part in args.parts:
+        runners[part](args, results)
+        common.write_json(args.results, results)
+    print(tables(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

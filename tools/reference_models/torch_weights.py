@@ -1,0 +1,51 @@
+"""The trained Fashion-MNIST reference models as torch modules: the definitions of
+:mod:`tools.reference_models.nets` with the weights of the committed ONNX files
+(``tools/models/*.onnx``; exported unfolded by ``tools/train_reference.py``, so every
+initializer is named after its ``state_dict`` key).
+
+Example:
+    >>> model = load_reference_model("fmnist_resnet18")  # doctest: +SKIP
+    >>> model.training
+    False
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+ARCHITECTURES = {
+    "fmnist_resnet18": ("resnet18_shape", {"num_classes": 10, "width": 16, "in_ch": 1}),
+    "fmnist_mobilenetv2": ("mobilenetv2_shape", {"num_classes": 10, "width_mult": 0.5, "in_ch": 1}),
+}
+
+
+def load_reference_model(name: str, models_dir: Path = MODELS_DIR):  # -> torch.nn.Module
+    """``name`` (``fmnist_resnet18`` or ``fmnist_mobilenetv2``) in eval mode with its trained weights."""
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    from tools.reference_models import nets
+
+    if name not in ARCHITECTURES:
+        raise ValueError(f"model: {name!r} is not known; allowed: {', '.join(ARCHITECTURES)}")
+    builder, kwargs = ARCHITECTURES[name]
+    model = getattr(nets, builder)(**kwargs)
+    proto = onnx.load(str(models_dir / f"{name}.onnx"))
+    weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    # The exporter deduplicates equal tensors behind Identity nodes (equal BN biases).
+    for node in proto.graph.node:
+        if node.op_type == "Identity" and node.input[0] in weights:
+            weights.setdefault(node.output[0], weights[node.input[0]])
+    state = model.state_dict()
+    missing = [key for key in state if key not in weights and not key.endswith("num_batches_tracked")]
+    if missing:
+        raise ValueError(f"{name}.onnx lacks initializers for {missing[:5]}")
+    with torch.no_grad():
+        for key, value in state.items():
+            if key in weights:
+                value.copy_(torch.from_numpy(np.array(weights[key])))
+    return model.eval()
