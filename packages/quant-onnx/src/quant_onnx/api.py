@@ -42,10 +42,10 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_core import presets
 from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
 from quant_core.plan import QuantPlan
-from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
 from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
@@ -73,25 +73,13 @@ integer initializers), given the calibrated state and the held batches."""
 
 def resolve_config(config: QuantConfig | str | os.PathLike[str] | None) -> QuantConfig:
     """A :class:`QuantConfig` from a config, a preset name, a ``.json`` config file or
-    ``None`` (the ``a8w8`` preset).
+    ``None`` (the ``a8w8`` preset): :func:`quant_core.presets.resolve_config`.
 
     Example:
         >>> resolve_config(None).name
         'a8w8'
     """
-    if config is None:
-        return get_preset(DEFAULT_PRESET)
-    if isinstance(config, QuantConfig):
-        return config
-    if isinstance(config, os.PathLike) or (isinstance(config, str) and config.endswith(".json")):
-        from quant_core.serialization import load_config
-
-        return load_config(config)
-    if isinstance(config, str):
-        return get_preset(config)
-    raise ValueError(
-        f"config: {type(config).__name__} is not allowed; allowed: a QuantConfig, a preset name, a .json path"
-    )
+    return presets.resolve_config(config, DEFAULT_PRESET)
 
 
 def config_specs(config: QuantConfig) -> list[QuantSpec]:
