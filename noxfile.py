@@ -200,7 +200,9 @@ def _package_dirs(package: str) -> list[str]:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job on the built-in example: quantize the Fashion-MNIST ResNet-18-shape
-    model with the a8w8 preset and compare it with the float model."""
-    session.install(CORE, ALGOS, ONNX)
+    """The main job on the built-in example: the Fashion-MNIST MobileNetV2-shape model
+    through both backends (PTQ a8w8, xint8, xint8 + CLE + AdaRound; QAT) and the NPU
+    simulator, one table with accuracy, size and latency (tools/demo.py)."""
+    session.install(TORCH)
+    session.install(CORE, f"{ALGOS}[torch]", f"{ONNX}[torch]", TORCH_FX, NPU)
     session.run("python", "tools/demo.py", *session.posargs)
