@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 
 if __package__ in (None, ""):  # run as a file: make `tools.*` importable
@@ -121,6 +122,24 @@ def _with_algorithms(preset: str, *kinds: str) -> Callable[[], Any]:
     return build
 
 
+def _xint8_tuned() -> Any:
+    """xint8 with MinMSE power-of-two weight scales (the activations' observer, applied to
+    each weight), CLE, and AdaRound at Quark's learning rate 0.1."""
+    from quant_core.algorithm_config import AdaRoundConfig, CLEConfig
+    from quant_core.observer_config import PowerOfTwoMSE
+    from quant_core.presets import get_preset
+
+    config = get_preset("xint8")
+    weight = config.global_config.weight
+    assert weight is not None
+    global_config = attrs.evolve(config.global_config, weight=weight.evolve(observer=PowerOfTwoMSE()))
+    return config.evolve(
+        global_config=global_config,
+        algorithms=(CLEConfig(), AdaRoundConfig(learning_rate=0.1)),
+        name="xint8+mse_weights+cle+adaround_lr0.1",
+    )
+
+
 ROWS: dict[str, Row] = {
     r.key: r
     for r in (
@@ -131,6 +150,7 @@ ROWS: dict[str, Row] = {
         Row("xint8_cle", "xint8 + CLE", _preset("int8_cnn_cle")),
         Row("xint8_cle_adaround", "xint8 + CLE + AdaRound", _with_algorithms("xint8", "cle", "adaround")),
         Row("xint8_adaround", "xint8 + AdaRound", _with_algorithms("xint8", "adaround")),
+        Row("xint8_tuned", "xint8, MinMSE weights + CLE + AdaRound (lr 0.1)", _xint8_tuned),
         Row("xint8_cle_bc", "xint8 + CLE + bias correction", _with_algorithms("xint8", "cle", "bias_correction")),
         Row(
             "xint8_cle_adaround_bc",
