@@ -12,6 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quant_core.presets import get_preset
+from quant_core.spec import QuantSpec
 from quant_onnx.algorithms.capture import TensorCapture
 from quant_onnx.api import ModelQuantizer
 from quant_onnx.pipeline.calibrate import CalibratedModel
@@ -138,17 +139,22 @@ def quantize_for_passes(
     power_of_two: bool = False,
     weight_bits: int = 8,
     preset: str | None = None,
+    bias: QuantSpec | None = None,
 ) -> tuple[CalibratedModel, onnx.ModelProto]:
     """The quantizer's calibrated plan and QDQ model for ``float_model``: what the
     post-passes take. ``power_of_two``: the ``xint8`` preset (symmetric int8 power-of-two),
-    else ``a8w8``; weights per channel or per tensor, int8 or int4."""
+    else ``a8w8``; weights per channel or per tensor, int8 or int4; ``bias``: a bias spec
+    instead of the bias rule."""
     config = get_preset(preset or ("xint8" if power_of_two else "a8w8"))
     weight = config.global_config.weight
     assert weight is not None
     weight = weight.evolve(
         per_channel_axis="output" if per_channel else None, dtype="int8" if weight_bits == 8 else "int4"
     )
-    config = config.evolve(global_config=attrs.evolve(config.global_config, weight=weight))
+    global_config = attrs.evolve(config.global_config, weight=weight)
+    if bias is not None:
+        global_config = attrs.evolve(global_config, bias=bias)
+    config = config.evolve(global_config=global_config)
     quantizer = ModelQuantizer(config, quiet=True)
     calibrated = quantizer.calibrate(quantizer.prepare(float_model), batches)
     return calibrated, quantizer.write(calibrated)

@@ -16,6 +16,7 @@ from algorithms_models import (
 
 from quant_core.algorithm_config import BiasCorrectionConfig
 from quant_core.qparams import sqnr_db
+from quant_core.spec import QuantSpec
 from quant_onnx.algorithms import OnnxLayerRunner, apply_bias_correction
 from quant_onnx.algorithms.capture import TensorCapture
 
@@ -81,6 +82,22 @@ def test_layer_without_bias_gets_an_int32_bias_by_the_bias_rule():
     np.testing.assert_allclose(initializer(corrected, dq.input[1]), in_scale * calibrated.weight_qparams["conv2"].scale)
     err = _mean_errors(calibrated, corrected, batches[:1])["conv2"]
     assert np.all(np.abs(err) <= 0.5 * stored_bias_scale(corrected, "conv2") + 1e-5)
+
+
+def test_an_int8_bias_spec_stays_int8_through_bias_correction():
+    # Device formats store the bias as int8 at its own power-of-two scale (the NPU profile's
+    # default): the corrected codes keep that format, so the model still loads and runs.
+    model = conv_relu_conv()
+    batches = batches_for(model, count=2)
+    spec = QuantSpec(dtype="int8", scale_type="power_of_two")
+    calibrated, qdq = quantize_for_passes(model, batches, per_channel=False, power_of_two=True, bias=spec)
+    corrected, _ = apply_bias_correction(calibrated, qdq, batches, BiasCorrectionConfig(), quiet=True)
+    for name in ("conv1", "conv2"):
+        node = next(n for n in corrected.graph.node if n.name == name)
+        dq = next(n for n in corrected.graph.node if node.input[2] in n.output)
+        assert {initializer(corrected, dq.input[i]).dtype for i in (0, 2)} == {np.dtype(np.int8)}, name
+    out = TensorCapture(corrected, ["y"]).collect(batches)["y"]  # onnxruntime loads and runs it
+    assert np.all(np.isfinite(out))
 
 
 def test_num_samples_limits_the_data_used():

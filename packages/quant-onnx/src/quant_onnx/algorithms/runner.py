@@ -255,7 +255,7 @@ class OnnxLayerRunner:
 
     def set_bias(self, layer: QuantLayer, values: np.ndarray) -> str | None:
         slot = self.calibrated.plan.bias_of(layer.name)
-        input_qp = None if slot is None else self.calibrated.qparams_of(slot.input_tensor)
+        input_qp = None if slot is None else self.calibrated.input_qparams(layer.name, slot.input_tensor)
         if slot is None or input_qp is None:
             return "no bias: the layer's input is not quantized"
         weight_qp = self.calibrated.weight_qparams[layer.name]
@@ -271,16 +271,21 @@ class OnnxLayerRunner:
         node = next(n for n in self.model.graph.node if n.name == name)
         dq = index.producer(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         scale = np.asarray(qp.scale, np.float32)
+        # The bias spec's own format (int32 by the bias rule; int8 for device formats that take it).
+        stored = qp.dtype.numpy_dtype
+        zero_point = np.asarray(qp.zero_point).astype(stored).reshape(scale.shape)
         if dq is not None and dq.op_type == "DequantizeLinear":
-            set_initializer(self.model.graph, dq.input[0], codes.astype(np.int32))
+            set_initializer(self.model.graph, dq.input[0], codes.astype(stored))
             set_initializer(self.model.graph, dq.input[1], scale)
+            if len(dq.input) > 2 and dq.input[2]:
+                set_initializer(self.model.graph, dq.input[2], zero_point)
             return
         if dq is not None or (len(node.input) > 2 and node.input[2]):
-            raise ModelError(f"node {name!r}: its bias is not an int32 initializer behind a DequantizeLinear")
+            raise ModelError(f"node {name!r}: its bias is not an integer initializer behind a DequantizeLinear")
         names = [index.unique_name(f"{name}_bias_{part}") for part in ("quantized", "scale", "zero_point", "dq")]
-        set_initializer(self.model.graph, names[0], codes.astype(np.int32))
+        set_initializer(self.model.graph, names[0], codes.astype(stored))
         set_initializer(self.model.graph, names[1], scale)
-        set_initializer(self.model.graph, names[2], np.zeros(scale.shape, np.int32))
+        set_initializer(self.model.graph, names[2], zero_point)
         output = index.unique_name(f"{name}_bias")
         dq_node = helper.make_node("DequantizeLinear", names[:3], [output], name=names[3])
         if qp.axis is not None:
