@@ -23,7 +23,10 @@ def test_each_preset_builds_a_fresh_named_config(name: str) -> None:
     assert get_preset(name) == cfg and get_preset(name) is not cfg
     op = cfg.global_config
     assert op.input is not None and op.weight is not None and op.output is not None
-    assert op.bias is None  # int32 at input_scale * weight_scale
+    if name == "xint8_int8_bias":  # the NPU profile's device format: int8 at its own position
+        assert op.bias is not None and op.bias.dtype.value == "int8" and op.bias.scale_type.value == "power_of_two"
+    else:
+        assert op.bias is None  # int32 at input_scale * weight_scale
     assert op.weight.symmetric and op.weight.dtype.signed
     assert PRESETS[name].description
 
@@ -75,7 +78,9 @@ def test_algorithm_presets() -> None:
 
 @pytest.mark.parametrize("bad", ["int7", "", "XINT8", None])
 def test_unknown_preset_lists_allowed_names(bad: object) -> None:
-    with pytest.raises(ValueError, match=r"^preset: .* is not a known preset; allowed: xint8, xint8_u8, a8w8"):
+    with pytest.raises(
+        ValueError, match=r"^preset: .* is not a known preset; allowed: xint8, xint8_u8, xint8_int8_bias, a8w8"
+    ):
         get_preset(bad)  # type: ignore[arg-type]
 
 

@@ -97,6 +97,21 @@ def xint8_u8() -> QuantConfig:
     return _config("xint8_u8", _pow2_act(DType.UINT8), _pow2_weight())
 
 
+def xint8_int8_bias() -> QuantConfig:
+    """xint8 with each bias stored as the NPU's default profile takes it: int8 at its own
+    power-of-two scale (what Quark's XINT8 code writes), so legalising for that profile
+    leaves the biases as quantized (and bias correction or AdaRound see the real format).
+
+    Example:
+        >>> bias = xint8_int8_bias().global_config.bias
+        >>> bias.dtype.value, bias.scale_type.value
+        ('int8', 'power_of_two')
+    """
+    config = _config("xint8_int8_bias", _pow2_act(), _pow2_weight())
+    bias = QuantSpec(dtype=DType.INT8, symmetric=True, scale_type=ScaleType.POWER_OF_TWO, observer=MinMax())
+    return attrs.evolve(config, global_config=attrs.evolve(config.global_config, bias=bias))
+
+
 def a8w8() -> QuantConfig:
     """uint8 asymmetric min-max activations, int8 symmetric per-channel weights, float scales.
 
@@ -176,6 +191,11 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset("xint8", "NPU default (AMD Ryzen AI / DPU XINT8); also runs anywhere as QDQ", xint8),
         Preset("xint8_u8", "xint8 numerics on onnxruntime x86, where integer kernels need uint8 activations", xint8_u8),
+        Preset(
+            "xint8_int8_bias",
+            "NPUs whose bias is int8 at its own position (the default NPU profile): legalising changes no bias",
+            xint8_int8_bias,
+        ),
         Preset("a8w8", "onnxruntime CPU INT8: the fast, accurate default for CNNs", a8w8),
         Preset("a8w8_per_tensor", "backends or runtimes without per-channel weights", a8w8_per_tensor),
         Preset("a8w8_percentile", "models whose activations have rare outliers", a8w8_percentile),
@@ -198,7 +218,7 @@ def list_presets() -> tuple[str, ...]:
 
     Example:
         >>> list_presets()[:3]
-        ('xint8', 'xint8_u8', 'a8w8')
+        ('xint8', 'xint8_u8', 'xint8_int8_bias')
     """
     return tuple(PRESETS)
 
