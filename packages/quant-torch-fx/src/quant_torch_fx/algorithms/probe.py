@@ -68,9 +68,11 @@ def take_samples(batches: Sequence[Batch], count: int | None) -> list[Batch]:
 def run_probe(module: GraphModule, batches: Sequence[Batch]) -> Iterator[tuple[torch.Tensor, ...]]:
     """The probe's tensors batch by batch (eval mode, no gradients)."""
     module.eval()
-    with torch.no_grad():
-        for batch in batches:
-            yield tuple(module(*batch))
+    for batch in batches:
+        # Not across the yield: interleaved generators would restore each other's grad mode.
+        with torch.no_grad():
+            values = tuple(module(*batch))
+        yield values
 
 
 @contextmanager
