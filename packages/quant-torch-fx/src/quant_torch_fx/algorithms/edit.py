@@ -47,13 +47,13 @@ def set_bias(gm: GraphModule, node: Node, value: torch.Tensor) -> str:
         return current.name
     if op_name(node) not in ("conv1d", "conv2d", "conv3d", "linear"):
         raise ValueError(f"node {node.name!r}: {op_name(node)} takes no bias")
-    weight = node.args[1]
-    assert isinstance(weight, Node)
+    meta = node.meta.get("val")
+    device = meta.device if isinstance(meta, torch.Tensor) else torch.device("cpu")
     base = re.sub(r"\W", "_", f"{node.name}_bias")
     name = base
     while hasattr(gm, name):
         name += "_"
-    gm.register_buffer(name, value.detach().clone().to(get_attr_value(gm, weight).device).float())
+    gm.register_buffer(name, value.detach().clone().to(device).float())
     with gm.graph.inserting_before(node):
         getter = gm.graph.get_attr(name)
     getter.meta["val"] = value
