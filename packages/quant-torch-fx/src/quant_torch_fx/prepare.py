@@ -115,9 +115,7 @@ class QuantGraphInfo:
 
     def add_bias(self, node: str, tensor: str) -> None:
         """Record that weighted node ``node`` now reads the bias constant ``tensor``."""
-        biases = tuple(
-            attrs.evolve(slot, tensor=tensor) if slot.node == node else slot for slot in self.plan.biases
-        )
+        biases = tuple(attrs.evolve(slot, tensor=tensor) if slot.node == node else slot for slot in self.plan.biases)
         self.plan = attrs.evolve(self.plan, biases=biases)
 
 

@@ -43,9 +43,7 @@ def _configured(config: QuantConfig, kind: str) -> list[Any]:
     return [a for a in config.algorithms if type(a).kind == kind]
 
 
-def pre_pass(
-    config: QuantConfig, batches: Sequence[Batch] | None
-) -> Callable[[GraphModule], dict[str, Any]] | None:
+def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[GraphModule], dict[str, Any]] | None:
     """The float-graph pass (CLE) ``prepare_graph`` runs before planning, or ``None``."""
     cles = _configured(config, CLEConfig.kind)
     if not cles:

@@ -147,7 +147,9 @@ class TorchLayerRunner:
         bias_slot = self.info.plan.bias_of(name)
         input_quantized = bias_slot is not None and self._act(name, bias_slot.input_tensor) is not None
         consumers = self.info.graph.consumers(plan_node.outputs[0]) if self.info.graph is not None else []
-        sole = consumers[0] if len(consumers) == 1 and not self.info.graph.is_graph_output(plan_node.outputs[0]) else None
+        sole = (
+            consumers[0] if len(consumers) == 1 and not self.info.graph.is_graph_output(plan_node.outputs[0]) else None
+        )
         activation = activation_kind(sole, self.info.graph.constant) if sole is not None else None
         bias = bias_node(node)
         self._transposed[name] = transposed
