@@ -33,7 +33,6 @@ from torch.fx import GraphModule, Node
 from quant_algos.drivers.runner import QuantLayer
 from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.bias import encode_bias
-from quant_core.plan import activation_kind, weight_is_transposed
 from quant_core.qparams import QParams, dequantize
 from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
 from quant_torch_fx.algorithms.probe import Batch, float_mode, probe, run_probe, sample_count
@@ -119,11 +118,6 @@ class TorchLayerRunner:
                     layers.append(layer)
         return layers
 
-    def _plan_node(self, name: str) -> Any:
-        graph = self.info.graph
-        assert graph is not None
-        return next(n for n in graph.nodes if n.name == name)
-
     def _describe(self, name: str, node: Node) -> QuantLayer | None:
         slot = self.info.plan.weight_of(name)
         assert slot is not None
@@ -132,8 +126,7 @@ class TorchLayerRunner:
             self.notes.append(f"{name}: weight is not a tensor of the graph")
             return None
         weight = get_attr_value(self.gm, weight_node).detach().float().cpu().numpy()
-        plan_node = self._plan_node(name)
-        transposed = slot.op_type != "Conv" and weight_is_transposed(plan_node)
+        transposed = name in self.info.transposed_weights
         if slot.op_type == "MatMul" and weight.ndim != 2:
             self.notes.append(f"{name}: MatMul with a rank-{weight.ndim} weight is left alone")
             return None
@@ -146,11 +139,6 @@ class TorchLayerRunner:
                 return None
         bias_slot = self.info.plan.bias_of(name)
         input_quantized = bias_slot is not None and self._act(name, bias_slot.input_tensor) is not None
-        consumers = self.info.graph.consumers(plan_node.outputs[0]) if self.info.graph is not None else []
-        sole = (
-            consumers[0] if len(consumers) == 1 and not self.info.graph.is_graph_output(plan_node.outputs[0]) else None
-        )
-        activation = activation_kind(sole, self.info.graph.constant) if sole is not None else None
         bias = bias_node(node)
         self._transposed[name] = transposed
         return QuantLayer(
@@ -160,7 +148,7 @@ class TorchLayerRunner:
             weight_qparams=_oi(self._quantizers[name].current_qparams(), transposed),
             bias=None if bias is None else get_attr_value(self.gm, bias).detach().float().cpu().numpy().reshape(-1),
             geometry=geometry,
-            activation=activation,
+            activation=self.info.layer_activations.get(name),
             output_channel_axis=-1 if slot.op_type == "MatMul" else 1,
             bias_allowed=slot.op_type != "MatMul" and input_quantized and op_name(node) != "matmul",
         )
