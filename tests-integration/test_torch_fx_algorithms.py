@@ -146,3 +146,31 @@ def test_adaround_model_exports_and_runs_in_onnxruntime_within_one_output_step(s
         None, {"input": test.numpy()}
     )[0]
     assert np.abs(np.rint(got / step) - np.rint(expected / step)).max() <= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_qat_learned_power_of_two_scales_export_exactly(setup, tmp_path: Path, seed: int) -> None:
+    """TQT moves every log2 threshold during training; wherever they land (here each is
+    moved by -2..+1 steps), the exported model computes what the frozen model does, in
+    onnxruntime's reference nodes and its integer kernels (regression for the QAT
+    MobileNetV2 fidelity report: the export was exact for every such draw)."""
+    net, calibration, test, _exported = setup
+    q = ModelQuantizer("xint8", quiet=True)
+    qat = q.prepare_qat(net, EXAMPLE, calib_loader=calibration)
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for fq in qat.modules():
+            learned = getattr(fq, "learned", None)
+            if isinstance(learned, torch.nn.Parameter):
+                learned.add_(torch.from_numpy(rng.integers(-2, 2, size=tuple(learned.shape)).astype(np.float32)))
+    frozen = q.freeze(qat)
+    path = q.export_onnx(frozen, EXAMPLE, tmp_path / "qat.onnx")
+    with torch.no_grad():
+        expected = frozen(test).numpy()
+    step = float(dict(activation_quantizers(frozen))["linear"].current_qparams().scale)
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        got = session.run(None, {"input": test.numpy()})[0]
+        assert np.abs(np.rint(got / step) - np.rint(expected / step)).max() <= 1, level
