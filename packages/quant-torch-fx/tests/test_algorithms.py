@@ -151,4 +151,3 @@ def test_qat_with_algorithms_is_refused() -> None:
     q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(),)), quiet=True)
     with pytest.raises(ValueError, match="run with quantize_model"):
         q.prepare_qat(conv_bn_net(), EXAMPLE)
-
