@@ -147,6 +147,19 @@ def mse_activations(preset: str):  # -> QuantConfig
     return config.evolve(global_config=attrs.evolve(glob, input=act, output=act), name=f"{preset}+mse")
 
 
+def ptq_rows() -> list[tuple[str, Any]]:
+    """PTQ rows: label and config; ``xint8+cle+adaround`` is quant-onnx's row of
+    ``tools.bench.algos`` (same config), run here through the torch backend's drivers."""
+    from tools.bench.algos import ROWS
+
+    return [
+        ("a8w8", "a8w8"),
+        ("a8w8+mse", mse_activations("a8w8")),
+        ("xint8", "xint8"),
+        ("xint8+cle+adaround", ROWS["xint8_cle_adaround"].build()),  # type: ignore[misc]
+    ]
+
+
 def part_ptq(args: argparse.Namespace, results: dict[str, Any]) -> None:
     rows = results.setdefault("ptq", {})
     for name in FMNIST:
@@ -156,7 +169,7 @@ def part_ptq(args: argparse.Namespace, results: dict[str, Any]) -> None:
         row: dict[str, Any] = {"float": metric(name, predict(model, x_eval), labels)}
         converted, seconds = pt2e_quantize(model, calib)
         row["pt2e_x86"] = {"top1": metric(name, predict(converted, x_eval, set_eval=False), labels), "seconds": seconds}
-        for label, config in (("a8w8", "a8w8"), ("a8w8+mse", mse_activations("a8w8")), ("xint8", "xint8")):
+        for label, config in ptq_rows():
             q, frozen, seconds = ours_quantize(model, config, calib, example(name))
             path = WORK_DIR / f"{name}_{label}.onnx"
             q.export_onnx(frozen, example(name), path)

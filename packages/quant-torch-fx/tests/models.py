@@ -48,3 +48,35 @@ def conv_bn_net(seed: int = 0) -> ConvBnNet:
 def images(batches: int, batch: int = 8, seed: int = 1, shape: tuple[int, ...] = (3, 8, 8)) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randn(batch, *shape, generator=generator) for _ in range(batches)]
+
+
+class MobileBlockNet(nn.Module):
+    """A MobileNetV2-like chain: conv + BN + ReLU6, depthwise conv + BN + ReLU6, 1x1 conv +
+    BN + ReLU, global pooling, linear: CLE finds a depthwise triple here."""
+
+    def __init__(self, classes: int = 5) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.pw = nn.Conv2d(8, 16, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu6(self.bn1(self.conv1(x)))
+        y = F.relu6(self.bn2(self.dw(y)))
+        y = F.relu(self.bn3(self.pw(y)))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def mobile_block_net(seed: int = 0) -> MobileBlockNet:
+    """Channels of very different ranges (what CLE evens out), BN statistics randomised."""
+    torch.manual_seed(seed)
+    model = randomize_batch_norms(MobileBlockNet(), seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        model.bn1.weight.mul_(torch.logspace(-1.5, 0, 8)[torch.randperm(8, generator=generator)])
+        model.bn2.weight.mul_(torch.logspace(-1, 0.5, 8)[torch.randperm(8, generator=generator)])
+    return model.eval()

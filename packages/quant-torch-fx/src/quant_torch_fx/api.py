@@ -17,9 +17,11 @@ matches node names, ``"<module path>/<op>"``); ``regions`` captures and quantize
 the named submodules, the rest of the model runs (and exports) in float, which is also
 how a model ``torch.export`` cannot capture as a whole is quantized.
 
-The accuracy algorithms of a config (CLE, bias correction, AdaRound, AdaQuant, mixed
-precision) are not run by this backend yet; a config listing them is refused rather
-than silently quantized without them.
+The accuracy algorithms of a config run with :meth:`ModelQuantizer.quantize_model`
+through the backend-neutral drivers of ``quant_algos`` (:mod:`quant_torch_fx.algorithms`):
+CLE on the normalised float graph before planning, AdaRound, AdaQuant and bias
+correction on the calibrated graph, in the ONNX backend's order. Mixed precision and
+SmoothQuant are refused (quant-onnx runs them) rather than silently skipped.
 
 Example:
     >>> import torch
@@ -35,7 +37,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +47,10 @@ from torch import nn
 from quant_core.config import QuantConfig
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
-from quant_torch_fx.calibrate import calibrate, finish_calibration, run_batches, start_observing
+from quant_torch_fx.algorithms.passes import check_algorithms, pre_pass, run_post_passes
+from quant_torch_fx.calibrate import calibrate, finish_calibration, model_device, run_batches, start_observing
 from quant_torch_fx.capture import as_args, capture, record_inputs
-from quant_torch_fx.data import InputSignature
+from quant_torch_fx.data import InputSignature, batches
 from quant_torch_fx.export import DEFAULT_OPSET, export_onnx
 from quant_torch_fx.freeze import freeze
 from quant_torch_fx.prepare import graph_info, prepare_graph, quantized_graphs
@@ -91,12 +94,9 @@ class ModelQuantizer:
         quiet: bool = False,
     ) -> None:
         self.config = resolve_config(config, DEFAULT_PRESET)
-        if self.config.algorithms:
-            kinds = ", ".join(type(a).kind for a in self.config.algorithms)
-            raise ValueError(
-                f"config.algorithms: {kinds} are not run by the torch backend yet; allowed here: none "
-                "(use quant-onnx for them, or drop them from the config)"
-            )
+        check_algorithms(self.config)
+        if self.config.algorithms and regions is not None:
+            raise ValueError("regions: the config's algorithms run on a model captured whole; allowed with them: None")
         if qat_method not in QAT_METHODS:
             raise ValueError(f"qat_method: {qat_method!r} is not allowed; allowed: {', '.join(QAT_METHODS)}")
         for name in regions or ():
@@ -112,12 +112,20 @@ class ModelQuantizer:
         self.quiet = quiet
 
     # ---------------------------------------------------------------------------- capture
-    def prepare(self, model: nn.Module, example_inputs: Any, *, mode: str = "ptq") -> nn.Module:
-        """The instrumented model, not yet calibrated (``mode``: ``"ptq"`` or ``"qat"``)."""
+    def prepare(
+        self,
+        model: nn.Module,
+        example_inputs: Any,
+        *,
+        mode: str = "ptq",
+        float_pass: Callable[[torch.fx.GraphModule], dict[str, Any]] | None = None,
+    ) -> nn.Module:
+        """The instrumented model, not yet calibrated (``mode``: ``"ptq"`` or ``"qat"``).
+        ``float_pass`` edits the normalised float graph before planning (CLE)."""
         args = as_args(example_inputs)
         if self.regions is None:
             gm = capture(model, args, dynamic_batch=self.dynamic_batch)
-            return self._instrument(gm, mode)
+            return self._instrument(gm, mode, float_pass)
         root = copy.deepcopy(model).eval()
         recorded = record_inputs(root, args)
         names = sorted(self.regions)
@@ -135,7 +143,12 @@ class ModelQuantizer:
             root.set_submodule(name, self._instrument(gm, mode))
         return root
 
-    def _instrument(self, gm: torch.fx.GraphModule, mode: str) -> torch.fx.GraphModule:
+    def _instrument(
+        self,
+        gm: torch.fx.GraphModule,
+        mode: str,
+        float_pass: Callable[[torch.fx.GraphModule], dict[str, Any]] | None = None,
+    ) -> torch.fx.GraphModule:
         return prepare_graph(
             gm,
             self.config,
@@ -143,6 +156,7 @@ class ModelQuantizer:
             exclude_modules=self.exclude_modules,
             exclude_module_types=self.exclude_module_types,
             share_concat_scales=self.share_concat_scales,
+            float_pass=float_pass,
         )
 
     def signature(self, example_inputs: Any) -> InputSignature:
@@ -156,8 +170,18 @@ class ModelQuantizer:
         """Post-training quantization: capture, plan, calibrate on ``calib_loader`` (tensors
         or ``(tensor, label)`` batches; a list works). Returns the fake-quantized model in
         eval mode; ``model`` is not modified."""
-        prepared = self.prepare(model, example_inputs, mode="ptq")
-        calibrate(prepared, calib_loader, self.signature(example_inputs), num_batches=num_batches, quiet=self.quiet)
+        if not self.config.algorithms:
+            prepared = self.prepare(model, example_inputs, mode="ptq")
+            calibrate(prepared, calib_loader, self.signature(example_inputs), num_batches=num_batches, quiet=self.quiet)
+            return prepared.eval()
+        # The algorithms read the calibration set several times: it is held (on the model's device).
+        held = list(
+            itertools.islice(batches(calib_loader, self.signature(example_inputs), model_device(model)), num_batches)
+        )
+        prepared = self.prepare(model, example_inputs, mode="ptq", float_pass=pre_pass(self.config, held))
+        calibrate(prepared, held, self.signature(example_inputs), quiet=self.quiet)
+        assert isinstance(prepared, torch.fx.GraphModule)
+        run_post_passes(prepared, self.config, held, quiet=self.quiet)
         return prepared.eval()
 
     def calibrate(
@@ -182,6 +206,9 @@ class ModelQuantizer:
         """A model to train with quantization in the loop (train mode). Batch norm after a
         convolution is simulated folded; learnable qparams (``qat_method``) start from a
         calibration over ``calib_loader`` when given, else from the first training batch."""
+        if self.config.algorithms:
+            kinds = ", ".join(type(a).kind for a in self.config.algorithms)
+            raise ValueError(f"config.algorithms: {kinds} run with quantize_model (PTQ); allowed with QAT: none")
         prepared = self.prepare(model, example_inputs, mode="qat")
         enable_qat(prepared, self.qat_method, compiled=self.compile_fake_quant)
         if calib_loader is not None:
@@ -231,5 +258,6 @@ class ModelQuantizer:
                     {"name": f.name, "op_type": f.op_type, "reason": f.reason} for f in info.plan.float_nodes
                 ],
                 "notes": [*info.plan.notes, *info.notes],
+                "algorithms": dict(info.algorithms),
             }
         return graphs

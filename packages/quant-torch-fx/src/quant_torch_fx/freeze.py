@@ -143,6 +143,7 @@ def _fix_activations(gm: GraphModule) -> None:
 def _fix_weights(gm: GraphModule) -> None:
     info = graph_info(gm)
     learned = {node: fq.current_qparams() for node, fq in weight_quantizers(gm) if fq.learning is not None}
+    learned.update(info.fixed_weights)  # codes learned by AdaRound/AdaQuant are at these qparams
     qparams, notes = plan_weight_qparams(info.plan, constant_lookup(gm), activation_qparams_lookup(gm), learned)
     info.notes.extend(note for note in notes if note not in info.notes)
     for node, fq in weight_quantizers(gm):

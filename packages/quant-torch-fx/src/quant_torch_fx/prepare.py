@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -41,7 +41,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from quant_core.config import QuantConfig
-from quant_core.plan import QuantPlan, plan_quantization
+from quant_core.plan import PlanGraph, PlanNode, QuantPlan, activation_kind, plan_quantization, weight_is_transposed
 from quant_core.qparams import QParams
 from quant_torch_fx.aten_map import op_name
 from quant_torch_fx.graph_passes import (
@@ -92,6 +92,12 @@ class QuantGraphInfo:
         frozen: set by :func:`quant_torch_fx.freeze.freeze`.
         biases: weighted plan node -> the encoded bias (frozen models).
         notes: what calibration and freezing had to decide.
+        layer_activations: weighted plan node -> ``"relu"``/``"relu6"`` when only that
+            activation reads its output (``quant_core.plan.activation_kind``), else ``None``.
+        transposed_weights: weighted plan nodes whose weight is stored ``[in, out]``.
+        fixed_weights: weighted plan node -> weight qparams that freezing keeps (the
+            algorithms learned codes at them).
+        algorithms: what each config algorithm did (JSON-ready, by kind).
     """
 
     plan: QuantPlan
@@ -105,6 +111,15 @@ class QuantGraphInfo:
     frozen: bool = False
     biases: dict[str, Any] = attrs.field(factory=dict)
     notes: list[str] = attrs.field(factory=list)
+    layer_activations: dict[str, str | None] = attrs.field(factory=dict)
+    transposed_weights: frozenset[str] = frozenset()
+    fixed_weights: dict[str, QParams] = attrs.field(factory=dict)
+    algorithms: dict[str, Any] = attrs.field(factory=dict)
+
+    def add_bias(self, node: str, tensor: str) -> None:
+        """Record that weighted node ``node`` now reads the bias constant ``tensor``."""
+        biases = tuple(attrs.evolve(slot, tensor=tensor) if slot.node == node else slot for slot in self.plan.biases)
+        self.plan = attrs.evolve(self.plan, biases=biases)
 
 
 def graph_info(gm: nn.Module) -> QuantGraphInfo:
@@ -186,13 +201,17 @@ def prepare_graph(
     exclude_module_types: Collection[type] = (),
     only_modules: Sequence[str] | None = None,
     share_concat_scales: bool = True,
+    float_pass: Callable[[GraphModule], dict[str, Any]] | None = None,
 ) -> GraphModule:
     """Normalise, plan and instrument ``gm`` (a captured graph module; changed in place and
     returned). ``mode``: ``"ptq"`` or ``"qat"``. Module exclusions become node exclusions in
-    the config the planner sees (see :func:`~quant_torch_fx.graph_plan.excluded_nodes`)."""
+    the config the planner sees (see :func:`~quant_torch_fx.graph_plan.excluded_nodes`).
+    ``float_pass`` edits the normalised float graph before it is planned (CLE) and returns
+    its reports by algorithm kind."""
     if mode not in ("ptq", "qat"):
         raise ValueError(f"mode: {mode!r} is not allowed; allowed: ptq, qat")
     normalize(gm, fold_batch_norms=mode == "ptq")
+    reports = {} if float_pass is None else float_pass(gm)
     view = build_plan_graph(gm)
     excluded = excluded_nodes(
         view, modules=exclude_modules, module_types=exclude_module_types, only_modules=only_modules
@@ -271,8 +290,29 @@ def prepare_graph(
         weighted=weighted,
         nodes={name: node.name for name, node in view.nodes.items()},
         constant_groups=tuple(constant_groups),
+        layer_activations={slot.node: _activation_after(view.graph, slot.node) for slot in plan.weights},
+        transposed_weights=frozenset(
+            slot.node
+            for slot in plan.weights
+            if slot.op_type != "Conv" and weight_is_transposed(_plan_node(view, slot.node))
+        ),
+        algorithms=dict(reports),
     )
     return gm
+
+
+def _plan_node(view: Any, name: str) -> PlanNode:
+    return next(n for n in view.graph.nodes if n.name == name)
+
+
+def _activation_after(graph: PlanGraph, name: str) -> str | None:
+    """The activation kind of the sole reader of a weighted node's output (what the
+    layer-wise algorithms compare outputs after)."""
+    node = next(n for n in graph.nodes if n.name == name)
+    readers = graph.consumers(node.outputs[0])
+    if len(readers) != 1 or graph.is_graph_output(node.outputs[0]):
+        return None
+    return activation_kind(readers[0], graph.constant)
 
 
 def _device_of(gm: GraphModule, node: Node) -> torch.device:

@@ -1,0 +1,68 @@
+"""Rewrite a graph module's weights and biases in place (what the algorithms learned).
+
+Example:
+    >>> import torch
+    >>> from quant_torch_fx.capture import capture
+    >>> gm = capture(torch.nn.Linear(2, 1, bias=False), (torch.randn(1, 2),))
+    >>> fc = next(n for n in gm.graph.nodes if n.op == "call_function")
+    >>> name = set_bias(gm, fc, torch.tensor([0.5]))
+    >>> gm(torch.zeros(1, 2)).tolist()
+    [[0.5]]
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.fx import GraphModule, Node
+
+from quant_torch_fx.aten_map import op_name
+from quant_torch_fx.graph_passes import get_attr_value
+
+BIAS_INDEX = 2
+"""Position of the bias argument of ``aten.conv*d`` and ``aten.linear``."""
+
+
+def set_constant(gm: GraphModule, node_name: str, value: torch.Tensor) -> None:
+    """Overwrite the tensor the ``get_attr`` node ``node_name`` reads (same shape)."""
+    node = next(n for n in gm.graph.nodes if n.name == node_name)
+    target = get_attr_value(gm, node)
+    with torch.no_grad():
+        target.copy_(value.to(device=target.device, dtype=target.dtype).reshape(target.shape))
+
+
+def bias_node(node: Node) -> Node | None:
+    """The ``get_attr`` bias a convolution or linear node reads, if any."""
+    value = node.args[BIAS_INDEX] if len(node.args) > BIAS_INDEX else node.kwargs.get("bias")
+    return value if isinstance(value, Node) else None
+
+
+def set_bias(gm: GraphModule, node: Node, value: torch.Tensor) -> str:
+    """Give ``node`` (``aten.conv*d``/``aten.linear``) the bias ``value``: its own tensor
+    is overwritten, or a new buffer is read when it has none. Returns the bias's node name."""
+    current = bias_node(node)
+    if current is not None:
+        set_constant(gm, current.name, value)
+        return current.name
+    if op_name(node) not in ("conv1d", "conv2d", "conv3d", "linear"):
+        raise ValueError(f"node {node.name!r}: {op_name(node)} takes no bias")
+    meta = node.meta.get("val")
+    device = meta.device if isinstance(meta, torch.Tensor) else torch.device("cpu")
+    base = re.sub(r"\W", "_", f"{node.name}_bias")
+    name = base
+    while hasattr(gm, name):
+        name += "_"
+    gm.register_buffer(name, value.detach().clone().to(device).float())
+    with gm.graph.inserting_before(node):
+        getter = gm.graph.get_attr(name)
+    getter.meta["val"] = value
+    args = list(node.args)
+    if len(args) > BIAS_INDEX:
+        args[BIAS_INDEX] = getter
+        node.args = tuple(args)
+    else:
+        node.args = (*args, *([None] * (BIAS_INDEX - len(args))), getter)
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "bias"}
+    gm.recompile()
+    return getter.name

@@ -1,0 +1,75 @@
+"""Run what a config's ``algorithms`` list asks for on the torch backend, in the ONNX
+backend's order (``quant_onnx.algorithms.passes``): CLE on the normalised float graph
+before planning and calibration; AdaRound, AdaQuant, then bias correction (it removes
+the mean error the others leave) on the calibrated graph. Mixed precision and
+SmoothQuant are not run here; :func:`check_algorithms` refuses them.
+
+Example:
+    >>> from quant_core.presets import get_preset
+    >>> check_algorithms(get_preset("xint8"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch.fx import GraphModule
+
+from quant_algos.drivers.bias_correction import correct_biases
+from quant_algos.drivers.reconstruction import ReconstructionReport, reconstruct_layers
+from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, BiasCorrectionConfig, CLEConfig, samples_to_use
+from quant_core.config import QuantConfig
+from quant_torch_fx.algorithms.cle import apply_cle
+from quant_torch_fx.algorithms.probe import Batch, take_samples
+from quant_torch_fx.algorithms.runner import TorchLayerRunner
+from quant_torch_fx.prepare import graph_info
+
+SUPPORTED = (CLEConfig.kind, AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
+
+
+def check_algorithms(config: QuantConfig) -> None:
+    """Refuse, naming it, an algorithm this backend does not run."""
+    for algorithm in config.algorithms:
+        kind = type(algorithm).kind
+        if kind not in SUPPORTED:
+            raise ValueError(
+                f"config.algorithms: {kind} is not run by the torch backend yet; allowed here: "
+                f"{', '.join(SUPPORTED)} (use quant-onnx for {kind})"
+            )
+
+
+def _configured(config: QuantConfig, kind: str) -> list[Any]:
+    return [a for a in config.algorithms if type(a).kind == kind]
+
+
+def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[GraphModule], dict[str, Any]] | None:
+    """The float-graph pass (CLE) ``prepare_graph`` runs before planning, or ``None``."""
+    cles = _configured(config, CLEConfig.kind)
+    if not cles:
+        return None
+
+    def run(gm: GraphModule) -> dict[str, Any]:
+        reports: dict[str, Any] = {}
+        for cle in cles:
+            reports["cle"] = apply_cle(gm, cle, batches).to_dict()
+        return reports
+
+    return run
+
+
+def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batch], *, quiet: bool = False) -> None:
+    """AdaRound, AdaQuant and bias correction as configured, on the calibrated PTQ graph
+    ``gm`` (in place); their reports go to the graph's ``algorithms``."""
+    info = graph_info(gm)
+    for kind, cls in (("adaround", AdaRoundConfig), ("adaquant", AdaQuantConfig)):
+        for cfg in _configured(config, cls.kind):
+            runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(cfg)))
+            report = reconstruct_layers(runner, cfg, quiet=quiet)
+            if runner.notes:
+                report = ReconstructionReport(report.method, report.layers, (*runner.notes, *report.notes))
+            info.algorithms[kind] = report.to_dict()
+    for bc in _configured(config, BiasCorrectionConfig.kind):
+        runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(bc)))
+        notes = correct_biases(runner, bc, quiet=quiet)
+        info.algorithms["bias_correction"] = {"num_samples": samples_to_use(bc), "notes": [*runner.notes, *notes]}

@@ -1,0 +1,209 @@
+"""The torch :class:`~quant_algos.drivers.runner.LayerRunner`: a calibrated PTQ graph
+module is the quantized model, a copy of it with every quantizer passing through is the
+float model; the layer-wise drivers of ``quant_algos`` (AdaRound, AdaQuant, bias
+correction) walk them and write back through it.
+
+Everything a driver needs to quantize comes from the calibrated graph: weight qparams
+from its weight quantizers (:func:`quant_core.plan.plan_weight_qparams` set them), the
+bias rule's inputs from the plan's bias slots and the activation quantizers. A layer's
+input and output are read by cutting the graph at that node
+(:func:`~quant_torch_fx.algorithms.probe.probe`) and running it over the held batches on
+the model's device; they become numpy only where the drivers' protocol takes them.
+
+Learned weight codes are written as the values they stand for, and their qparams are
+pinned (:attr:`~quant_torch_fx.prepare.QuantGraphInfo.fixed_weights`): freezing keeps
+them rather than measuring the rewritten weight again. A corrected bias is written as
+the values its ``quant_core.bias`` encoding stands for, so the fake-quantized model
+computes what the frozen one will.
+
+Example:
+    See ``tests/test_algorithms.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.fx import GraphModule, Node
+
+from quant_algos.drivers.runner import QuantLayer
+from quant_algos.reconstruction_data import ConvGeometry
+from quant_core.bias import encode_bias
+from quant_core.qparams import QParams, dequantize
+from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
+from quant_torch_fx.algorithms.probe import Batch, float_mode, probe, run_probe, sample_count
+from quant_torch_fx.aten_map import op_name
+from quant_torch_fx.graph_passes import get_attr_value
+from quant_torch_fx.prepare import activation_qparams_lookup, graph_info, weight_quantizers
+
+
+def _pair(value: Any) -> list[int]:
+    values = [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
+    return values * 2 if len(values) == 1 else values
+
+
+def conv_geometry(node: Node, kernel: Sequence[int]) -> ConvGeometry | None:
+    """Strides, pads (ONNX order), dilations and groups of an ``aten.conv2d`` node
+    (``None`` for a string padding other than ``"valid"``/``"same"`` or another rank)."""
+    if op_name(node) != "conv2d":
+        return None
+    args = list(node.args) + [None] * 7
+    kwargs = node.kwargs
+    stride = _pair(args[3] if args[3] is not None else kwargs.get("stride", 1))
+    padding: Any = args[4] if args[4] is not None else kwargs.get("padding", 0)
+    dilation = _pair(args[5] if args[5] is not None else kwargs.get("dilation", 1))
+    groups = int(args[6] if args[6] is not None else kwargs.get("groups", 1))
+    if padding == "valid":
+        pads = [0, 0, 0, 0]
+    elif padding == "same":
+        # torch puts the odd padding element at the end, as ONNX SAME_UPPER does
+        totals = [dilation[i] * (int(kernel[i]) - 1) for i in range(2)]
+        pads = [totals[0] // 2, totals[1] // 2, totals[0] - totals[0] // 2, totals[1] - totals[1] // 2]
+    elif isinstance(padding, str):
+        return None
+    else:
+        pad = _pair(padding)
+        pads = [pad[0], pad[1], pad[0], pad[1]]
+    return ConvGeometry(strides=stride, pads=pads, dilations=dilation, groups=groups)
+
+
+def _oi(qp: QParams, transposed: bool) -> QParams:
+    return qp.evolve(axis=1 - qp.axis) if transposed and qp.axis is not None else qp
+
+
+class TorchLayerRunner:
+    """A :class:`~quant_algos.drivers.runner.LayerRunner` over a calibrated PTQ graph
+    module ``gm`` (changed in place) on held ``batches`` (model inputs on its device).
+
+    Example:
+        >>> TorchLayerRunner.__name__
+        'TorchLayerRunner'
+    """
+
+    def __init__(self, gm: GraphModule, batches: Sequence[Batch]) -> None:
+        self.gm = gm
+        self.info = graph_info(gm)
+        if self.info.mode != "ptq" or self.info.frozen:
+            raise ValueError("algorithms: AdaRound, AdaQuant and bias correction run on a calibrated PTQ model")
+        self.float_gm = copy.deepcopy(gm)  # the float reference keeps the weights the walk rewrites
+        self.batches = list(batches)
+        self._count = sum(sample_count(b) for b in self.batches)
+        self.notes: list[str] = []
+        self._nodes = {node.name: node for node in gm.graph.nodes}
+        self._quantizers = dict(weight_quantizers(gm))
+        self._act = activation_qparams_lookup(gm)
+        self._transposed: dict[str, bool] = {}
+        self._layers = self._find_layers()
+
+    @property
+    def num_samples(self) -> int:
+        return self._count
+
+    def layers(self) -> Sequence[QuantLayer]:
+        return self._layers
+
+    # --- discovery ---------------------------------------------------------------------
+    def _find_layers(self) -> list[QuantLayer]:
+        by_fx = {fx: name for name, fx in self.info.weighted.items() if name in self._quantizers}
+        layers = []
+        for node in self.gm.graph.nodes:
+            name = by_fx.get(node.name)
+            if name is not None:
+                layer = self._describe(name, node)
+                if layer is not None:
+                    layers.append(layer)
+        return layers
+
+    def _describe(self, name: str, node: Node) -> QuantLayer | None:
+        slot = self.info.plan.weight_of(name)
+        assert slot is not None
+        weight_node = self._weight_node(node)
+        if weight_node is None or slot.op_type not in ("Conv", "Gemm", "MatMul"):
+            self.notes.append(f"{name}: weight is not a tensor of the graph")
+            return None
+        weight = get_attr_value(self.gm, weight_node).detach().float().cpu().numpy()
+        transposed = name in self.info.transposed_weights
+        if slot.op_type == "MatMul" and weight.ndim != 2:
+            self.notes.append(f"{name}: MatMul with a rank-{weight.ndim} weight is left alone")
+            return None
+        float_weight = np.ascontiguousarray(weight.T if transposed else weight, np.float32)
+        geometry = None
+        if slot.op_type == "Conv":
+            geometry = conv_geometry(node, float_weight.shape[2:])
+            if geometry is None and float_weight.ndim == 4:
+                self.notes.append(f"{name}: padding {node.args[4]!r} is not read here")
+                return None
+        bias_slot = self.info.plan.bias_of(name)
+        input_quantized = bias_slot is not None and self._act(name, bias_slot.input_tensor) is not None
+        bias = bias_node(node)
+        self._transposed[name] = transposed
+        return QuantLayer(
+            name=name,
+            op_type=slot.op_type,
+            float_weight=float_weight,
+            weight_qparams=_oi(self._quantizers[name].current_qparams(), transposed),
+            bias=None if bias is None else get_attr_value(self.gm, bias).detach().float().cpu().numpy().reshape(-1),
+            geometry=geometry,
+            activation=self.info.layer_activations.get(name),
+            output_channel_axis=-1 if slot.op_type == "MatMul" else 1,
+            bias_allowed=slot.op_type != "MatMul" and input_quantized and op_name(node) != "matmul",
+        )
+
+    def _weight_node(self, node: Node) -> Node | None:
+        """The ``get_attr`` behind the weight quantizer's call."""
+        call = node.args[1] if len(node.args) > 1 else None
+        if isinstance(call, Node) and call.op == "call_module" and call.args and isinstance(call.args[0], Node):
+            call = call.args[0]
+        return call if isinstance(call, Node) and call.op == "get_attr" else None
+
+    # --- data ----------------------------------------------------------------------------
+    def _fx(self, layer: QuantLayer) -> Node:
+        return self._nodes[self.info.weighted[layer.name]]
+
+    def _run(self, gm: GraphModule, name: str) -> Iterator[np.ndarray]:
+        for (value,) in run_probe(probe(gm, [name]), self.batches):
+            yield value.detach().float().cpu().numpy()
+
+    def quantized_inputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
+        source = self._fx(layer).args[0]
+        assert isinstance(source, Node)
+        yield from self._run(self.gm, source.name)
+
+    def quantized_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
+        yield from self._run(self.gm, self._fx(layer).name)
+
+    def float_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
+        with float_mode(self.float_gm):
+            yield from self._run(self.float_gm, self._fx(layer).name)
+
+    # --- write back ----------------------------------------------------------------------
+    def set_weight_codes(self, layer: QuantLayer, codes: np.ndarray) -> None:
+        fq = self._quantizers[layer.name]
+        qp = fq.current_qparams()
+        values = dequantize(np.asarray(codes), layer.weight_qparams)
+        stored = values.T if self._transposed[layer.name] else values
+        weight = self._weight_node(self._fx(layer))
+        assert weight is not None
+        set_constant(self.gm, weight.name, torch.from_numpy(np.ascontiguousarray(stored, np.float32)))
+        self.info.fixed_weights[layer.name] = qp
+
+    def set_bias(self, layer: QuantLayer, values: np.ndarray) -> str | None:
+        slot = self.info.plan.bias_of(layer.name)
+        input_qp = None if slot is None else self._act(layer.name, slot.input_tensor)
+        if slot is None or input_qp is None:
+            return "no bias: the layer's input is not quantized"
+        flat = np.asarray(values, np.float32).reshape(-1)
+        weight_qp = self._quantizers[layer.name].current_qparams()
+        encoded = encode_bias(flat, input_qp.scale, weight_qp, slot.spec, integer_kernel=slot.integer_kernel)
+        stored = encoded.values() if encoded.codes is not None else flat
+        node = self._fx(layer)
+        had_bias = bias_node(node) is not None
+        name = set_bias(self.gm, node, torch.from_numpy(np.asarray(stored, np.float32).copy()))
+        if not had_bias:
+            self.info.add_bias(layer.name, name)
+            self._nodes = {n.name: n for n in self.gm.graph.nodes}
+        return None if encoded.note is None else encoded.note

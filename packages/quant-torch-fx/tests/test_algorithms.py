@@ -1,0 +1,153 @@
+"""A config's algorithms on the torch backend: CLE before planning, AdaRound, AdaQuant and
+bias correction after calibration, through quant_algos' drivers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from models import conv_bn_net, images, mobile_block_net
+
+from quant_core.algorithm_config import (
+    AdaQuantConfig,
+    AdaRoundConfig,
+    BiasCorrectionConfig,
+    CLEConfig,
+    MixedPrecisionConfig,
+)
+from quant_core.presets import get_preset
+from quant_torch_fx import ModelQuantizer
+from quant_torch_fx.algorithms import TorchLayerRunner
+from quant_torch_fx.algorithms.probe import float_mode
+from quant_torch_fx.prepare import graph_info, weight_quantizers
+
+EXAMPLE = torch.zeros(1, 3, 8, 8)
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[torch.nn.Module, list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    net = mobile_block_net()
+    test = torch.cat(images(4, batch=16, seed=7))
+    with torch.no_grad():
+        reference = net(test)
+    return net, images(4, batch=16), test, reference
+
+
+@pytest.fixture(scope="module")
+def plain_output(data) -> torch.Tensor:
+    """The frozen plain xint8 model's output on the test images."""
+    net, calibration, test, _reference = data
+    with torch.no_grad():
+        return _quantize(net, calibration)(test)
+
+
+def _quantize(net: torch.nn.Module, calibration: list[torch.Tensor], *algorithms: object) -> torch.nn.Module:
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=algorithms), quiet=True)
+    return q.freeze(q.quantize_model(net, EXAMPLE, calibration))
+
+
+def _sqnr(y: torch.Tensor, reference: torch.Tensor) -> float:
+    return float(10 * torch.log10(reference.pow(2).mean() / (y - reference).pow(2).mean()))
+
+
+def test_cle_keeps_the_float_function_and_evens_the_channel_ranges(data) -> None:
+    net, calibration, test, reference = data
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(),)), quiet=True)
+    qmodel = q.quantize_model(net, EXAMPLE, calibration)
+    report = graph_info(qmodel).algorithms["cle"]
+    assert report["chains"], report
+    with float_mode(qmodel), torch.no_grad():
+        np.testing.assert_allclose(qmodel(test).numpy(), reference.numpy(), rtol=1e-4, atol=1e-4)
+    plain = ModelQuantizer("xint8", quiet=True).quantize_model(net, EXAMPLE, calibration)
+    first = report["chains"][0][0]
+
+    def spread(model: torch.nn.Module) -> float:
+        layer = next(layer for layer in TorchLayerRunner(model, []).layers() if layer.name == first)
+        ranges = np.abs(layer.float_weight).reshape(layer.out_channels, -1).max(axis=1)
+        return float(ranges.max() / ranges.min())
+
+    assert spread(qmodel) < spread(plain) / 2
+
+
+def test_adaround_raises_the_output_sqnr(data, plain_output) -> None:
+    net, calibration, test, reference = data
+    adaround = _quantize(net, calibration, AdaRoundConfig(num_iterations=300, num_samples=64))
+    with torch.no_grad():
+        gain = _sqnr(adaround(test), reference) - _sqnr(plain_output, reference)
+    assert gain > 1.0
+
+
+def test_adaround_codes_survive_freezing(data) -> None:
+    net, calibration, _test, _reference = data
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(AdaRoundConfig(num_iterations=50, num_samples=16),)))
+    q.quiet = True
+    qmodel = q.quantize_model(net, EXAMPLE, calibration)
+    before = {node: fq.current_qparams() for node, fq in weight_quantizers(qmodel)}
+    assert set(graph_info(qmodel).fixed_weights) == set(before)
+    frozen = q.freeze(qmodel)
+    for node, fq in weight_quantizers(frozen):
+        np.testing.assert_array_equal(fq.current_qparams().scale, before[node].scale)
+
+
+def test_bias_correction_lowers_the_mean_output_error(data, plain_output) -> None:
+    net, calibration, test, reference = data
+    corrected = _quantize(net, calibration, BiasCorrectionConfig(num_samples=64))
+    with torch.no_grad():
+        before = (plain_output - reference).mean(0).abs().mean()
+        after = (corrected(test) - reference).mean(0).abs().mean()
+    assert after < before / 2
+
+
+def test_adaquant_raises_the_output_sqnr(data, plain_output) -> None:
+    net, calibration, test, reference = data
+    adaquant = _quantize(net, calibration, AdaQuantConfig(num_iterations=100, num_samples=64))
+    with torch.no_grad():
+        assert _sqnr(adaquant(test), reference) > _sqnr(plain_output, reference) + 1.0
+
+
+def test_bias_correction_gives_a_bias_free_layer_a_bias_that_freezes_to_int32() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 4, bias=False)).eval()
+    calibration = [torch.randn(16, 3, 2, 2) + 0.5 for _ in range(2)]
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(BiasCorrectionConfig(num_samples=32),)), quiet=True)
+    qmodel = q.quantize_model(net, torch.zeros(1, 3, 2, 2), calibration)
+    slot = graph_info(qmodel).plan.biases[0]
+    assert slot.tensor, graph_info(qmodel).algorithms
+    frozen = q.freeze(qmodel)
+    encoded = graph_info(frozen).biases[slot.node]
+    assert encoded.codes is not None and encoded.codes.dtype == np.int32 and np.any(encoded.codes)
+
+
+def test_the_runner_describes_layers_as_the_plan_does(data) -> None:
+    net, calibration, _test, _reference = data
+    qmodel = ModelQuantizer("xint8", quiet=True).quantize_model(net, EXAMPLE, calibration)
+    runner = TorchLayerRunner(qmodel, [(x,) for x in calibration])
+    layers = runner.layers()
+    assert [(layer.op_type, layer.activation) for layer in layers] == [
+        ("Conv", "relu6"),
+        ("Conv", "relu6"),
+        ("Conv", "relu"),
+        ("Gemm", None),
+    ]
+    assert layers[1].geometry is not None and layers[1].geometry.groups == 8 and layers[1].geometry.pads == (1, 1, 1, 1)
+    assert runner.num_samples == 64 and all(layer.bias_allowed for layer in layers)
+    first = next(iter(runner.quantized_inputs(layers[0])))
+    assert first.shape == (16, 3, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "algorithms", "message"),
+    [
+        ({}, (MixedPrecisionConfig(max_layers=1),), "mixed_precision is not run by the torch backend"),
+        ({"regions": ["conv1"]}, (CLEConfig(),), "regions: the config's algorithms"),
+    ],
+)
+def test_what_the_backend_does_not_run_is_refused(kwargs, algorithms, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelQuantizer(get_preset("xint8").evolve(algorithms=algorithms), **kwargs)
+
+
+def test_qat_with_algorithms_is_refused() -> None:
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(),)), quiet=True)
+    with pytest.raises(ValueError, match="run with quantize_model"):
+        q.prepare_qat(conv_bn_net(), EXAMPLE)
