@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import doctest
 import importlib
-import importlib.util
 import pkgutil
 
 import pytest
@@ -20,8 +19,8 @@ def _module_names() -> list[str]:
 
 @pytest.mark.parametrize("name", _module_names())
 def test_doctests(name: str) -> None:
-    if name.startswith("quant_npu.vitis") and importlib.util.find_spec("torch") is None:
-        pytest.skip("quant_npu.vitis needs the [torch] extra")
+    if name.startswith("quant_npu.vitis"):
+        pytest.importorskip("torch", reason="quant_npu.vitis needs the [torch] extra")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert result.failed == 0, f"{result.failed} doctest(s) failed in {name}"

@@ -187,7 +187,7 @@ class torch_quantizer:  # the name Vitis AI users know (lower case)
         except ValueError as exc:
             raise RuntimeError(
                 f"fast_finetune: AdaRound does not run on this torch backend ({_first_line(exc)}); "
-                "quantize without fast_finetune, or run AdaRound on the exported ONNX model with quant-onnx"
+                "quantize without fast_finetune, or use quant-onnx's AdaRound on the float ONNX model"
             ) from None
         self.quant_model.recorded = []
         try:
