@@ -193,6 +193,13 @@ def test_test_mode_refuses_other_shapes_and_configs(tmp_path: Path) -> None:
     for batch in calib:
         quantizer.quant_model(batch)
     quantizer.export_quant_config()
+    import onnx
+
+    exported = torch_quantizer("test", net, (example,), output_dir=tmp_path, quiet=True).export_onnx_model(
+        tmp_path / "opset17", opset_version=17
+    )
+    assert exported == tmp_path / "opset17" / "Net_int.onnx"
+    assert [o.version for o in onnx.load(str(exported)).opset_import if o.domain in ("", "ai.onnx")] == [17]
     with pytest.raises(ValueError) as excinfo:
         torch_quantizer("test", net, (torch.randn(1, 3, 16, 16),), output_dir=tmp_path)
     assert _one_line(excinfo).startswith(

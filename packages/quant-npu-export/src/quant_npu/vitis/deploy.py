@@ -34,6 +34,7 @@ from quant_npu.legalize import LegalizeResult, legalize_model
 from quant_npu.profile import NPUProfile
 from quant_npu.quant_info import dumps, export_quant_info
 from quant_torch_fx import ModelQuantizer
+from quant_torch_fx.export import DEFAULT_OPSET
 
 QUANT_INFO_FILE = "quant_info.json"
 REPORT_FILE = "legalize_report.json"
@@ -52,9 +53,8 @@ def legalized(
     opset: int | None = None,
 ) -> LegalizeResult:
     """``model`` exported to QDQ ONNX by ``quantizer`` (``opset``: its default) and legalised for ``profile``."""
-    kwargs = {} if opset is None else {"opset": opset}
     with tempfile.TemporaryDirectory(prefix="quant_npu_vitis_") as tmp:
-        path = quantizer.export_onnx(model, inputs, Path(tmp) / "qdq.onnx", **kwargs)
+        path = quantizer.export_onnx(model, inputs, Path(tmp) / "qdq.onnx", opset=opset or DEFAULT_OPSET)
         return legalize_model(path, profile)
 
 
