@@ -26,6 +26,7 @@ nox.options.sessions = [
     "onnx",
     "torch_fx",
     "npu",
+    "npu_torch",
     "integration",
     "packaging",
     "lint",
@@ -116,6 +117,15 @@ def npu(session: nox.Session) -> None:
     session.install(CORE, ALGOS, ONNX, NPU, *TEST_DEPS)
     _assert_absent(session, "torch")
     session.run("quant-npu", "targets")
+    _pytest(session, f"{NPU}/tests")
+
+
+@nox.session
+def npu_torch(session: nox.Session) -> None:
+    """quant-npu-export with its [torch] extra: the Vitis AI-style flow (quant_npu.vitis) runs
+    with every other test of the package (the `npu` session skips it: no torch there)."""
+    session.install(TORCH)
+    session.install(CORE, ALGOS, ONNX, TORCH_FX, f"{NPU}[torch]", *TEST_DEPS)
     _pytest(session, f"{NPU}/tests")
 
 
