@@ -250,20 +250,23 @@ def test_state_dict_file_loads_the_float_weights(tmp_path: Path) -> None:
     assert not torch.equal(net.conv1.weight, trained.conv1.weight)  # the given module is unchanged
 
 
-def test_fast_finetune_says_what_is_missing(tmp_path: Path) -> None:
-    """AdaRound does not run on the torch backend yet: fast_finetune fails with one line
-    before running the user's function, and test mode has nothing to load."""
+def test_fast_finetune_then_load_ft_param_in_test_mode(tmp_path: Path) -> None:
+    """Vitis AI's order: calib, fast_finetune (AdaRound over the batches the user's function
+    feeds), export_quant_config; then test mode with load_ft_param computes what the
+    finetuned calib model computed."""
     net, example, calib = _net()
     quantizer = torch_quantizer("calib", net, (example,), output_dir=tmp_path, quiet=True)
+    for batch in calib:
+        quantizer.quant_model(batch)
     calls: list[int] = []
-    try:
-        quantizer.fast_finetune(
-            lambda model, data: calls.append(len(data)) or [model(b) for b in data], (quantizer.quant_model, calib)
-        )
-    except RuntimeError as exc:
-        assert "\n" not in str(exc) and str(exc).startswith(
-            "fast_finetune: AdaRound does not run on this torch backend"
-        )
-        assert calls == []
-    else:  # a backend that runs AdaRound: the finetuned state is on disk for load_ft_param
-        assert calls == [len(calib)] and quantizer.fast_finetuned and (tmp_path / "fast_finetune.pth").is_file()
+    quantizer.fast_finetune(
+        lambda model, data: calls.append(len(data)) or [model(b) for b in data], (quantizer.quant_model, calib)
+    )
+    assert calls == [len(calib)] and quantizer.fast_finetuned and (tmp_path / "fast_finetune.pth").is_file()
+    quantizer.export_quant_config()
+    with torch.no_grad():
+        finetuned = quantizer.quant_model(calib[0])
+    tester = torch_quantizer("test", net, (example,), output_dir=tmp_path, quiet=True)
+    tester.load_ft_param()
+    with torch.no_grad():
+        torch.testing.assert_close(tester.quant_model(calib[0]), finetuned, rtol=0, atol=0)

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 
 from quant_core.algorithm_config import AdaRoundConfig
+from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
 from quant_npu.vitis.deploy import deploy, legalized, onnx_name, write_quant_info
 from quant_npu.vitis.options import (
@@ -206,7 +208,9 @@ class torch_quantizer:  # the name Vitis AI users know (lower case)
         self.fast_finetuned = True
         self.output_dir.mkdir(parents=True, exist_ok=True)
         tensors = {k: v for k, v in finetuned.state_dict().items() if isinstance(v, torch.Tensor)}
-        torch.save(tensors, self.output_dir / FINETUNE_FILE)
+        buffer = io.BytesIO()
+        torch.save(tensors, buffer)
+        atomic_write(self.output_dir / FINETUNE_FILE, buffer.getvalue())
 
     # -------------------------------------------------------------------------------- test
     def load_ft_param(self) -> None:
