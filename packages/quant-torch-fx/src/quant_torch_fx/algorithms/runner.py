@@ -56,7 +56,8 @@ def conv_geometry(node: Node, kernel: Sequence[int]) -> ConvGeometry | None:
     stride = _pair(args[3] if args[3] is not None else kwargs.get("stride", 1))
     padding: Any = args[4] if args[4] is not None else kwargs.get("padding", 0)
     dilation = _pair(args[5] if args[5] is not None else kwargs.get("dilation", 1))
-    groups = int(args[6] if args[6] is not None else kwargs.get("groups", 1))
+    groups_arg: Any = args[6] if args[6] is not None else kwargs.get("groups", 1)
+    groups = int(groups_arg)
     if padding == "valid":
         pads = [0, 0, 0, 0]
     elif padding == "same":
