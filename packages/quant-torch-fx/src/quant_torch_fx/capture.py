@@ -27,6 +27,7 @@ import io
 import logging
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,15 @@ from torch.export import Dim
 from torch.fx import GraphModule
 
 from quant_torch_fx.errors import CaptureError
+
+
+def copy_captured(model: nn.Module) -> nn.Module:
+    """A deep copy of a module that holds captured graphs. Copying one makes torch 2.13's
+    own pytree code warn that its ``LeafSpec`` check is deprecated: torch's warning, not
+    something the user can act on, so it is silenced for this copy only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        return copy.deepcopy(model)
 
 
 def as_args(example_inputs: Any) -> tuple[Any, ...]:

@@ -32,7 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import io
 import os
 import warnings
@@ -51,7 +50,7 @@ from quant_core.dtypes import DType
 from quant_core.qdq import ACTIVATION_ENCODINGS, ActivationEncoding, encode_activation, required_opset
 from quant_core.qparams import QParams, quantize
 from quant_core.spec import RoundMode
-from quant_torch_fx.capture import as_args
+from quant_torch_fx.capture import as_args, copy_captured
 from quant_torch_fx.fake_quantize import fake_quantize_tensors
 from quant_torch_fx.prepare import (
     activation_quantizers,
@@ -161,7 +160,7 @@ class Dequantize(nn.Module):
 
 def _export_form(frozen: nn.Module, encoding: ActivationEncoding) -> tuple[nn.Module, set[DType]]:
     """A copy of ``frozen`` whose quantizers write QDQ, and the stored formats."""
-    model = copy.deepcopy(frozen)
+    model = copy_captured(frozen)
     formats: set[DType] = set()
     for gm in quantized_graphs(model):
         info = graph_info(gm)

@@ -28,8 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 from torch.fx import GraphModule, Node
@@ -38,6 +36,7 @@ from quant_core.bias import encode_bias
 from quant_core.dtypes import DType
 from quant_core.plan import plan_weight_qparams
 from quant_core.qdq import activation_is_absorbed
+from quant_torch_fx.capture import copy_captured
 from quant_torch_fx.modules import ConvBn, aten_op
 from quant_torch_fx.prepare import (
     WEIGHTS,
@@ -60,7 +59,7 @@ def freeze(model: nn.Module) -> nn.Module:
         )
     for gm in graphs:
         _check_ready(gm)
-    frozen = copy.deepcopy(model)
+    frozen = copy_captured(model)
     for gm in quantized_graphs(frozen):
         if graph_info(gm).frozen:
             continue

@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ from quant_core.qparams import QParams, dequantize
 from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
 from quant_torch_fx.algorithms.probe import Batch, float_mode, probe, run_probe, sample_count
 from quant_torch_fx.aten_map import op_name
+from quant_torch_fx.capture import copy_captured
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.prepare import activation_qparams_lookup, graph_info, weight_quantizers
 
@@ -90,7 +90,7 @@ class TorchLayerRunner:
         self.info = graph_info(gm)
         if self.info.mode != "ptq" or self.info.frozen:
             raise ValueError("algorithms: AdaRound, AdaQuant and bias correction run on a calibrated PTQ model")
-        self.float_gm = copy.deepcopy(gm)  # the float reference keeps the weights the walk rewrites
+        self.float_gm = copy_captured(gm)  # the float reference keeps the weights the walk rewrites
         self.batches = list(batches)
         self._count = sum(sample_count(b) for b in self.batches)
         self.notes: list[str] = []
