@@ -38,6 +38,10 @@ def _patch(target: str, k: int) -> list[int]:
 
 
 def main() -> int:
+    # A process started in the background of a non-interactive shell inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler: give it back, as in a
+    # terminal, so the test sees what a user pressing Ctrl-C sees however it was launched.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     target, k, *cli_args = sys.argv[1:]
     if target == "-":
         from quant_onnx.io.cli import main as plain_main
