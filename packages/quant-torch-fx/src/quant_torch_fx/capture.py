@@ -29,7 +29,7 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -38,8 +38,10 @@ from torch.fx import GraphModule
 
 from quant_torch_fx.errors import CaptureError
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-def copy_captured(model: nn.Module) -> nn.Module:
+
+def copy_captured(model: ModuleT) -> ModuleT:
     """A deep copy of a module that holds captured graphs. Copying one makes torch 2.13's
     own pytree code warn that its ``LeafSpec`` check is deprecated: torch's warning, not
     something the user can act on, so it is silenced for this copy only."""
