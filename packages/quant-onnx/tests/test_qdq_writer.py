@@ -216,6 +216,16 @@ def test_writer_options_are_validated() -> None:
         WriterOptions(activation_encoding="int8")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("preset", ["a8w8", "xint8"])
+def test_no_initializer_is_left_unread(preset: str) -> None:
+    # A dropped Clip's bounds and a kept Clip's dropped bound go with it: onnxruntime warns
+    # about (and every reader carries) initializers no node reads.
+    model = small_cnn()
+    _cal, quantized = quantize_in_memory(model, preset, random_inputs(model, 16))
+    read = {name for node in quantized.graph.node for name in node.input} | {o.name for o in quantized.graph.output}
+    assert [t.name for t in quantized.graph.initializer if t.name not in read] == []
+
+
 def test_kept_clip_loses_the_bound_saturation_applies() -> None:
     """Symmetric activations (zero point 128) cannot absorb Clip(0, 6)'s lower bound; when
     the upper bound saturates anyway the Clip becomes a Relu (onnxruntime overflows
@@ -229,6 +239,8 @@ def test_kept_clip_loses_the_bound_saturation_applies() -> None:
     _cal, quantized = quantize_in_memory(model, "xint8", data)
     ops = [n.op_type for n in quantized.graph.node]
     assert "Clip" not in ops and ops.count("Relu") == 1
+    read = {name for node in quantized.graph.node for name in node.input}
+    assert {lo, hi}.isdisjoint(t.name for t in quantized.graph.initializer) and not {lo, hi} & read
     expected = ort_run(model, data)[0]
     assert sqnr_db(expected, ort_run(quantized, data)[0]) > 25
     assert sqnr_db(expected, ort_run(quantized, data, "basic")[0]) > 25

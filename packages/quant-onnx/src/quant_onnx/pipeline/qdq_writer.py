@@ -174,7 +174,7 @@ class _Writer:
         self.after: dict[str, list[onnx.NodeProto]] = {}  # node name -> Q (and output DQ) after it
         self.head: list[onnx.NodeProto] = []
         self.removed_nodes: set[str] = set()
-        self.replaced: set[str] = set()  # float constants now stored as integers
+        self.replaced: set[str] = set()  # float constants now stored as integers, or no longer read
         self.vanished: set[str] = set()  # tensors that no longer exist
         self.dequantized: dict[str, str] = {}  # float tensor -> quantized integer initializer name
         self.notes: list[str] = []
@@ -259,6 +259,8 @@ class _Writer:
                 producer.output[i] = fused.post_tensor
         self.removed_nodes.add(fused.node)
         self.vanished.add(fused.pre_tensor)
+        # A Clip's bounds go with it (assemble() drops them unless something else reads them).
+        self.replaced.update(name for name in self.nodes[fused.node].input[1:] if name)
 
     def simplify_kept(self, fused: FusedActivation, qp: QParams) -> None:
         """A kept Clip whose upper bound saturation already applies loses that bound
@@ -270,8 +272,10 @@ class _Writer:
             return
         if lo == 0.0:
             node.op_type = "Relu"
+            self.replaced.update(name for name in node.input[1:] if name)
             del node.input[1:]
         elif len(node.input) > 2:
+            self.replaced.update(name for name in node.input[2:] if name)
             del node.input[2:]
 
     def constant(self, name: str) -> np.ndarray | None:
