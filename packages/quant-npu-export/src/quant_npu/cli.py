@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-EXIT_OK = 0
+from quant_onnx.io.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
+
 EXIT_VIOLATIONS = 1
-EXIT_BAD_INPUT = 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,18 +143,8 @@ def _targets(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    """Run the CLI; returns the exit status (0 ok, 1 rule violations, 2 bad input, 130 interrupted)."""
     commands = {
         "check": _check,
         "legalize": _legalize,
@@ -162,11 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export-info": _export_info,
         "targets": _targets,
     }
-    try:
-        return commands[args.command](args)
-    except (ValueError, OSError) as exc:
-        print(f"quant-npu: error: {_one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return run_command("quant-npu", build_parser(), commands, argv)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+from quant_onnx.io.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -289,35 +287,10 @@ def _compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
     commands = {"quantize": _quantize, "inspect": _inspect, "compare": _compare}
-    try:
-        return commands[args.command](args)
-    except KeyboardInterrupt:
-        return _fail("interrupted; no partial file was left", EXIT_INTERRUPTED)
-    except (ValueError, OSError, ImportError) as exc:  # ImportError: a missing optional extra
-        return _fail(f"error: {_one_line(exc)}", EXIT_BAD_INPUT)
-    except RuntimeError as exc:  # onnxruntime rejects what the checks could not see
-        return _fail(f"error: onnxruntime: {_one_line(exc)}", EXIT_BAD_INPUT)
-
-
-def _fail(message: str, status: int) -> int:
-    """Erase the progress bars a failed phase left, then one line on stderr."""
-    if "quant_algos.progress" in sys.modules:  # a bar can only be open if a phase ran
-        sys.modules["quant_algos.progress"].clear_open_bars()
-    print(f"quant-onnx: {message}", file=sys.stderr)
-    return status
+    return run_command("quant-onnx", build_parser(), commands, argv)
 
 
 if __name__ == "__main__":

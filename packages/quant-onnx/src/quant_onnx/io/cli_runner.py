@@ -1,0 +1,64 @@
+"""How the command-line tools end: one line on stderr and an exit status for every refused
+input (2) and for Ctrl-C (130), never a traceback. Shared by ``quant-onnx`` and
+``quant-npu``.
+
+Example:
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="demo")
+    >>> _ = parser.add_subparsers(dest="command").add_parser("fail")
+    >>> def fail(args):
+    ...     raise ValueError("calib-data: 'x.npy' does not exist\\nmore detail")
+    >>> import contextlib, io
+    >>> with contextlib.redirect_stderr(io.StringIO()) as err:
+    ...     status = run_command("demo", parser, {"fail": fail}, ["fail"])
+    >>> status, err.getvalue()
+    (2, "demo: error: calib-data: 'x.npy' does not exist\\n")
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def fail(prog: str, message: str, status: int) -> int:
+    """Erase the progress bars a failed phase left, then ``prog: message`` on stderr."""
+    if "quant_algos.progress" in sys.modules:  # a bar can only be open if a phase ran
+        sys.modules["quant_algos.progress"].clear_open_bars()
+    print(f"{prog}: {message}", file=sys.stderr)
+    return status
+
+
+def run_command(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    commands: Mapping[str, Callable[[argparse.Namespace], int]],
+    argv: Sequence[str] | None,
+) -> int:
+    """Parse ``argv``, run the chosen command, and turn what it raises into an exit status:
+    130 on Ctrl-C (outputs are written atomically, so nothing partial is left), 2 with one
+    line for bad input (``ValueError``, ``OSError``, a missing optional extra's
+    ``ImportError``, onnxruntime's ``RuntimeError`` on what the checks could not see)."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        return commands[args.command](args)
+    except KeyboardInterrupt:
+        return fail(prog, "interrupted; no partial file was left", EXIT_INTERRUPTED)
+    except (ValueError, OSError, ImportError) as exc:
+        return fail(prog, f"error: {one_line(exc)}", EXIT_BAD_INPUT)
+    except RuntimeError as exc:
+        return fail(prog, f"error: onnxruntime: {one_line(exc)}", EXIT_BAD_INPUT)
