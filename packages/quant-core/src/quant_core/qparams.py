@@ -132,6 +132,39 @@ class QParams:
     __hash__ = None  # type: ignore[assignment]
 
 
+def qparams_to_data(qp: QParams) -> dict[str, Any]:
+    """Every field of ``qp`` as JSON-ready values (float32 scales print exactly as JSON
+    numbers and come back bit for bit): what checkpoints and state files store.
+
+    Example:
+        >>> qp = QParams.per_tensor(0.25, 0, "int8", rounding="half_up")
+        >>> qparams_from_data(qparams_to_data(qp)) == qp
+        True
+    """
+    return {
+        "scale": np.asarray(qp.scale, np.float32).tolist(),
+        "zero_point": np.asarray(qp.zero_point).tolist(),
+        "dtype": qp.dtype.value,
+        "axis": qp.axis,
+        "narrow_range": qp.narrow_range,
+        "fix_pos": None if qp.fix_pos is None else np.asarray(qp.fix_pos).tolist(),
+        "rounding": qp.rounding.value,
+    }
+
+
+def qparams_from_data(data: dict[str, Any]) -> QParams:
+    """The :class:`QParams` :func:`qparams_to_data` wrote (arrays in place of lists work too)."""
+    return QParams(
+        scale=np.asarray(data["scale"], np.float32),
+        zero_point=np.asarray(data["zero_point"], np.int64),
+        dtype=DType.parse(data["dtype"]),
+        axis=data["axis"],
+        narrow_range=bool(data["narrow_range"]),
+        fix_pos=None if data["fix_pos"] is None else np.asarray(data["fix_pos"], np.int64),
+        rounding=data["rounding"],
+    )
+
+
 def symmetric_zero_point(dtype: DType) -> int:
     """Zero point of a symmetric spec: 0 for signed formats, the mid-code for unsigned."""
     return 0 if dtype.signed else (dtype.qmax + 1) // 2

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from quant_core.observers import Observer, make_observer
-from quant_core.qparams import QParams, scale_from_fix_pos
+from quant_core.qparams import QParams, qparams_from_data, qparams_to_data, scale_from_fix_pos
 from quant_core.spec import QuantSpec, ScaleType
 from quant_torch_fx.fake_quantize import code_dtype, fake_quantize_tensors
 from quant_torch_fx.observe import BatchSync, observe
@@ -249,7 +249,7 @@ class FakeQuantizer(nn.Module):
     def get_extra_state(self) -> dict[str, Any]:
         return {
             "observer": self.observer.state_dict(),
-            "qparams": None if self.qparams is None else _qparams_state(self.qparams),
+            "qparams": None if self.qparams is None else qparams_to_data(self.qparams),
             "observing": self.observing,
             "quantizing": self.quantizing,
             "initialized": self.initialized,
@@ -259,7 +259,7 @@ class FakeQuantizer(nn.Module):
         self.observer = Observer.from_state_dict(state["observer"])
         self.observing = bool(state["observing"])
         self.quantizing = bool(state["quantizing"])
-        self.qparams = None if state["qparams"] is None else _qparams_from_state(state["qparams"])
+        self.qparams = None if state["qparams"] is None else qparams_from_data(state["qparams"])
         self.initialized = bool(state["initialized"])
 
     def extra_repr(self) -> str:
@@ -269,29 +269,3 @@ class FakeQuantizer(nn.Module):
 def code_dtype_of(spec: QuantSpec) -> torch.dtype:
     """The float type of a spec's codes (float32 up to 16 bits, float64 above)."""
     return torch.float64 if spec.dtype.bits > 16 else torch.float32
-
-
-def _qparams_state(qp: QParams) -> dict[str, Any]:
-    return {
-        "scale": np.asarray(qp.scale).copy(),
-        "zero_point": np.asarray(qp.zero_point).copy(),
-        "dtype": qp.dtype.value,
-        "axis": qp.axis,
-        "narrow_range": qp.narrow_range,
-        "fix_pos": None if qp.fix_pos is None else np.asarray(qp.fix_pos).copy(),
-        "rounding": qp.rounding.value,
-    }
-
-
-def _qparams_from_state(state: dict[str, Any]) -> QParams:
-    from quant_core.dtypes import DType
-
-    return QParams(
-        scale=np.asarray(state["scale"], np.float32),
-        zero_point=np.asarray(state["zero_point"], np.int64),
-        dtype=DType.parse(state["dtype"]),
-        axis=state["axis"],
-        narrow_range=bool(state["narrow_range"]),
-        fix_pos=None if state["fix_pos"] is None else np.asarray(state["fix_pos"], np.int64),
-        rounding=state["rounding"],
-    )

@@ -5,7 +5,7 @@ config, with what the calibration saw of the model (its class and input shapes) 
 different model is refused rather than given the wrong qparams.
 
 Example:
-    >>> from quant_core.qparams import QParams
+    >>> from quant_core.qparams import QParams, qparams_from_data, qparams_to_data
     >>> qp = QParams.per_tensor(0.25, 0, "int8")
     >>> qparams_from_data(qparams_to_data(qp)) == qp
     True
@@ -17,13 +17,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from torch import nn
 
 from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
-from quant_core.dtypes import DType
-from quant_core.qparams import QParams
+from quant_core.qparams import qparams_from_data, qparams_to_data
 from quant_core.serialization import config_to_json, load_config, save_config
 from quant_torch_fx.prepare import activation_quantizers, quantized_graphs, weight_quantizers
 from quant_torch_fx.quantizer import FakeQuantizer
@@ -32,32 +30,6 @@ CONFIG_FILE = "quant_config.json"
 QPARAMS_FILE = "qparams.json"
 FORMAT = "quant_npu.vitis qparams"
 FORMAT_VERSION = 1
-
-
-def qparams_to_data(qp: QParams) -> dict[str, Any]:
-    """JSON-ready qparams (float32 scales print exactly as JSON numbers)."""
-    return {
-        "scale": np.asarray(qp.scale, np.float32).tolist(),
-        "zero_point": np.asarray(qp.zero_point).tolist(),
-        "dtype": qp.dtype.value,
-        "axis": qp.axis,
-        "narrow_range": qp.narrow_range,
-        "fix_pos": None if qp.fix_pos is None else np.asarray(qp.fix_pos).tolist(),
-        "rounding": qp.rounding.value,
-    }
-
-
-def qparams_from_data(data: dict[str, Any]) -> QParams:
-    """The :class:`QParams` :func:`qparams_to_data` wrote."""
-    return QParams(
-        scale=np.asarray(data["scale"], np.float32),
-        zero_point=np.asarray(data["zero_point"], np.int64),
-        dtype=DType.parse(data["dtype"]),
-        axis=data["axis"],
-        narrow_range=bool(data["narrow_range"]),
-        fix_pos=None if data["fix_pos"] is None else np.asarray(data["fix_pos"], np.int64),
-        rounding=data["rounding"],
-    )
 
 
 def _quantizers(model: nn.Module) -> list[dict[str, FakeQuantizer]]:
