@@ -149,5 +149,22 @@ def test_what_the_backend_does_not_run_is_refused(kwargs, algorithms, message) -
 
 def test_qat_with_algorithms_is_refused() -> None:
     q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(),)), quiet=True)
-    with pytest.raises(ValueError, match="run with quantize_model"):
+    with pytest.raises(ValueError, match=r"cle run with quantize_model.*fold_batch_norm=True"):
         q.prepare_qat(conv_bn_net(), EXAMPLE)
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(), AdaRoundConfig())), quiet=True)
+    with pytest.raises(ValueError, match=r"config\.algorithms: adaround run with quantize_model"):
+        q.prepare_qat(conv_bn_net(), EXAMPLE, fold_batch_norm=True)
+
+
+def test_qat_on_folded_batch_norm_starts_from_the_cle_ptq_model(data) -> None:
+    net, calibration, test, _reference = data
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(),)), quiet=True)
+    ptq = q.quantize_model(net, EXAMPLE, calibration)
+    qat = q.prepare_qat(net, EXAMPLE, calib_loader=calibration, fold_batch_norm=True)
+    assert graph_info(qat).algorithms["cle"] == graph_info(ptq).algorithms["cle"]
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in qat.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(qat.eval()(test), ptq(test))
+    frozen = q.freeze(qat)
+    with torch.no_grad():
+        torch.testing.assert_close(frozen(test), q.freeze(ptq)(test))

@@ -35,6 +35,22 @@ def test_lsq_gradients_match_the_paper() -> None:
     torch.testing.assert_close(x.grad, upstream * inside)
 
 
+def test_lsq_per_channel_scale_gradients_sum_over_each_channel() -> None:
+    torch.manual_seed(1)
+    x = (torch.randn(4, 300) * 3).requires_grad_()
+    s = torch.tensor([[0.05], [0.02], [0.1], [0.01]], requires_grad=True)
+    zero = torch.tensor([[0.0], [3.0], [-2.0], [0.0]])
+    y = lsq_fake_quantize(x, s, zero, 0, 255, RoundMode.HALF_EVEN, grad_scale=0.5)
+    upstream = torch.randn(4, 300)
+    (y * upstream).sum().backward()
+    v = x.detach() / s.detach()
+    shifted = torch.round(v) + zero
+    inside = (shifted >= 0) & (shifted <= 255)
+    ds = torch.where(inside, torch.round(v) - v, torch.clamp(shifted, 0, 255) - zero)
+    torch.testing.assert_close(s.grad, (upstream * ds).sum(dim=1, keepdim=True) * 0.5, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x.grad, upstream * inside)
+
+
 def test_tqt_scales_are_powers_of_two_and_the_threshold_gradient_is_ln2_scaled() -> None:
     torch.manual_seed(0)
     x = torch.randn(400) * 2
@@ -213,3 +229,29 @@ def test_distillation_loss_is_kl_for_logits_and_mse_otherwise() -> None:
     torch.testing.assert_close(distillation_loss(s, t), expected)
     a, b = torch.ones(2, 3, 4), torch.zeros(2, 3, 4)
     torch.testing.assert_close(distillation_loss((a,), (b,)), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_weight_lr_per_step_gives_each_quantized_weight_a_rate_of_its_own_step(fold: bool) -> None:
+    from quant_torch_fx.training import default_optimizer, quantized_weights
+
+    net = conv_bn_net()
+    q = ModelQuantizer("xint8", quiet=True)
+    qat = q.prepare_qat(net, torch.zeros(1, 3, 8, 8), calib_loader=images(2), fold_batch_norm=fold)
+    found = quantized_weights(qat)
+    assert len(found) == 3  # conv1, conv2 (depthwise), the linear head
+    for parameter, step in found:
+        # the step in the parameter's own units: fake quantization moves no weight by more than half of it
+        assert step > 0 and parameter.requires_grad
+    if fold:  # plain weights: the quantizer's scale itself
+        scales = sorted(float(np.mean(fq.current_qparams().scale)) for _n, fq in weight_quantizers(qat))
+        assert sorted(step for _p, step in found) == pytest.approx(scales)
+    optimizer = default_optimizer(qat, 1e-5, 1e-3, weight_lr_per_step=0.01)
+    rates = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    for parameter, step in found:
+        assert rates[id(parameter)] == pytest.approx(0.01 * step)
+    biases = [p for name, p in qat.named_parameters() if name.endswith("bias")]
+    assert biases and all(rates[id(p)] == 1e-5 for p in biases)
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(qat.parameters()))
+    with pytest.raises(ValueError, match="weight_lr_per_step: 0 is out of range"):
+        default_optimizer(qat, 1e-5, 1e-3, weight_lr_per_step=0)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from quant_core.algorithm_config import CLEConfig
 from quant_core.config import QuantConfig
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
@@ -119,13 +120,15 @@ class ModelQuantizer:
         *,
         mode: str = "ptq",
         float_pass: Callable[[torch.fx.GraphModule], dict[str, Any]] | None = None,
+        fold_batch_norms: bool | None = None,
     ) -> nn.Module:
         """The instrumented model, not yet calibrated (``mode``: ``"ptq"`` or ``"qat"``).
-        ``float_pass`` edits the normalised float graph before planning (CLE)."""
+        ``float_pass`` edits the normalised float graph before planning (CLE);
+        ``fold_batch_norms`` (default: PTQ only) folds batch norm into the convolutions."""
         args = as_args(example_inputs)
         if self.regions is None:
             gm = capture(model, args, dynamic_batch=self.dynamic_batch)
-            return self._instrument(gm, mode, float_pass)
+            return self._instrument(gm, mode, float_pass, fold_batch_norms)
         root = copy.deepcopy(model).eval()
         recorded = record_inputs(root, args)
         names = sorted(self.regions)
@@ -140,7 +143,7 @@ class ModelQuantizer:
             if name not in recorded:
                 raise ValueError(f"regions: {name!r} is not called when the model runs on the example inputs")
             gm = capture(sub, recorded[name], dynamic_batch=self.dynamic_batch)
-            root.set_submodule(name, self._instrument(gm, mode))
+            root.set_submodule(name, self._instrument(gm, mode, None, fold_batch_norms))
         return root
 
     def _instrument(
@@ -148,6 +151,7 @@ class ModelQuantizer:
         gm: torch.fx.GraphModule,
         mode: str,
         float_pass: Callable[[torch.fx.GraphModule], dict[str, Any]] | None = None,
+        fold_batch_norms: bool | None = None,
     ) -> torch.fx.GraphModule:
         return prepare_graph(
             gm,
@@ -157,6 +161,7 @@ class ModelQuantizer:
             exclude_module_types=self.exclude_module_types,
             share_concat_scales=self.share_concat_scales,
             float_pass=float_pass,
+            fold_batch_norms=fold_batch_norms,
         )
 
     def signature(self, example_inputs: Any) -> InputSignature:
@@ -202,14 +207,32 @@ class ModelQuantizer:
         *,
         calib_loader: Iterable[Any] | None = None,
         num_batches: int | None = None,
+        fold_batch_norm: bool = False,
     ) -> nn.Module:
         """A model to train with quantization in the loop (train mode). Batch norm after a
-        convolution is simulated folded; learnable qparams (``qat_method``) start from a
+        convolution is simulated folded, or with ``fold_batch_norm`` folded into it now (its
+        statistics final: what training with ``freeze_batch_norm=True`` does anyway, at less
+        cost per step); the config's CLE then runs first, on the folded float graph, as
+        ``quantize_model`` runs it. Learnable qparams (``qat_method``) start from a
         calibration over ``calib_loader`` when given, else from the first training batch."""
+        allowed = (CLEConfig.kind,) if fold_batch_norm else ()
+        refused = [type(a).kind for a in self.config.algorithms if type(a).kind not in allowed]
+        if refused:
+            raise ValueError(
+                f"config.algorithms: {', '.join(refused)} run with quantize_model (PTQ); allowed with QAT: "
+                f"{CLEConfig.kind}, with fold_batch_norm=True"
+            )
+        float_pass = None
         if self.config.algorithms:
-            kinds = ", ".join(type(a).kind for a in self.config.algorithms)
-            raise ValueError(f"config.algorithms: {kinds} run with quantize_model (PTQ); allowed with QAT: none")
-        prepared = self.prepare(model, example_inputs, mode="qat")
+            held = None
+            if calib_loader is not None:  # read twice: by CLE's checks, then by the calibration
+                signature = self.signature(example_inputs)
+                held = list(itertools.islice(batches(calib_loader, signature, model_device(model)), num_batches))
+                calib_loader = held
+            float_pass = pre_pass(self.config, held)
+        prepared = self.prepare(
+            model, example_inputs, mode="qat", float_pass=float_pass, fold_batch_norms=fold_batch_norm
+        )
         enable_qat(prepared, self.qat_method, compiled=self.compile_fake_quant)
         if calib_loader is not None:
             self.calibrate(prepared, calib_loader, example_inputs, num_batches=num_batches)

@@ -145,7 +145,8 @@ class ConvBn(nn.Module):
         self.bn = bn
         self.weight_quantizer: FakeQuantizer | None = None
 
-    def _factor(self) -> torch.Tensor:
+    def batch_norm_factor(self) -> torch.Tensor:
+        """``gamma / sqrt(running_var + eps)`` per output channel: what folding multiplies the weight by."""
         bn = self.bn
         assert bn.running_var is not None
         gamma = bn.weight if bn.weight is not None else torch.ones_like(bn.running_var)
@@ -158,7 +159,7 @@ class ConvBn(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A zero gamma zeroes the folded weight; dividing by 1 there keeps the output finite
         # (the batch norm then writes beta, as the folded bias does).
-        factor = self._factor()
+        factor = self.batch_norm_factor()
         factor = torch.where(factor == 0, torch.ones_like(factor), factor)
         shape = (-1,) + (1,) * (self.weight.dim() - 1)
         weight = self.weight * factor.reshape(shape)

@@ -202,15 +202,17 @@ def prepare_graph(
     only_modules: Sequence[str] | None = None,
     share_concat_scales: bool = True,
     float_pass: Callable[[GraphModule], dict[str, Any]] | None = None,
+    fold_batch_norms: bool | None = None,
 ) -> GraphModule:
     """Normalise, plan and instrument ``gm`` (a captured graph module; changed in place and
     returned). ``mode``: ``"ptq"`` or ``"qat"``. Module exclusions become node exclusions in
     the config the planner sees (see :func:`~quant_torch_fx.graph_plan.excluded_nodes`).
     ``float_pass`` edits the normalised float graph before it is planned (CLE) and returns
-    its reports by algorithm kind."""
+    its reports by algorithm kind. Batch norm after a convolution is folded into it with
+    ``fold_batch_norms`` (default: in PTQ only; QAT otherwise simulates it, see ``ConvBn``)."""
     if mode not in ("ptq", "qat"):
         raise ValueError(f"mode: {mode!r} is not allowed; allowed: ptq, qat")
-    normalize(gm, fold_batch_norms=mode == "ptq")
+    normalize(gm, fold_batch_norms=mode == "ptq" if fold_batch_norms is None else fold_batch_norms)
     reports = {} if float_pass is None else float_pass(gm)
     view = build_plan_graph(gm)
     excluded = excluded_nodes(

@@ -77,10 +77,11 @@ class _FakeQuantize(torch.autograd.Function):
         q = shifted.clamp(qmin, qmax)
         inside = q == shifted
         codes = q if centred_zero else q - zero_point  # integer codes relative to the zero point
+        # LSQ's d out / d scale is round(v) - v inside the range and the clipped code outside,
+        # i.e. codes - v * inside: backward forms its sum as dot(g, codes) - dot(g * inside, v)
+        # from the input gradient it computes anyway, so nothing is materialised for it here.
         if ctx.needs_input_grad[1]:
-            # d out / d scale (LSQ): round(v) - v inside the range, the clipped code outside;
-            # inside, the code is round(v), so both cases are codes - v * inside (one pass).
-            ctx.save_for_backward(inside, torch.addcmul(codes, v, inside, value=-1.0), scale)
+            ctx.save_for_backward(inside, codes, v, scale)
         else:
             ctx.save_for_backward(inside)
         ctx.grad_factor = grad_factor
@@ -90,14 +91,16 @@ class _FakeQuantize(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         grad = grads[0]
         saved = ctx.saved_tensors
-        grad_x = grad * saved[0]
+        # where() reads the bool mask as is (multiplying by it would first convert it to float)
+        grad_x = torch.where(saved[0], grad, 0.0)
         grad_scale = None
         if ctx.needs_input_grad[1]:
-            _inside, d_scale, scale = saved
+            _inside, codes, v, scale = saved
             if scale.numel() == 1:
-                total = torch.dot(grad.reshape(-1), d_scale.reshape(-1)).reshape(scale.shape)
+                total = torch.dot(grad.reshape(-1), codes.reshape(-1)) - torch.dot(grad_x.reshape(-1), v.reshape(-1))
+                total = total.reshape(scale.shape)
             else:
-                total = _reduce_to(grad * d_scale, scale.shape)
+                total = _reduce_to(grad * codes - grad_x * v, scale.shape)
             grad_scale = total * ctx.grad_factor
         return grad_x, grad_scale, None, None, None, None, None, None
 

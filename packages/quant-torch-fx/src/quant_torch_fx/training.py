@@ -24,15 +24,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx import Node
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from quant_torch_fx.calibrate import model_device
 from quant_torch_fx.data import labels_of, loader_length
 from quant_torch_fx.errors import DataError
-from quant_torch_fx.modules import GraphBatchNorm
+from quant_torch_fx.modules import ConvBn, GraphBatchNorm
+from quant_torch_fx.prepare import graph_info, quantized_graphs, quantizer
 from quant_torch_fx.quantizer import FakeQuantizer
 
 EpochCallback = Callable[[int, nn.Module], dict[str, float] | None]
@@ -77,16 +80,54 @@ def learnable_quantizers(model: nn.Module) -> list[FakeQuantizer]:
     return [m for m in model.modules() if isinstance(m, FakeQuantizer) and m.learned is not None]
 
 
-def default_optimizer(model: nn.Module, lr: float, qparam_lr: float | None) -> torch.optim.Optimizer:
+def quantized_weights(model: nn.Module) -> list[tuple[nn.Parameter, float]]:
+    """Each quantized weight parameter of ``model`` with the mean quantization step, in
+    its own units, its quantizer applies now (for a ``ConvBn``, the folded weight's step
+    divided by the batch-norm factor). Quantizers must have qparams (calibrated or
+    initialised)."""
+    found: list[tuple[nn.Parameter, float]] = []
+    for gm in quantized_graphs(model):
+        paths = set(graph_info(gm).weights.values())
+        for node in gm.graph.nodes:
+            source = node.args[0] if node.op == "call_module" and node.args else None
+            if str(node.target) in paths and isinstance(source, Node) and source.op == "get_attr":
+                owner, _, leaf = str(source.target).rpartition(".")
+                parameter = getattr(gm.get_submodule(owner) if owner else gm, leaf)
+                if isinstance(parameter, nn.Parameter):
+                    scale = quantizer(gm, str(node.target)).current_qparams().scale
+                    found.append((parameter, float(np.mean(scale))))
+        for module in gm.modules():
+            if isinstance(module, ConvBn) and module.weight_quantizer is not None:
+                scale = np.asarray(module.weight_quantizer.current_qparams().scale, np.float64)
+                factor = module.batch_norm_factor().detach().abs().to(torch.float64).cpu().numpy()
+                found.append((module.weight, float(np.mean(scale / np.maximum(factor, 1e-12)))))
+    return found
+
+
+def default_optimizer(
+    model: nn.Module, lr: float, qparam_lr: float | None, weight_lr_per_step: float | None = None
+) -> torch.optim.Optimizer:
     """Adam: weights at ``lr``; TQT log2 thresholds at ``qparam_lr`` (default ``10 * lr``, in
     log2 units); each LSQ scale at ``qparam_lr`` times its own magnitude (Adam's steps do not
     scale with the gradient, so a scale of 0.01 would otherwise move by whole multiples of
-    itself). Learnable qparams must be initialised first (see :func:`train_qat`)."""
+    itself). With ``weight_lr_per_step``, each quantized weight learns at that fraction of
+    its own quantization step instead (:func:`quantized_weights`): per-tensor power-of-two
+    steps differ by orders of magnitude between a depthwise and a pointwise layer, so one
+    rate is too slow for one and too noisy for the other. Learnable qparams must be
+    initialised first (see :func:`train_qat`)."""
+    if weight_lr_per_step is not None and not weight_lr_per_step > 0:
+        raise ValueError(f"weight_lr_per_step: {weight_lr_per_step!r} is out of range; allowed: a number > 0")
     rate = qparam_lr if qparam_lr is not None else 10 * lr
     learners = learnable_quantizers(model)
     ids = {id(fq.learned) for fq in learners}
+    groups: list[dict[str, Any]] = []
+    if weight_lr_per_step is not None:
+        for parameter, step in quantized_weights(model):
+            if parameter.requires_grad and id(parameter) not in ids:
+                ids.add(id(parameter))
+                groups.append({"params": [parameter], "lr": weight_lr_per_step * step})
     weights = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
-    groups: list[dict[str, Any]] = [{"params": weights, "lr": lr}]
+    groups.insert(0, {"params": weights, "lr": lr})
     thresholds = [fq.learned for fq in learners if fq.learning == "tqt"]
     if thresholds:
         groups.append({"params": thresholds, "lr": rate})
@@ -125,6 +166,7 @@ def train_qat(
     optimizer: torch.optim.Optimizer | None = None,
     lr: float = 1e-4,
     qparam_lr: float | None = None,
+    weight_lr_per_step: float | None = None,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     temperature: float = 1.0,
     freeze_batch_norm: bool = False,
@@ -136,7 +178,8 @@ def train_qat(
     """Train ``model`` for ``epochs`` over ``loader`` (see the module docstring). Returns
     one record per epoch: mean loss, batch count, and what ``on_epoch_end(epoch, model)``
     returned. ``freeze_batch_norm`` keeps batch-norm statistics fixed (small data sets);
-    ``scheduler`` (if given) steps once per batch."""
+    ``scheduler`` (if given) steps once per batch; ``lr``, ``qparam_lr`` and
+    ``weight_lr_per_step`` make the default optimizer (:func:`default_optimizer`)."""
     if epochs < 1:
         raise ValueError(f"epochs: {epochs!r} is out of range; allowed: an integer >= 1")
     criterion = loss_fn or F.cross_entropy
@@ -145,7 +188,7 @@ def train_qat(
         for item in loader:
             initialize_learnables(model, _inputs(item, num_inputs, 0, device))
             break
-        optimizer = default_optimizer(model, lr, qparam_lr)
+        optimizer = default_optimizer(model, lr, qparam_lr, weight_lr_per_step)
     if teacher is not None:
         teacher.eval()
     history: list[dict[str, float]] = []
