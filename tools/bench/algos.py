@@ -122,22 +122,35 @@ def _with_algorithms(preset: str, *kinds: str) -> Callable[[], Any]:
     return build
 
 
-def _xint8_tuned() -> Any:
+def _xint8_tuned(batch_size: int | None = None, iterations: int | None = None) -> Callable[[], Any]:
     """xint8 with MinMSE power-of-two weight scales (the activations' observer, applied to
-    each weight), CLE, and AdaRound at Quark's learning rate 0.1."""
-    from quant_core.algorithm_config import AdaRoundConfig, CLEConfig
-    from quant_core.observer_config import PowerOfTwoMSE
-    from quant_core.presets import get_preset
+    each weight), CLE, and AdaRound at Quark's learning rate 0.1 (``batch_size``,
+    ``iterations``: AdaRound's, default its config's)."""
 
-    config = get_preset("xint8")
-    weight = config.global_config.weight
-    assert weight is not None
-    global_config = attrs.evolve(config.global_config, weight=weight.evolve(observer=PowerOfTwoMSE()))
-    return config.evolve(
-        global_config=global_config,
-        algorithms=(CLEConfig(), AdaRoundConfig(learning_rate=0.1)),
-        name="xint8+mse_weights+cle+adaround_lr0.1",
-    )
+    def make() -> Any:
+        from quant_core.algorithm_config import AdaRoundConfig, CLEConfig
+        from quant_core.observer_config import PowerOfTwoMSE
+        from quant_core.presets import get_preset
+
+        config = get_preset("xint8")
+        weight = config.global_config.weight
+        assert weight is not None
+        global_config = attrs.evolve(config.global_config, weight=weight.evolve(observer=PowerOfTwoMSE()))
+        adaround = AdaRoundConfig(learning_rate=0.1)
+        if batch_size is not None:
+            adaround = attrs.evolve(adaround, batch_size=batch_size)
+        if iterations is not None:
+            adaround = attrs.evolve(adaround, num_iterations=iterations)
+        suffix = ("" if batch_size is None else f"_batch{batch_size}") + (
+            "" if iterations is None else f"_{iterations}it"
+        )
+        return config.evolve(
+            global_config=global_config,
+            algorithms=(CLEConfig(), adaround),
+            name=f"xint8+mse_weights+cle+adaround_lr0.1{suffix}",
+        )
+
+    return make
 
 
 ROWS: dict[str, Row] = {
@@ -150,7 +163,16 @@ ROWS: dict[str, Row] = {
         Row("xint8_cle", "xint8 + CLE", _preset("int8_cnn_cle")),
         Row("xint8_cle_adaround", "xint8 + CLE + AdaRound", _with_algorithms("xint8", "cle", "adaround")),
         Row("xint8_adaround", "xint8 + AdaRound", _with_algorithms("xint8", "adaround")),
-        Row("xint8_tuned", "xint8, MinMSE weights + CLE + AdaRound (lr 0.1)", _xint8_tuned),
+        Row("xint8_tuned", "xint8, MinMSE weights + CLE + AdaRound (lr 0.1)", _xint8_tuned()),
+        *(
+            Row(f"xint8_tuned_b{b}", f"xint8, MinMSE weights + CLE + AdaRound (lr 0.1, batch {b})", _xint8_tuned(b))
+            for b in (2, 4, 8)
+        ),
+        Row(
+            "xint8_tuned_b4_4k",
+            "xint8, MinMSE weights + CLE + AdaRound (lr 0.1, batch 4, 4000 iterations)",
+            _xint8_tuned(4, 4000),
+        ),
         Row("xint8_cle_bc", "xint8 + CLE + bias correction", _with_algorithms("xint8", "cle", "bias_correction")),
         Row(
             "xint8_cle_adaround_bc",
