@@ -180,14 +180,18 @@ class ModelQuantizer:
             calibrate(prepared, calib_loader, self.signature(example_inputs), num_batches=num_batches, quiet=self.quiet)
             return prepared.eval()
         # The algorithms read the calibration set several times: it is held (on the model's device).
-        held = list(
-            itertools.islice(batches(calib_loader, self.signature(example_inputs), model_device(model)), num_batches)
-        )
+        held = self._hold(calib_loader, model, example_inputs, num_batches)
         prepared = self.prepare(model, example_inputs, mode="ptq", float_pass=pre_pass(self.config, held))
         calibrate(prepared, held, self.signature(example_inputs), quiet=self.quiet)
         assert isinstance(prepared, torch.fx.GraphModule)
         run_post_passes(prepared, self.config, held, quiet=self.quiet)
         return prepared.eval()
+
+    def _hold(self, loader: Iterable[Any], model: nn.Module, example_inputs: Any, num_batches: int | None) -> list[Any]:
+        """The loader's first ``num_batches`` checked batches, on the model's device, as a list
+        (for passes that read the calibration set more than once)."""
+        signature = self.signature(example_inputs)
+        return list(itertools.islice(batches(loader, signature, model_device(model)), num_batches))
 
     def calibrate(
         self, prepared: nn.Module, calib_loader: Iterable[Any], example_inputs: Any, *, num_batches: int | None = None
@@ -226,9 +230,7 @@ class ModelQuantizer:
         if self.config.algorithms:
             held = None
             if calib_loader is not None:  # read twice: by CLE's checks, then by the calibration
-                signature = self.signature(example_inputs)
-                held = list(itertools.islice(batches(calib_loader, signature, model_device(model)), num_batches))
-                calib_loader = held
+                held = calib_loader = self._hold(calib_loader, model, example_inputs, num_batches)
             float_pass = pre_pass(self.config, held)
         prepared = self.prepare(
             model, example_inputs, mode="qat", float_pass=float_pass, fold_batch_norms=fold_batch_norm

@@ -146,21 +146,22 @@ class ConvBn(nn.Module):
         self.weight_quantizer: FakeQuantizer | None = None
 
     def batch_norm_factor(self) -> torch.Tensor:
-        """``gamma / sqrt(running_var + eps)`` per output channel: what folding multiplies the weight by."""
+        """What the simulated fold multiplies the weight by, per output channel:
+        ``gamma / sqrt(running_var + eps)``, or 1 where that is 0. A zero gamma zeroes the
+        folded weight; scaling by 1 there keeps the output finite (the batch norm then writes
+        beta, as the folded bias does)."""
         bn = self.bn
         assert bn.running_var is not None
         gamma = bn.weight if bn.weight is not None else torch.ones_like(bn.running_var)
-        return gamma / torch.sqrt(bn.running_var + bn.eps)
+        factor = gamma / torch.sqrt(bn.running_var + bn.eps)
+        return torch.where(factor == 0, torch.ones_like(factor), factor)
 
     def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The weight and bias the frozen model will hold (eval statistics, float64 fold)."""
         return fold_batch_norm(self.weight, self.bias, self.bn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # A zero gamma zeroes the folded weight; dividing by 1 there keeps the output finite
-        # (the batch norm then writes beta, as the folded bias does).
         factor = self.batch_norm_factor()
-        factor = torch.where(factor == 0, torch.ones_like(factor), factor)
         shape = (-1,) + (1,) * (self.weight.dim() - 1)
         weight = self.weight * factor.reshape(shape)
         if self.weight_quantizer is not None:

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm  # type: ignore[import-untyped]
 from quant_torch_fx.calibrate import model_device
 from quant_torch_fx.data import labels_of, loader_length
 from quant_torch_fx.errors import DataError
+from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm
 from quant_torch_fx.prepare import graph_info, quantized_graphs, quantizer
 from quant_torch_fx.quantizer import FakeQuantizer
@@ -83,7 +84,7 @@ def learnable_quantizers(model: nn.Module) -> list[FakeQuantizer]:
 def quantized_weights(model: nn.Module) -> list[tuple[nn.Parameter, float]]:
     """Each quantized weight parameter of ``model`` with the mean quantization step, in
     its own units, its quantizer applies now (for a ``ConvBn``, the folded weight's step
-    divided by the batch-norm factor). Quantizers must have qparams (calibrated or
+    divided by :meth:`~quant_torch_fx.modules.ConvBn.batch_norm_factor`). Quantizers must have qparams (calibrated or
     initialised)."""
     found: list[tuple[nn.Parameter, float]] = []
     for gm in quantized_graphs(model):
@@ -91,8 +92,7 @@ def quantized_weights(model: nn.Module) -> list[tuple[nn.Parameter, float]]:
         for node in gm.graph.nodes:
             source = node.args[0] if node.op == "call_module" and node.args else None
             if str(node.target) in paths and isinstance(source, Node) and source.op == "get_attr":
-                owner, _, leaf = str(source.target).rpartition(".")
-                parameter = getattr(gm.get_submodule(owner) if owner else gm, leaf)
+                parameter = get_attr_value(gm, source)
                 if isinstance(parameter, nn.Parameter):
                     scale = quantizer(gm, str(node.target)).current_qparams().scale
                     found.append((parameter, float(np.mean(scale))))
@@ -100,7 +100,7 @@ def quantized_weights(model: nn.Module) -> list[tuple[nn.Parameter, float]]:
             if isinstance(module, ConvBn) and module.weight_quantizer is not None:
                 scale = np.asarray(module.weight_quantizer.current_qparams().scale, np.float64)
                 factor = module.batch_norm_factor().detach().abs().to(torch.float64).cpu().numpy()
-                found.append((module.weight, float(np.mean(scale / np.maximum(factor, 1e-12)))))
+                found.append((module.weight, float(np.mean(scale / factor))))
     return found
 
 
