@@ -181,6 +181,15 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+def load_torch_runtime() -> None:
+    """Import torch and what its optimizers load on first use (``torch._dynamo``, sympy:
+    about 80 MB). A job whose work trains with torch calls this in its setup, so that the
+    imports count in its memory baseline, as Quark's ``import quark.onnx`` loads torch
+    before its work starts."""
+    import torch
+    import torch._dynamo  # noqa: F401  (torch.optim.Adam imports it when first built)
+
+
 def _run_job(spec_path: str) -> None:
     """Child side of :func:`measure_in_subprocess` (``python -m tools.bench.common --job SPEC``)."""
     spec = json.loads(Path(spec_path).read_text())

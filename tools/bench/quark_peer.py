@@ -135,6 +135,7 @@ def quark_job(
     """Subprocess setup (``measure_in_subprocess``): import Quark, load model and data; the work quantizes."""
     import onnx
 
+    common.load_torch_runtime()  # as the torch rows of tools.bench.algos do
     # Imported here so that their loggers exist when the work attaches to them.
     import quark.onnx.algorithm.finetuning.fast_finetune
     import quark.onnx.algorithm.finetuning.train_torch.train_model  # noqa: F401

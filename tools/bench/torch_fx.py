@@ -303,12 +303,17 @@ class Shuffled:
             yield torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx])
 
 
-def qat_quantizer(cle: bool) -> Any:
-    """``xint8``, with CLE first when ``cle`` (QAT then folds batch norm: CLE needs it folded)."""
+def qat_quantizer(cle: bool, adaround: bool = False) -> Any:
+    """``xint8``, with CLE first when ``cle`` (QAT then folds batch norm: CLE needs it folded);
+    ``adaround``: the tuned PTQ recipe of ``tools.bench.algos`` (MinMSE weights, CLE, AdaRound
+    at batch 4) instead, so that training starts from its model."""
     from quant_core.algorithm_config import CLEConfig
     from quant_core.presets import get_preset
     from quant_torch_fx import ModelQuantizer
+    from tools.bench.algos import ADAROUND_BATCH, xint8_tuned
 
+    if adaround:
+        return ModelQuantizer(xint8_tuned(ADAROUND_BATCH)(), quiet=True)
     config = get_preset("xint8")
     return ModelQuantizer(config.evolve(algorithms=(CLEConfig(),)) if cle else config, quiet=True)
 
@@ -362,10 +367,11 @@ def part_qat_effnet(args: argparse.Namespace, results: dict[str, Any]) -> None:
         teacher = np.concatenate([model(b).numpy() for b in batches(calib_x, 50)])
     # Batch norm is frozen while training on 512 crops, so folding it first changes nothing but
     # the cost of a step, and lets CLE even out the depthwise weight ranges before training.
-    q = qat_quantizer(args.effnet_cle)
+    q = qat_quantizer(args.effnet_cle, args.effnet_adaround)
     calib = batches(calib_x, CALIB_BATCH)
     start = time.perf_counter()
-    qat = q.prepare_qat(model, example(name), calib_loader=calib, fold_batch_norm=args.effnet_cle)
+    fold = args.effnet_cle or args.effnet_adaround
+    qat = q.prepare_qat(model, example(name), calib_loader=calib, fold_batch_norm=fold)
     ptq_agreement = metric(name, predict(qat, x_eval, batch=50), float_eval)
     curve = [{"epoch": 0, "agreement": ptq_agreement, "seconds": time.perf_counter() - start}]
     print("epoch 0 (PTQ start)", curve[-1], flush=True)
@@ -408,7 +414,8 @@ def part_qat_effnet(args: argparse.Namespace, results: dict[str, Any]) -> None:
         "qparam_lr": args.effnet_qparam_lr,
         "weight_lr_per_step": args.effnet_weight_lr_per_step,
         "batch": args.effnet_batch,
-        "cle_folded_batch_norm": args.effnet_cle,
+        "cle_folded_batch_norm": fold,
+        "adaround_start": args.effnet_adaround,
     }
     print(results["qat_effnet"], flush=True)
 
@@ -565,6 +572,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="each quantized weight's learning rate as a fraction of its quantization step")  # fmt: skip
     parser.add_argument("--no-effnet-cle", dest="effnet_cle", action="store_false",
                         help="QAT without CLE, batch norm simulated rather than folded")  # fmt: skip
+    parser.add_argument("--effnet-adaround", action="store_true",
+                        help="start QAT from the tuned AdaRound PTQ model (tools.bench.algos' xint8_tuned_b4)")
     parser.add_argument("--effnet-epochs", type=int, default=30)
     parser.add_argument("--effnet-budget", type=float, default=1800.0, help="seconds; the issue's limit is 30 min")
     parser.add_argument("--effnet-stop", type=float, default=1.01, help="stop once agreement reaches this")

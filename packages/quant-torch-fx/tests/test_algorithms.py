@@ -147,13 +147,32 @@ def test_what_the_backend_does_not_run_is_refused(kwargs, algorithms, message) -
         ModelQuantizer(get_preset("xint8").evolve(algorithms=algorithms), **kwargs)
 
 
-def test_qat_with_algorithms_is_refused() -> None:
+def test_qat_with_algorithms_needs_folded_batch_norm_and_data() -> None:
     q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(),)), quiet=True)
     with pytest.raises(ValueError, match=r"cle run with quantize_model.*fold_batch_norm=True"):
         q.prepare_qat(conv_bn_net(), EXAMPLE)
     q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(), AdaRoundConfig())), quiet=True)
-    with pytest.raises(ValueError, match=r"config\.algorithms: adaround run with quantize_model"):
+    with pytest.raises(ValueError, match=r"config\.algorithms: cle, adaround run with quantize_model"):
+        q.prepare_qat(conv_bn_net(), EXAMPLE)
+    with pytest.raises(ValueError, match=r"calib_loader: config\.algorithms adaround run on calibration data"):
         q.prepare_qat(conv_bn_net(), EXAMPLE, fold_batch_norm=True)
+
+
+def test_qat_starts_from_the_adaround_ptq_model_and_learns_its_own_weight_qparams(data) -> None:
+    net, calibration, test, _reference = data
+    config = get_preset("xint8").evolve(algorithms=(CLEConfig(), AdaRoundConfig(num_iterations=50, num_samples=32)))
+    q = ModelQuantizer(config, quiet=True)
+    ptq = q.quantize_model(net, EXAMPLE, calibration)
+    qat = q.prepare_qat(net, EXAMPLE, calib_loader=calibration, fold_batch_norm=True)
+    assert qat.training
+    learned = [[(r["name"], r["loss"]) for r in graph_info(m).algorithms["adaround"]["layers"]] for m in (qat, ptq)]
+    assert learned[0] == learned[1] and len(learned[0]) == 4
+    assert graph_info(ptq).fixed_weights and not graph_info(qat).fixed_weights
+    with torch.no_grad():
+        torch.testing.assert_close(qat.eval()(test), ptq(test))
+        torch.testing.assert_close(q.freeze(qat)(test), q.freeze(ptq)(test))
+    # the weights stay trainable parameters
+    assert any(p.requires_grad and p.ndim == 4 for p in qat.parameters())
 
 
 def test_qat_on_folded_batch_norm_starts_from_the_cle_ptq_model(data) -> None:

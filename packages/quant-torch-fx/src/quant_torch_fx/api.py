@@ -48,7 +48,7 @@ from quant_core.algorithm_config import CLEConfig
 from quant_core.config import QuantConfig
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
-from quant_torch_fx.algorithms.passes import check_algorithms, pre_pass, run_post_passes
+from quant_torch_fx.algorithms.passes import POST_CALIBRATION, check_algorithms, pre_pass, run_post_passes
 from quant_torch_fx.calibrate import calibrate, finish_calibration, model_device, run_batches, start_observing
 from quant_torch_fx.capture import as_args, capture, record_inputs
 from quant_torch_fx.data import InputSignature, batches
@@ -216,20 +216,26 @@ class ModelQuantizer:
         """A model to train with quantization in the loop (train mode). Batch norm after a
         convolution is simulated folded, or with ``fold_batch_norm`` folded into it now (its
         statistics final: what training with ``freeze_batch_norm=True`` does anyway, at less
-        cost per step); the config's CLE then runs first, on the folded float graph, as
-        ``quantize_model`` runs it. Learnable qparams (``qat_method``) start from a
-        calibration over ``calib_loader`` when given, else from the first training batch."""
-        allowed = (CLEConfig.kind,) if fold_batch_norm else ()
-        refused = [type(a).kind for a in self.config.algorithms if type(a).kind not in allowed]
+        cost per step); the config's algorithms then run as ``quantize_model`` runs them
+        (CLE on the folded float graph; AdaRound, AdaQuant and bias correction after the
+        calibration over ``calib_loader``), so training starts from the PTQ model.
+        Learnable qparams (``qat_method``) start from a calibration over ``calib_loader``
+        when given, else from the first training batch."""
+        kinds = [type(a).kind for a in self.config.algorithms]
+        allowed = (CLEConfig.kind, *POST_CALIBRATION) if fold_batch_norm else ()
+        refused = [kind for kind in kinds if kind not in allowed]
         if refused:
             raise ValueError(
                 f"config.algorithms: {', '.join(refused)} run with quantize_model (PTQ); allowed with QAT: "
-                f"{CLEConfig.kind}, with fold_batch_norm=True"
+                f"{', '.join((CLEConfig.kind, *POST_CALIBRATION))}, with fold_batch_norm=True"
             )
+        post = [kind for kind in kinds if kind in POST_CALIBRATION]
+        if post and calib_loader is None:
+            raise ValueError(f"calib_loader: config.algorithms {', '.join(post)} run on calibration data; pass one")
         float_pass = None
+        held = None
         if self.config.algorithms:
-            held = None
-            if calib_loader is not None:  # read twice: by CLE's checks, then by the calibration
+            if calib_loader is not None:  # read several times: by CLE's checks, the calibration, the passes
                 held = calib_loader = self._hold(calib_loader, model, example_inputs, num_batches)
             float_pass = pre_pass(self.config, held)
         prepared = self.prepare(
@@ -240,6 +246,11 @@ class ModelQuantizer:
             self.calibrate(prepared, calib_loader, example_inputs, num_batches=num_batches)
         elif self.qat_method == "ste":
             raise ValueError("prepare_qat: qat_method 'ste' keeps calibrated qparams; pass calib_loader")
+        if post:
+            assert isinstance(prepared, torch.fx.GraphModule) and held is not None
+            run_post_passes(prepared.eval(), self.config, held, quiet=self.quiet)
+            # Training goes on from the learned codes, and freezing keeps the qparams QAT learns.
+            graph_info(prepared).fixed_weights.clear()
         return prepared.train()
 
     # ------------------------------------------------------------------------ freeze, export

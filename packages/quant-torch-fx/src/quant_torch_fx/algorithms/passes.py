@@ -25,7 +25,9 @@ from quant_torch_fx.algorithms.probe import Batch, take_samples
 from quant_torch_fx.algorithms.runner import TorchLayerRunner
 from quant_torch_fx.prepare import graph_info
 
-SUPPORTED = (CLEConfig.kind, AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
+#: Algorithms that run on the calibrated graph (after CLE, planning and calibration).
+POST_CALIBRATION = (AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
+SUPPORTED = (CLEConfig.kind, *POST_CALIBRATION)
 
 
 def check_algorithms(config: QuantConfig) -> None:
@@ -59,8 +61,8 @@ def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[
 
 
 def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batch], *, quiet: bool = False) -> None:
-    """AdaRound, AdaQuant and bias correction as configured, on the calibrated PTQ graph
-    ``gm`` (in place); their reports go to the graph's ``algorithms``."""
+    """AdaRound, AdaQuant and bias correction as configured, on the calibrated graph
+    ``gm`` (PTQ, or QAT with batch norm folded; in place, in eval mode); their reports go to the graph's ``algorithms``."""
     info = graph_info(gm)
     for kind, cls in (("adaround", AdaRoundConfig), ("adaquant", AdaQuantConfig)):
         for cfg in _configured(config, cls.kind):

@@ -1,5 +1,5 @@
-"""The torch :class:`~quant_algos.drivers.runner.LayerRunner`: a calibrated PTQ graph
-module is the quantized model, a copy of it with every quantizer passing through is the
+"""The torch :class:`~quant_algos.drivers.runner.LayerRunner`: a calibrated graph
+module (PTQ, or QAT with batch norm folded) is the quantized model, a copy of it with every quantizer passing through is the
 float model; the layer-wise drivers of ``quant_algos`` (AdaRound, AdaQuant, bias
 correction) walk them and write back through it.
 
@@ -38,6 +38,7 @@ from quant_torch_fx.algorithms.probe import Batch, float_mode, probe, run_probe,
 from quant_torch_fx.aten_map import op_name
 from quant_torch_fx.capture import copy_captured
 from quant_torch_fx.graph_passes import get_attr_value
+from quant_torch_fx.modules import ConvBn
 from quant_torch_fx.prepare import activation_qparams_lookup, graph_info, weight_quantizers
 
 
@@ -77,8 +78,8 @@ def _oi(qp: QParams, transposed: bool) -> QParams:
 
 
 class TorchLayerRunner:
-    """A :class:`~quant_algos.drivers.runner.LayerRunner` over a calibrated PTQ graph
-    module ``gm`` (changed in place) on held ``batches`` (model inputs on its device).
+    """A :class:`~quant_algos.drivers.runner.LayerRunner` over a calibrated graph
+    module ``gm`` (PTQ, or QAT with batch norm folded) (changed in place) on held ``batches`` (model inputs on its device).
 
     Example:
         >>> TorchLayerRunner.__name__
@@ -88,8 +89,12 @@ class TorchLayerRunner:
     def __init__(self, gm: GraphModule, batches: Sequence[Batch]) -> None:
         self.gm = gm
         self.info = graph_info(gm)
-        if self.info.mode != "ptq" or self.info.frozen:
-            raise ValueError("algorithms: AdaRound, AdaQuant and bias correction run on a calibrated PTQ model")
+        simulated_batch_norm = any(isinstance(m, ConvBn) for m in gm.modules())
+        if self.info.frozen or simulated_batch_norm:
+            raise ValueError(
+                "algorithms: AdaRound, AdaQuant and bias correction run on a calibrated model before freezing: "
+                "PTQ, or QAT with batch norm folded (prepare_qat(fold_batch_norm=True))"
+            )
         self.float_gm = copy_captured(gm)  # the float reference keeps the weights the walk rewrites
         self.batches = list(batches)
         self._count = sum(sample_count(b) for b in self.batches)
