@@ -572,8 +572,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="each quantized weight's learning rate as a fraction of its quantization step")  # fmt: skip
     parser.add_argument("--no-effnet-cle", dest="effnet_cle", action="store_false",
                         help="QAT without CLE, batch norm simulated rather than folded")  # fmt: skip
-    parser.add_argument("--effnet-adaround", action="store_true",
-                        help="start QAT from the tuned AdaRound PTQ model (tools.bench.algos' xint8_tuned_b4)")
+    parser.add_argument(
+        "--effnet-adaround",
+        action="store_true",
+        help="start QAT from the tuned AdaRound PTQ model (tools.bench.algos' xint8_tuned_b4)",
+    )
     parser.add_argument("--effnet-epochs", type=int, default=30)
     parser.add_argument("--effnet-budget", type=float, default=1800.0, help="seconds; the issue's limit is 30 min")
     parser.add_argument("--effnet-stop", type=float, default=1.01, help="stop once agreement reaches this")
