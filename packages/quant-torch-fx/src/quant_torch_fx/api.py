@@ -44,11 +44,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from quant_core.algorithm_config import CLEConfig
 from quant_core.config import QuantConfig
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
-from quant_torch_fx.algorithms.passes import POST_CALIBRATION, check_algorithms, pre_pass, run_post_passes
+from quant_torch_fx.algorithms.passes import (
+    POST_CALIBRATION,
+    SUPPORTED,
+    check_algorithms,
+    pre_pass,
+    run_post_passes,
+)
 from quant_torch_fx.calibrate import calibrate, finish_calibration, model_device, run_batches, start_observing
 from quant_torch_fx.capture import as_args, capture, record_inputs
 from quant_torch_fx.data import InputSignature, batches
@@ -222,12 +227,12 @@ class ModelQuantizer:
         Learnable qparams (``qat_method``) start from a calibration over ``calib_loader``
         when given, else from the first training batch."""
         kinds = [type(a).kind for a in self.config.algorithms]
-        allowed = (CLEConfig.kind, *POST_CALIBRATION) if fold_batch_norm else ()
+        allowed = SUPPORTED if fold_batch_norm else ()
         refused = [kind for kind in kinds if kind not in allowed]
         if refused:
             raise ValueError(
                 f"config.algorithms: {', '.join(refused)} run with quantize_model (PTQ); allowed with QAT: "
-                f"{', '.join((CLEConfig.kind, *POST_CALIBRATION))}, with fold_batch_norm=True"
+                f"{', '.join(SUPPORTED)}, with fold_batch_norm=True"
             )
         post = [kind for kind in kinds if kind in POST_CALIBRATION]
         if post and calib_loader is None:

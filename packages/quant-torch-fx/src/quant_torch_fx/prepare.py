@@ -83,7 +83,8 @@ class QuantGraphInfo:
     Args:
         plan: the planner's decisions.
         config: the config the plan came from (module exclusions added).
-        mode: ``"ptq"`` (batch norm folded) or ``"qat"`` (batch norm simulated).
+        mode: ``"ptq"`` (batch norm folded) or ``"qat"`` (batch norm simulated, or folded
+            with ``fold_batch_norms``).
         activation: group key -> quantizer path.
         weights: weighted plan node -> weight quantizer path.
         weighted: weighted plan node -> FX node name (its call).

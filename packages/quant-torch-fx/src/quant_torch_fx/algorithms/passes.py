@@ -62,7 +62,8 @@ def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[
 
 def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batch], *, quiet: bool = False) -> None:
     """AdaRound, AdaQuant and bias correction as configured, on the calibrated graph
-    ``gm`` (PTQ, or QAT with batch norm folded; in place, in eval mode); their reports go to the graph's ``algorithms``."""
+    ``gm`` (PTQ, or QAT with batch norm folded; in place, in eval mode); their reports go
+    to the graph's ``algorithms``."""
     info = graph_info(gm)
     for kind, cls in (("adaround", AdaRoundConfig), ("adaquant", AdaQuantConfig)):
         for cfg in _configured(config, cls.kind):

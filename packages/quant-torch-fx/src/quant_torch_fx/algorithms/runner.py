@@ -1,6 +1,6 @@
 """The torch :class:`~quant_algos.drivers.runner.LayerRunner`: a calibrated graph
-module (PTQ, or QAT with batch norm folded) is the quantized model, a copy of it with every quantizer passing through is the
-float model; the layer-wise drivers of ``quant_algos`` (AdaRound, AdaQuant, bias
+module (PTQ, or QAT with batch norm folded) is the quantized model, a copy of it with
+every quantizer passing through is the float model; the layer-wise drivers of ``quant_algos`` (AdaRound, AdaQuant, bias
 correction) walk them and write back through it.
 
 Everything a driver needs to quantize comes from the calibrated graph: weight qparams
@@ -79,7 +79,8 @@ def _oi(qp: QParams, transposed: bool) -> QParams:
 
 class TorchLayerRunner:
     """A :class:`~quant_algos.drivers.runner.LayerRunner` over a calibrated graph
-    module ``gm`` (PTQ, or QAT with batch norm folded) (changed in place) on held ``batches`` (model inputs on its device).
+    module ``gm`` (PTQ, or QAT with batch norm folded; changed in place) on held
+    ``batches`` (model inputs on its device).
 
     Example:
         >>> TorchLayerRunner.__name__
