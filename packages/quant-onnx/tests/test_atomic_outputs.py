@@ -35,7 +35,6 @@ ALLOWED = {
     ("io/report.py", "atomic_write"),  # write_report
     ("tensor_data.py", "open"),  # reading external data ("rb")
     ("io/data.py", "open"),  # Image.open (reading)
-    ("algorithms/capture.py", "save"),  # live tensors a layer-wise walk spills to its private temporary folder
 }
 
 

@@ -26,8 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -35,6 +33,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES, LiveStore
 from quant_onnx.errors import DataError, ModelError
 from quant_onnx.graph import GraphIndex, node_inputs
 from quant_onnx.pipeline.calibrate import inference_session
@@ -188,86 +187,6 @@ def _node_key(node: onnx.NodeProto) -> str:
     return next(o for o in node.output if o)
 
 
-#: Live tensors a walk keeps in memory before it spills the rest to disk: the walk's memory
-#: then stays bounded whatever the calibration count (EfficientNet-Lite0 at 256 samples
-#: holds about 5 GB of live activations).
-LIVE_MEMORY_BYTES = 256 << 20
-
-
-class LiveStore:
-    """Tensors of every batch that a walk still needs: in memory up to ``budget`` bytes,
-    the rest as ``.npy`` files in a private temporary folder (read back whole, one batch at
-    a time, and deleted when released). Every batch holds the same tensor names.
-
-    Example:
-        >>> store = LiveStore([{"x": np.zeros(4, np.float32)}], budget=0)
-        >>> store.put(0, "y", np.ones(2, np.float32)); store.get(0, "y").tolist(), store.spilled
-        ([1.0, 1.0], 2)
-        >>> store.close()
-    """
-
-    def __init__(self, batches: Sequence[Feeds], budget: int = LIVE_MEMORY_BYTES) -> None:
-        self.budget = budget
-        self.in_memory = 0
-        self._memory: list[dict[str, np.ndarray]] = [{} for _ in batches]
-        self._files: list[dict[str, str]] = [{} for _ in batches]
-        self._directory: tempfile.TemporaryDirectory[str] | None = None
-        self._written = 0
-        for i, batch in enumerate(batches):
-            for name, value in batch.items():
-                self.put(i, name, np.asarray(value))
-
-    def __len__(self) -> int:
-        return len(self._memory)
-
-    @property
-    def spilled(self) -> int:
-        """Tensors held on disk now."""
-        return sum(len(files) for files in self._files)
-
-    def names(self) -> set[str]:
-        return set(self._memory[0]) | set(self._files[0]) if self._memory else set()
-
-    def put(self, batch: int, name: str, value: np.ndarray) -> None:
-        self.drop_one(batch, name)
-        if self.in_memory + value.nbytes <= self.budget:
-            self._memory[batch][name] = value
-            self.in_memory += value.nbytes
-            return
-        if self._directory is None:
-            self._directory = tempfile.TemporaryDirectory(prefix="quant-onnx-live-")
-        self._written += 1
-        path = os.path.join(self._directory.name, f"{self._written}.npy")
-        np.save(path, value, allow_pickle=False)
-        self._files[batch][name] = path
-
-    def get(self, batch: int, name: str) -> np.ndarray:
-        if name in self._memory[batch]:
-            return self._memory[batch][name]
-        return np.load(self._files[batch][name], allow_pickle=False)
-
-    def drop_one(self, batch: int, name: str) -> None:
-        value = self._memory[batch].pop(name, None)
-        if value is not None:
-            self.in_memory -= value.nbytes
-        path = self._files[batch].pop(name, None)
-        if path is not None:
-            os.remove(path)
-
-    def drop(self, name: str) -> None:
-        for batch in range(len(self)):
-            self.drop_one(batch, name)
-
-    def close(self) -> None:
-        """Forget every tensor and delete the files."""
-        if self._directory is not None:
-            self._directory.cleanup()
-            self._directory = None
-        self._memory = [{} for _ in self._memory]
-        self._files = [{} for _ in self._files]
-        self.in_memory = 0
-
-
 class IncrementalRunner:
     """Runs a model piece by piece over fixed batches, keeping each batch's live tensors.
 
@@ -277,7 +196,7 @@ class IncrementalRunner:
     yields the requested ones batch by batch (consume them all: the walk's state advances
     as the batches run). With ``commit=False`` nothing is remembered: how a pass evaluates
     one layer before changing it. Live tensors beyond ``memory_budget`` bytes wait on disk
-    (:class:`LiveStore`), so memory does not grow with the number of samples.
+    (:class:`~quant_algos.drivers.live_store.LiveStore`), so memory does not grow with the number of samples.
 
     Example:
         >>> import numpy as np
@@ -294,7 +213,10 @@ class IncrementalRunner:
     """
 
     def __init__(self, batches: Sequence[Feeds], memory_budget: int = LIVE_MEMORY_BYTES) -> None:
-        self._live = LiveStore(batches, memory_budget)
+        self._live = LiveStore(len(batches), memory_budget)
+        for i, batch in enumerate(batches):
+            for name, value in batch.items():
+                self._live.put(i, name, np.asarray(value))
         self._done: set[str] = set()
 
     @property

@@ -5,10 +5,11 @@ correction) walk them and write back through it.
 
 Everything a driver needs to quantize comes from the calibrated graph: weight qparams
 from its weight quantizers (:func:`quant_core.plan.plan_weight_qparams` set them), the
-bias rule's inputs from the plan's bias slots and the activation quantizers. A layer's
-input and output are read by cutting the graph at that node
-(:func:`~quant_torch_fx.algorithms.probe.probe`) and running it over the held batches on
-the model's device; they become numpy only where the drivers' protocol takes them.
+bias rule's inputs from the plan's bias slots and the activation quantizers. Layer inputs
+and outputs are read by walking each model node by node over the held batches
+(:class:`~quant_torch_fx.algorithms.incremental.IncrementalGraphRunner`: every node runs
+once per model for a whole walk) on the model's device; they become numpy only where the
+drivers' protocol takes them.
 
 Learned weight codes are written as the values they stand for, and their qparams are
 pinned (:attr:`~quant_torch_fx.prepare.QuantGraphInfo.fixed_weights`): freezing keeps
@@ -29,12 +30,14 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
+from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES
 from quant_algos.drivers.runner import QuantLayer
 from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.bias import encode_bias
 from quant_core.qparams import QParams, dequantize
 from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
-from quant_torch_fx.algorithms.probe import Batch, float_mode, probe, run_probe, sample_count
+from quant_torch_fx.algorithms.incremental import IncrementalGraphRunner
+from quant_torch_fx.algorithms.probe import Batch, float_mode, sample_count
 from quant_torch_fx.aten_map import op_name
 from quant_torch_fx.capture import copy_captured
 from quant_torch_fx.graph_passes import get_attr_value
@@ -87,7 +90,7 @@ class TorchLayerRunner:
         'TorchLayerRunner'
     """
 
-    def __init__(self, gm: GraphModule, batches: Sequence[Batch]) -> None:
+    def __init__(self, gm: GraphModule, batches: Sequence[Batch], *, memory_budget: int = LIVE_MEMORY_BYTES) -> None:
         self.gm = gm
         self.info = graph_info(gm)
         simulated_batch_norm = any(isinstance(m, ConvBn) for m in gm.modules())
@@ -99,6 +102,11 @@ class TorchLayerRunner:
         self.float_gm = copy_captured(gm)  # the float reference keeps the weights the walk rewrites
         self.batches = list(batches)
         self._count = sum(sample_count(b) for b in self.batches)
+        # Each walk holds at most ``memory_budget`` bytes of live tensors; the rest wait on disk.
+        self._quantized = IncrementalGraphRunner(gm, self.batches, memory_budget=memory_budget)
+        self._reference = IncrementalGraphRunner(
+            self.float_gm, self.batches, memory_budget=memory_budget, context=lambda: float_mode(self.float_gm)
+        )
         self.notes: list[str] = []
         self._nodes = {node.name: node for node in gm.graph.nodes}
         self._quantizers = dict(weight_quantizers(gm))
@@ -171,21 +179,26 @@ class TorchLayerRunner:
     def _fx(self, layer: QuantLayer) -> Node:
         return self._nodes[self.info.weighted[layer.name]]
 
-    def _run(self, gm: GraphModule, name: str) -> Iterator[np.ndarray]:
-        for (value,) in run_probe(probe(gm, [name]), self.batches):
+    @staticmethod
+    def _run(walk: IncrementalGraphRunner, name: str, *, commit: bool = True) -> Iterator[np.ndarray]:
+        for (value,) in walk.compute([name], commit=commit):
             yield value.detach().float().cpu().numpy()
+
+    def close(self) -> None:
+        """Delete the live tensors the walks left on disk."""
+        self._quantized.close()
+        self._reference.close()
 
     def quantized_inputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
         source = self._fx(layer).args[0]
         assert isinstance(source, Node)
-        yield from self._run(self.gm, source.name)
+        yield from self._run(self._quantized, source.name)
 
     def quantized_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
-        yield from self._run(self.gm, self._fx(layer).name)
+        yield from self._run(self._quantized, self._fx(layer).name, commit=False)
 
     def float_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
-        with float_mode(self.float_gm):
-            yield from self._run(self.float_gm, self._fx(layer).name)
+        yield from self._run(self._reference, self._fx(layer).name)
 
     # --- write back ----------------------------------------------------------------------
     def set_weight_codes(self, layer: QuantLayer, codes: np.ndarray) -> None:
