@@ -254,3 +254,13 @@ def test_algos_rows_build_configs() -> None:
     assert [type(a).kind for a in ROWS["xint8_cle"].build().algorithms] == ["cle"]  # type: ignore[misc]
     kinds = [type(a).kind for a in ROWS["xint8_cle_adaquant"].build().algorithms]  # type: ignore[misc]
     assert kinds == ["cle", "adaquant"]
+
+
+def test_one_sided_rows_leave_the_other_side_float() -> None:
+    pytest.importorskip("quant_core.presets")
+    from tools.bench.algos import ROWS
+
+    weights = ROWS["xint8_tuned_b4_weights_only"].build().global_config  # type: ignore[misc]
+    activations = ROWS["xint8_cle_activations_only"].build().global_config  # type: ignore[misc]
+    assert weights.input is None and weights.output is None and weights.weight is not None
+    assert activations.weight is None and activations.input is not None and activations.output is not None

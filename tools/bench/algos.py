@@ -158,6 +158,20 @@ def xint8_tuned(batch_size: int | None = None, iterations: int | None = None) ->
     return make
 
 
+def one_side(build: Callable[[], Any], keep: str) -> Callable[[], Any]:
+    """``build``'s config with only the weights (``keep="weight"``) or only the activations
+    (``keep="activations"``) quantized, the other side left float: how much of a recipe's error
+    each side causes."""
+
+    def make() -> Any:
+        config = build()
+        g = config.global_config
+        g = attrs.evolve(g, input=None, output=None) if keep == "weight" else attrs.evolve(g, weight=None)
+        return config.evolve(global_config=g, name=f"{config.name} ({keep} only)")
+
+    return make
+
+
 ROWS: dict[str, Row] = {
     r.key: r
     for r in (
@@ -177,6 +191,16 @@ ROWS: dict[str, Row] = {
             "xint8_tuned_b4_4k",
             "xint8, MinMSE weights + CLE + AdaRound (lr 0.1, batch 4, 4000 iterations)",
             xint8_tuned(4, 4000),
+        ),
+        Row(
+            "xint8_tuned_b4_weights_only",
+            "xint8 weights only (activations float), MinMSE weights + CLE + AdaRound (lr 0.1, batch 4)",
+            one_side(xint8_tuned(4), "weight"),
+        ),
+        Row(
+            "xint8_cle_activations_only",
+            "xint8 activations only (weights float) + CLE",
+            one_side(_with_algorithms("xint8", "cle"), "activations"),
         ),
         Row("xint8_cle_bc", "xint8 + CLE + bias correction", _with_algorithms("xint8", "cle", "bias_correction")),
         Row(
@@ -265,15 +289,23 @@ def run_model(name: str, args: argparse.Namespace, results: dict[str, Any], save
     float_path = model.ensure()
     data = load_data(model, args.num_calib, args.num_eval)
     reference = reference_predictions(model, float_path, data)
+    float_logits = common.predict(float_path, data.eval_x, level=EVAL_LEVEL)
     entry = results["models"].setdefault(name, {"rows": {}})
     entry.update({"metric": model.metric, "num_calib": args.num_calib, "num_eval": len(data.eval_x)})
     work = WORK_DIR / name
     for key in args.rows:
         row = ROWS[key]
-        if args.resume and entry["rows"].get(key, {}).get("ok"):
+        done = entry["rows"].get(key, {})
+        if args.resume and done.get("ok"):
+            written = work / f"{key}.onnx"
+            if "sqnr_db" not in done and written.exists():  # scored before the SQNR column existed
+                done.update(score_quantized(written, data, reference, model.metric, float_logits))
+                save()
             continue
         if row.quark is not None:
-            entry["rows"][key] = run_quark(row, float_path, data, reference, model.metric, work / f"{key}.onnx", args)
+            entry["rows"][key] = run_quark(
+                row, float_path, data, reference, model.metric, work / f"{key}.onnx", args, float_logits
+            )
             save()
             continue
         if row.build is None:
@@ -299,7 +331,7 @@ def run_model(name: str, args: argparse.Namespace, results: dict[str, Any], save
             quiet=not args.verbose,
         )
         if measured.get("ok"):
-            measured.update(score_quantized(out, data, reference, model.metric))
+            measured.update(score_quantized(out, data, reference, model.metric, float_logits))
             print(
                 f"{measured['wall_s']:7.1f} s  metric {common.fmt(measured['metric'], 4)} "
                 f"(kernels {common.fmt(measured['metric_kernels'], 4)})",
@@ -312,7 +344,14 @@ def run_model(name: str, args: argparse.Namespace, results: dict[str, Any], save
 
 
 def run_quark(
-    row: Row, float_path: Path, data: Any, reference: Any, metric: str | None, out: Path, args: argparse.Namespace
+    row: Row,
+    float_path: Path,
+    data: Any,
+    reference: Any,
+    metric: str | None,
+    out: Path,
+    args: argparse.Namespace,
+    float_logits: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """A Quark row: ``quark_peer.py`` in Quark's interpreter (a note, not a failure, when it is absent)."""
     python = args.quark_python or quark_python()
@@ -333,7 +372,7 @@ def run_quark(
         measured.update(ok=False, error=measured.get("error") or done.stderr[-2000:])
         print(f"FAILED: {measured['error']}", flush=True)
         return measured
-    measured.update(score_quantized(out, data, reference, metric))
+    measured.update(score_quantized(out, data, reference, metric, float_logits))
     print(f"{measured['wall_s']:7.1f} s  metric {common.fmt(measured['metric'], 4)}", flush=True)
     return measured
 
@@ -365,6 +404,8 @@ def tables(results: dict[str, Any]) -> str:
                     ROWS[key].label if key in ROWS else key,
                     metric,
                     None if metric is None or float_metric is None else 100 * (metric - float_metric),
+                    r.get("sqnr_db") if r.get("ok") else None,
+                    r.get("float_top1_in_top5") if r.get("ok") else None,
                     disagreement_ratio,
                     r.get("metric_kernels") if r.get("ok") else None,
                     r.get("wall_s"),
@@ -383,6 +424,8 @@ def tables(results: dict[str, Any]) -> str:
             "config",
             "top-1 / agreement",
             "Δ vs float (pt)",
+            "output SQNR dB",
+            "float top-1 in top-5",
             "disagreement / plain PTQ",
             "metric (ORT integer kernels)",
             "quantize s",

@@ -162,13 +162,35 @@ def evaluate(
     return common.agreement(predictions, reference)
 
 
-def score_quantized(model_path: Path, data: BenchData, reference: np.ndarray | None, metric: str | None) -> dict:
-    """A quantized model's headline metric, the metric through this CPU's integer kernels, and file size."""
-    return {
-        "metric": evaluate(model_path, data, reference, metric),
+def score_quantized(
+    model_path: Path,
+    data: BenchData,
+    reference: np.ndarray | None,
+    metric: str | None,
+    float_logits: np.ndarray | None = None,
+) -> dict:
+    """A quantized model's headline metric, the metric through this CPU's integer kernels, and file
+    size; with the float model's ``float_logits`` on the evaluation set, also the output SQNR and how
+    often the float top-1 class is among the quantized model's top 5."""
+    scores = {
         "metric_kernels": evaluate(model_path, data, reference, metric, level="all"),
         "size_mb": common.file_size_mb(model_path),
     }
+    if float_logits is None:
+        scores["metric"] = evaluate(model_path, data, reference, metric)
+        return scores
+    from quant_core.qparams import sqnr_db
+
+    logits = common.predict(model_path, data.eval_x, level=EVAL_LEVEL)
+    predictions = common.top1(logits)
+    if metric == "accuracy" and data.eval_labels is not None:
+        scores["metric"] = common.accuracy(predictions, data.eval_labels)
+    elif metric is not None and reference is not None:
+        scores["metric"] = common.agreement(predictions, reference)
+    top5 = np.argsort(-logits, axis=1)[:, :5]
+    scores["sqnr_db"] = float(sqnr_db(float_logits, logits))
+    scores["float_top1_in_top5"] = float(np.mean(np.any(top5 == common.top1(float_logits)[:, None], axis=1)))
+    return scores
 
 
 class ArrayDataReader:

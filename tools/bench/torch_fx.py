@@ -18,6 +18,9 @@ Parts (``--parts``, default all):
   top-1 agreement on the 520 held-out crops after every epoch, within a time budget.
 * ``speed``: QAT step time against the float training step, and PTQ calibration throughput
   against float inference, same batch, interleaved, medians.
+* ``adaround_walk``: the tuned AdaRound recipe (MinMSE weights, CLE, AdaRound batch 4)
+  through quant-onnx and through quant-torch-fx on the same calibration samples: time of
+  each (the torch backend's layer walk against onnxruntime's) and each QDQ model's metric.
 
 Example:
     $ nice -n 10 python -m tools.bench.torch_fx                      # everything (about an hour on 2 cores)
@@ -45,7 +48,7 @@ from tools.bench.models import MODELS, load_data
 
 WORK_DIR = common.CACHE_DIR / "bench" / "torch_fx"
 DEFAULT_RESULTS = WORK_DIR / "results.json"
-PARTS = ("ptq", "backends", "qat_fmnist", "qat_effnet", "speed")
+PARTS = ("ptq", "backends", "qat_fmnist", "qat_effnet", "speed", "adaround_walk")
 FMNIST = ("fmnist_resnet18", "fmnist_mobilenetv2")
 CALIB_BATCH = 32
 
@@ -280,6 +283,47 @@ def part_backends(args: argparse.Namespace, results: dict[str, Any]) -> None:
             print(name, preset, row, flush=True)
 
 
+def part_adaround_walk(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The tuned AdaRound recipe (``tools.bench.algos.xint8_tuned``, batch 4) through both
+    backends on the same calibration samples: quant-onnx on the float ONNX export, then
+    quant-torch-fx on the module; time (wall and this process's CPU) and each QDQ model's
+    metric in onnxruntime."""
+    import quant_onnx
+    from tools.bench.algos import ADAROUND_BATCH, xint8_tuned
+    from tools.bench.quark_peer import process_cpu_seconds
+
+    rows = results.setdefault("adaround_walk", {})
+    config = xint8_tuned(ADAROUND_BATCH)()
+    for name in ("efficientnet_lite0", *FMNIST):
+        model = load_torch_model(name)
+        x_eval, labels = eval_set(name, args.quick)
+        calib_x = calibration_set(name, args.walk_calib)
+        reference = labels if labels is not None else predict(model, x_eval, batch=50)
+        float_model = float_onnx(name, model)
+        cpu, start = process_cpu_seconds(), time.perf_counter()
+        onnx_side = quant_onnx.quantize(float_model, None, config, calib_x, batch_size=CALIB_BATCH, quiet=True)
+        onnx_wall, onnx_cpu = time.perf_counter() - start, process_cpu_seconds() - cpu
+        onnx_path = WORK_DIR / f"{name}_tuned_quant_onnx.onnx"
+        with common.atomic_path(onnx_path, ".onnx") as tmp:
+            tmp.write_bytes(onnx_side.model.SerializeToString())
+        cpu = process_cpu_seconds()
+        q, frozen, torch_wall = ours_quantize(model, config, batches(calib_x, CALIB_BATCH), example(name))
+        torch_cpu = process_cpu_seconds() - cpu
+        torch_path = WORK_DIR / f"{name}_tuned_torch_fx.onnx"
+        q.export_onnx(frozen, example(name), torch_path)
+        row = {
+            "calibration_samples": len(calib_x),
+            "quant_onnx_seconds": onnx_wall,
+            "quant_onnx_cpu_seconds": onnx_cpu,
+            "torch_fx_seconds": torch_wall,
+            "torch_fx_cpu_seconds": torch_cpu,
+            "quant_onnx_metric": metric(name, ort_predict(onnx_path, x_eval), reference),
+            "torch_fx_metric": metric(name, ort_predict(torch_path, x_eval), reference),
+        }
+        rows[name] = row
+        print(name, row, flush=True)
+
+
 # -------------------------------------------------------------------------------------------------- QAT
 class Shuffled:
     """Batches of ``(x, y)`` arrays in a fresh seeded order every epoch (a re-iterable loader)."""
@@ -301,6 +345,40 @@ class Shuffled:
                 return
             idx = np.sort(order[i : i + self.size])
             yield torch.from_numpy(self.x[idx]), torch.from_numpy(self.y[idx])
+
+
+class AugmentedCrops:
+    """``steps`` batches of ``size`` crops drawn from ``x``, each randomly mirrored, zoomed (a random
+    square of 55-100% of the side resized back) and mixed with another crop of its batch (0-40%):
+    inputs only, for distillation from a teacher that sees the same augmented batch."""
+
+    def __init__(self, x: np.ndarray, size: int, steps: int, seed: int = 0) -> None:
+        import torch
+
+        self.x, self.size, self.steps = torch.from_numpy(x), size, steps
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch
+        import torch.nn.functional as F
+
+        side = self.x.shape[-1]
+        for _ in range(self.steps):
+            batch = self.x[torch.randint(0, len(self.x), (self.size,), generator=self.gen)].clone()
+            flip = torch.rand(self.size, generator=self.gen) < 0.5
+            batch[flip] = batch[flip].flip(-1)
+            zoomed = []
+            for crop in batch:
+                n = int(side * float(torch.empty(1).uniform_(0.55, 1.0, generator=self.gen)))
+                top, left = (int(torch.randint(0, side - n + 1, (1,), generator=self.gen)) for _ in range(2))
+                window = crop[None, :, top : top + n, left : left + n]
+                zoomed.append(F.interpolate(window, size=side, mode="bilinear", align_corners=False))
+            batch = torch.cat(zoomed)
+            mix = torch.empty(self.size, 1, 1, 1).uniform_(0.0, 0.4, generator=self.gen)
+            yield (1 - mix) * batch + mix * batch[torch.randperm(self.size, generator=self.gen)]
 
 
 def qat_quantizer(cle: bool, adaround: bool = False) -> Any:
@@ -375,8 +453,10 @@ def part_qat_effnet(args: argparse.Namespace, results: dict[str, Any]) -> None:
     ptq_agreement = metric(name, predict(qat, x_eval, batch=50), float_eval)
     curve = [{"epoch": 0, "agreement": ptq_agreement, "seconds": time.perf_counter() - start}]
     print("epoch 0 (PTQ start)", curve[-1], flush=True)
-    loader = Shuffled(calib_x, teacher, args.effnet_batch)
+    loader: Any = Shuffled(calib_x, teacher, args.effnet_batch)
     temperature = args.temperature
+    if args.effnet_augment:  # the teacher runs on each augmented batch (train_qat's teacher=)
+        loader = AugmentedCrops(calib_x, args.effnet_batch, steps=len(loader))
 
     def loss(output: Any, target: Any) -> Any:
         return distillation_loss(output, target, temperature)
@@ -397,6 +477,7 @@ def part_qat_effnet(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
             optimizer = default_optimizer(qat, args.effnet_lr, args.effnet_qparam_lr, args.effnet_weight_lr_per_step)
         train_qat(qat, loader, epochs=1, optimizer=optimizer, loss_fn=loss, freeze_batch_norm=True,
+                  teacher=model if args.effnet_augment else None, temperature=temperature,
                   on_epoch_end=lambda _e, m, epoch=epoch: on_epoch_end(epoch, m), quiet=args.quiet)  # fmt: skip
         if curve[-1]["agreement"] >= args.effnet_stop:
             break
@@ -416,6 +497,7 @@ def part_qat_effnet(args: argparse.Namespace, results: dict[str, Any]) -> None:
         "batch": args.effnet_batch,
         "cle_folded_batch_norm": fold,
         "adaround_start": args.effnet_adaround,
+        "augmented": args.effnet_augment,
     }
     print(results["qat_effnet"], flush=True)
 
@@ -548,6 +630,13 @@ def tables(results: dict[str, Any]) -> str:
             f"frozen: {common.fmt(r['frozen_agreement'])}; exported, onnxruntime integer kernels: "
             f"{common.fmt(r['ort_kernels_agreement'])}; total {common.fmt(r['seconds'] / 60)} min"
         )
+    if "adaround_walk" in results:
+        rows = [[n, r["calibration_samples"], r["quant_onnx_seconds"], r["torch_fx_seconds"],
+                 r["torch_fx_seconds"] / r["quant_onnx_seconds"], r["quant_onnx_cpu_seconds"], r["torch_fx_cpu_seconds"],
+                 r["quant_onnx_metric"], r["torch_fx_metric"]] for n, r in results["adaround_walk"].items()]  # fmt: skip
+        out.append(common.markdown_table(
+            ["model", "calibration samples", "quant-onnx s", "quant-torch-fx s", "torch-fx / onnx", "quant-onnx CPU s",
+             "quant-torch-fx CPU s", "quant-onnx metric", "quant-torch-fx metric"], rows))  # fmt: skip
     if "speed" in results:
         rows = [[n, r["batch"], r["qat_float_train_step_s"], r["qat_step_s"], r["qat_ratio"], r["qat_compiled_ratio"],
                  r["a8w8_throughput_ratio"], r["xint8_throughput_ratio"]] for n, r in results["speed"].items()]  # fmt: skip
@@ -561,6 +650,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--num-calib", type=int, default=512)
+    parser.add_argument("--walk-calib", type=int, default=256, help="calibration samples of the adaround_walk part")
     parser.add_argument("--qat-batch", type=int, default=128)
     parser.add_argument("--fmnist-lr", type=float, default=1e-4)
     parser.add_argument("--fmnist-cle", action="store_true",
@@ -576,6 +666,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--effnet-adaround",
         action="store_true",
         help="start QAT from the tuned AdaRound PTQ model (tools.bench.algos' xint8_tuned_b4)",
+    )
+    parser.add_argument(
+        "--effnet-augment",
+        action="store_true",
+        help="distil on randomly mirrored, zoomed and mixed calibration crops (teacher run per batch)",
     )
     parser.add_argument("--effnet-epochs", type=int, default=30)
     parser.add_argument("--effnet-budget", type=float, default=1800.0, help="seconds; the issue's limit is 30 min")
@@ -601,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     results.setdefault("environment", {})["torch"] = torch.__version__
     results["environment"]["threads"] = args.threads
     runners = {"ptq": part_ptq, "backends": part_backends, "qat_fmnist": part_qat_fmnist,
-               "qat_effnet": part_qat_effnet, "speed": part_speed}  # fmt: skip
+               "qat_effnet": part_qat_effnet, "speed": part_speed, "adaround_walk": part_adaround_walk}  # fmt: skip
     for part in args.parts:
         runners[part](args, results)
         common.write_json(args.results, results)
