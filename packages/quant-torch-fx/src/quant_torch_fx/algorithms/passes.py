@@ -68,11 +68,17 @@ def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batc
     for kind, cls in (("adaround", AdaRoundConfig), ("adaquant", AdaQuantConfig)):
         for cfg in _configured(config, cls.kind):
             runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(cfg)))
-            report = reconstruct_layers(runner, cfg, quiet=quiet)
+            try:
+                report = reconstruct_layers(runner, cfg, quiet=quiet)
+            finally:
+                runner.close()  # the live values a walk spilled to disk
             if runner.notes:
                 report = ReconstructionReport(report.method, report.layers, (*runner.notes, *report.notes))
             info.algorithms[kind] = report.to_dict()
     for bc in _configured(config, BiasCorrectionConfig.kind):
         runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(bc)))
-        notes = correct_biases(runner, bc, quiet=quiet)
+        try:
+            notes = correct_biases(runner, bc, quiet=quiet)
+        finally:
+            runner.close()
         info.algorithms["bias_correction"] = {"num_samples": samples_to_use(bc), "notes": [*runner.notes, *notes]}
