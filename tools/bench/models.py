@@ -152,7 +152,11 @@ def evaluate(
     """
     if metric is None:
         return None
-    predictions = common.top1(common.predict(model_path, data.eval_x, level=level))
+    return metric_of(common.top1(common.predict(model_path, data.eval_x, level=level)), data, reference, metric)
+
+
+def metric_of(predictions: np.ndarray, data: BenchData, reference: np.ndarray | None, metric: str) -> float:
+    """Top-1 accuracy (labels) or agreement with ``reference`` of top-1 ``predictions``."""
     if metric == "accuracy":
         if data.eval_labels is None:
             raise ValueError("metric 'accuracy' needs labels; this data set has none")
@@ -182,11 +186,7 @@ def score_quantized(
     from quant_core.qparams import sqnr_db
 
     logits = common.predict(model_path, data.eval_x, level=EVAL_LEVEL)
-    predictions = common.top1(logits)
-    if metric == "accuracy" and data.eval_labels is not None:
-        scores["metric"] = common.accuracy(predictions, data.eval_labels)
-    elif metric is not None and reference is not None:
-        scores["metric"] = common.agreement(predictions, reference)
+    scores["metric"] = None if metric is None else metric_of(common.top1(logits), data, reference, metric)
     top5 = np.argsort(-logits, axis=1)[:, :5]
     scores["sqnr_db"] = float(sqnr_db(float_logits, logits))
     scores["float_top1_in_top5"] = float(np.mean(np.any(top5 == common.top1(float_logits)[:, None], axis=1)))
