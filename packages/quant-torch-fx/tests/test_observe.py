@@ -13,7 +13,8 @@ from quant_core.observer_config import MSE, Entropy, MinMax, MovingAverageMinMax
 from quant_core.observers import HistogramObserver, make_observer
 from quant_core.observers.binning import bin_counts
 from quant_core.spec import QuantSpec
-from quant_torch_fx.observe import histogram_counts, observe, torch_histogram_counts
+from quant_torch_fx import observe as observe_module
+from quant_torch_fx.observe import count_indices, histogram_counts, observe
 
 SPECS = {
     "minmax": QuantSpec(dtype="uint8", symmetric=False, observer=MinMax()),
@@ -58,9 +59,42 @@ def test_both_histogram_paths_count_like_quant_core(seed: int, exponent: int, bi
     grid = obs.grid_for(float(x.min()), float(x.max()))
     expected = bin_counts(x, grid)
     np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x), grid).numpy(), expected)
-    np.testing.assert_array_equal(torch_histogram_counts(torch.from_numpy(x), grid).numpy(), expected)
+    np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x.astype(np.float64)), grid).numpy(), expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    size=st.integers(0, 5000),
+    rows=st.integers(1, 7),
+    bins=st.sampled_from([1, 3, 2048]),
+)
+def test_parallel_counting_equals_bincount(seed: int, size: int, rows: int, bins: int) -> None:
+    index = torch.from_numpy(np.random.default_rng(seed).integers(0, bins, size))
+    counts = count_indices(index, bins, rows=rows)
+    assert counts.dtype == torch.int64
+    assert torch.equal(counts, torch.bincount(index, minlength=bins))
+
+
+@pytest.mark.parametrize("chunk", [None, 70_000])
+def test_large_batches_take_the_parallel_path_and_count_exactly(
+    chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Above PARALLEL_MIN_VALUES the CPU counts by rows of scatter-adds; skewed data (half
+    # of a ReLU's values are one bin) and a length that does not split evenly; with a
+    # small chunk, several chunks and a ragged last one.
+    if chunk is not None:
+        monkeypatch.setattr(observe_module, "CPU_CHUNK", chunk)
+    rng = np.random.default_rng(5)
+    x = np.maximum(rng.standard_normal(200_003), 0).astype(np.float32)
+    x[::7] *= -1  # some negative values: the grid's offset is negative
+    obs = HistogramObserver(QuantSpec(dtype="int8", observer=Percentile(99.0, bins=2048)))
+    grid = obs.grid_for(float(x.min()), float(x.max()))
+    np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x), grid).numpy(), bin_counts(x, grid))
+    positive = np.abs(x)
+    grid = obs.grid_for(float(positive.min()), float(positive.max()))
     np.testing.assert_array_equal(
-        torch_histogram_counts(torch.from_numpy(x.astype(np.float64)), grid).numpy(), expected
+        histogram_counts(torch.from_numpy(positive), grid).numpy(), bin_counts(positive, grid)
     )
 
 

@@ -3,8 +3,8 @@
 A batch is reduced where it lives: ``torch.aminmax`` (per tensor, or per channel after
 moving the channel axis first) for the min-max observers, and a histogram on the grid
 the observer hands out (:meth:`HistogramObserver.grid_for`) for the histogram methods
-(percentile, entropy, MSE, power-of-two MinMSE): ``torch.bincount`` on an accelerator,
-``quant_core``'s binning on the CPU tensor's own memory. Only the reduction (two
+(percentile, entropy, MSE, power-of-two MinMSE), counted by ``torch.bincount`` on an
+accelerator and by a scatter-add split over the intra-op threads on the CPU. Only the reduction (two
 numbers, one per channel, or ``bins`` counts) crosses to the host; the
 observer then makes its decision with ``quant_core``'s one implementation of the math, so
 the statistics, and the qparams, are those the numpy path gives for the same data.
@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from quant_core.observers import HistogramObserver, Observer
-from quant_core.observers.binning import bin_counts
 from quant_core.observers.grid import HistogramGrid
 
 
@@ -67,6 +66,12 @@ def channel_min_max(x: torch.Tensor, axis: int | None) -> tuple[torch.Tensor, to
     return torch.aminmax(flat, dim=1)
 
 
+# Values binned per pass on the CPU: the scaled values and their int64 bin indices (3 MiB)
+# stay in cache and their buffers are reused, where whole-tensor temporaries of a large
+# activation (hundreds of MB) would be fresh, page-faulting memory on every call.
+CPU_CHUNK = 1 << 18
+
+
 def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
     """int64 counts of ``x``'s values on ``grid`` (all inside it), computed on ``x``'s device.
 
@@ -80,29 +85,82 @@ def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
         [1, 1, 1, 1]
     """
     flat = x.reshape(-1)
-    if flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64):
-        # On the CPU the numpy view is the tensor's own memory (no copy), and quant_core's
-        # cache-blocked binning is about 10x faster than the same arithmetic as torch ops.
-        return torch.from_numpy(bin_counts(flat.contiguous().numpy(), grid))
-    return torch_histogram_counts(flat, grid)
-
-
-def torch_histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
-    """:func:`histogram_counts` as torch ops on any device (what accelerators run).
-
-    Example:
-        >>> g = HistogramGrid(exponent=-1, offset=-2, bins=4)
-        >>> torch_histogram_counts(torch.tensor([-1.0, -0.01, 0.0, 0.99]), g).tolist()
-        [1, 1, 1, 1]
-    """
-    flat = x.reshape(-1)
     if not (flat.dtype == torch.float32 and grid.float32_exact):
         flat = flat.to(torch.float64)
-    index = torch.floor(flat * grid.inv_width).sub_(grid.offset)
-    return torch.bincount(index.to(torch.int64), minlength=grid.bins)
+    n = flat.numel()
+    if flat.device.type != "cpu" or n <= CPU_CHUNK:
+        return count_indices(bin_indices(flat, grid), grid.bins)
+    scaled = torch.empty(min(n, CPU_CHUNK), dtype=flat.dtype)
+    index = torch.empty(min(n, CPU_CHUNK), dtype=torch.int64)
+    counts = torch.zeros(grid.bins, dtype=torch.int64)
+    for start in range(0, n, CPU_CHUNK):
+        values = flat[start : start + CPU_CHUNK]
+        size = values.numel()
+        counts += count_indices(bin_indices(values, grid, scaled[:size], index[:size]), grid.bins)
+    return counts
+
+
+def bin_indices(
+    values: torch.Tensor, grid: HistogramGrid, scaled: torch.Tensor | None = None, index: torch.Tensor | None = None
+) -> torch.Tensor:
+    """int64 bin of each of the 1-d ``values`` on ``grid`` (written into ``scaled`` and
+    ``index`` when given, buffers of their length).
+
+    Example:
+        >>> bin_indices(torch.tensor([-1.0, -0.01, 0.0, 0.99]), HistogramGrid(exponent=-1, offset=-2, bins=4)).tolist()
+        [0, 1, 2, 3]
+    """
+    scaled = torch.mul(values, grid.inv_width, out=scaled)  # exact: a power of two that cannot underflow here
+    if grid.offset < 0:
+        scaled.floor_()  # for values >= 0 the integer conversion's truncation is the floor
+    if index is None:
+        index = scaled.to(torch.int64)
+    else:
+        index.copy_(scaled)
+    if grid.offset != 0:
+        index.sub_(grid.offset)
+    return index
+
+
+# Below this many values one thread counts faster than splitting the work (measured on two
+# cores: the crossover lies between 32 Ki and 64 Ki values).
+PARALLEL_MIN_VALUES = 1 << 16
+
+
+def count_indices(index: torch.Tensor, bins: int, rows: int | None = None) -> torch.Tensor:
+    """int64 counts of each value of the int64 ``index`` (all in ``[0, bins)``), like
+    ``torch.bincount(index, minlength=bins)``.
+
+    ``torch.bincount`` counts on one CPU thread. On the CPU, from ``PARALLEL_MIN_VALUES``
+    values on, the values are split into ``rows`` rows (default: the intra-op thread count)
+    that ``scatter_add_`` counts in parallel, one ``int32`` histogram per row, then summed:
+    1.5-1.8x faster than ``torch.bincount`` on two cores, skewed ReLU data included.
+
+    Example:
+        >>> count_indices(torch.tensor([0, 2, 2, 3, 2]), 4, rows=2).tolist()
+        [1, 0, 3, 1]
+    """
+    flat = index.reshape(-1)
+    n = flat.numel()
+    if rows is None:
+        rows = torch.get_num_threads() if n >= PARALLEL_MIN_VALUES else 1
+    if flat.device.type != "cpu" or rows < 2 or n < rows:
+        return torch.bincount(flat, minlength=bins)
+    per_row = n // rows
+    # int32 counts hold any row of fewer than 2**31 values exactly and add half the bytes.
+    count_dtype = torch.int32 if per_row < 2**31 else torch.int64
+    counts = torch.zeros(rows, bins, dtype=count_dtype)
+    ones = torch.ones((), dtype=count_dtype).expand(rows, per_row)
+    counts.scatter_add_(1, flat[: rows * per_row].view(rows, per_row), ones)
+    total = counts.sum(0, dtype=torch.int64)
+    if rows * per_row < n:
+        total += torch.bincount(flat[rows * per_row :], minlength=bins)
+    return total
 
 
 def _finite_pair(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:
+    if lo.device.type == "cpu":  # float32/float64 to a Python float is exact
+        return float(lo.item()), float(hi.item())
     values = torch.stack((lo.to(torch.float64), hi.to(torch.float64))).tolist()
     return float(values[0]), float(values[1])
 

@@ -35,6 +35,11 @@ def as_float_array(x: object) -> np.ndarray:
 def check_finite_range(lo: np.ndarray, hi: np.ndarray, what: str = "x") -> None:
     """Raise a ValueError when a batch's ``min``/``max`` reveal NaN, infinities or
     values beyond float32."""
+    if np.ndim(lo) == 0 and np.ndim(hi) == 0:
+        # Scalar fast path (one call per tensor per batch): plain floats, no numpy scalars.
+        lo_f, hi_f = float(lo), float(hi)
+        if math.isfinite(lo_f) and math.isfinite(hi_f) and max(abs(lo_f), abs(hi_f)) <= FLOAT32_MAX:
+            return
     if np.isnan(lo).any() or np.isnan(hi).any():
         raise ValueError(f"{what}: contains NaN; calibration data must be finite")
     if np.isinf(lo).any() or np.isinf(hi).any():

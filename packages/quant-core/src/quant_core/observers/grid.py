@@ -134,6 +134,10 @@ def rebin(counts: np.ndarray, source: HistogramGrid, target: HistogramGrid) -> n
     if shift < 0:
         raise ValueError(f"exponent: target {target.exponent} is finer than source {source.exponent}")
     counts = np.asarray(counts, np.int64)
+    if source == target:  # the common case in calibration: nothing to move
+        if counts.shape != (target.bins,):
+            raise ValueError(f"counts: shape {counts.shape} does not match the grid's {target.bins} bins")
+        return counts.copy()
     out = np.zeros(target.bins, np.int64)
     nonzero = np.flatnonzero(counts)
     if nonzero.size == 0:
