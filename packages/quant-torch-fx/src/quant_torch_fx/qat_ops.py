@@ -71,21 +71,25 @@ class _FakeQuantize(torch.autograd.Function):
     ) -> torch.Tensor:
         # x * (1 / s) equals x / s exactly when s is a power of two, and costs less.
         v = x * (1.0 / scale) if power_of_two else x / scale
-        rounded = round_tensor(v, rounding)
+        # v is not needed again: round, shift and scale in place (fewer fresh allocations,
+        # which on large activations are page-faulting memory).
+        rounded = v.round_() if rounding is RoundMode.HALF_EVEN else round_tensor(v, rounding)
         centred_zero = ctx.zero_is_zero
-        shifted = rounded if centred_zero else rounded + zero_point
+        shifted = rounded if centred_zero else rounded.add_(zero_point)
         q = shifted.clamp(qmin, qmax)
         inside = q == shifted
-        codes = q if centred_zero else q - zero_point  # integer codes relative to the zero point
+        codes = q if centred_zero else q.sub_(zero_point)  # integer codes relative to the zero point
+        out = codes.mul_(scale)
         # LSQ's d out / d scale is round(v) - v inside the range and the clipped code outside,
-        # i.e. codes - v * inside: backward forms its sum as dot(g, codes) - dot(g * inside, v)
-        # from the input gradient it computes anyway, so nothing is materialised for it here.
+        # i.e. codes - v * inside = (out - x * inside) / scale: backward forms its sum from
+        # the input and the output, which the neighbouring layers keep for their own
+        # gradients anyway, so nothing extra stays alive until the backward pass.
         if ctx.needs_input_grad[1]:
-            ctx.save_for_backward(inside, codes, v, scale)
+            ctx.save_for_backward(inside, x, out, scale)
         else:
             ctx.save_for_backward(inside)
         ctx.grad_factor = grad_factor
-        return codes * scale
+        return out
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
@@ -95,12 +99,12 @@ class _FakeQuantize(torch.autograd.Function):
         grad_x = torch.where(saved[0], grad, 0.0)
         grad_scale = None
         if ctx.needs_input_grad[1]:
-            _inside, codes, v, scale = saved
+            _inside, x, out, scale = saved
             if scale.numel() == 1:
-                total = torch.dot(grad.reshape(-1), codes.reshape(-1)) - torch.dot(grad_x.reshape(-1), v.reshape(-1))
-                total = total.reshape(scale.shape)
+                total = torch.dot(grad.reshape(-1), out.reshape(-1)) - torch.dot(grad_x.reshape(-1), x.reshape(-1))
+                total = (total / scale.reshape(())).reshape(scale.shape)
             else:
-                total = _reduce_to(grad * codes - grad_x * v, scale.shape)
+                total = _reduce_to(grad * out - grad_x * x, scale.shape) / scale
             grad_scale = total * ctx.grad_factor
         return grad_x, grad_scale, None, None, None, None, None, None
 
