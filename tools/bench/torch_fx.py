@@ -107,20 +107,30 @@ def example(name: str):  # -> torch.Tensor
 
 
 # ------------------------------------------------------------------------------------------------- PTQ
-def pt2e_quantize(model: Any, calib: list[Any]) -> tuple[Any, float]:
-    """torchao's PT2E flow with the X86 Inductor quantizer's default config; (model, seconds)."""
+def pt2e_prepared(model: Any, batch: Any) -> Any:
+    """``model`` captured with a dynamic batch (from a full ``batch``: a batch of 1 would
+    specialise) and prepared by torchao's PT2E with the X86 Inductor quantizer's default
+    config (``HistogramObserver`` on activations)."""
     import torch
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-    from torchao.quantization.pt2e import move_exported_model_to_eval
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    start = time.perf_counter()
     exported = torch.export.export(
-        copy.deepcopy(model).eval(), (calib[0],), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},)
+        copy.deepcopy(model).eval(), (batch,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},)
     ).module()
     quantizer = xiq.X86InductorQuantizer()
     quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
-    prepared = prepare_pt2e(exported, quantizer)
+    return prepare_pt2e(exported, quantizer)
+
+
+def pt2e_quantize(model: Any, calib: list[Any]) -> tuple[Any, float]:
+    """torchao's PT2E flow with the X86 Inductor quantizer's default config; (model, seconds)."""
+    import torch
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    start = time.perf_counter()
+    prepared = pt2e_prepared(model, calib[0])
     with torch.no_grad():
         for batch in calib:
             prepared(batch)
@@ -548,7 +558,7 @@ def _inference(model: Any, x: Any) -> Callable[[], None]:
     return infer
 
 
-def _calibration(name: str, model: Any, preset: str | Any, x: Any) -> Callable[[], None]:
+def _calibration(name: str, model: Any, preset: Any, x: Any) -> Callable[[], None]:
     from quant_torch_fx import ModelQuantizer
     from quant_torch_fx.calibrate import run_batches, start_observing
 
@@ -560,17 +570,10 @@ def _calibration(name: str, model: Any, preset: str | Any, x: Any) -> Callable[[
 
 
 def _pt2e_calibration(model: Any, x: Any) -> Callable[[], None]:
-    """torchao PT2E's prepared model (X86 Inductor quantizer: HistogramObserver on activations)."""
+    """torchao PT2E's prepared model observing (:func:`pt2e_prepared`)."""
     import torch
-    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    exported = torch.export.export(
-        copy.deepcopy(model).eval(), (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},)
-    ).module()
-    quantizer = xiq.X86InductorQuantizer()
-    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
-    prepared = prepare_pt2e(exported, quantizer)
+    prepared = pt2e_prepared(model, x)
 
     def observe() -> None:
         with torch.no_grad():
