@@ -88,7 +88,7 @@ def test_every_preset_passes_or_check_names_why(preset: str, data) -> None:
     config = get_preset(preset).evolve(algorithms=())  # formats only; AdaRound's rounding is not the question
     quantized = quant_onnx.quantize(MODELS / "fmnist_resnet18.onnx", None, config, calibration[:64], quiet=True).model
     result = check(quantized)
-    npu_formats = preset in ("xint8", "xint8_u8", "xint8_int8_bias", "int8_cnn_cle")
+    npu_formats = preset in ("xint8", "xint8_u8", "xint8_int8_bias", "int8_cnn_cle", "xint8_adaround")
     if npu_formats:
         assert set(result.counts()) <= {"bias_format", "shared_position", "shift_cut"}
         if preset == "xint8_int8_bias":  # quantized in the device's bias format: nothing to convert

@@ -66,8 +66,6 @@ DEFAULT_MODELS = ("efficientnet_lite0", "fmnist_mobilenetv2", "fmnist_resnet18")
 # Mixed precision stops once top-1 agreement with float on the held-out calibration samples reaches this
 # (0.90 is out of reach on EfficientNet-Lite0 at xint8 activations: with every layer at A8W16 it measured 0.867).
 MIXED_PRECISION_TARGET = 0.80
-# AdaRound's batch size in the tuned recipe: Quark's regime; 32 measured worse and 7x slower.
-ADAROUND_BATCH = 4
 # How many calibration samples the mixed-precision evaluate callback holds out (taken from the end).
 HELD_OUT = 128
 
@@ -127,32 +125,20 @@ def _with_algorithms(preset: str, *kinds: str) -> Callable[[], Any]:
 
 
 def xint8_tuned(batch_size: int | None = None, iterations: int | None = None) -> Callable[[], Any]:
-    """xint8 with MinMSE power-of-two weight scales (the activations' observer, applied to
-    each weight), CLE, and AdaRound at Quark's learning rate 0.1 (``batch_size``,
-    ``iterations``: AdaRound's, default its config's)."""
+    """The ``xint8_adaround`` preset (MinMSE power-of-two weight scales, CLE, AdaRound at
+    Quark's learning rate 0.1 on minibatches of 4) with AdaRound's ``batch_size`` and
+    ``iterations`` changed where given."""
 
     def make() -> Any:
-        from quant_core.algorithm_config import AdaRoundConfig, CLEConfig
-        from quant_core.observer_config import PowerOfTwoMSE
         from quant_core.presets import get_preset
 
-        config = get_preset("xint8")
-        weight = config.global_config.weight
-        assert weight is not None
-        global_config = attrs.evolve(config.global_config, weight=weight.evolve(observer=PowerOfTwoMSE()))
-        adaround = AdaRoundConfig(learning_rate=0.1)
-        if batch_size is not None:
-            adaround = attrs.evolve(adaround, batch_size=batch_size)
-        if iterations is not None:
-            adaround = attrs.evolve(adaround, num_iterations=iterations)
-        suffix = ("" if batch_size is None else f"_batch{batch_size}") + (
-            "" if iterations is None else f"_{iterations}it"
-        )
-        return config.evolve(
-            global_config=global_config,
-            algorithms=(CLEConfig(), adaround),
-            name=f"xint8+mse_weights+cle+adaround_lr0.1{suffix}",
-        )
+        config = get_preset("xint8_adaround")
+        changes = {k: v for k, v in (("batch_size", batch_size), ("num_iterations", iterations)) if v is not None}
+        if not changes:
+            return config
+        algorithms = tuple(attrs.evolve(a, **changes) if a.kind == "adaround" else a for a in config.algorithms)
+        suffix = "".join(f"_{k}{v}" for k, v in changes.items())
+        return config.evolve(algorithms=algorithms, name=f"{config.name}{suffix}")
 
     return make
 
@@ -181,20 +167,21 @@ ROWS: dict[str, Row] = {
         Row("xint8_cle", "xint8 + CLE", _preset("int8_cnn_cle")),
         Row("xint8_cle_adaround", "xint8 + CLE + AdaRound", _with_algorithms("xint8", "cle", "adaround")),
         Row("xint8_adaround", "xint8 + AdaRound", _with_algorithms("xint8", "adaround")),
-        Row("xint8_tuned", "xint8, MinMSE weights + CLE + AdaRound (lr 0.1)", xint8_tuned()),
+        Row("xint8_tuned", "xint8, MinMSE weights + CLE + AdaRound (lr 0.1, batch 32)", xint8_tuned(32)),
         *(
             Row(f"xint8_tuned_b{b}", f"xint8, MinMSE weights + CLE + AdaRound (lr 0.1, batch {b})", xint8_tuned(b))
-            for b in (2, 4, 8)
+            for b in (2, 8)
         ),
+        Row("xint8_tuned_b4", "xint8_adaround preset (MinMSE weights + CLE + AdaRound lr 0.1, batch 4)", xint8_tuned()),
         Row(
             "xint8_tuned_b4_4k",
             "xint8, MinMSE weights + CLE + AdaRound (lr 0.1, batch 4, 4000 iterations)",
-            xint8_tuned(4, 4000),
+            xint8_tuned(iterations=4000),
         ),
         Row(
             "xint8_tuned_b4_weights_only",
             "xint8 weights only (activations float), MinMSE weights + CLE + AdaRound (lr 0.1, batch 4)",
-            one_side(xint8_tuned(4), "weight"),
+            one_side(xint8_tuned(), "weight"),
         ),
         Row(
             "xint8_cle_activations_only",

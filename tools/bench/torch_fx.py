@@ -295,16 +295,16 @@ def part_backends(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 
 def part_adaround_walk(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """The tuned AdaRound recipe (``tools.bench.algos.xint8_tuned``, batch 4) through both
+    """The tuned AdaRound recipe (the ``xint8_adaround`` preset) through both
     backends on the same calibration samples: quant-onnx on the float ONNX export, then
     quant-torch-fx on the module; time (wall and this process's CPU) and each QDQ model's
     metric in onnxruntime."""
     import quant_onnx
-    from tools.bench.algos import ADAROUND_BATCH, xint8_tuned
+    from quant_core.presets import get_preset
     from tools.bench.quark_peer import process_cpu_seconds
 
     rows = results.setdefault("adaround_walk", {})
-    config = xint8_tuned(ADAROUND_BATCH)()
+    config = get_preset("xint8_adaround")
     for name in ("efficientnet_lite0", *FMNIST):
         model = load_torch_model(name)
         x_eval, labels = eval_set(name, args.quick)
@@ -394,15 +394,14 @@ class AugmentedCrops:
 
 def qat_quantizer(cle: bool, adaround: bool = False) -> Any:
     """``xint8``, with CLE first when ``cle`` (QAT then folds batch norm: CLE needs it folded);
-    ``adaround``: the tuned PTQ recipe of ``tools.bench.algos`` (MinMSE weights, CLE, AdaRound
-    at batch 4) instead, so that training starts from its model."""
+    ``adaround``: the ``xint8_adaround`` preset (MinMSE weights, CLE, AdaRound at batch 4)
+    instead, so that training starts from its PTQ model."""
     from quant_core.algorithm_config import CLEConfig
     from quant_core.presets import get_preset
     from quant_torch_fx import ModelQuantizer
-    from tools.bench.algos import ADAROUND_BATCH, xint8_tuned
 
     if adaround:
-        return ModelQuantizer(xint8_tuned(ADAROUND_BATCH)(), quiet=True)
+        return ModelQuantizer(get_preset("xint8_adaround"), quiet=True)
     config = get_preset("xint8")
     return ModelQuantizer(config.evolve(algorithms=(CLEConfig(),)) if cle else config, quiet=True)
 
@@ -704,7 +703,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--effnet-adaround",
         action="store_true",
-        help="start QAT from the tuned AdaRound PTQ model (tools.bench.algos' xint8_tuned_b4)",
+        help="start QAT from the tuned AdaRound PTQ model (the xint8_adaround preset)",
     )
     parser.add_argument(
         "--effnet-augment",

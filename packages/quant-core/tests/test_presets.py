@@ -76,6 +76,17 @@ def test_algorithm_presets() -> None:
     assert cle.global_config == get_preset("xint8").global_config
 
 
+def test_xint8_adaround_keeps_xint8_formats_and_tunes_only_calibration_and_algorithms() -> None:
+    tuned, base = get_preset("xint8_adaround"), get_preset("xint8")
+    op, ref = tuned.global_config, base.global_config
+    assert (op.input, op.output, op.bias) == (ref.input, ref.output, ref.bias)
+    assert op.weight is not None and ref.weight is not None
+    # same format; MinMSE positions, and a clipped weight saturates at -127 as on the NPU
+    assert op.weight.evolve(observer=MinMax(), narrow_range=False) == ref.weight
+    assert op.weight.observer == PowerOfTwoMSE() and op.weight.qrange == (-127, 127)
+    assert tuned.algorithms == (CLEConfig(), AdaRoundConfig(learning_rate=0.1, batch_size=4))
+
+
 @pytest.mark.parametrize("bad", ["int7", "", "XINT8", None])
 def test_unknown_preset_lists_allowed_names(bad: object) -> None:
     with pytest.raises(
