@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import numpy as np
 import onnx
 import pytest
@@ -160,6 +161,34 @@ def test_algorithm_flags_run_and_land_in_the_report(files, tmp_path) -> None:
     assert set(algorithms) == {"cle", "smoothquant", "bias_correction", "mixed_precision"}
     assert len(algorithms["mixed_precision"]["raised"]) == 1
     onnx.checker.check_model(onnx.load(out))
+
+
+def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them() -> None:
+    from quant_core.algorithm_config import AdaRoundConfig, CLEConfig
+    from quant_core.presets import get_preset
+    from quant_onnx.io.cli import _algorithms, build_parser
+
+    def flags(*given: str) -> object:
+        return build_parser().parse_args(["quantize", "m.onnx", "o.onnx", *given])
+
+    tuned, plain = get_preset("xint8_adaround"), get_preset("xint8")
+    own = tuned.algorithm("adaround")
+    assert own is not None and own != AdaRoundConfig()
+    # --adaround on a preset that already runs it keeps its tuned rate and minibatch
+    assert _algorithms(flags("--cle", "--adaround"), tuned) == [CLEConfig(), own]
+    assert _algorithms(flags("--iterations", "50"), tuned) == [attrs.evolve(own, num_iterations=50)]
+    assert _algorithms(flags("--adaround", "--iterations", "50"), plain) == [AdaRoundConfig(num_iterations=50)]
+    with pytest.raises(ValueError, match=r"--iterations: 50 .* neither runs"):
+        _algorithms(flags("--iterations", "50"), plain)
+
+
+def test_iterations_without_an_algorithm_that_learns_is_a_usage_error(files, tmp_path, capsys) -> None:
+    model, data = files
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(model), str(out), "--calib-data", str(data), "--iterations", "5", "--quiet"]
+    assert main(args) == 2
+    assert "--iterations" in _error_line(capsys)
+    assert not out.exists()
 
 
 def test_mixed_precision_without_a_stopping_rule_is_a_usage_error(files, tmp_path, capsys) -> None:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from quant_onnx.io.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
 
 
@@ -49,14 +51,16 @@ def _add_image_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
-    """Accuracy recovery; each replaces the preset's own setting of the same algorithm."""
+    """Accuracy recovery; a flag for an algorithm the preset already runs keeps its settings."""
     group = parser.add_argument_group("accuracy recovery (defaults: quant_core.algorithm_config)")
     group.add_argument("--cle", action="store_true", help="cross-layer equalization (Clip(0,6) -> Relu)")
     group.add_argument("--bias-correction", action="store_true", help="empirical bias correction")
     group.add_argument("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
     group.add_argument("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
     group.add_argument("--adaquant", action="store_true", help="AdaQuant (needs quant-onnx[torch])")
-    group.add_argument("--iterations", type=int, help="AdaRound/AdaQuant iterations per layer")
+    group.add_argument(
+        "--iterations", type=int, help="AdaRound/AdaQuant iterations per layer (the flag's or the preset's)"
+    )
     group.add_argument(
         "--mixed-precision",
         nargs="+",
@@ -69,7 +73,12 @@ def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mp-max-layers", type=int, metavar="N", help="mixed precision: raise at most N layers")
 
 
-def _algorithms(args: argparse.Namespace) -> list[Any]:
+def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
+    """The algorithms the flags ask for, given ``base`` (the preset or config file).
+
+    A flag for an algorithm ``base`` already runs keeps ``base``'s settings (a tuned preset is
+    not reset to the defaults); ``--iterations`` sets AdaRound's/AdaQuant's iterations,
+    whether the flag or ``base`` brings them."""
     from quant_core.algorithm_config import (
         AdaQuantConfig,
         AdaRoundConfig,
@@ -79,10 +88,12 @@ def _algorithms(args: argparse.Namespace) -> list[Any]:
         SmoothQuantConfig,
     )
 
-    iterations = {} if args.iterations is None else {"num_iterations": args.iterations}
+    def own_or(default: Any) -> Any:
+        return base.algorithm(type(default).kind) or default
+
     chosen: list[Any] = []
     if args.cle:
-        chosen.append(CLEConfig())
+        chosen.append(own_or(CLEConfig()))
     if args.smoothquant is not None:
         chosen.append(SmoothQuantConfig(alpha=args.smoothquant))
     if args.mixed_precision:
@@ -95,11 +106,21 @@ def _algorithms(args: argparse.Namespace) -> list[Any]:
             )
         )
     if args.adaround:
-        chosen.append(AdaRoundConfig(**iterations))
+        chosen.append(own_or(AdaRoundConfig()))
     if args.adaquant:
-        chosen.append(AdaQuantConfig(**iterations))
+        chosen.append(own_or(AdaQuantConfig()))
     if args.bias_correction:
         chosen.append(BiasCorrectionConfig())
+    if args.iterations is not None:
+        learned = [a for a in (*chosen, *base.algorithms) if isinstance(a, AdaRoundConfig | AdaQuantConfig)]
+        if not learned:
+            raise ValueError(
+                f"--iterations: {args.iterations} sets AdaRound/AdaQuant iterations, but neither runs; "
+                "allowed with --adaround, --adaquant, or a preset or config that runs one"
+            )
+        by_kind = {type(a).kind: attrs.evolve(a, num_iterations=args.iterations) for a in learned}
+        chosen = [by_kind.pop(type(a).kind, a) for a in chosen]
+        chosen.extend(by_kind.values())
     return chosen
 
 
@@ -186,12 +207,13 @@ def _quantize(args: argparse.Namespace) -> int:
 
     if not Path(args.model).is_file():
         raise ValueError(f"model '{args.model}': file not found")
+    base = _config(args)
     config = override_config(
-        _config(args),
+        base,
         per_channel=args.per_channel,
         calib_method=args.calib_method,
         exclude=args.exclude,
-        algorithms=_algorithms(args),
+        algorithms=_algorithms(args, base),
     )
     started = time.perf_counter()
     if args.dynamic:
