@@ -182,19 +182,17 @@ def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them()
         _algorithms(flags("--iterations", "50"), plain)
 
 
-def test_iterations_without_an_algorithm_that_learns_is_a_usage_error(files, tmp_path, capsys) -> None:
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--iterations", "5"], "--iterations"),  # no AdaRound/AdaQuant to take them
+        (["--mixed-precision", "a16w8"], "accuracy_target"),  # no stopping rule
+    ],
+)
+def test_algorithm_flags_that_cannot_run_are_usage_errors(files, tmp_path, capsys, flags, named) -> None:
     model, data = files
     out = tmp_path / "q.onnx"
-    args = ["quantize", str(model), str(out), "--calib-data", str(data), "--iterations", "5", "--quiet"]
+    args = ["quantize", str(model), str(out), "--calib-data", str(data), *flags, "--quiet"]
     assert main(args) == 2
-    assert "--iterations" in _error_line(capsys)
-    assert not out.exists()
-
-
-def test_mixed_precision_without_a_stopping_rule_is_a_usage_error(files, tmp_path, capsys) -> None:
-    model, data = files
-    out = tmp_path / "q.onnx"
-    args = ["quantize", str(model), str(out), "--calib-data", str(data), "--mixed-precision", "a16w8", "--quiet"]
-    assert main(args) == 2
-    assert "accuracy_target" in _error_line(capsys)
+    assert named in _error_line(capsys)
     assert not out.exists()
