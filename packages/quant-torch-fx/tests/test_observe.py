@@ -14,7 +14,7 @@ from quant_core.observers import HistogramObserver, make_observer
 from quant_core.observers.binning import bin_counts
 from quant_core.spec import QuantSpec
 from quant_torch_fx import observe as observe_module
-from quant_torch_fx.observe import count_indices, histogram_counts, observe
+from quant_torch_fx.observe import RowCounter, histogram_counts, observe
 
 SPECS = {
     "minmax": QuantSpec(dtype="uint8", symmetric=False, observer=MinMax()),
@@ -62,16 +62,37 @@ def test_both_histogram_paths_count_like_quant_core(seed: int, exponent: int, bi
     np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x.astype(np.float64)), grid).numpy(), expected)
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), shift=st.sampled_from([0.75, 3.0, 1000.0, 2.0**20]), sign=st.sampled_from([1, -1]))
+def test_ranges_away_from_zero_count_like_quant_core(seed: int, shift: float, sign: int) -> None:
+    # Grids whose offset is positive (all values above zero) or far below zero: the offset is
+    # subtracted in floating point, where a rounding would move values across bin edges.
+    rng = np.random.default_rng(seed)
+    x = (sign * (shift + rng.random(4000) * shift / 3)).astype(np.float32)
+    obs = HistogramObserver(QuantSpec(dtype="int8", observer=Percentile(99.0, bins=2048)))
+    grid = obs.grid_for(float(x.min()), float(x.max()))
+    x[:64] = np.clip(grid.edges()[1::32][:64], x.min(), x.max()).astype(np.float32)  # values on bin edges
+    assert grid.offset != 0
+    expected = bin_counts(x, grid)
+    np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x), grid).numpy(), expected)
+    np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x.astype(np.float64)), grid).numpy(), expected)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
     size=st.integers(0, 5000),
     rows=st.integers(1, 7),
     bins=st.sampled_from([1, 3, 2048]),
+    parts=st.integers(1, 3),
 )
-def test_parallel_counting_equals_bincount(seed: int, size: int, rows: int, bins: int) -> None:
+def test_parallel_counting_equals_bincount(seed: int, size: int, rows: int, bins: int, parts: int) -> None:
+    # Rows that do not divide a part, parts shorter than the rows, empty parts.
     index = torch.from_numpy(np.random.default_rng(seed).integers(0, bins, size))
-    counts = count_indices(index, bins, rows=rows)
+    counter = RowCounter(bins, size, rows=rows)
+    for part in torch.tensor_split(index, parts):
+        counter.add(part)
+    counts = counter.total()
     assert counts.dtype == torch.int64
     assert torch.equal(counts, torch.bincount(index, minlength=bins))
 
