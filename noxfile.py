@@ -211,7 +211,7 @@ def _package_dirs(package: str) -> list[str]:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job on the built-in example: the Fashion-MNIST MobileNetV2-shape model
-    through both backends (PTQ a8w8, xint8, xint8 + CLE + AdaRound; QAT) and the NPU
+    through both backends (PTQ a8w8, xint8, xint8_adaround; QAT) and the NPU
     simulator, one table with accuracy, size and latency (tools/demo.py)."""
     session.install(TORCH)
     session.install(CORE, f"{ALGOS}[torch]", f"{ONNX}[torch]", TORCH_FX, NPU)

@@ -6,12 +6,13 @@ in tools/models/, quantized through both backends and run on the NPU simulator.
 Rows (each evaluated on the 10,000 Fashion-MNIST test images):
 
 - float: the float ONNX model in onnxruntime;
-- PTQ a8w8, PTQ xint8, xint8 + CLE + AdaRound: quant-onnx on the float ONNX model,
-  calibrated on ``--num-calib`` training images;
+- PTQ a8w8, PTQ xint8, PTQ xint8_adaround (the NPU recipe: MinMSE power-of-two weights,
+  CLE, AdaRound): quant-onnx on the float ONNX model, calibrated on ``--num-calib``
+  training images;
 - QAT xint8 (TQT): quant-torch-fx on the same model as an ``nn.Module``, a short
   quantization-aware finetune (``--qat-steps`` batches of 64, distilled from the float
   model), frozen and exported to QDQ ONNX, run in onnxruntime;
-- NPU simulator: the xint8 + CLE + AdaRound model legalised for the ``xint8`` NPU
+- NPU simulator: the xint8_adaround model legalised for the ``xint8`` NPU
   profile and run by quant-npu's integer-only simulator.
 
 Prints one table: top-1, change from float, file size, batch-32 latency in onnxruntime
@@ -124,15 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 
-    import quant_core as qc
-
     float_path = ROOT / "tools" / "models" / f"{args.model}.onnx"
     train_x, _ = load_fashion_mnist("train")
     test_x, test_y = load_fashion_mnist("test")
     calib = train_x[-args.num_calib :]  # QAT draws from the rest of the training set
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / args.model
-    xint8_tuned = qc.get_preset("xint8").evolve(algorithms=(qc.CLEConfig(), qc.AdaRoundConfig()))
 
     jobs: list[tuple[str, str, Callable[[], Path], str]] = [
         ("float", "onnxruntime", lambda: float_path, "ort"),
@@ -149,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             "ort",
         ),
         (
-            "xint8 + CLE + AdaRound",
+            "PTQ xint8_adaround",
             "quant-onnx",
-            lambda: _ptq(float_path, Path(f"{stem}.xint8_cle_adaround.onnx"), xint8_tuned, calib, args.quiet),
+            lambda: _ptq(float_path, Path(f"{stem}.xint8_adaround.onnx"), "xint8_adaround", calib, args.quiet),
             "ort",
         ),
     ]
@@ -167,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     jobs.append(
         (
-            "NPU simulator (xint8 + CLE + AdaRound)",
+            "NPU simulator (xint8_adaround)",
             "quant-npu",
-            lambda: _npu(Path(f"{stem}.xint8_cle_adaround.onnx"), Path(f"{stem}.xint8_npu.onnx")),
+            lambda: _npu(Path(f"{stem}.xint8_adaround.onnx"), Path(f"{stem}.xint8_npu.onnx")),
             "sim",
         )
     )
