@@ -63,7 +63,9 @@ def test_both_histogram_paths_count_like_quant_core(seed: int, exponent: int, bi
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), shift=st.sampled_from([0.75, 3.0, 1000.0, 2.0**20]), sign=st.sampled_from([1, -1]))
+@given(
+    seed=st.integers(0, 2**31 - 1), shift=st.sampled_from([0.75, 3.0, 1000.0, 2.0**20]), sign=st.sampled_from([1, -1])
+)
 def test_ranges_away_from_zero_count_like_quant_core(seed: int, shift: float, sign: int) -> None:
     # Grids whose offset is positive (all values above zero) or far below zero: the offset is
     # subtracted in floating point, where a rounding would move values across bin edges.
