@@ -67,8 +67,8 @@ def channel_min_max(x: torch.Tensor, axis: int | None) -> tuple[torch.Tensor, to
     return torch.aminmax(flat, dim=1)
 
 
-# Values binned per pass on the CPU: the scaled values and their bin indices (2.5 MiB)
-# stay in cache and their buffers are reused, where whole-tensor temporaries of a large
+# Values binned per pass on the CPU: the buffers of the scaled values and their bin indices
+# (4 MiB, :func:`_chunk_buffers`) are reused, where whole-tensor temporaries of a large
 # activation (hundreds of MB) would be fresh, page-faulting memory on every call.
 CPU_CHUNK = 1 << 18
 
