@@ -35,7 +35,7 @@ FORBIDDEN = [
     (r"class (TensorGroup|WeightSlot|BiasSlot|FusedActivation|QuantPlan|InputRequant)\b", "quant_core.plan.planner"),
     (r"def (resolve_weight_spec|plan_quantization)\b", "quant_core.plan.planner"),
     (
-        r"def (encode_bias|fit_weight_to_bias|quantize_bias|bias_codes|bias_qparams)\b",
+        r"def (encode_bias|fit_weight_to_bias|accumulation_headroom|quantize_bias|bias_codes|bias_qparams)\b",
         "quant_core.bias (the bias rule)",
     ),
     (r"def (qparams_from_range|constant_qparams|round_values)\b", "quant_core (qparam math)"),

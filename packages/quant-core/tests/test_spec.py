@@ -16,6 +16,7 @@ from quant_core.observer_config import (
     PowerOfTwoMSE,
     observer_config,
 )
+from quant_core.serialization import from_data, to_data
 from quant_core.spec import Granularity, QuantSpec, RoundMode, ScaleType, parse_enum
 
 # (keyword arguments, field the error must name)
@@ -39,6 +40,12 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"dtype": "int8", "observer": PowerOfTwoMSE()}, "observer.method"),
     ({"dtype": "int8", "dynamic": True, "per_channel_axis": 0}, "dynamic"),
     ({"dtype": "int8", "dynamic": True, "observer": MovingAverageMinMax()}, "observer.method"),
+    # Not an observer config at all: a method name, null, a JSON-style object, the class itself.
+    ({"dtype": "int8", "observer": "minmax"}, "observer"),
+    ({"dtype": "int8", "observer": None}, "observer"),
+    ({"dtype": "int8", "observer": {"method": "minmax"}}, "observer"),
+    ({"dtype": "int8", "observer": MinMax}, "observer"),
+    ({"dtype": "fp16", "observer": "minmax"}, "observer"),
 ]
 
 
@@ -68,6 +75,34 @@ def test_invalid_combination_names_the_field(kwargs: dict[str, Any], field: str)
 def test_invalid_observer_config_names_the_field(factory: Any, field: str) -> None:
     with pytest.raises(ValueError, match=rf"^{field}: .*allowed"):
         factory()
+
+
+@pytest.mark.parametrize("bad", ["minmax", "kl", None, {"method": "minmax"}, 3, MinMax])
+def test_observer_of_the_wrong_type_lists_the_configs(bad: Any) -> None:
+    # Every observer config class is named, so the message says what to write instead.
+    with pytest.raises(ValueError, match=r"^observer: .* is not allowed; allowed: ") as info:
+        QuantSpec(dtype="int8", observer=bad)
+    for cls in (MinMax, MovingAverageMinMax, Percentile, Entropy, MSE, PowerOfTwoMSE):
+        assert f"{cls.__name__}()" in str(info.value)
+    with pytest.raises(ValueError, match=r"^observer: "):
+        QuantSpec(dtype="int8").evolve(observer=bad)
+
+
+def test_observer_error_points_at_the_builders() -> None:
+    with pytest.raises(ValueError, match=r"observer_config\('minmax'\) builds one"):
+        QuantSpec(dtype="int8", observer="minmax")
+    with pytest.raises(ValueError, match=r"from_data builds one from its JSON object"):
+        QuantSpec(dtype="int8", observer={"method": "percentile"})
+
+
+def test_observer_from_json_is_a_tagged_object() -> None:
+    # The JSON form names the method in an object; from_data builds the config class, which
+    # the validator accepts. A bare string is refused there too, with the JSON path.
+    spec = from_data(QuantSpec, {"dtype": "int8", "observer": {"method": "percentile", "bins": 64}})
+    assert spec.observer == Percentile(bins=64)
+    assert from_data(QuantSpec, to_data(spec)) == spec
+    with pytest.raises(ValueError, match=r"^\$\.observer: "):
+        from_data(QuantSpec, {"dtype": "int8", "observer": "minmax"})
 
 
 def test_defaults() -> None:

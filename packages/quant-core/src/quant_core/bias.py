@@ -11,16 +11,25 @@ decided here once for every backend:
   layer an integer kernel reads (8-bit activations, weights of at most 8 bits) the
   product scale is the only one allowed, so :func:`fit_weight_to_bias` first raises the
   weight scale of any channel whose bias would not fit: such channels have weights
-  orders of magnitude below their bias (``|b| / max|w| > s_in * 2**31 / 127``), and the
-  coarser weight step costs them about ``|b| * 2**-23`` of output, far below one
+  orders of magnitude below their bias (``|b| / max|w| > s_in * 2**30 / 127``), and the
+  coarser weight step costs them about ``|b| * 2**-22`` of output, far below one
   output step. (EfficientNet-Lite0's near-zero depthwise channels at ``a8w8``.)
+
+  "Fits" leaves room for the products: the kernel adds ``sum (x - zx) * (w - zw)`` to the
+  bias codes in an int32 accumulator that wraps (onnxruntime's QLinearConv/QGemm: a
+  channel that should read +996083 read -996083 when its bias code sat 2400 below
+  2**31). So the bias codes keep ``|b_code| + headroom <= 2**31 - 1``, where
+  :func:`accumulation_headroom` gives the worst case ``K * max|x - zx| * max|w - zw|``
+  of the layer's ``K`` products per output; without it :data:`DEFAULT_HEADROOM`
+  (``2**30``) is reserved, which covers every layer with ``K <= 32896``.
 - :attr:`BiasRule.WIDENED`: it does not fit and no integer kernel reads the layer (its
   activations or weights are wider than 8 bits: it runs as DequantizeLinear -> float op):
   int32 at ``s_in * s_w * 2**k`` per channel, with the smallest ``k`` that fits. The
   weights keep their precision, which 16-bit layers are for.
 - :attr:`BiasRule.FLOAT`: the config asks for a float bias on a layer no integer kernel
   reads (or, as a last resort, an integer-kernel layer whose weight scale was not fitted
-  to its bias: float rather than a saturated or silently mis-scaled int32). A writer must
+  to its bias, or, when :func:`encode_bias` is given the headroom, not with room for its
+  products: float rather than a saturated, wrapping or silently mis-scaled int32). A writer must
   store it so that runtimes keep it exact (onnxruntime re-quantizes a float bias next to
   quantized inputs and weights at ``s_in * s_w``, overflow included). Where an integer
   kernel reads the layer, a float bias cannot survive: the product rule applies, with a
@@ -41,10 +50,13 @@ Example:
     ('widened', 1)
     >>> x8 = QParams.per_tensor(0.02, 128, "uint8")
     >>> tiny = QParams(np.array([1e-9, 0.01], np.float32), np.zeros(2, np.int64), w.dtype, axis=0)
-    >>> fitted, note = fit_weight_to_bias(np.array([5.0, 1.0], np.float32), x8.scale, tiny)
+    >>> room = accumulation_headroom((2, 16, 3, 3), 2, x8, tiny)  # a 3x3 Conv, 16 inputs: K = 144
+    >>> room.tolist()
+    [2359296.0, 2359296.0]
+    >>> fitted, note = fit_weight_to_bias(np.array([5.0, 1.0], np.float32), x8.scale, tiny, headroom=room)
     >>> [float(f"{s:.3g}") for s in fitted.scale], note
-    ([1.16e-07, 0.01], 'weight scale raised on 1 of 2 channels so that the int32 bias fits at input_scale * weight_scale')
-    >>> encode_bias(np.array([5.0, 1.0], np.float32), x8.scale, fitted, None, integer_kernel=True).rule.value
+    ([1.17e-07, 0.01], 'weight scale raised on 1 of 2 channels so that the int32 bias fits at input_scale * weight_scale with room for the products of the layer')
+    >>> encode_bias(np.array([5.0, 1.0], np.float32), x8.scale, fitted, None, integer_kernel=True, headroom=room).rule.value
     'product'
 """
 
@@ -70,6 +82,23 @@ from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
 
 _INT32 = np.iinfo(np.int32)
+
+DEFAULT_HEADROOM = 2**30
+"""Accumulator room (in bias codes) that :func:`fit_weight_to_bias` reserves for a layer's
+products when its caller does not give the layer's own :func:`accumulation_headroom`.
+
+Half the int32 range: the products of 8-bit inputs (``|x - zx| <= 255``, uint8 at zero
+point 0) and 8-bit weights (``|w - zw| <= 128``) cannot exceed it with up to 32,896
+products per output (a 3x3 Conv over 3,655 input channels, a Gemm over 32,896 inputs), so
+it is safe for every layer that does not say otherwise. Its cost falls only on channels
+whose bias fills more than half of int32 at ``s_in * s_w``: their weight scale comes out
+at most twice what the exact headroom would give, still ``|b| * 2**-22`` of output."""
+
+MIN_BIAS_BUDGET = 2**24
+"""Bias codes always allowed, whatever the headroom. Past about 65,000 products per
+output the worst case of the products alone reaches the int32 limit, and no weight scale
+makes the sum provably safe; rather than crush the weights to zero, the bias keeps 2**24
+codes (typical biases take 10**3-10**5) and the note says the worst case is not covered."""
 
 
 class BiasRule(enum.Enum):
@@ -141,18 +170,91 @@ def _widening_shift(value: np.ndarray, qp: QParams) -> np.ndarray:
         shift = shift + (too_big.any() if qp.scale.ndim == 0 else too_big).astype(np.int64)
 
 
+def _max_offset(qp: QParams, any_zero_point: bool) -> np.ndarray:
+    """Largest ``|code - zero_point|`` that ``qp`` can store (per channel where its zero
+    point is); with ``any_zero_point``, for any zero point it may be moved to."""
+    if any_zero_point:
+        return np.asarray(float(qp.qmax - qp.qmin))
+    zero_point = np.asarray(qp.zero_point, np.float64)
+    return np.maximum(qp.qmax - zero_point, zero_point - qp.qmin)
+
+
+def accumulation_headroom(
+    weight_shape: tuple[int, ...], outputs: int, input_qp: QParams, weight_qp: QParams
+) -> np.ndarray:
+    """The largest ``|sum (x - zx) * (w - zw)|`` one output of a Conv/Gemm/MatMul can reach
+    in its int32 accumulator, in bias codes: ``K * max|x - zx| * max|w - zw|``, per weight
+    channel (a scalar for a per-tensor weight). Pass it as ``headroom`` to
+    :func:`fit_weight_to_bias` and :func:`encode_bias`.
+
+    Args:
+        weight_shape: the weight's shape as the kernel reads it (any layout).
+        outputs: how many values the bias holds (its ``size``): the output channels.
+        input_qp: the qparams of the layer's input (its zero point and format).
+        weight_qp: the weight's qparams.
+
+    ``K``, the products per output, is the weight's size over its output channels: Conv
+    ``[Cout, Cin/g, kh, kw]`` gives ``Cin/g * kh * kw``, Gemm/MatMul ``[K, N]`` or
+    ``[N, K]`` give ``K``. When ``outputs`` is not one of the weight's dimensions (a
+    scalar or broadcast bias, ConvTranspose's grouped channels) every weight element is
+    counted: never less than the truth. A symmetric weight's codes lie within half its
+    range of the zero point; an asymmetric one's zero point may move when
+    :func:`fit_weight_to_bias` raises its scale, so its whole range is counted, and the
+    headroom computed before and after the fit agree.
+
+    Example:
+        >>> from quant_core.qparams import QParams
+        >>> x = QParams.per_tensor(0.02, 0, "uint8")  # after a Relu: codes 0..255
+        >>> w = QParams.per_tensor(0.01, 0, "int8")
+        >>> float(accumulation_headroom((64, 32, 3, 3), 64, x, w))  # 288 * 255 * 128
+        9400320.0
+    """
+    size = int(np.prod(weight_shape, dtype=np.int64))
+    channels = outputs if outputs > 0 and outputs in weight_shape else 1
+    products = max(size // channels, 1)
+    symmetric = bool(np.all(weight_qp.zero_point == symmetric_zero_point(weight_qp.dtype)))
+    x_reach = float(_max_offset(input_qp, any_zero_point=False).max(initial=0.0))
+    w_reach = _max_offset(weight_qp, any_zero_point=not symmetric)
+    # float64 holds these products exactly (< 2**53 for any real layer).
+    headroom = float(products) * x_reach * w_reach.astype(np.float64)
+    return np.broadcast_to(headroom, np.shape(weight_qp.scale)).astype(np.float64)
+
+
+def _bias_budget(headroom: npt.ArrayLike | None) -> tuple[np.ndarray, bool]:
+    """Largest ``|bias code|`` a headroom leaves (float64), and whether the floor
+    :data:`MIN_BIAS_BUDGET` had to replace it (the worst case is then not covered)."""
+    room = np.asarray(DEFAULT_HEADROOM if headroom is None else headroom, np.float64)
+    if np.any(room < 0) or not np.all(np.isfinite(room)):
+        raise ValueError(f"headroom: {room.tolist()!r} is not allowed; allowed: finite values >= 0")
+    budget = float(_INT32.max) - room
+    return np.maximum(budget, float(MIN_BIAS_BUDGET)), bool(np.any(budget < MIN_BIAS_BUDGET))
+
+
 def fit_weight_to_bias(
-    bias: npt.ArrayLike, input_scale: npt.ArrayLike, weight_qp: QParams
+    bias: npt.ArrayLike,
+    input_scale: npt.ArrayLike,
+    weight_qp: QParams,
+    *,
+    headroom: npt.ArrayLike | None = None,
 ) -> tuple[QParams, str | None]:
     """``weight_qp`` with each channel's scale raised (never lowered) just enough that
-    ``bias`` fits int32 at ``input_scale * weight_scale``, and a note when any was
-    raised. Power-of-two scales stay powers of two; a per-tensor scale rises for its
+    ``bias`` fits int32 at ``input_scale * weight_scale`` with ``headroom`` codes to spare
+    for the layer's products (``|b_code| <= 2**31 - 1 - headroom``), and a note when any
+    was raised. Power-of-two scales stay powers of two; a per-tensor scale rises for its
     largest channel. For layers whose bias must sit at the product scale (module
-    docstring); the weights must then be quantized with the returned qparams."""
+    docstring); the weights must then be quantized with the returned qparams.
+
+    ``headroom``: the layer's :func:`accumulation_headroom` (per channel or a scalar);
+    ``None`` reserves :data:`DEFAULT_HEADROOM`, enough for up to 32,896 products per
+    output. The bias always keeps :data:`MIN_BIAS_BUDGET` codes (the note then says the
+    worst case of the products is not covered)."""
     value = np.abs(np.asarray(bias, np.float64)).reshape(-1)
     in_scale = float(np.asarray(input_scale, np.float64).reshape(-1)[0])
-    # The margin keeps the rounded code strictly inside int32 after float32 scale rounding.
-    needed = value / (in_scale * (float(_INT32.max) - 1.0)) * (1.0 + 1e-6)
+    budget, floored = _bias_budget(headroom)
+    if budget.ndim and weight_qp.scale.ndim == 0:
+        budget = np.asarray(budget.min(initial=float(_INT32.max)))
+    # The margin keeps the rounded code strictly inside the budget after float32 scale rounding.
+    needed = value / (in_scale * (budget - 1.0)) * (1.0 + 1e-6)
     if weight_qp.scale.ndim == 0:
         needed = np.asarray(needed.max(initial=0.0))
     elif needed.shape != weight_qp.scale.shape:
@@ -175,7 +277,12 @@ def fit_weight_to_bias(
         zero_point = np.clip(np.rint(weight_qp.qmin - low / scale), weight_qp.qmin, weight_qp.qmax).astype(np.int64)
     channels = int(raise_mask.sum())
     total = 1 if weight_qp.scale.ndim == 0 else int(weight_qp.scale.shape[0])
-    note = f"weight scale raised on {channels} of {total} channels so that the int32 bias fits at input_scale * weight_scale"
+    note = (
+        f"weight scale raised on {channels} of {total} channels so that the int32 bias fits at "
+        "input_scale * weight_scale with room for the products of the layer"
+    )
+    if floored:
+        note += f" (the products alone can reach the int32 limit; the bias keeps {MIN_BIAS_BUDGET} codes)"
     return attrs.evolve(weight_qp, scale=np.asarray(scale, np.float32), zero_point=zero_point, fix_pos=fix_pos), note
 
 
@@ -186,6 +293,7 @@ def encode_bias(
     spec: QuantSpec | None,
     *,
     integer_kernel: bool,
+    headroom: npt.ArrayLike | None = None,
 ) -> EncodedBias:
     """Apply the bias rule (module docstring) to ``bias`` (``[Cout]``, or a scalar for a
     per-tensor weight) of a layer whose input has scale ``input_scale`` and whose weight
@@ -193,6 +301,15 @@ def encode_bias(
     ``integer_kernel`` whether the layer's formats are those integer kernels consume
     (8-bit activations and weights of at most 8 bits: the planner's
     :attr:`~quant_core.plan.BiasSlot.integer_kernel`).
+
+    ``headroom`` (integer-kernel layers only; the others run as DequantizeLinear -> float
+    op, with no int32 accumulator): the layer's :func:`accumulation_headroom`. Given, an
+    int32 bias must also leave that much of the accumulator free, as
+    :func:`fit_weight_to_bias` arranged, or it stays float like one that does not fit;
+    pass it wherever the bias may have changed since the weight scale was fitted (bias
+    correction, AdaQuant). ``None`` checks only that the codes fit int32: this function
+    does not know the layer's products, and a stricter default than the fit's would turn
+    biases the fit placed into float ones.
     """
     value = np.asarray(bias, np.float32)
     no_shift = np.zeros(np.shape(weight_qp.scale), np.int64)
@@ -212,6 +329,16 @@ def encode_bias(
     if qp.scale.ndim and (value.ndim != 1 or qp.scale.shape[0] != value.shape[0]):
         raise ValueError(f"bias: shape {list(value.shape)} but the weight has {qp.scale.shape[0]} channel scales")
     codes = _product_codes(value, qp)
+    if integer_kernel and headroom is not None:
+        budget, _ = _bias_budget(headroom)
+        crowded = int(np.count_nonzero(np.abs(codes) > budget))
+        if crowded:
+            note = (
+                f"{crowded} bias values leave less than the layer's products need of the int32 accumulator at "
+                "input_scale * weight_scale and the weight scale was not fitted to the bias (fit_weight_to_bias); "
+                "the bias stays float, so this layer runs in float"
+            )
+            return EncodedBias(BiasRule.FLOAT, None, None, no_shift, note)
     if _fits(codes).all():
         return EncodedBias(BiasRule.PRODUCT, codes.astype(np.int32), qp, no_shift, overridden)
     overflow = int(np.count_nonzero(~_fits(codes)))

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -32,6 +33,7 @@ import attrs
 from quant_core.dtypes import DType
 from quant_core.observer_config import (
     HISTOGRAM_METHODS,
+    OBSERVER_CONFIGS,
     MinMax,
     ObserverConfig,
     PowerOfTwoMSE,
@@ -94,6 +96,28 @@ def _round_converter(value: Any) -> RoundMode:
     return parse_enum(RoundMode, value, "rounding")
 
 
+def _validate_observer(_inst: Any, _attribute: Any, value: Any) -> None:
+    # The type annotation is not enforced at run time, and ``__attrs_post_init__`` reads
+    # ``observer.method``: without this check a method name, ``None`` or a JSON-style dict
+    # fails there with an AttributeError that names neither the field nor what it accepts.
+    # Strings are refused rather than converted: the JSON form is a tagged object
+    # (``{"method": "minmax"}``, which :func:`~quant_core.serialization.from_data` turns
+    # into the class before this runs), and ``observer_config`` is the one place a bare
+    # method name becomes a config, with that method's parameters.
+    if isinstance(value, tuple(OBSERVER_CONFIGS.values())):
+        return
+    classes = ", ".join(f"{cls.__name__}()" for cls in OBSERVER_CONFIGS.values())
+    hint = ""
+    if isinstance(value, str) and value in OBSERVER_CONFIGS:
+        hint = f"; observer_config({value!r}) builds one from the method name"
+    elif isinstance(value, Mapping):
+        hint = "; quant_core.serialization.from_data builds one from its JSON object"
+    raise ValueError(
+        f"observer: {value!r} is not allowed; allowed: an observer config from quant_core.observer_config "
+        f"({classes}){hint}"
+    )
+
+
 @attrs.frozen
 class QuantSpec:
     """How one tensor is quantized.
@@ -122,7 +146,7 @@ class QuantSpec:
     per_channel_axis: int | str | None = attrs.field(default=None)
     scale_type: ScaleType = attrs.field(default=ScaleType.FLOAT, converter=_scale_type_converter)
     rounding: RoundMode = attrs.field(default=RoundMode.HALF_EVEN, converter=_round_converter)
-    observer: ObserverConfig = attrs.field(factory=MinMax)
+    observer: ObserverConfig = attrs.field(factory=MinMax, validator=_validate_observer)
     narrow_range: bool = attrs.field(default=False)
     dynamic: bool = attrs.field(default=False)
 

@@ -5,8 +5,9 @@ group's from its observer with the group's spec; each input requantization's fro
 group's observer (or its own, when its spec observes differently) with the requant's
 spec; each weight's from its spec's observer over the weight
 (:func:`quant_core.weights.constant_qparams`), then, for layers an integer kernel reads,
-raised where the int32 bias would not fit at ``input_scale * weight_scale``
-(:func:`quant_core.bias.fit_weight_to_bias`). A changed plan over the same graph (mixed
+raised where the int32 bias would not fit at ``input_scale * weight_scale`` with room for
+the layer's products in the int32 accumulator (:func:`quant_core.bias.fit_weight_to_bias`
+with :func:`quant_core.bias.accumulation_headroom`). A changed plan over the same graph (mixed
 precision raising layers to 16 bits) gets its qparams from the same observers, without
 calibrating again.
 
@@ -31,7 +32,7 @@ from collections.abc import Callable, Mapping
 import attrs
 import numpy as np
 
-from quant_core.bias import fit_weight_to_bias
+from quant_core.bias import accumulation_headroom, fit_weight_to_bias
 from quant_core.dtypes import DType
 from quant_core.observers.base import Observer
 from quant_core.plan.graph import ConstantLookup
@@ -71,10 +72,12 @@ def plan_weight_qparams(
         0.25
     """
     result: dict[str, QParams] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for slot in plan.weights:
         weight = value(slot.tensor)
         if weight is None:
             raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
+        shapes[slot.node] = np.shape(weight)
         start = None if given is None else given.get(slot.node)
         result[slot.node] = constant_qparams(weight, slot.spec) if start is None else start
     notes = []
@@ -88,7 +91,9 @@ def plan_weight_qparams(
         flat = np.asarray(bias).reshape(-1)
         if qp.scale.ndim and flat.size != qp.scale.shape[0]:
             continue  # not one bias per channel: the writer keeps it float
-        result[bias_slot.node], note = fit_weight_to_bias(flat, input_qp.scale, qp)
+        # The kernel adds the layer's products to the bias in int32: leave them room.
+        headroom = accumulation_headroom(shapes[bias_slot.node], flat.size, input_qp, qp)
+        result[bias_slot.node], note = fit_weight_to_bias(flat, input_qp.scale, qp, headroom=headroom)
         if note is not None:
             notes.append(f"node {bias_slot.node!r}: {note}")
     return result, notes
