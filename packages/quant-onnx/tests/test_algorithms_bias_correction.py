@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from algorithms_models import (
     batches_for,
@@ -107,3 +108,32 @@ def test_num_samples_limits_the_data_used():
     a, _ = apply_bias_correction(calibrated, qdq, batches, BiasCorrectionConfig(num_samples=8), quiet=True)
     b, _ = apply_bias_correction(calibrated, qdq, batches[:1], BiasCorrectionConfig(), quiet=True)
     assert a.SerializeToString() == b.SerializeToString()
+
+
+def _with_float_bias(qdq, layer: str, value: np.ndarray):
+    """``qdq`` with ``layer``'s bias replaced by a float initializer holding ``value``."""
+    out = onnx.ModelProto()
+    out.CopyFrom(qdq)
+    node = next(n for n in out.graph.node if n.name == layer)
+    node.input[2] = f"{layer}_float_bias"
+    out.graph.initializer.append(onnx.numpy_helper.from_array(value, node.input[2]))
+    return out
+
+
+@pytest.mark.parametrize("bias_shape", [(1,), (), (1, 1)])
+def test_a_broadcast_float_gemm_bias_is_corrected_per_channel(bias_shape):
+    # A Gemm C of one value broadcast over the channels once reached the driver as shape (1,):
+    # "bias: shape (1,) does not match 4 output channels", naming no node.
+    model = gemm_mlp()
+    batches = batches_for(model, count=2)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    broadcast = _with_float_bias(qdq, "fc2", np.full(bias_shape, 0.25, np.float32))
+    fc2 = next(layer for layer in OnnxLayerRunner(calibrated, broadcast, batches).layers() if layer.name == "fc2")
+    np.testing.assert_array_equal(fc2.bias, np.full(4, 0.25, np.float32))
+    corrected, _ = apply_bias_correction(calibrated, broadcast, batches, BiasCorrectionConfig(), quiet=True)
+    node = next(n for n in corrected.graph.node if n.name == "fc2")
+    dq = next(n for n in corrected.graph.node if node.input[2] in n.output)
+    assert dq.op_type == "DequantizeLinear" and initializer(corrected, dq.input[0]).shape == (4,)
+    assert "fc2_float_bias" not in {t.name for t in corrected.graph.initializer}
+    out = TensorCapture(corrected, ["y"]).collect(batches)["y"]  # onnxruntime loads and runs it
+    assert np.all(np.isfinite(out))

@@ -70,6 +70,24 @@ def test_opset_21_keeps_16_bit_pairs_in_the_default_domain(setup):
     assert result.algorithms["mixed_precision"]["notes"] == []
 
 
+def test_the_com_microsoft_note_gives_advice_that_works(setup):
+    # The note once advised "quant-onnx's --opset 21", a flag the command line does not have.
+    model, batches, calibrated, _ = setup
+    mp = MixedPrecisionConfig(target_types=["a16w8"], max_layers=1)
+    _out, _chosen, report = apply_mixed_precision(calibrated, get_preset("a8w8"), batches, mp, quiet=True)
+    (note,) = [note for note in report.notes if "com.microsoft" in note]
+    assert "--opset" not in note
+    assert "PreprocessOptions(target_opset=21)" in note and "convert_version(model, 21)" in note
+    # The command-line route: the converted model needs no option to keep 16-bit pairs standard.
+    from onnx import version_converter
+
+    converted = version_converter.convert_version(model, 21)
+    result = ModelQuantizer(get_preset("a8w8").evolve(algorithms=(mp,)), quiet=True).quantize(converted, None, batches)
+    pairs = _sixteen_bit_qdq(result.model)
+    assert pairs and {n.domain for n in pairs} == {""}
+    assert result.algorithms["mixed_precision"]["notes"] == []
+
+
 def test_max_layers_and_weight_targets(setup):
     _, batches, calibrated, _ = setup
     mp = MixedPrecisionConfig(target_types=["a8w16", "a16w16"], max_layers=1)

@@ -4,6 +4,7 @@ from the file), data through onnxruntime, writes into the copied QDQ model."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from algorithms_models import batches_for, gemm_mlp, mobilenet_block, quantize_for_passes, stored_weight_codes
 
@@ -77,3 +78,17 @@ def test_a_different_float_model_is_rejected():
     _, other = quantize_for_passes(mobilenet_block(seed=7), batches)
     with pytest.raises(ModelError, match=r"conv1.*does not quantize"):
         OnnxLayerRunner(calibrated, other, batches)
+
+
+def test_a_gemm_alpha_folded_by_the_writer_is_in_the_layers_float_weight():
+    # The writer quantizes alpha * B (integer Gemm needs alpha 1); the runner once compared
+    # the stored codes with B itself and refused the model ("does not quantize").
+    model = gemm_mlp()
+    fc1 = next(n for n in model.graph.node if n.name == "fc1")
+    fc1.attribute.append(onnx.helper.make_attribute("alpha", 0.5))
+    batches = batches_for(model, count=2)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    layer = OnnxLayerRunner(calibrated, qdq, batches).layers()[0]
+    w1 = next(onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "w1")
+    np.testing.assert_array_equal(layer.float_weight, (w1 * np.float32(0.5)).T)
+    np.testing.assert_array_equal(quantize(layer.float_weight, layer.weight_qparams), stored_weight_codes(qdq, "fc1").T)

@@ -196,3 +196,42 @@ def test_algorithm_flags_that_cannot_run_are_usage_errors(files, tmp_path, capsy
     assert main(args) == 2
     assert named in _error_line(capsys)
     assert not out.exists()
+
+
+def _float16_conv(path) -> None:
+    weight = onnx.numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float16), "w")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), onnx.helper.make_node("Relu", ["c"], ["y"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT16, ["N", 3, 8, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT16, ["N", 4, 6, 6])],
+        [weight],
+    )
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def test_a_float16_model_is_refused_by_quantize_and_inspect_alike(tmp_path, capsys) -> None:
+    # It used to be "quantized" into the same float16 model, with a summary saying nothing matched
+    # while inspect said the Conv would be quantized.
+    path, data, out = tmp_path / "fp16.onnx", tmp_path / "calib.npy", tmp_path / "q.onnx"
+    _float16_conv(path)
+    np.save(data, np.ones((4, 3, 8, 8), np.float16))
+    assert main(["quantize", str(path), str(out), "--calib-data", str(data), "--quiet"]) == 2
+    quantize_error = _error_line(capsys)
+    assert main(["inspect", str(path)]) == 2
+    assert _error_line(capsys) == quantize_error
+    assert (
+        f"model '{path}': input 'x' is float16" in quantize_error and "convert the model to float32" in quantize_error
+    )
+    assert not out.exists()
+
+
+def test_a_float16_initializer_is_named() -> None:
+    from quant_onnx import ModelQuantizer
+    from quant_onnx.errors import ModelError
+
+    model = small_cnn()
+    weight = model.graph.initializer[0]
+    weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight).astype(np.float16), weight.name))
+    with pytest.raises(ModelError, match=f"initializer '{weight.name}' is float16"):
+        ModelQuantizer("a8w8", quiet=True).prepare(model)

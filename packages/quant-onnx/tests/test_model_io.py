@@ -83,3 +83,33 @@ def test_hash_and_sizes():
     b.graph.node[0].name = "other"
     assert model_hash(a) != model_hash(b)
     assert model_size(a) > initializer_bytes(a) > 8 * 3 * 3 * 3 * 4
+
+
+def test_checker_message_keeps_the_node_name_and_op_on_one_line():
+    # onnx.checker puts "name: add_bad OpType: Add" on the lines after the first; keeping only
+    # the first line left "input 'nowhere' of node: " naming no node.
+    conv = helper.make_node("Conv", ["x", "w"], ["c"], name="conv")
+    add = helper.make_node("Add", ["c", "nowhere"], ["y"], name="add_bad")
+    weight = onnx.numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    graph = helper.make_graph([conv, add], "g", [vi("x", [1, 3, 8, 8])], [vi("y", [1, 4, 6, 6])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(ModelError) as info:
+        load_model(model)
+    message = str(info.value)
+    assert "\n" not in message and "  " not in message
+    assert "input 'nowhere' of node: name: add_bad OpType: Add is not output of any previous nodes" in message
+
+
+def test_onnxruntime_messages_keep_every_line():
+    from quant_onnx.errors import MAX_MESSAGE_CHARS
+    from quant_onnx.ort_session import onnxruntime_errors
+
+    class Fail(Exception):  # what onnxruntime's own exception types look like to the wrapper
+        __module__ = "onnxruntime.capi.onnxruntime_pybind11_state"
+
+    with pytest.raises(ModelError) as info, onnxruntime_errors("run the model"):
+        raise Fail("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code\n  Node (add_bad)\n  Op (Add) failed")
+    assert str(info.value) == "onnxruntime cannot run the model: Non-zero status code Node (add_bad) Op (Add) failed"
+    with pytest.raises(ModelError) as info, onnxruntime_errors("run the model"):
+        raise Fail("x" * (2 * MAX_MESSAGE_CHARS))
+    assert str(info.value).endswith("...") and len(str(info.value)) < MAX_MESSAGE_CHARS + 40

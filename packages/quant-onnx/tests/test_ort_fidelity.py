@@ -234,3 +234,44 @@ def test_default_session_computes_the_qdq_model(model_name: str, config_name: st
     default = ort_run(quantized, evaluation, "all")[0]
     rms = float(np.sqrt(np.mean(_steps(default, node_by_node, step) ** 2)))
     assert rms <= 1, f"{config_name}: {rms:.2f} output steps RMS off in onnxruntime's default session"
+
+
+def _batched_matmul() -> onnx.ModelProto:
+    """MatMul of a rank-3 activation [N, 8, 64] by a [64, 32] weight (a transformer-style dense layer)."""
+    weight = numpy_helper.from_array((np.random.default_rng(0).normal(size=(64, 32)) * 0.1).astype(np.float32), "W")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8, 64])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 8, 32])],
+        [weight],
+    )
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+
+
+# Formats no integer MatMul/Gemm kernel takes (16-bit or float activations), each of which
+# onnxruntime's DQ -> MatMulNBits rewrite took before the writer shielded the weights
+# (a16w8 on the batched MatMul: 150 output steps off).
+MATMULNBITS_CONFIGS = ("a16w8", "a16w8_per_tensor", "a16w4", "float_act_w8_per_channel", "float_act_w8_per_tensor")
+
+
+@pytest.mark.parametrize("config_name", MATMULNBITS_CONFIGS)
+@pytest.mark.parametrize("model_name", ["batched_matmul", "mlp"])
+def test_default_session_keeps_matmuls_as_written(config_name: str, model_name: str, tmp_path) -> None:
+    """MatMul and Gemm(transB=0) outside the integer kernels are not rewritten into
+    com.microsoft:MatMulNBits (which quantizes its input to int8 on the fly): the default
+    session computes the file within one output step."""
+    from model_builders import mlp, optimized_op_types
+
+    model = _batched_matmul() if model_name == "batched_matmul" else mlp()
+    shape = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    data = np.random.default_rng(1).normal(size=(CALIBRATION_SAMPLES + EVAL_SAMPLES, *shape[1:])).astype(np.float32)
+    quantizer = ModelQuantizer(CONFIGS[config_name](), quiet=True)
+    quantized = quantizer.quantize(model, None, data[:CALIBRATION_SAMPLES]).model
+    ops = optimized_op_types(quantized, tmp_path)
+    assert not [op for op in ops if op.endswith(":MatMulNBits")], ops
+    evaluation = data[CALIBRATION_SAMPLES:]
+    default = ort_run(quantized, evaluation, "all")[0]
+    node_by_node = ort_run(quantized, evaluation, "emulated")[0]
+    worst = float(_steps(default, node_by_node, output_step(quantized)).max())
+    assert worst <= 1, f"{config_name}: {worst:g} output steps off in onnxruntime's default session"

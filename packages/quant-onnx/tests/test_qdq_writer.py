@@ -348,3 +348,35 @@ def test_exact_int32_dequantizes_to_the_same_float32(values: np.ndarray) -> None
     codes, qp = exact_int32(values)
     assert codes.dtype == np.int32 and qp.axis == 0 and not qp.zero_point.any()
     np.testing.assert_array_equal(codes.astype(np.float32) * qp.scale, values)
+
+
+def _broadcast_bias_gemm(bias_shape: tuple[int, ...]) -> onnx.ModelProto:
+    """Gemm(transB=1) [N, 8] -> [N, 4] whose bias C is one value broadcast over the channels."""
+    rng = np.random.default_rng(0)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, name="gemm_bb")],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+        [
+            numpy_helper.from_array(rng.normal(size=(4, 8)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.full(bias_shape, 0.7, np.float32), "b"),
+        ],
+    )
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("bias_shape", [(1,), (), (1, 1)])
+def test_a_broadcast_gemm_bias_is_stored_per_channel_as_int32(bias_shape, tmp_path) -> None:
+    # It was kept float ("not one per channel"), which kept the Gemm out of QGemm.
+    model = _broadcast_bias_gemm(bias_shape)
+    _calibrated, quantized = quantize_in_memory(model, "a8w8", random_inputs(model, 32))
+    producers, _consumers, inits = _index(quantized)
+    gemm = next(n for n in quantized.graph.node if n.name == "gemm_bb")
+    dq = producers[gemm.input[2]]
+    assert dq.op_type == "DequantizeLinear" and inits[dq.input[0]].dtype == np.int32
+    assert inits[dq.input[0]].shape == (4,)
+    codes, scale = inits[dq.input[0]], inits[dq.input[1]]
+    assert np.all(np.abs(codes * scale - 0.7) <= scale / 2 + 1e-7)  # 0.7 to the nearest code, every channel
+    if cpu_has_vnni():
+        assert "com.microsoft:QGemm" in optimized_op_types(quantized, tmp_path)

@@ -52,7 +52,14 @@ from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
 from quant_onnx.io.compare import Comparison, compare_models
 from quant_onnx.io.data import CalibrationReader, ImageOptions
 from quant_onnx.io.report import build_report, write_report
-from quant_onnx.model_io import check_output_paths, load_model, opset_version, save_model
+from quant_onnx.model_io import (
+    check_float32,
+    check_output_paths,
+    load_model,
+    opset_version,
+    save_model,
+    source_label,
+)
 from quant_onnx.pipeline.annotate import ensure_node_names, plan_model
 from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
 from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess_with_report
@@ -206,6 +213,7 @@ class ModelQuantizer:
     def prepare(self, model: ModelSource) -> PreparedModel:
         """Phase 1 (see the module docstring). ``model`` is never modified."""
         loaded = load_model(model)
+        check_float32(loaded, source_label(model))
         options = self.preprocess_options
         needed = self.required_opset()
         if opset_version(loaded) < needed and (options.target_opset or 0) < needed:

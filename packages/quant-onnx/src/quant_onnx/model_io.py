@@ -24,7 +24,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from quant_core.atomic_io import atomic_write, default_file_mode
-from quant_onnx.errors import ModelError, OutputError
+from quant_onnx.errors import ModelError, OutputError, one_line
 from quant_onnx.graph import DEFAULT_DOMAINS
 from quant_onnx.tensor_data import (
     all_tensors,
@@ -102,7 +102,7 @@ def load_model(
             try:
                 onnx.external_data_helper.load_external_data_for_model(model, str(folder))
             except (OSError, ValueError) as exc:
-                raise ModelError(f"model '{label}': cannot load external data: {_one_line(exc)}") from exc
+                raise ModelError(f"model '{label}': cannot load external data: {one_line(exc)}") from exc
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"model '{label}': not an ONNX model (empty graph)")
     try:
@@ -116,8 +116,60 @@ def load_model(
     return model
 
 
+def source_label(source: object) -> str:
+    """How messages name a model: its path, or ``<in-memory model>`` for bytes and protos."""
+    return str(Path(source)) if isinstance(source, str | os.PathLike) else "<in-memory model>"
+
+
+_REDUCED_FLOATS = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+
+
+def _reduced_float_tensor(model: onnx.ModelProto) -> tuple[str, str, str] | None:
+    """(what, name, dtype) of the first graph input, initializer or output in float16 or
+    bfloat16, else None (a float32 model that casts inside is left to run as it is)."""
+    for value in model.graph.input:
+        dtype = _REDUCED_FLOATS.get(value.type.tensor_type.elem_type)
+        if dtype:
+            return "input", value.name, dtype
+    for tensor in model.graph.initializer:
+        if tensor.data_type in _REDUCED_FLOATS:
+            return "initializer", tensor.name, _REDUCED_FLOATS[tensor.data_type]
+    for value in model.graph.output:
+        dtype = _REDUCED_FLOATS.get(value.type.tensor_type.elem_type)
+        if dtype:
+            return "output", value.name, dtype
+    return None
+
+
+def check_float32(model: onnx.ModelProto, label: str = "<in-memory model>") -> None:
+    """Refuse a float16/bfloat16 model: calibration, the planner and the writer work on
+    float32 tensors, and such a model's ops would stay unquantized while the run reports
+    success. Converting is not done here: widening the values is exact, but a float16 graph
+    also casts and types its tensors in float16 and may depend on float16 arithmetic
+    (overflow, rounding), which only the model's author can settle, by exporting float32.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])])
+        >>> check_float32(helper.make_model(g))
+        Traceback (most recent call last):
+        ...
+        quant_onnx.errors.ModelError: model '<in-memory model>': input 'x' is float16; ...
+    """
+    found = _reduced_float_tensor(model)
+    if found is None:
+        return
+    what, name, dtype = found
+    raise ModelError(
+        f"model '{label}': {what} {name!r} is {dtype}; quantization takes float32 models: convert the model "
+        f"to float32 first (e.g. export it again in float32) and quantize that"
+    )
+
+
 def check_model(model: onnx.ModelProto, label: str = "<in-memory model>") -> None:
-    """Run onnx.checker on models under 2 GiB; ModelError with the first line of the finding.
+    """Run onnx.checker on models under 2 GiB; ModelError with the finding on one line.
     Tensors left in their files by :func:`load_model` are checked as typed inputs (their
     data were checked when loaded)."""
     if bound_folders(model):
@@ -125,10 +177,10 @@ def check_model(model: onnx.ModelProto, label: str = "<in-memory model>") -> Non
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
-        raise ModelError(f"model '{label}': fails onnx.checker: {_one_line(exc)}") from exc
+        raise ModelError(f"model '{label}': fails onnx.checker: {one_line(exc)}") from exc
     except ValueError as exc:
         if "too large" not in str(exc):  # the in-memory checker cannot take protos above 2 GiB
-            raise ModelError(f"model '{label}': fails onnx.checker: {_one_line(exc)}") from exc
+            raise ModelError(f"model '{label}': fails onnx.checker: {one_line(exc)}") from exc
 
 
 def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike | None = None) -> Path:
@@ -250,7 +302,7 @@ def _parse_bytes(data: bytes, label: str) -> onnx.ModelProto:
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise ModelError(f"model '{label}': not an ONNX model ({_one_line(exc) or 'protobuf decode error'})") from exc
+        raise ModelError(f"model '{label}': not an ONNX model ({one_line(exc)})") from exc
     if not model.HasField("graph"):
         raise ModelError(f"model '{label}': not an ONNX model (no graph)")
     return model
@@ -260,8 +312,3 @@ def _same_file(a: Path, b: Path) -> bool:
     if a.exists() and b.exists():
         return os.path.samefile(a, b)
     return a.resolve() == b.resolve()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -33,11 +33,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quant_onnx.errors import ModelError
+from quant_onnx.errors import MAX_MESSAGE_CHARS, ModelError, one_line
 from quant_onnx.tensor_data import bound_folders, without_basepath
 
 _PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
-_MAX_MESSAGE = 300
+_MAX_MESSAGE = MAX_MESSAGE_CHARS
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
@@ -46,15 +46,16 @@ def _is_onnxruntime_error(exc: BaseException) -> bool:
 
 
 def _message(exc: BaseException) -> str:
+    """onnxruntime's message without its ``[ONNXRuntimeError] : 1 : FAIL :`` prefix, every
+    line kept (a node's name can follow the first line) and joined into one."""
     text = _PREFIX.sub("", str(exc).strip())
-    line = text.splitlines()[0].strip() if text else type(exc).__name__
-    return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
+    return one_line(Exception(text), _MAX_MESSAGE) if text else type(exc).__name__
 
 
 @contextmanager
 def onnxruntime_errors(what: str) -> Iterator[None]:
     """Turn onnxruntime's own exceptions raised in the block into
-    ``ModelError("onnxruntime cannot <what>: <first line>")``."""
+    ``ModelError("onnxruntime cannot <what>: <its message on one line>")``."""
     try:
         yield
     except UnicodeDecodeError:  # onnxruntime's message quotes model text that is not UTF-8

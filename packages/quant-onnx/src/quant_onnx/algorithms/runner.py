@@ -25,13 +25,13 @@ from onnx import helper
 
 from quant_algos.drivers.runner import QuantLayer
 from quant_algos.reconstruction_data import ConvGeometry
-from quant_core.bias import encode_bias
+from quant_core.bias import accumulation_headroom, encode_bias
 from quant_core.plan import activation_kind, weight_is_transposed
 from quant_core.qparams import QParams, dequantize, quantize
 from quant_onnx.algorithms.capture import LIVE_MEMORY_BYTES, Feeds, IncrementalRunner
 from quant_onnx.errors import ModelError
 from quant_onnx.graph import GraphIndex, node_attribute, plan_node
-from quant_onnx.graph_edit import copy_model, set_initializer
+from quant_onnx.graph_edit import copy_model, set_attr, set_initializer
 from quant_onnx.pipeline.calibrate import CalibratedModel
 from quant_onnx.pipeline.preprocess.shape_inference import typed_index
 from quant_onnx.tensor_types import DTYPE_OF_ONNX
@@ -76,6 +76,20 @@ def conv_geometry(node: onnx.NodeProto, kernel: Sequence[int], input_hw: Sequenc
         pads = [0, 0, 0, 0]
     groups = int(node_attribute(node, "group", 1))
     return ConvGeometry(strides=strides, pads=pads, dilations=dilations, groups=groups)
+
+
+def _per_channel(node: onnx.NodeProto, bias: np.ndarray, channels: int) -> np.ndarray:
+    """``bias`` flattened, one value per output channel; a single value (Gemm's C broadcasts
+    [], [1] and [1, 1] over every channel) is repeated, so correcting it per channel works."""
+    flat = bias.reshape(-1)
+    if flat.size == 1 and channels != 1:
+        return np.full(channels, flat[0], np.float32)
+    if flat.size != channels:
+        raise ModelError(
+            f"node {node.name!r} ({node.op_type}): bias of shape {list(bias.shape)} is neither one value "
+            f"nor one per output channel ({channels})"
+        )
+    return flat
 
 
 def _oi(qp: QParams, transposed: bool) -> QParams:
@@ -155,6 +169,9 @@ class OnnxLayerRunner:
         if node.op_type == "Gemm" and (node_attribute(node, "transA", 0) or node_attribute(node, "alpha", 1.0) != 1.0):
             self.notes.append(f"{name}: Gemm with transA or alpha is left alone")
             return None
+        if node.op_type == "Gemm":
+            # The writer folded the float Gemm's alpha into the weight it quantized.
+            weight = np.asarray(weight, np.float32) * np.float32(node_attribute(float_node, "alpha", 1.0))
         transposed = weight_is_transposed(plan_node(node))
         float_weight = np.asarray(weight.T if transposed else weight, np.float32)
         if node.op_type == "MatMul" and weight.ndim != 2:
@@ -186,6 +203,11 @@ class OnnxLayerRunner:
                 f"node {name!r}: the float weight does not quantize to the stored codes; pass the calibrated "
                 "model the QDQ model was written from (after CLE/SmoothQuant)"
             )
+        try:
+            bias = self._current_bias(node, qdq, int(float_weight.shape[0]))
+        except ModelError as error:  # e.g. a per-row Gemm C: not a per-channel bias to correct
+            self.notes.append(f"{name}: left alone: {error}")
+            return None
         self._storage[name] = _Storage(
             name,
             dq.input[0],
@@ -199,7 +221,7 @@ class OnnxLayerRunner:
             op_type=node.op_type,
             float_weight=float_weight,
             weight_qparams=qp,
-            bias=self._current_bias(node, qdq),
+            bias=bias,
             geometry=geometry,
             activation=activation,
             output_channel_axis=-1 if node.op_type == "MatMul" else 1,
@@ -207,15 +229,16 @@ class OnnxLayerRunner:
         )
 
     @staticmethod
-    def _current_bias(node: onnx.NodeProto, index: GraphIndex) -> np.ndarray | None:
-        """The bias the QDQ model holds now (real values: codes dequantized with the stored
-        scale, or a float initializer)."""
+    def _current_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> np.ndarray | None:
+        """The bias the QDQ model holds now, one value per output channel (real values: codes
+        dequantized with the stored scale, or a float initializer; a Gemm's broadcast bias,
+        shape [], [1] or [1, 1], repeated for every channel)."""
         if len(node.input) < 3 or not node.input[2]:
             return None
         dq = index.producer(node.input[2])
         if dq is None:
             value = index.constant(node.input[2])
-            return None if value is None else np.asarray(value, np.float32).reshape(-1)
+            return None if value is None else _per_channel(node, np.asarray(value, np.float32), channels)
         codes, scale = index.constant(dq.input[0]), index.constant(dq.input[1])
         if codes is None or scale is None:
             return None
@@ -227,7 +250,19 @@ class OnnxLayerRunner:
             DTYPE_OF_ONNX[index.initializer_proto(dq.input[0]).data_type],  # type: ignore[union-attr]
             axis=0 if np.ndim(scale) else None,
         )
-        return dequantize(codes, qp).reshape(-1)
+        return _per_channel(node, dequantize(codes, qp).astype(np.float32), channels)
+
+    def _drop_float_bias(self, node: onnx.NodeProto, index: GraphIndex) -> None:
+        """Unhook ``node``'s float constant bias (a broadcast Gemm C the writer kept float),
+        deleting its initializer when nothing else reads it; the corrected codes replace it."""
+        if len(node.input) < 3 or not node.input[2]:
+            return
+        old = node.input[2]
+        node.input[2] = ""
+        if index.consumers(old) == [node] and not index.is_graph_output(old):
+            kept = [t for t in self.model.graph.initializer if t.name != old]
+            del self.model.graph.initializer[:]
+            self.model.graph.initializer.extend(kept)
 
     # --- data ----------------------------------------------------------------------------
     def _node_input(self, layer: QuantLayer) -> str:
@@ -260,7 +295,11 @@ class OnnxLayerRunner:
             return "no bias: the layer's input is not quantized"
         weight_qp = self.calibrated.weight_qparams[layer.name]
         flat = np.asarray(values, np.float32).reshape(-1)
-        encoded = encode_bias(flat, input_qp.scale, weight_qp, slot.spec, integer_kernel=slot.integer_kernel)
+        # The new bias must leave the int32 accumulator room for the layer's products.
+        headroom = accumulation_headroom(layer.float_weight.shape, flat.size, input_qp, weight_qp)
+        encoded = encode_bias(
+            flat, input_qp.scale, weight_qp, slot.spec, integer_kernel=slot.integer_kernel, headroom=headroom
+        )
         if encoded.codes is None or encoded.qparams is None:
             return f"bias left as it was: {encoded.note or 'the config keeps it float'}"
         self._store_bias(layer.name, encoded.codes, encoded.qparams)
@@ -279,9 +318,15 @@ class OnnxLayerRunner:
             set_initializer(self.model.graph, dq.input[1], scale)
             if len(dq.input) > 2 and dq.input[2]:
                 set_initializer(self.model.graph, dq.input[2], zero_point)
+            if qp.axis is not None:  # a broadcast bias stored per tensor is now one code per channel
+                set_attr(dq, "axis", 0)
             return
-        if dq is not None or (len(node.input) > 2 and node.input[2]):
-            raise ModelError(f"node {name!r}: its bias is not an integer initializer behind a DequantizeLinear")
+        if dq is not None or (len(node.input) > 2 and node.input[2] and index.constant(node.input[2]) is None):
+            raise ModelError(
+                f"node {name!r} ({node.op_type}): its bias is neither a float constant nor an integer "
+                "initializer behind a DequantizeLinear"
+            )
+        self._drop_float_bias(node, index)
         names = [index.unique_name(f"{name}_bias_{part}") for part in ("quantized", "scale", "zero_point", "dq")]
         set_initializer(self.model.graph, names[0], codes.astype(stored))
         set_initializer(self.model.graph, names[1], scale)

@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from quant_onnx.io.describe import QuantizedModelInfo, describe_quantized
-from quant_onnx.model_io import load_model
+from quant_onnx.model_io import check_float32, load_model, source_label
 
 #: How ``inspect`` names each pre-processing pass's edits.
 PREPROCESS_LABELS = {
@@ -48,6 +48,7 @@ def inspect_model(model: Any, config: Any) -> dict[str, Any]:
         return {"already_quantized": True, "input_ops": _op_counts(loaded), "quantized_model": quantized.to_data()}
     from quant_onnx.api import ModelQuantizer
 
+    check_float32(loaded, source_label(model))  # what quantize would refuse, named as it would
     prepared = ModelQuantizer(config, quiet=True).prepare(loaded)
     plan = prepared.plan
     return {

@@ -184,6 +184,7 @@ class _Writer:
         self.ms_domain_used = False
         self.folded: dict[str, np.ndarray] = {}  # constants created here (Gemm alpha/beta folded)
         self.activation_dqs: dict[str, tuple[onnx.NodeProto, QParams]] = {}  # DQ output -> (DQ, qparams)
+        self.weight_dqs: dict[str, tuple[onnx.NodeProto, QParams, tuple[int, ...]]] = {}  # node -> (DQ, qp, shape)
 
     # --- helpers -----------------------------------------------------------------------------
     def initializer(self, prefix: str, value: np.ndarray, dtype: DType | None = None) -> str:
@@ -310,15 +311,18 @@ class _Writer:
         self.folded[name] = value.astype(np.float32)
         return name
 
-    def store_constant(self, node: onnx.NodeProto, index: int, codes: np.ndarray, qp: QParams) -> None:
-        """Replace ``node``'s constant input ``index`` by integer codes behind a DequantizeLinear."""
+    def store_constant(self, node: onnx.NodeProto, index: int, codes: np.ndarray, qp: QParams) -> onnx.NodeProto:
+        """Replace ``node``'s constant input ``index`` by integer codes behind a DequantizeLinear
+        (returned)."""
         source = node.input[index]
         quantized = self.initializer(f"{source}_quantized", codes, qp.dtype)
         params = self.qparam_initializers(source, qp)
         output = self.index.unique_name(f"{source}_DequantizeLinear_Output")
-        self.before.setdefault(node.name, []).append(self.qdq_node("DequantizeLinear", quantized, output, params, qp))
+        dq = self.qdq_node("DequantizeLinear", quantized, output, params, qp)
+        self.before.setdefault(node.name, []).append(dq)
         node.input[index] = output
         self.replaced.add(source)
+        return dq
 
     def write_weights(self) -> None:
         for slot in self.cal.plan.weights:
@@ -329,7 +333,8 @@ class _Writer:
             if value is None:  # the float model given to the writer no longer has it constant
                 raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
             qp = self.cal.weight_qparams[slot.node]
-            self.store_constant(node, slot.input_index, quantize(value, qp), qp)
+            dq = self.store_constant(node, slot.input_index, quantize(value, qp), qp)
+            self.weight_dqs[slot.node] = (dq, qp, value.shape)
 
     def write_bias(self, slot: BiasSlot) -> None:
         node = self.nodes[slot.node]
@@ -339,6 +344,7 @@ class _Writer:
             self.notes.append(f"node {slot.node!r}: bias kept float (its input is not quantized)")
             return
         weight_qp = self.cal.weight_qparams[slot.node]
+        value = self.per_channel_bias(node, value)
         spec = slot.spec
         # int32 per channel: the default rule, an int32 spec, or a float spec an integer kernel overrides.
         integer = spec is None or spec.dtype is DType.INT32 or (not spec.is_quantized and slot.integer_kernel)
@@ -359,6 +365,15 @@ class _Writer:
             # exact int32 codes with a power-of-two scale per element keep it bit for bit.
             codes, qp = exact_int32(value)
             self.store_constant(node, slot.input_index, codes, qp)
+
+    def per_channel_bias(self, node: onnx.NodeProto, value: np.ndarray) -> np.ndarray:
+        """A Gemm's broadcast bias (one value, shape [], [1] or [1, 1]) as one value per output
+        channel: the same sums, in the 1-D form the bias rule and onnxruntime's QGemm take."""
+        if node.op_type != "Gemm" or value.size != 1 or node.name not in self.weight_dqs:
+            return value
+        weight_shape = self.weight_dqs[node.name][2]
+        channels = output_channels(node, np.broadcast_to(np.float32(0), weight_shape))  # a shape, no copy
+        return np.full(channels, value.reshape(-1)[0], np.float32)
 
     def keep_float_weights_float(self) -> None:
         """Keep onnxruntime from quantizing the float weights of quantized-input nodes.
@@ -410,6 +425,58 @@ class _Writer:
             node.input.append(self.initializer(f"{node.name}_zero_bias", bias))
         codes, qp = exact_int32(bias)
         self.store_constant(node, 2, codes, qp)
+
+    def keep_matmuls_out_of_matmulnbits(self) -> None:
+        """Keep onnxruntime from turning a MatMul/Gemm outside the integer kernels into MatMulNBits.
+
+        onnxruntime (1.32: the DQ -> MatMulNBits selector of its QDQ transformer, level
+        EXTENDED, so in every default session) rewrites a MatMul, or a ``Gemm(transB=0)``,
+        whose weight is a 2/4/8-bit rank-2 initializer behind a DequantizeLinear that is per
+        tensor (scalar scale) or per channel with ``axis`` 1 (written or by default) into
+        ``com.microsoft:MatMulNBits``, unless an integer kernel (QLinearMatMul, QGemm,
+        MatMulIntegerToFloat) took the node first, which it does for 8-bit activations and
+        8-bit weights. MatMulNBits quantizes its input to int8 blocks on the fly (accuracy
+        level 4), so a 16-bit-activation layer (or a float-input one) computes about 150
+        output steps away from the file. The selector accepts no other form, so such a weight
+        is written with ``axis=-1`` (the same last axis of the 2-D weight), per tensor as a
+        one-element scale and zero point (the same values). Its node stays a float MatMul/Gemm
+        between a DequantizeLinear and a QuantizeLinear, which is what the file defines; no
+        integer kernel is lost, since none takes these formats."""
+        for name, (dq, qp, shape) in self.weight_dqs.items():
+            node = self.nodes[name]
+            rank = len(shape)
+            if not self.matmulnbits_candidate(node) or node.input[1] != dq.output[0]:
+                continue
+            reader = self.activation_dqs.get(node.input[0])
+            if reader is not None and reader[1].dtype.bits == 8 and qp.dtype.bits == 8:
+                continue  # an integer kernel takes it before MatMulNBits is tried
+            if qp.axis is not None and int(qp.axis) % rank != rank - 1:
+                continue  # not the last axis: -1 would mean another axis (and the selector refuses it)
+            if qp.axis is None:
+                self.one_element_qparams(dq)
+            kept = [a for a in dq.attribute if a.name != "axis"]
+            del dq.attribute[:]
+            dq.attribute.extend([*kept, helper.make_attribute("axis", -1)])
+
+    @staticmethod
+    def matmulnbits_candidate(node: onnx.NodeProto) -> bool:
+        """A node onnxruntime's MatMulNBits rewrite considers: MatMul, or Gemm that is one
+        (``transA = transB = 0``; the writer already folded alpha into the weight)."""
+        if not is_default_domain(node):
+            return False
+        if node.op_type == "MatMul":
+            return True
+        return (
+            node.op_type == "Gemm" and not node_attribute(node, "transA", 0) and not node_attribute(node, "transB", 0)
+        )
+
+    def one_element_qparams(self, dq: onnx.NodeProto) -> None:
+        """Store a per-tensor DequantizeLinear's scalar scale and zero point as 1-element
+        vectors (still per tensor to every reader; rank 1 is what the selector refuses)."""
+        names = set(dq.input[1:3])
+        for tensor in self.graph.initializer:
+            if tensor.name in names and not tensor.dims:
+                tensor.dims.append(1)
 
     def write_activation(self, tensor: str, qp: QParams) -> None:
         consumers = self.main_consumers(tensor)
@@ -526,6 +593,7 @@ class _Writer:
         for requant in plan.requants:
             self.write_requant(requant)
         self.keep_float_weights_float()
+        self.keep_matmuls_out_of_matmulnbits()
         self.assemble()
         self.check_opset()
         return self.model
@@ -552,8 +620,10 @@ class _Writer:
                 self.model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
             self.notes.append(
                 f"16-bit QuantizeLinear/DequantizeLinear written in the {MS_DOMAIN} domain: the model's opset is "
-                f"{self.opset} and the standard ops take 16-bit types from opset 21 (raise it with "
-                "PreprocessOptions(target_opset=21) or quant-onnx's --opset 21)"
+                f"{self.opset} and the standard ops take 16-bit types from opset 21 (to stay in standard ONNX, "
+                "raise it: in Python pass preprocess_options=PreprocessOptions(target_opset=21); for the "
+                "quant-onnx command line, convert the float model first with "
+                "onnx.version_converter.convert_version(model, 21) and quantize the converted file)"
             )
 
 

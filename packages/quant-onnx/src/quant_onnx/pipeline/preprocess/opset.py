@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 from onnx import version_converter
 
-from quant_onnx.errors import ModelError
+from quant_onnx.errors import ModelError, one_line
 from quant_onnx.graph_edit import copy_model
 from quant_onnx.model_io import opset_version
 
@@ -31,8 +31,7 @@ def upgrade_opset(model: onnx.ModelProto, target_opset: int | None = None) -> on
     try:
         converted = version_converter.convert_version(model, target)
     except Exception as exc:  # the C++ converter raises RuntimeError/ValueError/ConvertError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"cannot convert model from opset {current} to {target}: {first}") from exc
+        raise ModelError(f"cannot convert model from opset {current} to {target}: {one_line(exc)}") from exc
     # The converter keeps the old IR version; opset >= 13 needs IR >= 7.
     converted.ir_version = max(converted.ir_version, 7)
     return converted
