@@ -187,3 +187,20 @@ def test_qat_on_folded_batch_norm_starts_from_the_cle_ptq_model(data) -> None:
     frozen = q.freeze(qat)
     with torch.no_grad():
         torch.testing.assert_close(frozen(test), q.freeze(ptq)(test))
+
+
+def test_bias_correction_on_a_linear_over_tokens_corrects_its_output_channels() -> None:
+    # aten.linear on [batch, tokens, features]: the channels are the last axis, not axis 1.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    calibration = [torch.randn(32, 4, 16) + 0.3 for _ in range(2)]
+    test = torch.randn(64, 4, 16) + 0.3
+    example = torch.zeros(1, 4, 16)
+
+    def mean_error(*algorithms: object) -> float:
+        q = ModelQuantizer(get_preset("xint8").evolve(algorithms=algorithms), quiet=True)
+        frozen = q.freeze(q.quantize_model(net, example, calibration))
+        with torch.no_grad():
+            return float((frozen(test) - net(test)).mean((0, 1)).abs().mean())
+
+    assert mean_error(BiasCorrectionConfig(num_samples=64)) < 0.7 * mean_error()

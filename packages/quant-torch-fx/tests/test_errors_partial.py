@@ -93,6 +93,7 @@ def test_wrong_shape_loader_fails_on_its_first_batch_naming_the_expected_shape()
     [
         ({"x": 1}, "batch 0 is a dict"),
         ((torch.zeros(2, 3, 8, 8, dtype=torch.long),), "dtype torch.int64"),
+        (torch.zeros(2, 3, 8, 8, dtype=torch.float64), "dtype torch.float64; expected torch.float32"),
         (torch.zeros(3, 8, 8), r"shape \[3, 8, 8\]"),
     ],
 )
@@ -161,3 +162,27 @@ def test_excluded_parts_compute_in_float() -> None:
         got, expected = everything(x).numpy(), model(x).numpy()
     # only the graph input is still quantized (no node reads it as excluded input spec)
     assert np.max(np.abs(got - expected)) < 0.05
+
+
+def test_export_warns_where_float_code_around_regions_depends_on_values(tmp_path) -> None:
+    q = ModelQuantizer("a8w8", regions=["backbone"], quiet=True)
+    frozen = q.freeze(q.quantize_model(Gated().eval(), torch.randn(1, 3, 8, 8), images(2)))
+    with pytest.warns(
+        UserWarning, match=r"tracer.*test_errors_partial\.py:\d+: Converting a tensor to a Python boolean"
+    ):
+        q.export_onnx(frozen, torch.randn(1, 3, 8, 8), tmp_path / "m.onnx")
+
+
+def test_an_exclusion_that_matches_no_module_is_refused() -> None:
+    q = ModelQuantizer("a8w8", exclude_modules=["haed*"], quiet=True)
+    with pytest.raises(ValueError, match=r"exclude_modules: 'haed\*' matches no module of ConvBnNet.*head\.1"):
+        q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), images(1))
+    inside_region = ModelQuantizer("a8w8", regions=["backbone"], exclude_modules=["conv"], quiet=True)
+    qmodel = inside_region.quantize_model(Gated().eval(), torch.randn(1, 3, 8, 8), images(1))
+    assert _float_names(qmodel) == ["conv/conv2d"]
+
+
+def test_a_fixed_batch_size_is_named_as_such() -> None:
+    q = ModelQuantizer("a8w8", dynamic_batch=False, quiet=True)
+    with pytest.raises(DataError, match=r"expected \[1, 3, 8, 8\] \(the example input's shape, the batch size fixed"):
+        q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), images(1))

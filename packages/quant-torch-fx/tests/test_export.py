@@ -112,3 +112,89 @@ def test_excluded_modules_export_float() -> None:
     gemm = next(n for n in proto.graph.node if n.op_type == "Gemm")
     assert gemm.input[1] not in producers  # a float weight initializer
     assert not any(n.op_type == "QuantizeLinear" and n.input[0] == gemm.output[0] for n in proto.graph.node)
+
+
+def test_16_bit_activations_export_as_uint16_and_run_as_the_frozen_model() -> None:
+    # The TorchScript exporter cannot type uint16; the export must still write it.
+    q = ModelQuantizer("a16w8", quiet=True)
+    model = q.freeze(q.quantize_model(conv_bn_net(), EXAMPLE, images(3)))
+    proto = onnx_model(model, (EXAMPLE,))
+    onnx.checker.check_model(proto, full_check=True)
+    inits = _inits(proto)
+    quantize = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
+    assert quantize and {inits[n.input[2]].data_type for n in quantize} == {TensorProto.UINT16}
+    assert {n.domain for n in proto.graph.node} == {""}
+    assert [o.domain for o in proto.opset_import] == [""] and proto.opset_import[0].version >= 21
+    assert all(t.data_type != TensorProto.INT32 or "bias" in t.name for t in proto.graph.initializer)
+    x = images(1, batch=5, seed=11)[0]
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    with torch.no_grad():
+        expected = model(x).numpy()
+    step = float(dict(activation_quantizers(model))["linear"].current_qparams().scale)
+    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+
+
+class _ChannelSplit(torch.nn.Module):
+    """ShuffleNet/GhostNet-style: one tensor both split (a Shape read) and sliced."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.chunk(x, 2, 1)[1] * x[:, :1]
+
+
+def test_shape_reads_keep_the_graph_in_topological_order() -> None:
+    torch.manual_seed(0)
+    q = ModelQuantizer("a8w8", quiet=True)
+    example = torch.randn(1, 8, 4, 4)
+    frozen = q.freeze(q.quantize_model(_ChannelSplit().eval(), example, [torch.randn(32, 8, 4, 4)]))
+    proto = onnx_model(frozen, (example,), opset=19)
+    onnx.checker.check_model(proto, full_check=True)
+    x = torch.randn(3, 8, 4, 4)
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    with torch.no_grad():
+        expected = frozen(x).numpy()
+    step = float(list(activation_quantizers(frozen))[-1][1].current_qparams().scale)
+    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+
+
+def test_a_model_never_quantized_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.ReLU()).eval()
+    with pytest.raises(ValueError, match="no quantized graph"):
+        ModelQuantizer("a8w8", quiet=True).export_onnx(net, EXAMPLE, tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match="no quantized graph"):
+        onnx_model(net, (EXAMPLE,))
+    assert not list(tmp_path.iterdir())
+
+
+class _GatedPool(torch.nn.Module):
+    """PReLU, ``1 - x`` (aten.rsub), adaptive max pooling and ``expand_as``: ops the
+    planner has rules for, which the ONNX backend quantizes too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.act = torch.nn.PReLU(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.conv(x))
+        gate = torch.nn.functional.adaptive_max_pool2d(y * (1.0 - torch.sigmoid(y)), 1)
+        pooled = torch.nn.functional.adaptive_max_pool2d(y, 2)
+        return pooled + gate.expand_as(pooled)
+
+
+def test_prelu_rsub_adaptive_max_pool_and_expand_as_are_quantized_and_export() -> None:
+    torch.manual_seed(0)
+    q = ModelQuantizer("xint8", quiet=True)
+    qmodel = q.quantize_model(_GatedPool().eval(), EXAMPLE, [torch.randn(32, 3, 8, 8)])
+    assert q.report(qmodel)["0"]["float_nodes"] == []
+    frozen = q.freeze(qmodel)
+    proto = onnx_model(frozen, (EXAMPLE,), opset=19)
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    for node in proto.graph.node:
+        if node.op_type in ("PRelu", "Sub", "MaxPool", "GlobalMaxPool"):
+            assert producers[node.input[0]].op_type == "DequantizeLinear", node.name
+    x = torch.randn(3, 3, 8, 8)
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    with torch.no_grad():
+        expected = frozen(x).numpy()
+    step = float(list(activation_quantizers(frozen))[-1][1].current_qparams().scale)
+    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)

@@ -123,6 +123,18 @@ def test_auto_method_learns_tqt_for_xint8_and_lsq_for_a8w8() -> None:
         assert all(id(m.learned) in learned for m in qat.modules() if isinstance(m, FakeQuantizer))
 
 
+@pytest.mark.parametrize("kind", ["activation", "weight"])
+def test_freeze_refuses_an_lsq_scale_that_training_pushed_past_zero(kind: str) -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    qat = q.prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8), calib_loader=images(1))
+    learners = dict(activation_quantizers(qat) if kind == "activation" else weight_quantizers(qat))
+    fq = next(iter(learners.values()))
+    with torch.no_grad():
+        fq.learned.fill_(-0.01)
+    with pytest.raises(ValueError, match=rf"learned LSQ scale of {fq.name!r} fell to -0.01.*default_optimizer"):
+        q.freeze(qat)
+
+
 def _task(seed: int, n: int = 256) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 3, 8, 8, generator=generator)

@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import fnmatch
 import itertools
 import os
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -131,6 +132,7 @@ class ModelQuantizer:
         ``float_pass`` edits the normalised float graph before planning (CLE);
         ``fold_batch_norms`` (default: PTQ only) folds batch norm into the convolutions."""
         args = as_args(example_inputs)
+        self._check_exclusions(model)
         if self.regions is None:
             gm = capture(model, args, dynamic_batch=self.dynamic_batch)
             return self._instrument(gm, mode, float_pass, fold_batch_norms)
@@ -150,6 +152,25 @@ class ModelQuantizer:
             gm = capture(sub, recorded[name], dynamic_batch=self.dynamic_batch)
             root.set_submodule(name, self._instrument(gm, mode, None, fold_batch_norms))
         return root
+
+    def _check_exclusions(self, model: nn.Module) -> None:
+        """Every ``exclude_modules`` glob names a module (a typo would quietly quantize what
+        the user meant to keep float). Globs match module paths from the model's root, or
+        from a region's root when ``regions`` are given."""
+        roots = [""] if self.regions is None else [f"{name}." for name in self.regions]
+        paths = [
+            name[len(root) :]
+            for name, _module in model.named_modules()
+            for root in roots
+            if name and name.startswith(root)
+        ]
+        for pattern in self.exclude_modules:
+            if not any(fnmatch.fnmatchcase(path, pattern) for path in paths):
+                shown = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
+                raise ValueError(
+                    f"exclude_modules: {pattern!r} matches no module of {type(model).__name__}; "
+                    f"allowed: globs over its module paths ({shown})"
+                )
 
     def _instrument(
         self,
@@ -276,7 +297,8 @@ class ModelQuantizer:
     ) -> Path:
         """Write the QDQ ONNX model of ``model`` (frozen first if it is not) to ``path``,
         atomically."""
-        frozen = model if all(graph_info(g).frozen for g in quantized_graphs(model)) else freeze(model)
+        graphs = quantized_graphs(model)
+        frozen = model if graphs and all(graph_info(g).frozen for g in graphs) else freeze(model)
         return export_onnx(
             frozen,
             example_inputs,

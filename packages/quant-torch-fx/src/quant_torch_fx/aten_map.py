@@ -153,6 +153,11 @@ def _matmul(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     return "MatMul", [_arg(node, 0, "self"), _arg(node, 1, "other")], {}
 
 
+def _rsub(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
+    """``rsub(x, other)`` is ``other - x``: ONNX's ``Sub(other, x)``."""
+    return "Sub", [_arg(node, 1, "other"), _arg(node, 0, "self")], {}
+
+
 def _linear(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     return "Gemm", [_arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias")], {"transB": 1}
 
@@ -173,6 +178,7 @@ ATEN_TO_ONNX: dict[str, _Translate] = {
     **{name: _binary("Add") for name in ("add", "add_")},
     **{name: _binary("Mul") for name in ("mul", "mul_")},
     **{name: _binary("Sub") for name in ("sub", "sub_")},
+    "rsub": _rsub,
     **{name: _binary("Div") for name in ("div", "div_")},
     **{name: _first("Relu") for name in ("relu", "relu_")},
     **{name: _hardtanh for name in ("hardtanh", "hardtanh_")},
@@ -185,6 +191,8 @@ ATEN_TO_ONNX: dict[str, _Translate] = {
     **{name: _first("HardSigmoid") for name in ("hardsigmoid", "hardsigmoid_")},
     **{name: _first("Tanh") for name in ("tanh", "tanh_")},
     **{name: _first("LeakyRelu") for name in ("leaky_relu", "leaky_relu_")},
+    "prelu": lambda node: ("PRelu", [_arg(node, 0, "self"), _arg(node, 1, "weight")], {}),
+    "_prelu_kernel": lambda node: ("PRelu", [_arg(node, 0, "self"), _arg(node, 1, "weight")], {}),
     "gelu": _first("Gelu"),
     "softmax": _first("Softmax"),
     "_softmax": _first("Softmax"),
@@ -196,6 +204,8 @@ ATEN_TO_ONNX: dict[str, _Translate] = {
     "max_pool2d": _first("MaxPool"),
     "max_pool3d": _first("MaxPool"),
     "max_pool2d_with_indices": _first("MaxPool"),
+    # (values, indices) like max_pool2d_with_indices: MaxPool's policy reads output 0 only
+    **{f"adaptive_max_pool{d}d": _first("MaxPool") for d in (1, 2, 3)},
     "avg_pool1d": _first("AveragePool"),
     "avg_pool2d": _first("AveragePool"),
     "avg_pool3d": _first("AveragePool"),
@@ -226,6 +236,7 @@ ATEN_TO_ONNX: dict[str, _Translate] = {
     "chunk": _first("Split"),
     "unbind": _first("Split"),
     "expand": _first("Expand"),
+    "expand_as": _first("Expand"),
     "repeat": _first("Tile"),
     "pixel_shuffle": _first("DepthToSpace"),
     "pixel_unshuffle": _first("SpaceToDepth"),

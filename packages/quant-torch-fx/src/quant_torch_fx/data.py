@@ -89,11 +89,16 @@ class InputSignature:
                 ok = tuple(value.shape[start:]) == shape[start:]
             if not ok:
                 got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                batch = "any batch size N" if self.dynamic_batch else "the batch size fixed: dynamic_batch=False"
                 raise DataError(
                     f"data: batch {index}, input {position} has shape {got}; expected {self.describe(position)} "
-                    "(the example input's shape, any batch size N)"
+                    f"(the example input's shape, {batch})"
                 )
-            if dtype is not None and value.is_floating_point() != dtype.is_floating_point:
+            # A float64 batch for a float32 model would fail deep inside the first layer.
+            if dtype is not None and (
+                value.is_floating_point() != dtype.is_floating_point
+                or (dtype.is_floating_point and value.dtype != dtype)
+            ):
                 raise DataError(
                     f"data: batch {index}, input {position} has dtype {value.dtype}; expected {dtype} like the example input"
                 )

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
 from torch import nn
 from torch.fx import GraphModule, Node
 
@@ -69,33 +70,51 @@ _TORCH_DTYPES = {
     DType.UINT16: torch.uint16,
     DType.INT32: torch.int32,
 }
+# The TorchScript exporter cannot type uint16 tensors. Such codes and zero points travel as
+# int32 through nodes of this placeholder domain, which the exporter leaves untyped; after
+# the export :func:`_restore_uint16` makes them standard Q/DQ nodes on uint16 initializers.
+_UINT16_DOMAIN = "quant_torch_fx.uint16"
 
 
 def _torch_dtype(dtype: DType) -> torch.dtype:
     if dtype not in _TORCH_DTYPES:
         allowed = ", ".join(d.value for d in _TORCH_DTYPES)
         raise ValueError(f"export: {dtype.value} codes cannot be written by this exporter; allowed: {allowed}")
-    return _TORCH_DTYPES[dtype]
+    return torch.int32 if dtype == DType.UINT16 else _TORCH_DTYPES[dtype]
+
+
+def _qdq_domain(dtype: DType) -> str:
+    return f"{_UINT16_DOMAIN}::" if dtype == DType.UINT16 else ""
 
 
 class _QuantizeDequantize(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int, rounding: int
+        ctx: Any,
+        x: torch.Tensor,
+        scale: torch.Tensor,
+        zero_point: torch.Tensor,
+        qmin: int,
+        qmax: int,
+        rounding: int,
+        domain: str,
     ) -> torch.Tensor:
         zp = zero_point.to(torch.float32)
         return fake_quantize_tensors(x, scale, zp, qmin, qmax, _ROUNDING[rounding])
 
     @staticmethod
-    def symbolic(g: Any, x: Any, scale: Any, zero_point: Any, qmin: int, qmax: int, rounding: int) -> Any:
-        q = g.op("QuantizeLinear", x, scale, zero_point)
-        return g.op("DequantizeLinear", q, scale, zero_point)
+    def symbolic(g: Any, x: Any, scale: Any, zero_point: Any, qmin: int, qmax: int, rounding: int, domain: str) -> Any:
+        q = g.op(f"{domain}QuantizeLinear", x, scale, zero_point)
+        out = g.op(f"{domain}DequantizeLinear", q, scale, zero_point)
+        if domain:
+            out.setType(x.type())  # a placeholder node's output type is the float input's
+        return out
 
 
 class _Dequantize(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int
+        ctx: Any, codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, domain: str
     ) -> torch.Tensor:  # type: ignore[override]
         if axis < 0 or scale.dim() == 0:
             return (codes.to(torch.float64) - zero_point.to(torch.float64)).to(torch.float32) * scale
@@ -105,10 +124,12 @@ class _Dequantize(torch.autograd.Function):
         return centred.to(torch.float32) * scale.reshape(shape)
 
     @staticmethod
-    def symbolic(g: Any, codes: Any, scale: Any, zero_point: Any, axis: int) -> Any:
-        if axis < 0:
-            return g.op("DequantizeLinear", codes, scale, zero_point)
-        return g.op("DequantizeLinear", codes, scale, zero_point, axis_i=axis)
+    def symbolic(g: Any, codes: Any, scale: Any, zero_point: Any, axis: int, domain: str) -> Any:
+        attributes = {} if axis < 0 else {"axis_i": axis}
+        out = g.op(f"{domain}DequantizeLinear", codes, scale, zero_point, **attributes)
+        if domain:
+            out.setType(scale.type().with_sizes(codes.type().sizes()))
+        return out
 
 
 class QuantizeDequantize(nn.Module):
@@ -128,10 +149,11 @@ class QuantizeDequantize(nn.Module):
         self.register_buffer("zero_point", torch.as_tensor(np.asarray(qp.zero_point), dtype=_torch_dtype(qp.dtype)))
         self.qmin, self.qmax = qp.qmin, qp.qmax
         self.rounding = _ROUNDING.index(qp.rounding)
+        self.domain = _qdq_domain(qp.dtype)
 
     def forward(self, x: torch.Tensor, observe_batch: bool = True, redundant: bool = False) -> torch.Tensor:
         out: torch.Tensor = _QuantizeDequantize.apply(
-            x, self.scale, self.zero_point, self.qmin, self.qmax, self.rounding
+            x, self.scale, self.zero_point, self.qmin, self.qmax, self.rounding, self.domain
         )
         return out
 
@@ -152,9 +174,10 @@ class Dequantize(nn.Module):
         self.register_buffer("scale", torch.as_tensor(np.asarray(qp.scale, np.float32)))
         self.register_buffer("zero_point", torch.as_tensor(np.asarray(qp.zero_point), dtype=dtype))
         self.axis = -1 if qp.axis is None else int(qp.axis)
+        self.domain = _qdq_domain(qp.dtype)
 
     def forward(self, *_unused: Any, **_ignored: Any) -> torch.Tensor:
-        out: torch.Tensor = _Dequantize.apply(self.codes, self.scale, self.zero_point, self.axis)
+        out: torch.Tensor = _Dequantize.apply(self.codes, self.scale, self.zero_point, self.axis, self.domain)
         return out
 
 
@@ -162,7 +185,13 @@ def _export_form(frozen: nn.Module, encoding: ActivationEncoding) -> tuple[nn.Mo
     """A copy of ``frozen`` whose quantizers write QDQ, and the stored formats."""
     model = copy_captured(frozen)
     formats: set[DType] = set()
-    for gm in quantized_graphs(model):
+    graphs = quantized_graphs(model)
+    if not graphs:
+        raise ValueError(
+            "export: the model holds no quantized graph; quantize it first "
+            "(ModelQuantizer.quantize_model or prepare_qat, then freeze)"
+        )
+    for gm in graphs:
         info = graph_info(gm)
         if not info.frozen:
             raise ValueError("export: the model is not frozen; call ModelQuantizer.freeze first")
@@ -289,8 +318,8 @@ def onnx_model(
             if isinstance(value, torch.Tensor) and value.dim():
                 axes[name] = {0: "batch"}
     buffer = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
         torch.onnx.export(
             _Traced(model),  # a plain wrapper: the exporter takes a module with a .graph for a ScriptModule
             args,
@@ -302,12 +331,35 @@ def onnx_model(
             dynamic_axes=axes or None,
             do_constant_folding=True,
         )
+    _pass_on_tracer_warnings(caught)
     proto = onnx.load_from_string(buffer.getvalue())
     _inline_identities(proto)
+    _restore_uint16(proto)
     _strip_prefix(proto, "inner.")
     _shape_reads_quantized(proto)
     _raise_opset(proto, max(opset, needed))
     return proto
+
+
+def _pass_on_tracer_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """The tracer's warnings say where the file may compute something else than the model
+    (float code around ``regions`` with value-dependent Python); its other warnings (the
+    legacy exporter's deprecation) say nothing about the model and are dropped."""
+    seen = set()
+    for item in caught:
+        if not issubclass(item.category, torch.jit.TracerWarning):
+            continue
+        where = f"{item.filename}:{item.lineno}"
+        if where in seen:
+            continue
+        seen.add(where)
+        warnings.warn(
+            f"export: the TorchScript tracer, which records the code outside the quantized graphs, "
+            f"reports at {where}: {str(item.message).rstrip('.!')}. The ONNX model keeps only what the "
+            "example inputs did there; make that code traceable or put it inside a quantized region",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 class _Traced(nn.Module):
@@ -361,6 +413,43 @@ def _inline_identities(model: onnx.ModelProto) -> None:
     graph.node.extend(kept)
 
 
+def _restore_uint16(model: onnx.ModelProto) -> None:
+    """Placeholder-domain Q/DQ nodes become standard ones reading uint16 copies of their
+    int32 initializers (codes, zero points); int32 initializers nothing else reads go."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    converted: dict[str, str] = {}
+    for node in graph.node:
+        if node.domain != _UINT16_DOMAIN:
+            continue
+        node.domain = ""
+        for i, name in enumerate(node.input):
+            source = initializers.get(name)
+            if source is None or source.data_type != onnx.TensorProto.INT32:
+                continue
+            if name not in converted:
+                converted[name] = _unique_name(f"{name}_uint16", initializers)
+                values = numpy_helper.to_array(source).astype(np.uint16)
+                copy = numpy_helper.from_array(values, converted[name])
+                graph.initializer.append(copy)
+                initializers[copy.name] = copy
+            node.input[i] = converted[name]
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    unused = [t for t in graph.initializer if t.name in converted and t.name not in read]
+    for tensor in unused:
+        graph.initializer.remove(tensor)
+    kept = [entry for entry in model.opset_import if entry.domain != _UINT16_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+
+
+def _unique_name(base: str, taken: Any) -> str:
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    return name
+
+
 def _strip_prefix(model: onnx.ModelProto, prefix: str) -> None:
     """Initializer names without the export wrapper's attribute prefix (module paths as in
     the model's ``state_dict``)."""
@@ -381,23 +470,23 @@ def _strip_prefix(model: onnx.ModelProto, prefix: str) -> None:
 
 
 def _shape_reads_quantized(model: onnx.ModelProto) -> None:
-    """``Shape``/``Size`` of a tensor that is also quantized read the QuantizeLinear's
-    output instead (same shape; the float tensor then has the Q as its only consumer)."""
+    """``Shape``/``Size`` of a tensor that is also quantized read the quantized tensor
+    instead (same shape; the float tensor then has the Q as its only consumer): the input
+    of the DequantizeLinear that produced it, or the output of a QuantizeLinear of it that
+    comes earlier in the graph (a later one would break the nodes' topological order)."""
     quantized: dict[str, str] = {}
+    producers: dict[str, onnx.NodeProto] = {}
     for node in model.graph.node:
+        if node.op_type in ("Shape", "Size") and node.input:
+            source = node.input[0]
+            producer = producers.get(source)
+            if producer is not None and producer.op_type == "DequantizeLinear" and producer.domain in ("", "ai.onnx"):
+                node.input[0] = producer.input[0]
+            elif source in quantized:
+                node.input[0] = quantized[source]
         if node.op_type == "QuantizeLinear" and node.domain in ("", "ai.onnx"):
             quantized.setdefault(node.input[0], node.output[0])
-    producers = {out: node for node in model.graph.node for out in node.output}
-    for node in model.graph.node:
-        if node.op_type not in ("Shape", "Size") or not node.input:
-            continue
-        source = node.input[0]
-        if source in quantized:
-            node.input[0] = quantized[source]
-            continue
-        producer = producers.get(source)
-        if producer is not None and producer.op_type == "DequantizeLinear":
-            node.input[0] = producer.input[0]
+        producers.update((out, node) for out in node.output)
 
 
 def export_onnx(

@@ -124,7 +124,23 @@ def _fold_conv_bn(gm: GraphModule) -> None:
                 info.nodes[name] = conv.name
 
 
+def _check_learned_scale(fq: FakeQuantizer) -> None:
+    """An LSQ scale that training pushed to zero or below is clamped to a tiny value in the
+    forward, where it gets no gradient back: every value then quantizes to one code, and a
+    frozen model would carry that silently."""
+    if fq.learning != "lsq" or fq.learned is None:
+        return
+    lowest = float(fq.learned.detach().min())
+    if lowest <= 0.0:
+        raise ValueError(
+            f"freeze: the learned LSQ scale of {fq.name!r} fell to {lowest:.3g}; training moved it past zero. "
+            "Give each scale a learning rate relative to its size: train with train_qat, or build the "
+            "optimizer with quant_torch_fx.training.default_optimizer(model, lr, qparam_lr=None)"
+        )
+
+
 def _fixed(fq: FakeQuantizer) -> None:
+    _check_learned_scale(fq)
     qp = fq.current_qparams()
     fq.learning = None
     if fq.learned is not None:
@@ -141,6 +157,8 @@ def _fix_activations(gm: GraphModule) -> None:
 
 def _fix_weights(gm: GraphModule) -> None:
     info = graph_info(gm)
+    for _node, fq in weight_quantizers(gm):
+        _check_learned_scale(fq)
     learned = {node: fq.current_qparams() for node, fq in weight_quantizers(gm) if fq.learning is not None}
     learned.update(info.fixed_weights)  # codes learned by AdaRound/AdaQuant are at these qparams
     qparams, notes = plan_weight_qparams(info.plan, constant_lookup(gm), activation_qparams_lookup(gm), learned)

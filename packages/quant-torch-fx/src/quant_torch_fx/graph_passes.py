@@ -93,7 +93,7 @@ def split_silu(gm: GraphModule) -> None:
     gm.recompile()
 
 
-_ARITHMETIC = frozenset({"add", "sub", "mul", "div", "add_", "sub_", "mul_", "div_"})
+_ARITHMETIC = frozenset({"add", "sub", "rsub", "mul", "div", "add_", "sub_", "mul_", "div_"})
 
 
 def _is_float_node(value: Any) -> bool:
@@ -104,7 +104,7 @@ def _is_float_node(value: Any) -> bool:
 
 
 def scalars_to_constants(gm: GraphModule) -> None:
-    """A number operand of float add/sub/mul/div becomes a 0-d float32 constant (in place)."""
+    """A number operand of float add/sub/rsub/mul/div becomes a 0-d float32 constant (in place)."""
     count = 0
     for node in list(gm.graph.nodes):
         if op_name(node) not in _ARITHMETIC or len(node.args) < 2:

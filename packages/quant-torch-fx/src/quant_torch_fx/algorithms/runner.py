@@ -33,7 +33,7 @@ from torch.fx import GraphModule, Node
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES
 from quant_algos.drivers.runner import QuantLayer
 from quant_algos.reconstruction_data import ConvGeometry
-from quant_core.bias import encode_bias
+from quant_core.bias import accumulation_headroom, encode_bias
 from quant_core.qparams import QParams, dequantize
 from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
 from quant_torch_fx.algorithms.incremental import IncrementalGraphRunner
@@ -164,7 +164,8 @@ class TorchLayerRunner:
             bias=None if bias is None else get_attr_value(self.gm, bias).detach().float().cpu().numpy().reshape(-1),
             geometry=geometry,
             activation=self.info.layer_activations.get(name),
-            output_channel_axis=-1 if slot.op_type == "MatMul" else 1,
+            # aten.linear is the planner's Gemm but takes inputs of any rank: channels come last.
+            output_channel_axis=1 if slot.op_type == "Conv" else -1,
             bias_allowed=slot.op_type != "MatMul" and input_quantized and op_name(node) != "matmul",
         )
 
@@ -218,7 +219,11 @@ class TorchLayerRunner:
             return "no bias: the layer's input is not quantized"
         flat = np.asarray(values, np.float32).reshape(-1)
         weight_qp = self._quantizers[layer.name].current_qparams()
-        encoded = encode_bias(flat, input_qp.scale, weight_qp, slot.spec, integer_kernel=slot.integer_kernel)
+        # The new bias must leave the int32 accumulator room for the layer's products.
+        headroom = accumulation_headroom(layer.float_weight.shape, flat.size, input_qp, weight_qp)
+        encoded = encode_bias(
+            flat, input_qp.scale, weight_qp, slot.spec, integer_kernel=slot.integer_kernel, headroom=headroom
+        )
         stored = encoded.values() if encoded.codes is not None else flat
         node = self._fx(layer)
         had_bias = bias_node(node) is not None
