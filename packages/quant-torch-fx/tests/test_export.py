@@ -198,3 +198,25 @@ def test_prelu_rsub_adaptive_max_pool_and_expand_as_are_quantized_and_export() -
         expected = frozen(x).numpy()
     step = float(list(activation_quantizers(frozen))[-1][1].current_qparams().scale)
     assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+
+
+def test_a16w8_linear_over_tokens_reads_its_weight_in_the_form_matmulnbits_refuses() -> None:
+    # onnxruntime would fold Transpose(DequantizeLinear(W)) and rewrite the MatMul into
+    # MatMulNBits, which quantizes the 16-bit input to int8 on the fly.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 8)).eval()
+    q = ModelQuantizer("a16w8", quiet=True)
+    frozen = q.freeze(q.quantize_model(net, torch.zeros(1, 4, 16), [torch.randn(32, 4, 16)]))
+    proto = onnx_model(frozen, (torch.zeros(1, 4, 16),))
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    (matmul,) = [n for n in proto.graph.node if n.op_type == "MatMul"]
+    dq = producers[matmul.input[1]]
+    assert dq.op_type == "DequantizeLinear" and {a.name: a.i for a in dq.attribute} == {"axis": -1}
+    assert list(_inits(proto)[dq.input[0]].dims) == [16, 8]
+    assert not any(n.op_type == "Transpose" for n in proto.graph.node)
+    x = torch.randn(3, 4, 16)
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    with torch.no_grad():
+        expected = frozen(x).numpy()
+    step = float(list(activation_quantizers(frozen))[-1][1].current_qparams().scale)
+    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)

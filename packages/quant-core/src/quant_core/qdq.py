@@ -5,7 +5,9 @@ shared so that the ONNX writer and the torch exporter make the same choices:
 - :func:`encode_activation`: int8 activations stored as uint8 with the zero point moved
   by 128 (identical real values; the encoding onnxruntime's x86 integer kernels take);
 - :func:`activation_is_absorbed`: whether quantizing with the post-activation qparams
-  already applies a fused Relu/Clip exactly, so a writer may drop the activation node.
+  already applies a fused Relu/Clip exactly, so a writer may drop the activation node;
+- :func:`guard_matmul_weight`: whether a MatMul's weight must be written in the form
+  onnxruntime's MatMulNBits rewrite refuses (:data:`MATMUL_WEIGHT_AXIS`).
 
 Example:
     >>> from quant_core.qparams import QParams
@@ -91,3 +93,24 @@ def activation_is_absorbed(qp: QParams, bounds: tuple[float, float]) -> bool:
     """
     lo, hi = bounds
     return bound_is_absorbed(qp, lo, qp.qmin) and bound_is_absorbed(qp, hi, qp.qmax)
+
+
+MATMUL_WEIGHT_AXIS = -1
+"""The ``axis`` a guarded MatMul weight's DequantizeLinear is written with (the last axis of
+its 2-D ``[K, N]`` weight, per tensor as one-element scale and zero point): onnxruntime's
+DequantizeLinear -> MatMul to ``MatMulNBits`` rewrite (level EXTENDED, every default session)
+matches only a scalar scale or ``axis`` 1 written or by default."""
+
+
+def guard_matmul_weight(activation: DType | None, weight: DType) -> bool:
+    """Whether a MatMul (or ``Gemm`` without transposes) reading a 2-D quantized weight must
+    be kept from onnxruntime's ``MatMulNBits`` rewrite: every format but 8-bit activations
+    with 8-bit weights, which an integer kernel takes first. ``MatMulNBits`` quantizes its
+    input to int8 blocks on the fly, so a 16-bit or float input would compute far from the
+    file (hundreds of output steps at a16w8).
+
+    Example:
+        >>> guard_matmul_weight(DType.UINT16, DType.INT8), guard_matmul_weight(DType.UINT8, DType.INT8)
+        (True, False)
+    """
+    return not (activation is not None and activation.bits == 8 and weight.bits == 8)

@@ -48,7 +48,14 @@ from torch.fx import GraphModule, Node
 
 from quant_core.atomic_io import atomic_write
 from quant_core.dtypes import DType
-from quant_core.qdq import ACTIVATION_ENCODINGS, ActivationEncoding, encode_activation, required_opset
+from quant_core.qdq import (
+    ACTIVATION_ENCODINGS,
+    MATMUL_WEIGHT_AXIS,
+    ActivationEncoding,
+    encode_activation,
+    guard_matmul_weight,
+    required_opset,
+)
 from quant_core.qparams import QParams, quantize
 from quant_core.spec import RoundMode
 from quant_torch_fx.capture import as_args, copy_captured
@@ -337,6 +344,7 @@ def onnx_model(
     _restore_uint16(proto)
     _strip_prefix(proto, "inner.")
     _shape_reads_quantized(proto)
+    _keep_matmuls_out_of_matmulnbits(proto)
     _raise_opset(proto, max(opset, needed))
     return proto
 
@@ -487,6 +495,98 @@ def _shape_reads_quantized(model: onnx.ModelProto) -> None:
         if node.op_type == "QuantizeLinear" and node.domain in ("", "ai.onnx"):
             quantized.setdefault(node.input[0], node.output[0])
         producers.update((out, node) for out in node.output)
+
+
+_ONNX_DTYPES = {
+    onnx.TensorProto.INT8: DType.INT8,
+    onnx.TensorProto.UINT8: DType.UINT8,
+    onnx.TensorProto.INT16: DType.INT16,
+    onnx.TensorProto.UINT16: DType.UINT16,
+}
+
+
+def _keep_matmuls_out_of_matmulnbits(model: onnx.ModelProto) -> None:
+    """A MatMul reading a quantized 2-D weight (``linear`` on inputs of rank > 2 is exported
+    as ``Transpose`` of the ``[out, in]`` weight, then MatMul) reads it as ``[in, out]``
+    codes behind a DequantizeLinear of :data:`~quant_core.qdq.MATMUL_WEIGHT_AXIS` where
+    :func:`~quant_core.qdq.guard_matmul_weight` says so: onnxruntime would otherwise fold the
+    Transpose and rewrite the layer into ``MatMulNBits``, which computes something else."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+
+    def stored(name: str) -> DType | None:
+        tensor = initializers.get(name)
+        return None if tensor is None else _ONNX_DTYPES.get(tensor.data_type)
+
+    for node in list(graph.node):
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        weight_source = producers.get(node.input[1])
+        transpose = weight_source if weight_source is not None and weight_source.op_type == "Transpose" else None
+        dq = producers.get(transpose.input[0]) if transpose is not None else weight_source
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in initializers:
+            continue
+        codes = numpy_helper.to_array(initializers[dq.input[0]])
+        weight_dtype = stored(dq.input[0])
+        if codes.ndim != 2 or weight_dtype is None:
+            continue
+        reader = producers.get(node.input[0])
+        quantized_input = reader is not None and reader.op_type == "DequantizeLinear" and len(reader.input) > 2
+        if not guard_matmul_weight(stored(reader.input[2]) if quantized_input else None, weight_dtype):
+            continue
+        axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+        per_channel = numpy_helper.to_array(initializers[dq.input[1]]).size > 1
+        if transpose is not None:
+            codes = codes.T
+            axis = 1 - axis % 2
+        if per_channel and axis % 2 != 1:
+            continue  # channels along K: -1 would name another axis
+        name = _unique_name(f"{dq.input[0]}_for_matmul", initializers)
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(codes), name))
+        params = [_one_element(graph, initializers, t) for t in dq.input[1:3]]
+        guarded = onnx.helper.make_node(
+            "DequantizeLinear",
+            [name, *params],
+            [_unique_name(f"{dq.output[0]}_for_matmul", producers)],
+            name=_unique_name(f"{dq.name}_for_matmul", {n.name for n in graph.node}),
+            axis=MATMUL_WEIGHT_AXIS,
+        )
+        producers[guarded.output[0]] = guarded
+        initializers[name] = graph.initializer[-1]
+        graph.node.insert(list(graph.node).index(node), guarded)
+        node.input[1] = guarded.output[0]
+    _drop_unread(model)
+
+
+def _one_element(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto], name: str) -> str:
+    """``name`` as a one-element vector (a new initializer when it is a scalar)."""
+    tensor = initializers[name]
+    if tensor.dims:
+        return name
+    vector = onnx.TensorProto()
+    vector.CopyFrom(tensor)
+    vector.name = _unique_name(f"{name}_vector", initializers)
+    vector.dims.append(1)
+    graph.initializer.append(vector)
+    initializers[vector.name] = vector
+    return vector.name
+
+
+def _drop_unread(model: onnx.ModelProto) -> None:
+    """Remove nodes whose outputs nothing reads, then initializers nothing reads."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {name for node in graph.node for name in node.input} | outputs
+        dead = [n for n in graph.node if not any(out in read for out in n.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    read = {name for node in graph.node for name in node.input} | outputs
+    for tensor in [t for t in graph.initializer if t.name not in read]:
+        graph.initializer.remove(tensor)
 
 
 def export_onnx(

@@ -60,11 +60,13 @@ from quant_core.dtypes import DType
 from quant_core.plan import BiasSlot, FusedActivation, InputRequant
 from quant_core.qdq import (
     BASE_QDQ_OPSET,
+    MATMUL_WEIGHT_AXIS,
     ActivationEncoding,
     activation_is_absorbed,
     bound_is_absorbed,
     encode_activation,
     encode_activation_dtype,
+    guard_matmul_weight,
     required_opset,
 )
 from quant_core.qparams import QParams, quantize
@@ -448,7 +450,7 @@ class _Writer:
             if not self.matmulnbits_candidate(node) or node.input[1] != dq.output[0]:
                 continue
             reader = self.activation_dqs.get(node.input[0])
-            if reader is not None and reader[1].dtype.bits == 8 and qp.dtype.bits == 8:
+            if not guard_matmul_weight(None if reader is None else reader[1].dtype, qp.dtype):
                 continue  # an integer kernel takes it before MatMulNBits is tried
             if qp.axis is not None and int(qp.axis) % rank != rank - 1:
                 continue  # not the last axis: -1 would mean another axis (and the selector refuses it)
@@ -456,7 +458,7 @@ class _Writer:
                 self.one_element_qparams(dq)
             kept = [a for a in dq.attribute if a.name != "axis"]
             del dq.attribute[:]
-            dq.attribute.extend([*kept, helper.make_attribute("axis", -1)])
+            dq.attribute.extend([*kept, helper.make_attribute("axis", MATMUL_WEIGHT_AXIS)])
 
     @staticmethod
     def matmulnbits_candidate(node: onnx.NodeProto) -> bool:
