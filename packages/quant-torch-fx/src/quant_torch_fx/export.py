@@ -532,8 +532,10 @@ def _keep_matmuls_out_of_matmulnbits(model: onnx.ModelProto) -> None:
         if codes.ndim != 2 or weight_dtype is None:
             continue
         reader = producers.get(node.input[0])
-        quantized_input = reader is not None and reader.op_type == "DequantizeLinear" and len(reader.input) > 2
-        if not guard_matmul_weight(stored(reader.input[2]) if quantized_input else None, weight_dtype):
+        activation = None
+        if reader is not None and reader.op_type == "DequantizeLinear" and len(reader.input) > 2:
+            activation = stored(reader.input[2])
+        if not guard_matmul_weight(activation, weight_dtype):
             continue
         axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
         per_channel = numpy_helper.to_array(initializers[dq.input[1]]).size > 1
