@@ -29,6 +29,23 @@ def _inits(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in model.graph.initializer}
 
 
+def _assert_within_one_output_step(
+    proto: onnx.ModelProto, frozen: torch.nn.Module, x: torch.Tensor, output: str | None = None
+) -> np.ndarray:
+    """Run ``proto`` with onnx's reference evaluator on ``x`` and check it against the frozen
+    model within one step of its output quantizer (``output``, or the last one); returns the
+    evaluator's output."""
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    with torch.no_grad():
+        expected = frozen(x).numpy()
+    quantizers = list(activation_quantizers(frozen))
+    fq = dict(quantizers)[output] if output is not None else quantizers[-1][1]
+    step = float(fq.current_qparams().scale)
+    assert got.shape == expected.shape
+    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+    return got
+
+
 def test_weights_are_integer_initializers_and_bias_is_int32_at_the_product_scale(frozen) -> None:
     _preset, model = frozen
     proto = onnx_model(model, (EXAMPLE,))
@@ -69,14 +86,9 @@ def test_activations_are_uint8_for_x86_or_as_the_spec_says(frozen) -> None:
 def test_reference_evaluator_matches_the_frozen_model_within_one_output_step(frozen) -> None:
     _preset, model = frozen
     proto = onnx_model(model, (EXAMPLE,), opset=19)  # the reference evaluator's DequantizeLinear starts at 19
-    session = ReferenceEvaluator(proto)
     x = images(1, batch=5, seed=11)[0]  # another batch size than the example's
-    (got,) = session.run(None, {"input": x.numpy()})
-    with torch.no_grad():
-        expected = model(x).numpy()
-    step = float(dict(activation_quantizers(model))["linear"].current_qparams().scale)
-    assert got.shape == expected.shape == (5, 5)
-    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+    got = _assert_within_one_output_step(proto, model, x, "linear")
+    assert got.shape == (5, 5)
 
 
 def test_export_writes_atomically_and_nothing_on_failure(frozen, tmp_path: Path, monkeypatch) -> None:
@@ -127,11 +139,7 @@ def test_16_bit_activations_export_as_uint16_and_run_as_the_frozen_model() -> No
     assert [o.domain for o in proto.opset_import] == [""] and proto.opset_import[0].version >= 21
     assert all(t.data_type != TensorProto.INT32 or "bias" in t.name for t in proto.graph.initializer)
     x = images(1, batch=5, seed=11)[0]
-    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
-    with torch.no_grad():
-        expected = model(x).numpy()
-    step = float(dict(activation_quantizers(model))["linear"].current_qparams().scale)
-    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+    _assert_within_one_output_step(proto, model, x, "linear")
 
 
 class _ChannelSplit(torch.nn.Module):
@@ -149,11 +157,7 @@ def test_shape_reads_keep_the_graph_in_topological_order() -> None:
     proto = onnx_model(frozen, (example,), opset=19)
     onnx.checker.check_model(proto, full_check=True)
     x = torch.randn(3, 8, 4, 4)
-    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
-    with torch.no_grad():
-        expected = frozen(x).numpy()
-    step = float(list(activation_quantizers(frozen))[-1][1].current_qparams().scale)
-    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+    _assert_within_one_output_step(proto, frozen, x)
 
 
 def test_a_model_never_quantized_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
@@ -193,11 +197,7 @@ def test_prelu_rsub_adaptive_max_pool_and_expand_as_are_quantized_and_export() -
         if node.op_type in ("PRelu", "Sub", "MaxPool", "GlobalMaxPool"):
             assert producers[node.input[0]].op_type == "DequantizeLinear", node.name
     x = torch.randn(3, 3, 8, 8)
-    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
-    with torch.no_grad():
-        expected = frozen(x).numpy()
-    step = float(list(activation_quantizers(frozen))[-1][1].current_qparams().scale)
-    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+    _assert_within_one_output_step(proto, frozen, x)
 
 
 def test_a16w8_linear_over_tokens_reads_its_weight_in_the_form_matmulnbits_refuses() -> None:
@@ -215,8 +215,4 @@ def test_a16w8_linear_over_tokens_reads_its_weight_in_the_form_matmulnbits_refus
     assert list(_inits(proto)[dq.input[0]].dims) == [16, 8]
     assert not any(n.op_type == "Transpose" for n in proto.graph.node)
     x = torch.randn(3, 4, 16)
-    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
-    with torch.no_grad():
-        expected = frozen(x).numpy()
-    step = float(list(activation_quantizers(frozen))[-1][1].current_qparams().scale)
-    assert np.max(np.abs(got - expected)) <= step * (1 + 1e-6)
+    _assert_within_one_output_step(proto, frozen, x)

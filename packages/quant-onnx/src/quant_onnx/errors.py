@@ -17,11 +17,11 @@ MAX_MESSAGE_CHARS = 400
 """Where :func:`one_line` cuts a third-party message (onnx.checker, onnxruntime)."""
 
 
-def one_line(exc: BaseException, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """``exc``'s whole message on one line: the lines joined, runs of whitespace collapsed to
-    one space (onnx.checker puts a node's name and op type on the lines after the first, so
-    keeping only the first line lost them), cut with ``...`` past ``limit`` characters; the
-    exception's type name when it has no message.
+def one_line(exc: BaseException | str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``exc``'s whole message (or the text ``exc``) on one line: the lines joined, runs of
+    whitespace collapsed to one space (onnx.checker puts a node's name and op type on the
+    lines after the first, so keeping only the first line lost them), cut with ``...`` past
+    ``limit`` characters; an exception's type name when it has no message.
 
     Example:
         >>> one_line(ValueError("input 'x' of node: \\nname: add OpType: Add\\n is not output"))
@@ -30,7 +30,7 @@ def one_line(exc: BaseException, limit: int = MAX_MESSAGE_CHARS) -> str:
         'a a a a a...'
     """
     text = " ".join(str(exc).split())
-    if not text:
+    if not text and isinstance(exc, BaseException):
         return type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

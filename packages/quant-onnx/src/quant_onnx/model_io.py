@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import tempfile
@@ -127,17 +128,15 @@ _REDUCED_FLOATS = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT1
 def _reduced_float_tensor(model: onnx.ModelProto) -> tuple[str, str, str] | None:
     """(what, name, dtype) of the first graph input, initializer or output in float16 or
     bfloat16, else None (a float32 model that casts inside is left to run as it is)."""
-    for value in model.graph.input:
-        dtype = _REDUCED_FLOATS.get(value.type.tensor_type.elem_type)
-        if dtype:
-            return "input", value.name, dtype
-    for tensor in model.graph.initializer:
-        if tensor.data_type in _REDUCED_FLOATS:
-            return "initializer", tensor.name, _REDUCED_FLOATS[tensor.data_type]
-    for value in model.graph.output:
-        dtype = _REDUCED_FLOATS.get(value.type.tensor_type.elem_type)
-        if dtype:
-            return "output", value.name, dtype
+    graph = model.graph
+    typed = itertools.chain(
+        (("input", v.name, v.type.tensor_type.elem_type) for v in graph.input),
+        (("initializer", t.name, t.data_type) for t in graph.initializer),
+        (("output", v.name, v.type.tensor_type.elem_type) for v in graph.output),
+    )
+    for what, name, elem_type in typed:
+        if elem_type in _REDUCED_FLOATS:
+            return what, name, _REDUCED_FLOATS[elem_type]
     return None
 
 

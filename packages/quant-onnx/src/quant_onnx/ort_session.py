@@ -33,11 +33,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quant_onnx.errors import MAX_MESSAGE_CHARS, ModelError, one_line
+from quant_onnx.errors import ModelError, one_line
 from quant_onnx.tensor_data import bound_folders, without_basepath
 
 _PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
-_MAX_MESSAGE = MAX_MESSAGE_CHARS
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
@@ -49,7 +48,7 @@ def _message(exc: BaseException) -> str:
     """onnxruntime's message without its ``[ONNXRuntimeError] : 1 : FAIL :`` prefix, every
     line kept (a node's name can follow the first line) and joined into one."""
     text = _PREFIX.sub("", str(exc).strip())
-    return one_line(Exception(text), _MAX_MESSAGE) if text else type(exc).__name__
+    return one_line(text) if text else type(exc).__name__
 
 
 @contextmanager

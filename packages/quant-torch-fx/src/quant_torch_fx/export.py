@@ -64,30 +64,31 @@ from quant_torch_fx.prepare import (
     activation_quantizers,
     graph_info,
     quantized_graphs,
+    unique_name,
     weight_quantizers,
 )
 
 DEFAULT_OPSET = 17
 MAX_TORCHSCRIPT_OPSET = 20
 _ROUNDING = list(RoundMode)
-_TORCH_DTYPES = {
-    DType.INT8: torch.int8,
-    DType.UINT8: torch.uint8,
-    DType.INT16: torch.int16,
-    DType.UINT16: torch.uint16,
-    DType.INT32: torch.int32,
-}
 # The TorchScript exporter cannot type uint16 tensors. Such codes and zero points travel as
 # int32 through nodes of this placeholder domain, which the exporter leaves untyped; after
 # the export :func:`_restore_uint16` makes them standard Q/DQ nodes on uint16 initializers.
 _UINT16_DOMAIN = "quant_torch_fx.uint16"
+_TORCH_DTYPES = {
+    DType.INT8: torch.int8,
+    DType.UINT8: torch.uint8,
+    DType.INT16: torch.int16,
+    DType.UINT16: torch.int32,  # through the placeholder domain above
+    DType.INT32: torch.int32,
+}
 
 
 def _torch_dtype(dtype: DType) -> torch.dtype:
     if dtype not in _TORCH_DTYPES:
         allowed = ", ".join(d.value for d in _TORCH_DTYPES)
         raise ValueError(f"export: {dtype.value} codes cannot be written by this exporter; allowed: {allowed}")
-    return torch.int32 if dtype == DType.UINT16 else _TORCH_DTYPES[dtype]
+    return _TORCH_DTYPES[dtype]
 
 
 def _qdq_domain(dtype: DType) -> str:
@@ -345,6 +346,7 @@ def onnx_model(
     _strip_prefix(proto, "inner.")
     _shape_reads_quantized(proto)
     _keep_matmuls_out_of_matmulnbits(proto)
+    _drop_unread(proto)  # what the passes above left unread: int32 copies, bypassed Transposes
     _raise_opset(proto, max(opset, needed))
     return proto
 
@@ -423,7 +425,8 @@ def _inline_identities(model: onnx.ModelProto) -> None:
 
 def _restore_uint16(model: onnx.ModelProto) -> None:
     """Placeholder-domain Q/DQ nodes become standard ones reading uint16 copies of their
-    int32 initializers (codes, zero points); int32 initializers nothing else reads go."""
+    int32 initializers (codes, zero points); :func:`_drop_unread` removes the int32 ones
+    nothing else reads."""
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     converted: dict[str, str] = {}
@@ -436,26 +439,15 @@ def _restore_uint16(model: onnx.ModelProto) -> None:
             if source is None or source.data_type != onnx.TensorProto.INT32:
                 continue
             if name not in converted:
-                converted[name] = _unique_name(f"{name}_uint16", initializers)
+                converted[name] = unique_name(f"{name}_uint16", initializers)
                 values = numpy_helper.to_array(source).astype(np.uint16)
                 copy = numpy_helper.from_array(values, converted[name])
                 graph.initializer.append(copy)
                 initializers[copy.name] = copy
             node.input[i] = converted[name]
-    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-    unused = [t for t in graph.initializer if t.name in converted and t.name not in read]
-    for tensor in unused:
-        graph.initializer.remove(tensor)
     kept = [entry for entry in model.opset_import if entry.domain != _UINT16_DOMAIN]
     del model.opset_import[:]
     model.opset_import.extend(kept)
-
-
-def _unique_name(base: str, taken: Any) -> str:
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    return name
 
 
 def _strip_prefix(model: onnx.ModelProto, prefix: str) -> None:
@@ -527,9 +519,8 @@ def _keep_matmuls_out_of_matmulnbits(model: onnx.ModelProto) -> None:
         dq = producers.get(transpose.input[0]) if transpose is not None else weight_source
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in initializers:
             continue
-        codes = numpy_helper.to_array(initializers[dq.input[0]])
         weight_dtype = stored(dq.input[0])
-        if codes.ndim != 2 or weight_dtype is None:
+        if len(initializers[dq.input[0]].dims) != 2 or weight_dtype is None:
             continue
         reader = producers.get(node.input[0])
         activation = None
@@ -538,27 +529,27 @@ def _keep_matmuls_out_of_matmulnbits(model: onnx.ModelProto) -> None:
         if not guard_matmul_weight(activation, weight_dtype):
             continue
         axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-        per_channel = numpy_helper.to_array(initializers[dq.input[1]]).size > 1
+        per_channel = int(np.prod(initializers[dq.input[1]].dims)) > 1
         if transpose is not None:
-            codes = codes.T
             axis = 1 - axis % 2
         if per_channel and axis % 2 != 1:
             continue  # channels along K: -1 would name another axis
-        name = _unique_name(f"{dq.input[0]}_for_matmul", initializers)
-        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(codes), name))
+        codes = numpy_helper.to_array(initializers[dq.input[0]])
+        name = unique_name(f"{dq.input[0]}_for_matmul", initializers)
+        codes_in_out = codes.T if transpose is not None else codes
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(codes_in_out), name))
         params = [_one_element(graph, initializers, t) for t in dq.input[1:3]]
         guarded = onnx.helper.make_node(
             "DequantizeLinear",
             [name, *params],
-            [_unique_name(f"{dq.output[0]}_for_matmul", producers)],
-            name=_unique_name(f"{dq.name}_for_matmul", {n.name for n in graph.node}),
+            [unique_name(f"{dq.output[0]}_for_matmul", producers)],
+            name=unique_name(f"{dq.name}_for_matmul", {n.name for n in graph.node}),
             axis=MATMUL_WEIGHT_AXIS,
         )
         producers[guarded.output[0]] = guarded
         initializers[name] = graph.initializer[-1]
         graph.node.insert(list(graph.node).index(node), guarded)
         node.input[1] = guarded.output[0]
-    _drop_unread(model)
 
 
 def _one_element(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto], name: str) -> str:
@@ -568,7 +559,7 @@ def _one_element(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProt
         return name
     vector = onnx.TensorProto()
     vector.CopyFrom(tensor)
-    vector.name = _unique_name(f"{name}_vector", initializers)
+    vector.name = unique_name(f"{name}_vector", initializers)
     vector.dims.append(1)
     graph.initializer.append(vector)
     initializers[vector.name] = vector

@@ -170,14 +170,21 @@ def weight_quantizers(gm: GraphModule) -> Iterator[tuple[str, FakeQuantizer]]:
         yield node, quantizer(gm, path)
 
 
+def unique_name(base: str, taken: Collection[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``... : the first not in ``taken``.
+
+    Example:
+        >>> unique_name("conv", {"conv", "conv_1"})
+        'conv_2'
+    """
+    name, index = base, 1
+    while name in taken:
+        name, index = f"{base}_{index}", index + 1
+    return name
+
+
 def _key(name: str, taken: Collection[str]) -> str:
-    base = re.sub(r"\W", "_", name) or "q"
-    key = base
-    index = 1
-    while key in taken:
-        key = f"{base}_{index}"
-        index += 1
-    return key
+    return unique_name(re.sub(r"\W", "_", name) or "q", taken)
 
 
 def _data_user(user: Node) -> bool:
