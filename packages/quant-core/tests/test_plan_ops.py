@@ -69,6 +69,7 @@ def test_weighted_ops_name_weight_and_bias_inputs() -> None:
         (node("Gemm", ["x", "w"], ["y"]), 2, 1),
         (node("MatMul", ["x", "w"], ["y"]), 2, 1),
         (node("MatMul", ["x", "w"], ["y"]), 3, 2),
+        (node("MatMul", ["x", "w"], ["y"]), 1, None),
     ],
 )
 def test_weight_channel_axis(layer: PlanNode, rank: int, axis: int) -> None:

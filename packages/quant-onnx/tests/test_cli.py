@@ -70,6 +70,17 @@ def test_quantize_with_npz_exclude_and_preset(files, tmp_path) -> None:
     assert "Conv" in {n.op_type for n in quantized.graph.node}
 
 
+def test_an_exclusion_that_matches_no_node_exits_2_writing_nothing(files, tmp_path, capsys) -> None:
+    model, data = files
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(model), str(out), "--calib-data", str(data), "--exclude", "NoSuchNode", "--quiet"]
+    assert main(args) == 2
+    line = _error_line(capsys)
+    assert "exclude: 'NoSuchNode' matches no node name or op type of the model" in line
+    assert "such as conv3, relu4, " in line  # names to choose from
+    assert not out.exists()
+
+
 def test_dynamic_needs_no_calibration_data(files, tmp_path) -> None:
     model, _data = files
     out = tmp_path / "d.onnx"

@@ -380,3 +380,17 @@ def test_a_broadcast_gemm_bias_is_stored_per_channel_as_int32(bias_shape, tmp_pa
     assert np.all(np.abs(codes * scale - 0.7) <= scale / 2 + 1e-7)  # 0.7 to the nearest code, every channel
     if cpu_has_vnni():
         assert "com.microsoft:QGemm" in optimized_op_types(quantized, tmp_path)
+
+
+def test_a_matmul_vector_weight_is_per_tensor(tmp_path) -> None:
+    """``x @ w`` with ``w`` of shape [K] sums over w's one axis: per-channel scales there
+    would differ along the reduction, which no integer kernel can accumulate."""
+    b = GraphBuilder()
+    x = b.input("x", ["N", 5, 8])
+    model = b.model([b.node("MatMul", [x, b.const(b.rng.normal(size=8).astype(np.float32), "w")], name="dot")], rank=2)
+    data = b.rng.normal(size=(32, 5, 8)).astype(np.float32)
+    calibrated, quantized = quantize_in_memory(model, "a8w8", data)
+    assert calibrated.weight_qparams["dot"].scale.shape == ()
+    assert any("'dot': rank-1 MatMul weight has no single output-channel axis" in n for n in calibrated.plan.notes)
+    assert sqnr_db(ort_run(model, data)[0], ort_run(quantized, data)[0]) > 30
+    assert ":MatMul" not in optimized_op_types(quantized, tmp_path)  # an integer kernel, not a float MatMul

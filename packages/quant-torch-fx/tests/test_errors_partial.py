@@ -186,3 +186,30 @@ def test_a_fixed_batch_size_is_named_as_such() -> None:
     q = ModelQuantizer("a8w8", dynamic_batch=False, quiet=True)
     with pytest.raises(DataError, match=r"expected \[1, 3, 8, 8\] \(the example input's shape, the batch size fixed"):
         q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), images(1))
+
+
+class TwoRegions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = Backbone()
+        self.head = nn.Sequential(nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def test_a_config_exclusion_that_matches_no_node_is_refused() -> None:
+    from quant_core.presets import get_preset
+
+    typo = ModelQuantizer(get_preset("a8w8").evolve(exclude=("conv2/conv2d_9",)), quiet=True)
+    with pytest.raises(ValueError, match=r"^exclude: 'conv2/conv2d_9' matches no node name or op type .* conv1/"):
+        typo.prepare(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    # With regions each is planned apart: a name need only be in one of them.
+    config = get_preset("a8w8").evolve(exclude=("0/linear",))
+    qmodel = ModelQuantizer(config, regions=["backbone", "head"], quiet=True).quantize_model(
+        TwoRegions().eval(), torch.randn(1, 3, 8, 8), images(1)
+    )
+    assert _float_names(qmodel) == ["0/linear"]
+    typo_in_regions = ModelQuantizer(config.evolve(exclude=("0/lnear",)), regions=["backbone", "head"], quiet=True)
+    with pytest.raises(ValueError, match=r"^exclude: '0/lnear' matches no node"):
+        typo_in_regions.prepare(TwoRegions().eval(), torch.randn(1, 3, 8, 8))

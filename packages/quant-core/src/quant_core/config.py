@@ -160,8 +160,11 @@ class QuantConfig:
     Args:
         global_config: specs for every operator not otherwise configured.
         op_type_overrides: op type (``"Conv"``, ``"Gemm"``...) -> specs.
-        name_overrides: node-name glob -> specs; first match wins, in insertion order.
-        exclude: node-name globs or op types left in float.
+        name_overrides: node-name glob -> specs; first match wins, in insertion order. A
+            glob that matches no node of the model is refused when it is planned.
+        exclude: node-name globs or op types left in float. An entry that matches no node
+            is refused when the model is planned (a typo would quantize what was meant to
+            stay float), unless it is an op type the planner quantizes (a reused config).
         algorithms: accuracy-recovery algorithms to run, in order.
         calibration: sample count and batch size.
         name: the preset name this config came from, if any (informational).

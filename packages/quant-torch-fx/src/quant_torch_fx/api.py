@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from quant_core.config import QuantConfig
+from quant_core.plan import check_selectors
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
 from quant_torch_fx.algorithms.passes import (
@@ -150,7 +151,16 @@ class ModelQuantizer:
             if name not in recorded:
                 raise ValueError(f"regions: {name!r} is not called when the model runs on the example inputs")
             gm = capture(sub, recorded[name], dynamic_batch=self.dynamic_batch)
-            root.set_submodule(name, self._instrument(gm, mode, None, fold_batch_norms))
+            root.set_submodule(name, self._instrument(gm, mode, None, fold_batch_norms, check_selectors=False))
+        plans = [graph_info(gm).plan for gm in quantized_graphs(root)]
+        check_selectors(
+            self.config,
+            [
+                pair
+                for plan in plans
+                for pair in (*plan.quantized_nodes, *((f.name, f.op_type) for f in plan.float_nodes))
+            ],
+        )
         return root
 
     def _check_exclusions(self, model: nn.Module) -> None:
@@ -178,6 +188,8 @@ class ModelQuantizer:
         mode: str,
         float_pass: Callable[[torch.fx.GraphModule], dict[str, Any]] | None = None,
         fold_batch_norms: bool | None = None,
+        *,
+        check_selectors: bool = True,
     ) -> torch.fx.GraphModule:
         return prepare_graph(
             gm,
@@ -188,6 +200,7 @@ class ModelQuantizer:
             share_concat_scales=self.share_concat_scales,
             float_pass=float_pass,
             fold_batch_norms=fold_batch_norms,
+            check_selectors=check_selectors,
         )
 
     def signature(self, example_inputs: Any) -> InputSignature:

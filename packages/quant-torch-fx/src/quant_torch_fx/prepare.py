@@ -211,13 +211,16 @@ def prepare_graph(
     share_concat_scales: bool = True,
     float_pass: Callable[[GraphModule], dict[str, Any]] | None = None,
     fold_batch_norms: bool | None = None,
+    check_selectors: bool = True,
 ) -> GraphModule:
     """Normalise, plan and instrument ``gm`` (a captured graph module; changed in place and
     returned). ``mode``: ``"ptq"`` or ``"qat"``. Module exclusions become node exclusions in
     the config the planner sees (see :func:`~quant_torch_fx.graph_plan.excluded_nodes`).
     ``float_pass`` edits the normalised float graph before it is planned (CLE) and returns
     its reports by algorithm kind. Batch norm after a convolution is folded into it with
-    ``fold_batch_norms`` (default: in PTQ only; QAT otherwise simulates it, see ``ConvBn``)."""
+    ``fold_batch_norms`` (default: in PTQ only; QAT otherwise simulates it, see ``ConvBn``).
+    ``check_selectors=False`` leaves the check that every config selector selects a node
+    to the caller (one region of a model need not hold them all)."""
     if mode not in ("ptq", "qat"):
         raise ValueError(f"mode: {mode!r} is not allowed; allowed: ptq, qat")
     normalize(gm, fold_batch_norms=mode == "ptq" if fold_batch_norms is None else fold_batch_norms)
@@ -228,7 +231,9 @@ def prepare_graph(
     )
     if excluded:
         config = config.evolve(exclude=(*config.exclude, *excluded))
-    plan = plan_quantization(view.graph, config, share_concat_scales=share_concat_scales)
+    plan = plan_quantization(
+        view.graph, config, share_concat_scales=share_concat_scales, check_selectors=check_selectors
+    )
     if plan.requants:
         # One fake quantizer per tensor group here; a layer reading its input at another
         # format than the group's needs a quantizer on that edge, which is not built yet.

@@ -7,6 +7,8 @@ every backend (``docs/architecture.md``: statistics where tensors live, decision
   output's qparams relate to its inputs').
 - :mod:`~quant_core.plan.planner`: :func:`plan_quantization` -> :class:`QuantPlan`
   (shared-scale groups, fusions, weight and bias slots, float nodes and why).
+- :mod:`~quant_core.plan.selectors`: every ``exclude`` entry and ``name_overrides`` glob
+  of a config must select a node.
 - :mod:`~quant_core.plan.calibrated`: :func:`calibrated_qparams`, every qparam of a plan
   from its observers (weights fitted to the int32 bias where needed).
 
@@ -51,6 +53,7 @@ from quant_core.plan.planner import (
     plan_quantization,
     resolve_weight_spec,
 )
+from quant_core.plan.selectors import check_selectors, unmatched_selectors
 
 __all__ = [
     "FUSABLE_PRODUCERS",
@@ -73,12 +76,14 @@ __all__ = [
     "WeightSlot",
     "activation_kind",
     "calibrated_qparams",
+    "check_selectors",
     "clip_bounds",
     "needs_own_observer",
     "plan_quantization",
     "plan_weight_qparams",
     "policy_for",
     "resolve_weight_spec",
+    "unmatched_selectors",
     "weight_channel_axis",
     "weight_is_transposed",
 ]

@@ -199,7 +199,8 @@ def activation_kind(node: PlanNode, constant: ConstantLookup) -> str | None:
 
 def weight_channel_axis(node: PlanNode, weight_rank: int) -> int | None:
     """The output-channel axis of a weighted op's weight, or ``None`` when the layout has
-    no single such axis (a grouped ConvTranspose: ``[Cin, Cout/g, ...]``).
+    no single such axis (a grouped ConvTranspose: ``[Cin, Cout/g, ...]``; a MatMul vector
+    ``[K]``, whose one axis is summed over).
 
     Conv: 0 (``[Cout, Cin/g, kh, kw]``); ConvTranspose: 1 (``[Cin, Cout/g, kh, kw]``);
     Gemm: 0 when ``transB=1`` (``[N, K]``) else 1; MatMul: the last axis (``[K, N]``).
@@ -216,7 +217,7 @@ def weight_channel_axis(node: PlanNode, weight_rank: int) -> int | None:
     if op == "Gemm":
         return 0 if int(node.attr("transB", 0)) == 1 else 1
     if op == "MatMul":
-        return weight_rank - 1
+        return weight_rank - 1 if weight_rank >= 2 else None
     raise ValueError(f"node {node.name!r}: op type {op!r} has no weight; allowed: Conv, ConvTranspose, Gemm, MatMul")
 
 

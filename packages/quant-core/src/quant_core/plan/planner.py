@@ -37,6 +37,7 @@ from collections.abc import Mapping
 import attrs
 
 from quant_core.config import OperatorConfig, QuantConfig
+from quant_core.plan import selectors
 from quant_core.plan.graph import GraphView, PlanNode
 from quant_core.plan.ops import FUSABLE_PRODUCERS, OpKind, OpPolicy, clip_bounds, policy_for, weight_channel_axis
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec
@@ -240,7 +241,8 @@ def resolve_weight_spec(node: PlanNode, spec: QuantSpec, weight_rank: int) -> tu
     out_axis = weight_channel_axis(node, weight_rank)
     if axis == OUTPUT_CHANNELS:
         if out_axis is None:
-            note = f"node {node.name!r}: grouped {node.op_type} weight has no single output-channel axis; per tensor"
+            layout = f"rank-{weight_rank}" if node.op_type == "MatMul" else "grouped"
+            note = f"node {node.name!r}: {layout} {node.op_type} weight has no single output-channel axis; per tensor"
             return spec.evolve(per_channel_axis=None), note
         return spec.evolve(per_channel_axis=out_axis), None
     if axis != out_axis:
@@ -459,8 +461,15 @@ class _Planner:
         )
 
 
-def plan_quantization(graph: GraphView, config: QuantConfig, *, share_concat_scales: bool = True) -> QuantPlan:
+def plan_quantization(
+    graph: GraphView, config: QuantConfig, *, share_concat_scales: bool = True, check_selectors: bool = True
+) -> QuantPlan:
     """Plan ``graph`` (not modified; node names unique) under ``config``. See the module
     docstring. ``share_concat_scales=False`` gives Concat's inputs and output their own
-    qparams (a runtime's integer Concat then requantizes each input)."""
+    qparams (a runtime's integer Concat then requantizes each input). A config selector
+    that selects no node of ``graph`` is refused (:mod:`quant_core.plan.selectors`) unless
+    ``check_selectors=False`` (a backend planning one part of a model at a time checks the
+    whole model itself)."""
+    if check_selectors:
+        selectors.check_selectors(config, ((node.name, node.op_type) for node in graph.nodes))
     return _Planner(graph, config, share_concat_scales).run()
