@@ -91,18 +91,20 @@ _algorithm_strategies = [
     ),
     st.builds(BiasCorrectionConfig, num_samples=opt_pos_int),
     st.builds(SmoothQuantConfig, alpha=unit, num_samples=opt_pos_int),
-    st.builds(
-        AdaRoundConfig,
-        device=device,
-        batch_size=pos_int,
-        num_iterations=pos_int,
-        learning_rate=positive,
-        reg_param=positive,
-        beta_start=positive,
-        beta_end=positive,
-        warm_start=unit,
-        early_stop=st.booleans(),
-        num_samples=opt_pos_int,
+    st.tuples(positive, positive).flatmap(
+        lambda betas: st.builds(
+            AdaRoundConfig,
+            device=device,
+            batch_size=pos_int,
+            num_iterations=pos_int,
+            learning_rate=positive,
+            reg_param=positive,
+            beta_start=st.just(max(betas)),
+            beta_end=st.just(min(betas)),  # annealed downwards
+            warm_start=unit,
+            early_stop=st.booleans(),
+            num_samples=opt_pos_int,
+        )
     ),
     st.builds(
         AdaQuantConfig,

@@ -118,6 +118,7 @@ def test_operator_config_rejects_non_specs() -> None:
         (lambda: AdaRoundConfig(device="tpu"), "device"),
         (lambda: AdaRoundConfig(warm_start=2.0), "warm_start"),
         (lambda: AdaRoundConfig(num_iterations=0), "num_iterations"),
+        (lambda: AdaRoundConfig(beta_start=2.0, beta_end=20.0), "beta_end"),
         (lambda: AdaQuantConfig(batch_size=2.5), "batch_size"),
         (lambda: MixedPrecisionConfig(target_types=["a4w4"], max_layers=1), "target_types"),
         (lambda: MixedPrecisionConfig(metric="loss", max_layers=1), "metric"),

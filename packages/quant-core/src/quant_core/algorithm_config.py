@@ -142,7 +142,9 @@ class AdaRoundConfig:
         num_iterations: optimisation steps per layer.
         learning_rate: Adam's learning rate for the rounding variables.
         reg_param: weight of the regulariser that pushes every rounding to up or down.
-        beta_start, beta_end: the regulariser's exponent, annealed from start to end.
+        beta_start, beta_end: the regulariser's exponent, annealed from start down to end
+            (a falling exponent is what pushes each rounding to up or down; ``beta_end``
+            above ``beta_start`` is refused).
         warm_start: fraction of the iterations before the regulariser starts.
         early_stop: stop a layer once every rounding has settled.
         num_samples: calibration samples used (``None``: ``DEFAULT_NUM_SAMPLES``).
@@ -163,6 +165,14 @@ class AdaRoundConfig:
     warm_start: float = attrs.field(default=0.2, validator=_unit)
     early_stop: bool = attrs.field(default=True, validator=_bool)
     num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+
+    @beta_end.validator
+    def _falls(self, _attribute: attrs.Attribute, value: float) -> None:  # type: ignore[type-arg]
+        if value > self.beta_start:
+            raise ValueError(
+                f"beta_end: {value!r} is above beta_start {self.beta_start!r}; allowed: a value <= beta_start "
+                "(the exponent is annealed downwards)"
+            )
 
 
 @attrs.frozen
