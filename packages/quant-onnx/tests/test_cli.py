@@ -81,6 +81,23 @@ def test_an_exclusion_that_matches_no_node_exits_2_writing_nothing(files, tmp_pa
     assert not out.exists()
 
 
+def test_a_fixed_batch_model_calibrates_and_library_notes_reach_stderr_unless_quiet(tmp_path, capsys) -> None:
+    model = small_cnn()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 4  # a fixed batch of 4
+    path, data, out = tmp_path / "fixed.onnx", tmp_path / "calib.npy", tmp_path / "q.onnx"
+    onnx.save(model, path)
+    np.save(data, random_inputs(small_cnn(), 6))  # 6 samples: 2 are dropped
+    args = ["quantize", str(path), str(out), "--calib-data", str(data)]
+    assert main([*args, "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(args) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert notes == ["quant-onnx: note: dropping 2 calibration sample(s): the model fixes the batch size to 4"]
+    import logging
+
+    assert logging.getLogger("quant_onnx").handlers == []  # put back as it was
+
+
 def test_dynamic_needs_no_calibration_data(files, tmp_path) -> None:
     model, _data = files
     out = tmp_path / "d.onnx"

@@ -42,4 +42,5 @@ def clear_open_bars() -> None:
     follows stands alone."""
     for bar in list(getattr(tqdm, "_instances", ())):
         bar.leave = False
+        bar.clear()  # close() alone leaves a bar cut off while tqdm was still drawing it
         bar.close()

@@ -18,8 +18,10 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -40,22 +42,57 @@ def fail(prog: str, message: str, status: int) -> int:
     return status
 
 
+class _NoteHandler(logging.Handler):
+    """Writes each record above any progress bar on screen, not into its line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+@contextlib.contextmanager
+def notes_on_stderr(prog: str, loggers: Sequence[str], quiet: bool) -> Iterator[None]:
+    """While a command runs, what the libraries log at WARNING (a bias kept float, samples
+    dropped...) reaches stderr as ``prog: note: ...``; with ``quiet`` only errors do (the
+    notes are in the JSON report). The loggers are put back as they were afterwards."""
+    handler = _NoteHandler()
+    handler.setFormatter(logging.Formatter(f"{prog}: note: %(message)s"))
+    saved = []
+    for name in loggers:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.level, logger.propagate))
+        logger.addHandler(handler)
+        logger.setLevel(logging.ERROR if quiet else logging.WARNING)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for logger, level, propagate in saved:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
 def run_command(
     prog: str,
     parser: argparse.ArgumentParser,
     commands: Mapping[str, Callable[[argparse.Namespace], int]],
     argv: Sequence[str] | None,
+    loggers: Sequence[str] = ("quant_onnx",),
 ) -> int:
     """Parse ``argv``, run the chosen command, and turn what it raises into an exit status:
     130 on Ctrl-C (outputs are written atomically, so nothing partial is left), 2 with one
     line for bad input (``ValueError``, ``OSError``, a missing optional extra's
-    ``ImportError``, onnxruntime's ``RuntimeError`` on what the checks could not see)."""
+    ``ImportError``, onnxruntime's ``RuntimeError`` on what the checks could not see).
+    What ``loggers`` warn of is shown as notes, unless the command has ``--quiet``."""
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
-        return commands[args.command](args)
+        with notes_on_stderr(prog, loggers, quiet=bool(getattr(args, "quiet", False))):
+            return commands[args.command](args)
     except KeyboardInterrupt:
         return fail(prog, "interrupted; no partial file was left", EXIT_INTERRUPTED)
     except (ValueError, OSError, ImportError) as exc:

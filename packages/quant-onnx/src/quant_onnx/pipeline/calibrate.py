@@ -168,6 +168,17 @@ def _batch_rows(feeds: Mapping[str, np.ndarray]) -> int | None:
     return sizes.pop() if len(sizes) == 1 and -1 not in sizes else None
 
 
+def _batch_is_free(model: onnx.ModelProto) -> bool:
+    """True when no graph input fixes its first axis, so a batch may run in smaller pieces
+    (a model exported with a fixed batch of 4 refuses a run of 1)."""
+    initializers = {t.name for t in model.graph.initializer}
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name not in initializers and dims and dims[0].HasField("dim_value"):
+            return False
+    return True
+
+
 def _rows(feeds: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
     return {name: value[start:stop] for name, value in feeds.items()}
 
@@ -211,7 +222,7 @@ def calibrate(
     session: CheckedSession | None = inference_session(
         augmented_model(model, run_outputs), ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     )
-    may_chunk = all(group.spec.observer.method != "moving_average" for group in plan.groups)
+    may_chunk = _batch_is_free(model) and all(group.spec.observer.method != "moving_average" for group in plan.groups)
     chunk: int | None = None  # samples per run, sized from the first run's output bytes
 
     def observe_run(feeds: Mapping[str, np.ndarray]) -> float:
