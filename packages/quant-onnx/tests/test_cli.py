@@ -129,6 +129,39 @@ def test_compare_prints_agreement_and_layers(files, tmp_path, capsys) -> None:
     assert json.loads((tmp_path / "c.json").read_text())["layers"]
 
 
+def _dense(outputs: int) -> onnx.ModelProto:
+    from model_builders import GraphBuilder
+
+    b = GraphBuilder()
+    return b.model([b.gemm(b.input("x", ["N", 8]), 8, outputs)])
+
+
+def test_compare_refuses_models_that_are_not_one_model_twice(files, tmp_path, capsys) -> None:
+    model, data = files
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), str(out), "--calib-data", str(data), "--quiet"]) == 0
+    renamed = onnx.load(out)
+    for node in renamed.graph.node:
+        node.input[:] = ["image" if name == "x" else name for name in node.input]
+    renamed.graph.input[0].name = "image"
+    onnx.save(renamed, tmp_path / "renamed.onnx")
+    capsys.readouterr()
+    assert main(["compare", str(model), str(tmp_path / "renamed.onnx"), "--data", str(data), "--quiet"]) == 2
+    assert "quant_model: its inputs ['image'] are not the float model's ['x']" in _error_line(capsys)
+
+    dense4, dense5 = tmp_path / "d4.onnx", tmp_path / "d5.onnx"
+    onnx.save(_dense(4), dense4)
+    onnx.save(_dense(5), dense5)
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32))
+    assert main(["quantize", str(dense5), str(tmp_path / "q5.onnx"), "--calib-data", str(x), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(dense4), str(tmp_path / "q5.onnx"), "--data", str(x), "--quiet"]) == 2
+    assert "shape [8, 4] in the float model, [8, 5] in the quantized model" in _error_line(capsys)
+    assert main(["compare", str(dense4), str(dense4), "--data", str(x), "--num-samples", "0"]) == 2
+    assert "--num-samples: 0 is out of range; allowed: an integer > 0" in _error_line(capsys)
+
+
 def _bad_inputs(tmp_path, model, data):
     not_onnx = tmp_path / "junk.onnx"
     not_onnx.write_bytes(b"this is not a protobuf at all \x00\xff")
@@ -263,3 +296,26 @@ def test_a_float16_initializer_is_named() -> None:
     weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight).astype(np.float16), weight.name))
     with pytest.raises(ModelError, match=f"initializer '{weight.name}' is float16"):
         ModelQuantizer("a8w8", quiet=True).prepare(model)
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path) -> None:
+    """``quant-onnx inspect m.onnx | head -1``: the reader is gone before all is written."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.onnx"
+    onnx.save(small_cnn(), path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "quant_onnx.io.cli", "inspect", str(path)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")

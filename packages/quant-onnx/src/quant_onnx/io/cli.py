@@ -4,7 +4,10 @@ Invalid input (a file that is not ONNX, a model failing the checker or whose ext
 data lies outside its folder, calibration data that does not fit, an output path equal
 to the input or in a missing or read-only folder) prints one line naming what is wrong
 to stderr and exits with status 2, writing nothing. Ctrl-C prints one line and exits
-with status 130, leaving no partial file (every output is written atomically).
+with status 130, leaving no partial file (every output is written atomically). Output
+piped into a reader that stops early (``| head``) ends quietly with status 141. What the
+library warns of (samples dropped, a bias kept float) is printed as ``quant-onnx: note:``
+lines, except under ``--quiet``.
 
 Example:
     >>> main(["quantize", "missing.onnx", "out.onnx", "--calib-data", "x.npy", "--quiet"])
@@ -201,6 +204,14 @@ def _image_options(args: argparse.Namespace) -> Any:
     return ImageOptions(**given)
 
 
+def _check_counts(args: argparse.Namespace, *names: str) -> None:
+    """Sample counts and batch sizes given on the command line are positive."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')}: {value} is out of range; allowed: an integer > 0")
+
+
 def _quantize(args: argparse.Namespace) -> int:
     from quant_onnx.io.config_overrides import override_config
     from quant_onnx.io.summary import quantize_summary
@@ -232,10 +243,7 @@ def _quantize(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not args.calib_data:
         raise ValueError("--calib-data: required for static quantization (or use --dynamic)")
-    for name in ("num_calib", "batch_size"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ValueError(f"--{name.replace('_', '-')}: {value} is out of range; allowed: an integer > 0")
+    _check_counts(args, "num_calib", "batch_size")
     from quant_onnx.api import ModelQuantizer
 
     quantizer = ModelQuantizer(config, quiet=args.quiet)
@@ -281,6 +289,7 @@ def _compare(args: argparse.Namespace) -> int:
     from quant_onnx.io.data import CalibrationReader
     from quant_onnx.model_io import check_output_path, load_model
 
+    _check_counts(args, "num_samples", "batch_size")
     if args.json:
         check_output_path(args.json, what="--json")
     float_model = load_model(args.float_model)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a C tool writing into a closed pipe reports
 
 
 def one_line(exc: BaseException) -> str:
@@ -92,9 +94,16 @@ def run_command(
         return int(exc.code or 0)
     try:
         with notes_on_stderr(prog, loggers, quiet=bool(getattr(args, "quiet", False))):
-            return commands[args.command](args)
+            status = commands[args.command](args)
+            sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's exit
+            return status
     except KeyboardInterrupt:
         return fail(prog, "interrupted; no partial file was left", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # stdout was piped into a reader that stopped (``| head``): end quietly, as the
+        # shell's own tools do, and keep Python from complaining when it flushes at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (ValueError, OSError, ImportError) as exc:
         return fail(prog, f"error: {one_line(exc)}", EXIT_BAD_INPUT)
     except RuntimeError as exc:

@@ -29,6 +29,7 @@ import onnx
 import onnxruntime as ort
 
 from quant_algos.progress import progress_bar
+from quant_onnx.errors import ModelError
 from quant_onnx.pipeline.calibrate import augmented_model, inference_session
 
 
@@ -134,6 +135,7 @@ def compare_models(
     per-layer SQNR uses at most ``max_layer_samples`` samples (``None``: all).
     ``total_batches`` sizes the progress bar.
     """
+    _check_same_interface(float_model, quant_model)
     output_names = [o.name for o in float_model.graph.output]
     float_names = _tensor_names(float_model)
     matched = {f: q for f, q in dequantized_tensors(quant_model).items() if f in float_names} if layers else {}
@@ -159,6 +161,7 @@ def compare_models(
             )
             quant_values = dict(zip(output_names, quant_session.run(output_names, feeds), strict=True))
             for name in output_names:
+                _check_same_shape(name, float_values[name], quant_values[name])
                 outputs[name].add(float_values[name], quant_values[name])
             first_f, first_q = float_values[output_names[0]], quant_values[output_names[0]]
             if first_f.ndim == 2 and first_f.shape[1] > 1:
@@ -167,6 +170,7 @@ def compare_models(
             if layer_session is not None and (max_layer_samples is None or layer_samples < max_layer_samples):
                 values = layer_session.run([matched[f] for f in layer_names], feeds)
                 for name, value in zip(layer_names, values, strict=True):
+                    _check_same_shape(name, float_values[name], value)
                     per_layer[name].add(float_values[name], value)
                 layer_samples += n
             del float_values, quant_values
@@ -178,6 +182,34 @@ def compare_models(
         output_sqnr_db={name: sums.sqnr_db for name, sums in outputs.items()},
         layers=tuple(LayerSQNR(name, per_layer[name].sqnr_db) for name in layer_names),
     )
+
+
+_SAME_MODEL = "allowed: the float model and a quantized copy of it"
+
+
+def _interface(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [v.name for v in model.graph.input if v.name not in initializers]
+    return sorted(inputs), [v.name for v in model.graph.output]
+
+
+def _check_same_interface(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> None:
+    """The quantized model reads and writes the float model's tensors, by name."""
+    for what, float_names, quant_names in zip(
+        ("inputs", "outputs"), _interface(float_model), _interface(quant_model), strict=True
+    ):
+        if float_names != quant_names:
+            raise ModelError(
+                f"quant_model: its {what} {quant_names} are not the float model's {float_names}; {_SAME_MODEL}"
+            )
+
+
+def _check_same_shape(tensor: str, float_value: np.ndarray, quant_value: np.ndarray) -> None:
+    if float_value.shape != quant_value.shape:
+        raise ModelError(
+            f"tensor {tensor!r}: shape {list(float_value.shape)} in the float model, "
+            f"{list(quant_value.shape)} in the quantized model; {_SAME_MODEL}"
+        )
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:
