@@ -35,6 +35,17 @@ def test_check_legalize_check(files, capsys) -> None:
     assert json.loads((tmp / "r.json").read_text())["ok"] is True
 
 
+def test_a_float_model_gets_one_line_saying_to_quantize_it_first(tmp_path, capsys) -> None:
+    model = tmp_path / "float.onnx"
+    model.write_bytes(conv_chain().SerializeToString())
+    assert main(["check", str(model)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("the model is not quantized") and "quant-onnx quantize" in out[0]
+    assert main(["check", str(model), "--json"]) == 1
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["quantized"] is False and len(listed["violations"]) > 1
+
+
 def test_simulate_writes_npy_and_npz(files, capsys) -> None:
     tmp, model, data = files
     legal = tmp / "legal.onnx"
@@ -50,6 +61,21 @@ def test_simulate_writes_npy_and_npz(files, capsys) -> None:
                  "--integer"]) == 0  # fmt: skip
     with np.load(tmp / "y.npz") as out:
         assert out[out.files[0]].dtype == np.int8
+
+
+@pytest.mark.parametrize("command", ["legalize", "simulate", "export-info"])
+def test_an_output_in_a_missing_folder_is_refused_before_any_work(files, capsys, command: str) -> None:
+    tmp, model, data = files
+    missing = tmp / "no_such_folder"
+    argv = {
+        "legalize": ["legalize", str(model), str(missing / "legal.onnx")],
+        "simulate": ["simulate", str(model), "--data", str(data), "--out", str(missing / "y.npy"), "--quiet"],
+        "export-info": ["export-info", str(model), str(missing / "quant_info.json")],
+    }[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist (create it first)" in err[0], err
+    assert not missing.exists()
 
 
 def test_export_info_and_targets(files, capsys) -> None:
@@ -70,7 +96,7 @@ def test_export_info_and_targets(files, capsys) -> None:
     [
         (["check", "{tmp}/missing.onnx"], "model '{tmp}/missing.onnx': file not found"),
         (["check", "{model}", "--target", "npu9"], "target: 'npu9' is not a known profile"),
-        (["legalize", "{model}", "{model}"], "is the input model; choose another output file"),
+        (["legalize", "{model}", "{model}"], "is the input model; choose another file"),
         (["simulate", "{model}", "--data", "{data}", "--out", "{tmp}/y.txt"], "--out: '{tmp}/y.txt' is not allowed"),
         (["simulate", "{model}", "--data", "{tmp}/none.npy", "--out", "{tmp}/y.npy"], "--data: file"),
         (["simulate", "{model}", "--data", "{data}", "--out", "{tmp}/y.npy", "--rounding", "up"], "rounding: 'up'"),

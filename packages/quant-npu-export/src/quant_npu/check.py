@@ -54,6 +54,7 @@ class CheckResult:
 
     target: str
     violations: tuple[Violation, ...]
+    quantized: bool = True
 
     @property
     def ok(self) -> bool:
@@ -70,6 +71,7 @@ class CheckResult:
         return {
             "target": self.target,
             "ok": self.ok,
+            "quantized": self.quantized,
             "counts": dict(sorted(self.counts().items())),
             "violations": [v.to_dict() for v in self.violations],
         }
@@ -77,6 +79,12 @@ class CheckResult:
     def format_text(self) -> str:
         if self.ok:
             return f"ok: the model meets every rule of target '{self.target}'"
+        if not self.quantized:  # every node would be listed: say the one thing to do instead
+            return (
+                f"the model is not quantized (no QuantizeLinear or DequantizeLinear), so every node breaks target "
+                f"'{self.target}' ({len(self.violations)} violation(s); --json lists them): quantize it first, "
+                "e.g. quant-onnx quantize MODEL OUTPUT --preset xint8 --calib-data DATA"
+            )
         lines = [v.line for v in self.violations]
         fixable = len(self.violations) - len(self.unfixable())
         lines.append(
@@ -342,4 +350,5 @@ def check(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None
 
 def check_loaded(model: onnx.ModelProto, profile: NPUProfile) -> CheckResult:
     """:func:`check` of an already loaded and validated model."""
-    return CheckResult(profile.name, tuple(_Checker(QDQGraph(model), profile).run()))
+    quantized = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in model.graph.node)
+    return CheckResult(profile.name, tuple(_Checker(QDQGraph(model), profile).run()), quantized)

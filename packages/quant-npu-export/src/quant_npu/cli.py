@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 from quant_onnx.io.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
 
 EXIT_VIOLATIONS = 1
+_LOG = logging.getLogger(__name__)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,7 +82,9 @@ def _check(args: argparse.Namespace) -> int:
 
 def _legalize(args: argparse.Namespace) -> int:
     from quant_npu.legalize import legalize
+    from quant_onnx.model_io import check_output_paths
 
+    check_output_paths(args.output, args.report, input_path=args.model)
     result = legalize(args.model, args.output, args.target, report_path=args.report)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_text())
     return EXIT_OK if result.remaining.ok else EXIT_VIOLATIONS
@@ -103,17 +107,19 @@ def _simulate(args: argparse.Namespace) -> int:
 
     from quant_core.atomic_io import atomic_write
     from quant_npu.sim import NPUSimulator
+    from quant_onnx.model_io import check_output_path
 
     out = Path(args.out)
     if out.suffix not in (".npy", ".npz"):
         raise ValueError(f"--out: '{out}' is not allowed; allowed: a .npy or .npz file")
+    check_output_path(out, what="--out")
     data = _load_data(args.data)
     simulator = NPUSimulator(args.model, args.target, args.rounding)
     if out.suffix == ".npy" and len(simulator.program.outputs) != 1:
         raise ValueError(f"--out: the model has {len(simulator.program.outputs)} outputs; allowed: a .npz file")
     outputs = simulator.run(data, batch_size=args.batch_size, quiet=args.quiet, integer=args.integer)
     for note in simulator.notes:
-        print(f"note: {note}", file=sys.stderr)
+        _LOG.warning(note)  # shown as "quant-npu: note: ..." unless --quiet
     buffer = io.BytesIO()
     if out.suffix == ".npy":
         np.save(buffer, next(iter(outputs.values())))
@@ -125,7 +131,9 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _export_info(args: argparse.Namespace) -> int:
     from quant_npu.quant_info import write_quant_info
+    from quant_onnx.model_io import check_output_path
 
+    check_output_path(args.output, input_path=args.model)
     data = write_quant_info(args.model, args.output)
     counts = ", ".join(f"{len(data[s])} {s}" for s in ("param", "input", "output"))
     print(f"wrote {args.output}: {counts}")
