@@ -35,6 +35,7 @@ ALLOWED = {
     ("io/report.py", "atomic_write"),  # write_report
     ("tensor_data.py", "open"),  # reading external data ("rb")
     ("io/data.py", "open"),  # Image.open (reading)
+    ("io/cli_runner.py", "open"),  # os.devnull, put under stdout once the pipe reader is gone
 }
 
 

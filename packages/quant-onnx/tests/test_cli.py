@@ -98,6 +98,19 @@ def test_a_fixed_batch_model_calibrates_and_library_notes_reach_stderr_unless_qu
     assert logging.getLogger("quant_onnx").handlers == []  # put back as it was
 
 
+def test_all_zero_calibration_data_is_a_note_and_in_the_report(files, tmp_path, capsys) -> None:
+    model, _data = files
+    zeros, out, report = tmp_path / "zeros.npy", tmp_path / "q.onnx", tmp_path / "r.json"
+    np.save(zeros, np.zeros_like(random_inputs(small_cnn(), 8)))
+    assert main(["quantize", str(model), str(out), "--calib-data", str(zeros), "--report", str(report)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note:" in line]
+    assert notes == ["quant-onnx: note: input 'x': every calibration value was 0; the qparams fit that value only "
+                     "(check the calibration data)"]  # fmt: skip
+    assert any(
+        note.startswith("input 'x': every calibration value was 0") for note in json.loads(report.read_text())["notes"]
+    )
+
+
 def test_dynamic_needs_no_calibration_data(files, tmp_path) -> None:
     model, _data = files
     out = tmp_path / "d.onnx"

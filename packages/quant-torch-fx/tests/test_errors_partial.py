@@ -213,3 +213,11 @@ def test_a_config_exclusion_that_matches_no_node_is_refused() -> None:
     typo_in_regions = ModelQuantizer(config.evolve(exclude=("0/lnear",)), regions=["backbone", "head"], quiet=True)
     with pytest.raises(ValueError, match=r"^exclude: '0/lnear' matches no node"):
         typo_in_regions.prepare(TwoRegions().eval(), torch.randn(1, 3, 8, 8))
+
+
+def test_all_zero_calibration_data_is_warned_of_and_noted() -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    with pytest.warns(UserWarning, match=r"^input 'x': every calibration value was 0;") as caught:
+        qmodel = q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), [torch.zeros(4, 3, 8, 8)])
+    assert caught[0].filename == __file__  # points at the user's call
+    assert graph_info(quantized_graphs(qmodel)[0]).notes[0].startswith("input 'x': every calibration value was 0")

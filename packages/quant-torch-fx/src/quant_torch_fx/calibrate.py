@@ -24,15 +24,17 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.fx import GraphModule
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from quant_core.observers import make_observer
-from quant_core.plan import plan_weight_qparams
+from quant_core.plan import constant_input_note, plan_weight_qparams
 from quant_torch_fx.data import InputSignature, batches, loader_length
 from quant_torch_fx.distributed import merge_observers
 from quant_torch_fx.errors import DataError
@@ -43,6 +45,7 @@ from quant_torch_fx.prepare import (
     graph_info,
     observe_constants,
     quantized_graphs,
+    quantizer,
     weight_quantizers,
 )
 from quant_torch_fx.quantizer import FakeQuantizer
@@ -110,6 +113,7 @@ def finish_calibration(model: nn.Module, observing: list[FakeQuantizer]) -> None
             fq.observing = False
             fq.compute_qparams()
             fq.quantizing = True
+        _note_constant_inputs(gm)
         learned = {node: fq.current_qparams() for node, fq in weight_quantizers(gm) if fq.learning is not None}
         qparams, notes = plan_weight_qparams(info.plan, constant_lookup(gm), activation_qparams_lookup(gm), learned)
         info.notes.extend(note for note in notes if note not in info.notes)
@@ -117,6 +121,18 @@ def finish_calibration(model: nn.Module, observing: list[FakeQuantizer]) -> None
             if fq.learning is None:
                 fq.set_qparams(qparams[node])
             fq.quantizing = True
+
+
+def _note_constant_inputs(gm: GraphModule) -> None:
+    """Warn (and note) of a graph input that held one value in every calibration batch."""
+    info = graph_info(gm)
+    inputs = {node.name for node in gm.graph.nodes if node.op == "placeholder"}
+    for group in info.plan.groups:
+        for member in inputs.intersection(group.members):
+            note = constant_input_note(member, quantizer(gm, info.activation[group.key]).observer)
+            if note is not None and note not in info.notes:
+                info.notes.append(note)
+                warnings.warn(note, UserWarning, stacklevel=5)  # at the quantize_model call
 
 
 def calibrate(

@@ -26,6 +26,7 @@ from quant_core.plan.calibrated import (
     CalibratedQParams,
     InputQParams,
     calibrated_qparams,
+    constant_input_note,
     needs_own_observer,
     plan_weight_qparams,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "calibrated_qparams",
     "check_selectors",
     "clip_bounds",
+    "constant_input_note",
     "needs_own_observer",
     "plan_quantization",
     "plan_weight_qparams",

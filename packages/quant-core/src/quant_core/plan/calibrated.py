@@ -165,6 +165,29 @@ def calibrated_qparams(plan: QuantPlan, observers: Mapping[str, Observer], value
     return CalibratedQParams(activations, ranges, requants, weights, tuple(notes))
 
 
+def constant_input_note(tensor: str, observer: Observer) -> str | None:
+    """A note when calibration saw one value only in the model input ``tensor`` (data of
+    zeros, a blank image folder, a broken pre-processing step): its scale then fits that
+    value and nothing a real input holds. ``None`` when the input varied.
+
+    Example:
+        >>> from quant_core.observers import make_observer
+        >>> from quant_core.spec import QuantSpec
+        >>> obs = make_observer(QuantSpec(dtype="uint8", symmetric=False))
+        >>> obs.update(np.zeros((4, 3), np.float32))
+        >>> constant_input_note("x", obs)
+        "input 'x': every calibration value was 0; the qparams fit that value only (check the calibration data)"
+    """
+    if observer.empty:
+        return None
+    lo, hi = (np.asarray(bound, np.float64) for bound in observer.range())
+    if not np.array_equal(lo, hi):
+        return None
+    values = np.unique(lo)
+    shown = f"{values[0]:g}" if values.size == 1 else f"one value per channel ({values.size} distinct)"
+    return f"input {tensor!r}: every calibration value was {shown}; the qparams fit that value only (check the calibration data)"
+
+
 def needs_own_observer(plan: QuantPlan) -> list[str]:
     """Keys of the requants whose spec cannot be served by their group's observer (another
     calibration method or granularity): calibration observes their tensor separately.

@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -45,11 +46,13 @@ from onnx import TensorProto, helper
 from quant_algos.progress import progress_bar
 from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
-from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, needs_own_observer
+from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, constant_input_note, needs_own_observer
 from quant_core.qparams import QParams
 from quant_onnx.errors import DataError, ModelError
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
 from quant_onnx.ort_session import CheckedSession, inference_session
+
+_LOG = logging.getLogger(__name__)
 
 
 @attrs.frozen(eq=False)
@@ -260,7 +263,11 @@ def calibrate(
     for key, observer in observers.items():
         if observer.empty:
             raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
-    return CalibratedModel.from_observers(model, plan, observers)
+    calibrated = CalibratedModel.from_observers(model, plan, observers)
+    constant = [note for name in inputs_to_observe if (note := constant_input_note(name, observers[feeds_of[name][0]]))]
+    for note in constant:
+        _LOG.warning(note)
+    return attrs.evolve(calibrated, notes=(*constant, *calibrated.notes))
 
 
 def _detail(exc: ValueError) -> str:
