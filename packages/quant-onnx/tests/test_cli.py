@@ -23,7 +23,11 @@ def files(tmp_path):
 
 
 def _error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
+    return _error_line_of(capsys.readouterr().err)
+
+
+def _error_line_of(stderr: str) -> str:
+    err = stderr.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith("quant-onnx: error: ")
     return err[0]
@@ -109,6 +113,15 @@ def test_all_zero_calibration_data_is_a_note_and_in_the_report(files, tmp_path, 
     assert any(
         note.startswith("input 'x': every calibration value was 0") for note in json.loads(report.read_text())["notes"]
     )
+
+
+def test_data_of_the_wrong_shape_fails_before_a_bar_is_drawn(files, tmp_path, capsys) -> None:
+    model, _data = files
+    wrong = tmp_path / "wrong.npy"
+    np.save(wrong, np.zeros((4, 3, 8, 8), np.float32))
+    assert main(["quantize", str(model), str(tmp_path / "q.onnx"), "--calib-data", str(wrong)]) == 2
+    err = capsys.readouterr().err
+    assert "calibrating" not in err and "expected shape [N,3,16,16] got [N,3,8,8]" in _error_line_of(err)
 
 
 def test_dynamic_needs_no_calibration_data(files, tmp_path) -> None:

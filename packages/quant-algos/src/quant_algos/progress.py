@@ -16,10 +16,28 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from tqdm.auto import tqdm
+
+_Item = TypeVar("_Item")
+
+
+def first_taken(items: Iterable[_Item]) -> Iterator[_Item]:
+    """``items`` with its first element already taken, so that a bad first batch (a wrong
+    shape or dtype, checked as it is read) fails before any progress bar is drawn.
+
+    Example:
+        >>> list(first_taken(x * 2 for x in range(3))), list(first_taken([]))
+        ([0, 2, 4], [])
+    """
+    iterator = iter(items)
+    for first in iterator:
+        return itertools.chain((first,), iterator)
+    return iter(())
 
 
 @contextmanager

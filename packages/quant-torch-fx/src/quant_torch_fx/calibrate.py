@@ -33,6 +33,7 @@ from torch import nn
 from torch.fx import GraphModule
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
+from quant_algos.progress import first_taken
 from quant_core.observers import make_observer
 from quant_core.plan import constant_input_note, plan_weight_qparams
 from quant_torch_fx.data import InputSignature, batches, loader_length
@@ -92,7 +93,8 @@ def run_batches(
     model.eval()
     try:
         with torch.no_grad():
-            for inputs in tqdm(batches(loader, signature, device), total=total, desc=desc, unit="batch", disable=quiet):
+            checked = first_taken(batches(loader, signature, device))  # a bad first batch fails before the bar
+            for inputs in tqdm(checked, total=total, desc=desc, unit="batch", disable=quiet):
                 model(*inputs)
                 seen += 1
                 if num_batches is not None and seen >= num_batches:

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quant_algos.progress import progress_bar
+from quant_algos.progress import first_taken, progress_bar
 from quant_onnx.errors import ModelError
 from quant_onnx.pipeline.calibrate import augmented_model, inference_session
 
@@ -152,8 +152,9 @@ def compare_models(
     outputs = {name: _PowerSums() for name in output_names}
     per_layer = {name: _PowerSums() for name in layer_names}
     agree = total = layer_samples = 0
+    checked = first_taken(batches)  # a batch that does not fit fails before the bar is drawn
     with progress_bar(total=total_batches, desc="comparing", unit="batch", quiet=quiet) as bar:
-        for batch in batches:
+        for batch in checked:
             feeds = {k: np.asarray(v) for k, v in batch.items()}
             n = len(next(iter(feeds.values())))
             float_values = dict(

@@ -43,7 +43,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from quant_algos.progress import progress_bar
+from quant_algos.progress import first_taken, progress_bar
 from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
 from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, constant_input_note, needs_own_observer
@@ -238,8 +238,9 @@ def calibrate(
         return sum(v.nbytes for v in values) / max(1, _batch_rows(feeds) or 1)
 
     seen = 0
+    checked = first_taken(batches)  # a batch that does not fit fails before the bar is drawn
     with progress_bar(total=total_batches, desc="calibrating", unit="batch", quiet=quiet) as bar:
-        for batch in batches:
+        for batch in checked:
             feeds = {name: np.asarray(value) for name, value in batch.items()}
             for name in inputs_to_observe:
                 for key in feeds_of[name]:
