@@ -350,5 +350,6 @@ def check(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None
 
 def check_loaded(model: onnx.ModelProto, profile: NPUProfile) -> CheckResult:
     """:func:`check` of an already loaded and validated model."""
-    quantized = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in model.graph.node)
-    return CheckResult(profile.name, tuple(_Checker(QDQGraph(model), profile).run()), quantized)
+    qdq = QDQGraph(model)
+    quantized = bool(qdq.quantizers or qdq.dequantizers)
+    return CheckResult(profile.name, tuple(_Checker(qdq, profile).run()), quantized)

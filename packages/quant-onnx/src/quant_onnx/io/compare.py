@@ -30,6 +30,7 @@ import onnxruntime as ort
 
 from quant_algos.progress import first_taken, progress_bar
 from quant_onnx.errors import ModelError
+from quant_onnx.io.data import model_inputs
 from quant_onnx.pipeline.calibrate import augmented_model, inference_session
 
 
@@ -189,9 +190,7 @@ _SAME_MODEL = "allowed: the float model and a quantized copy of it"
 
 
 def _interface(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [v.name for v in model.graph.input if v.name not in initializers]
-    return sorted(inputs), [v.name for v in model.graph.output]
+    return sorted(spec.name for spec in model_inputs(model)), [v.name for v in model.graph.output]
 
 
 def _check_same_interface(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> None:

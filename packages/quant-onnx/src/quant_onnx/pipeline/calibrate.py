@@ -50,6 +50,7 @@ from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, const
 from quant_core.qparams import QParams
 from quant_onnx.errors import DataError, ModelError
 from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_onnx.io.data import model_inputs
 from quant_onnx.ort_session import CheckedSession, inference_session
 
 _LOG = logging.getLogger(__name__)
@@ -171,17 +172,6 @@ def _batch_rows(feeds: Mapping[str, np.ndarray]) -> int | None:
     return sizes.pop() if len(sizes) == 1 and -1 not in sizes else None
 
 
-def _batch_is_free(model: onnx.ModelProto) -> bool:
-    """True when no graph input fixes its first axis, so a batch may run in smaller pieces
-    (a model exported with a fixed batch of 4 refuses a run of 1)."""
-    initializers = {t.name for t in model.graph.initializer}
-    for value in model.graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if value.name not in initializers and dims and dims[0].HasField("dim_value"):
-            return False
-    return True
-
-
 def _rows(feeds: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
     return {name: value[start:stop] for name, value in feeds.items()}
 
@@ -225,7 +215,10 @@ def calibrate(
     session: CheckedSession | None = inference_session(
         augmented_model(model, run_outputs), ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     )
-    may_chunk = _batch_is_free(model) and all(group.spec.observer.method != "moving_average" for group in plan.groups)
+    # A batch runs in smaller pieces only where no input fixes its first axis (a model
+    # exported with a fixed batch of 4 refuses a run of 1).
+    batch_is_free = all(spec.fixed_batch is None for spec in model_inputs(model))
+    may_chunk = batch_is_free and all(group.spec.observer.method != "moving_average" for group in plan.groups)
     chunk: int | None = None  # samples per run, sized from the first run's output bytes
 
     def observe_run(feeds: Mapping[str, np.ndarray]) -> float:
