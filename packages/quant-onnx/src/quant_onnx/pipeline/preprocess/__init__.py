@@ -25,10 +25,12 @@ Example:
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import attrs
 import onnx
 
+from quant_core.conversions import parse_conversions
 from quant_onnx.model_io import check_model
 from quant_onnx.pipeline.preprocess.bn_folding import fold_batchnorm, fold_batchnorm_inplace
 from quant_onnx.pipeline.preprocess.constant_folding import fold_constants, fold_constants_inplace
@@ -42,6 +44,7 @@ from quant_onnx.pipeline.preprocess.initializer_inputs import (
     initializers_to_constants,
     initializers_to_constants_inplace,
 )
+from quant_onnx.pipeline.preprocess.npu_conversions import apply_npu_conversions, apply_npu_conversions_inplace
 from quant_onnx.pipeline.preprocess.opset import default_target_opset, upgrade_opset
 from quant_onnx.pipeline.preprocess.pad_folding import fold_pads, fold_pads_inplace
 from quant_onnx.pipeline.preprocess.relu6_to_relu import relu6_to_relu, relu6_to_relu_inplace
@@ -50,6 +53,7 @@ from quant_onnx.pipeline.preprocess.shape_inference import infer_shapes, infer_s
 __all__ = [
     "PreprocessOptions",
     "PreprocessResult",
+    "apply_npu_conversions",
     "constants_to_initializers",
     "default_target_opset",
     "eliminate_identities",
@@ -68,10 +72,16 @@ __all__ = [
 _LOG = logging.getLogger(__name__)
 
 
+def _npu_conversions(value: object) -> tuple[str, ...]:
+    return parse_conversions(value)  # type: ignore[arg-type]
+
+
 @attrs.frozen(kw_only=True)
 class PreprocessOptions:
     """Which pre-processing passes run (all exact ones on by default; relu6_to_relu is opt-in).
 
+    `npu_conversions` names :mod:`quant_core.conversions` rules applied to the float graph (the
+    quantizer sets it from ``QuantConfig.npu_conversions``).
     `target_opset=None` means max(13, model opset).  Initializers that old exporters also listed as
     graph inputs are always treated as constants and dropped from the inputs.
 
@@ -86,6 +96,7 @@ class PreprocessOptions:
     fold_batchnorm: bool = True
     fold_pads: bool = True
     relu6_to_relu: bool = False
+    npu_conversions: tuple[str, ...] = attrs.field(default=(), converter=_npu_conversions)
     remove_dead_nodes: bool = True
     target_opset: int | None = attrs.field(default=None)
     check: bool = True
@@ -128,6 +139,11 @@ def preprocess_with_report(model: onnx.ModelProto, options: PreprocessOptions | 
         ("fold_batchnorm", opts.fold_batchnorm, fold_batchnorm_inplace),
         ("fold_pads", opts.fold_pads, fold_pads_inplace),
         ("relu6_to_relu", opts.relu6_to_relu, relu6_to_relu_inplace),
+        (
+            "npu_conversions",
+            bool(opts.npu_conversions),
+            partial(apply_npu_conversions_inplace, rules=opts.npu_conversions),
+        ),
         # Folding BN / Pads can leave newly constant chains and orphaned weights.
         ("fold_constants_again", opts.fold_constants, fold_constants_inplace),
         ("remove_dead_nodes", opts.remove_dead_nodes, remove_dead_nodes_inplace),
