@@ -65,6 +65,7 @@ class ConversionRule:
         exact: ``True`` when the result computes the same function (up to float rounding).
         constants: the numbers the result uses.
         source: where the rule comes from.
+        produces: the op types of the result.
 
     Example:
         >>> RULES["conv_transpose"].exact, RULES["silu"].exact
@@ -77,6 +78,7 @@ class ConversionRule:
     exact: bool
     constants: Mapping[str, float] = attrs.field(factory=dict)
     source: str = ""
+    produces: tuple[str, ...] = ()
 
 
 RULES: Mapping[str, ConversionRule] = {
@@ -90,6 +92,7 @@ RULES: Mapping[str, ConversionRule] = {
             constants=_DEVICE_HARD_SIGMOID,
             source=f"{_QUARK} (Sigmoid -> HardSigmoid) and refine.py AdjustShiftSwish; "
             "Vitis AI vai_q_tensorflow2 converts swish to hard-swish",
+            produces=("HardSigmoid", "Mul"),
         ),
         ConversionRule(
             "sigmoid",
@@ -98,6 +101,7 @@ RULES: Mapping[str, ConversionRule] = {
             exact=False,
             constants=_DEVICE_HARD_SIGMOID,
             source=f"{_QUARK}: convert_sigmoid_to_hard_sigmoid, then convert_hard_sigmoid_to_dpu_version",
+            produces=("HardSigmoid",),
         ),
         ConversionRule(
             "hard_sigmoid",
@@ -107,6 +111,7 @@ RULES: Mapping[str, ConversionRule] = {
             constants=_DEVICE_HARD_SIGMOID,
             source=f"{_QUARK}: convert_hard_sigmoid_to_dpu_version; Vitis AI pytorch_nndct hardsigmoid "
             "(relu6(x + 3) * 2731 / 16384)",
+            produces=("HardSigmoid",),
         ),
         ConversionRule(
             "hard_swish",
@@ -115,6 +120,7 @@ RULES: Mapping[str, ConversionRule] = {
             exact=True,
             constants=_DEVICE_HARD_SIGMOID,
             source="Vitis AI pytorch_nndct hardswish (hardsigmoid requantized at 2**-7, then x * it)",
+            produces=("HardSigmoid", "Mul"),
         ),
         ConversionRule(
             "tanh",
@@ -123,6 +129,7 @@ RULES: Mapping[str, ConversionRule] = {
             exact=False,
             constants={"slope": TANH_SLOPE, "min": -1.0, "max": 1.0},
             source="the hard-tanh family the DPU computes natively (Clip); slope fitted to tanh",
+            produces=("Mul", "Clip"),
         ),
         ConversionRule(
             "gelu",
@@ -131,6 +138,7 @@ RULES: Mapping[str, ConversionRule] = {
             exact=False,
             constants={"scale": GELU_SIGMOID_SCALE, **_DEVICE_HARD_SIGMOID},
             source="GELU(x) ~ x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016), then Quark's Sigmoid rule",
+            produces=("Mul", "HardSigmoid"),
         ),
         ConversionRule(
             "conv_transpose",
@@ -138,6 +146,7 @@ RULES: Mapping[str, ConversionRule] = {
             "zero insertion (Unsqueeze, Pad, Reshape, Slice) + Conv with the flipped kernel",
             exact=True,
             source="the definition of a transposed convolution (the DPU's own implementation)",
+            produces=("Unsqueeze", "Pad", "Reshape", "Slice", "Conv"),
         ),
     )
 }

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -37,8 +38,10 @@ import onnx
 
 from quant_npu.approximations import device_leaky_relu_alpha
 from quant_npu.check import CheckResult, check_loaded
-from quant_npu.formats import activation_issues
+from quant_npu.conversions import conversion_costs, convert_for_target
+from quant_npu.formats import activation_issues, storage
 from quant_npu.parameters import ParameterLegalizer, legalize_operand
+from quant_npu.partitions import CpuSelection
 from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, plan
 from quant_npu.positions import PositionSolver, representable_range
 from quant_npu.profile import NPUProfile, load_profile
@@ -79,6 +82,9 @@ class LegalizeResult:
     changes: tuple[Change, ...]
     remaining: CheckResult
     notes: tuple[str, ...] = ()
+    costs: Mapping[str, float] = attrs.field(factory=dict)
+    """Per conversion rule (and ``"all"``): output SQNR (dB) of the converted QDQ model
+    against the unconverted one on the data ``legalize`` was given; empty without data."""
 
     def to_dict(self) -> dict[str, Any]:
         kinds: dict[str, int] = {}
@@ -89,35 +95,26 @@ class LegalizeResult:
             "ok": self.remaining.ok,
             "changes_by_kind": kinds,
             "changes": [c.to_dict() for c in self.changes],
+            "conversion_sqnr_db": {k: _json_number(v) for k, v in self.costs.items()},
+            "partitions": [p.to_dict() for p in self.remaining.partitions],
             "remaining": self.remaining.to_dict(),
             "notes": list(self.notes),
         }
 
     def format_text(self) -> str:
         lines = [c.line for c in self.changes] + [f"note: {n}" for n in self.notes]
+        for rule, value in self.costs.items():
+            what = "every conversion" if rule == "all" else f"conversion {rule}"
+            lines.append(f"cost: {what}: output SQNR {value:.1f} dB against the unconverted model")
         lines.append(f"{len(self.changes)} change(s)")
         if self.remaining.ok:
-            lines.append(f"ok: the legalised model meets every rule of target '{self.remaining.target}'")
+            lines.extend(p.line for p in self.remaining.partitions)
+            tail = f" ({len(self.remaining.partitions)} CPU partition(s))" if self.remaining.partitions else ""
+            lines.append(f"ok: the legalised model meets every rule of target '{self.remaining.target}'{tail}")
         else:
             lines.append("not fixed:")
             lines.append(self.remaining.format_text())
         return "\n".join(lines)
-
-
-def storage(tensor: QuantTensor, profile: NPUProfile) -> tuple[int, int]:
-    """``(elem_type, zero_point)`` a device activation is stored with: the tensor's own
-    signed type at its width, uint8 at 128 where the profile accepts that encoding, else int8.
-
-    Example:
-        >>> t = QuantTensor("a", np.array(1.0, np.float32), np.array(0), onnx.TensorProto.UINT16, None)
-        >>> storage(t, NPUProfile())
-        (2, 128)
-    """
-    bits = profile.activation_bits
-    if not tensor.signed and profile.accept_uint8_offset and bits == 8:
-        return onnx.TensorProto.UINT8, 128
-    signed = {8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16}[bits]
-    return signed, 0
 
 
 class _Legalizer:
@@ -212,19 +209,47 @@ class _Legalizer:
             )
 
 
-def legalize_model(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None = None) -> LegalizeResult:
+def _json_number(value: float) -> float | str:
+    return value if np.isfinite(value) else str(value)
+
+
+def legalize_model(
+    model: ModelSource,
+    target: str | os.PathLike[str] | NPUProfile | None = None,
+    *,
+    cpu: CpuSelection | Iterable[str] | str | None = None,
+    data: np.ndarray | Mapping[str, np.ndarray] | None = None,
+) -> LegalizeResult:
     """Legalise ``model`` (path or ModelProto, never modified) for ``target`` (a profile,
-    built-in name or ``.json`` file; default ``xint8``)."""
+    built-in name or ``.json`` file; default ``xint8``). First the profile's conversions
+    (:mod:`quant_npu.conversions`) replace what the target cannot run, except on nodes
+    ``cpu`` keeps on the CPU (op types or node-name globs: the result names the partitions
+    they make); then positions, formats and parameters are fixed. With ``data`` (model
+    inputs, first axis = samples) each conversion's cost is measured (:attr:`LegalizeResult.costs`)."""
     from quant_onnx.model_io import check_model, load_model
 
     profile = load_profile(target)
+    selection = CpuSelection.parse(cpu)
     work = load_model(model)
-    legalizer = _Legalizer(work, profile)
+    converted = convert_for_target(work, profile, selection)
+    costs = conversion_costs(work, profile, data, selection) if data is not None and converted.converted else {}
+    legalizer = _Legalizer(converted.model, profile)
     legalizer.run()
     result = legalizer.editor.finish()
     check_model(result, "<legalised model>")
-    remaining = check_loaded(result, profile)
-    return LegalizeResult(result, tuple(legalizer.changes), remaining, tuple(legalizer.notes))
+    remaining = check_loaded(result, profile, selection)
+    changes = [
+        Change("conversion", c.node, c.op_type, " + ".join(c.result), _reason(c.rule)) for c in converted.converted
+    ]
+    notes = (*converted.notes, *legalizer.notes)
+    return LegalizeResult(result, (*changes, *legalizer.changes), remaining, notes, costs)
+
+
+def _reason(rule: str) -> str:
+    from quant_core.conversions import RULES
+
+    kind = "exact" if RULES[rule].exact else "approximation"
+    return f"{rule}: {kind}, {RULES[rule].source.split(';')[0]}"
 
 
 def legalize(
@@ -233,12 +258,14 @@ def legalize(
     target: str | os.PathLike[str] | NPUProfile | None = None,
     *,
     report_path: str | os.PathLike[str] | None = None,
+    cpu: CpuSelection | Iterable[str] | str | None = None,
+    data: np.ndarray | Mapping[str, np.ndarray] | None = None,
 ) -> LegalizeResult:
     """:func:`legalize_model` and write the result to ``model_out`` (atomically; never over
     the input) and, when given, a JSON report."""
     from quant_onnx.model_io import save_model
 
-    result = legalize_model(model_in, target)
+    result = legalize_model(model_in, target, cpu=cpu, data=data)
     save_model(result.model, model_out, input_path=model_in)
     if report_path is not None:
         import json

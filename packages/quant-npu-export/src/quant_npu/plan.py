@@ -36,7 +36,7 @@ import onnx
 from quant_npu.profile import NPUProfile
 from quant_npu.qdq import ComputeNode, QDQGraph, node_label
 
-WEIGHTED_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 ADD_OPS = frozenset({"Add", "Sub"})
 COMMUTING_ACTIVATIONS = frozenset({"Relu", "Clip"})
 """Fused activations that give the same integers whether applied before or after rounding."""
