@@ -131,6 +131,14 @@ class QDQConversions(OnnxConversions):
     def weight_shape(self, node: onnx.NodeProto) -> list[int] | None:
         return weight_shape(self.qdq, node)
 
+    def shape(self, tensor: str) -> list | None:
+        """A DequantizeLinear output has its integer tensor's shape, known on the float
+        tensor its QuantizeLinear reads."""
+        known = self.index.shape(tensor)
+        key = self.qdq.dequantized.get(tensor)
+        source = self.qdq.tensors[key].float_name if key is not None else None
+        return known if known is not None or source is None else self.index.shape(source)
+
     def conv_weight(self, node: onnx.NodeProto, group: int) -> str | None:
         key = self.qdq.dequantized.get(node.input[1])
         tensor = self.qdq.tensors.get(key) if key else None

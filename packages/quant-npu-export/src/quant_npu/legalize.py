@@ -42,10 +42,11 @@ from quant_npu.conversions import conversion_costs, convert_for_target
 from quant_npu.formats import activation_issues, storage
 from quant_npu.parameters import ParameterLegalizer, legalize_operand
 from quant_npu.partitions import CpuSelection
-from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, plan
-from quant_npu.positions import PositionSolver, representable_range
+from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, plan
+from quant_npu.positions import PositionSolver, covering_position, representable_range
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.qdq import QDQGraph, QuantTensor, float_attribute, node_label
+from quant_npu.rewrite import quantize_real
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
 
@@ -157,6 +158,8 @@ class _Legalizer:
         for step in self.steps:
             if step.op_type in WEIGHTED_OPS:
                 parameters.legalize(step)
+            elif step.op_type == "PRelu":
+                self.prelu_slope(step)
         self.changes.extend(Change(c.kind, c.target, c.before, c.after, c.reason) for c in parameters.changes)
         self.notes.extend(parameters.notes)
         self.unfuse_quantization()
@@ -178,6 +181,18 @@ class _Legalizer:
         else:
             return
         self.changes.append(Change("clamp", key, "saturation", op, "an asymmetric quantizer clamped there"))
+
+    def prelu_slope(self, step: Step) -> None:
+        """A float PRelu slope becomes int8 codes at the finest position covering it (the
+        DPU's ``prelu_in`` codes; a quantized slope is positioned like any constant operand)."""
+        slope = self.qdq.constant(step.node.input[1]) if len(step.node.input) > 1 else None
+        if slope is None or (len(step.data_inputs) > 1 and step.data_inputs[1] is not None):
+            return
+        real = np.asarray(slope, np.float64)
+        position = covering_position(float(real.min(initial=0.0)), float(real.max(initial=0.0)))
+        codes, _clipped = quantize_real(real, position, -128, 127, self.profile.weight_rounding)
+        self.editor.quantize_input(step.node, 1, codes.astype(np.int8), position)
+        self.changes.append(Change("constant", step.name, "float slope", f"int8@{position}", "PRelu slope format"))
 
     def leaky_relu_alphas(self) -> None:
         for step in self.steps:

@@ -90,6 +90,10 @@ class OnnxConversions:
         """A new constant Mul operand."""
         return self.constant(prefix, np.asarray(value, np.float32))
 
+    def shape(self, tensor: str) -> list | None:
+        """The shape of ``tensor`` as far as it is known."""
+        return self.index.shape(tensor)
+
     def conv_weight(self, node: onnx.NodeProto, group: int) -> str | None:
         """The equivalent Conv's weight input for a ConvTranspose (None: cannot)."""
         weight = self.index.constant(node.input[1])
@@ -182,7 +186,7 @@ class OnnxConversions:
 
     def _conv_transpose(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...] | None:
         x, y = node.input[0], node.output[0]
-        shape = self.index.shape(x)
+        shape = self.shape(x)
         weight_shape = self.weight_shape(node)
         if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]) or weight_shape is None:
             self.notes.append(f"node {node.name!r} (ConvTranspose): spatial size unknown; left as it is")
