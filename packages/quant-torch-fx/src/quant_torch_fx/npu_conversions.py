@@ -111,35 +111,35 @@ def _sigmoid(editor: _Editor, node: Node) -> tuple[str, ...]:
     return ("hardsigmoid",)
 
 
-def _hard_swish(editor: _Editor, node: Node) -> tuple[str, ...]:
-    x = node.args[0]
-    assert isinstance(x, Node)
-    with editor.graph.inserting_before(node):
-        gate = editor.call(aten.hardsigmoid.default, (x,), node)
-        product = editor.call(aten.mul.Tensor, (x, gate), node)
-    editor.replace(node, product)
-    return ("hardsigmoid", "mul")
+def _replacing(build: Callable[[_Editor, Node, Node], Node]) -> Callable[[_Editor, Node], tuple[str, ...]]:
+    """A handler that replaces a one-input node by what ``build(editor, x, node)`` makes
+    before it; returns the new op names."""
+
+    def handler(editor: _Editor, node: Node) -> tuple[str, ...]:
+        x = node.args[0]
+        assert isinstance(x, Node)
+        before = set(editor.graph.nodes)
+        with editor.graph.inserting_before(node):
+            result = build(editor, x, node)
+        made = [n for n in editor.graph.nodes if n not in before and n.op == "call_function"]
+        editor.replace(node, result)
+        return tuple(op_name(n) for n in made)
+
+    return handler
 
 
-def _tanh(editor: _Editor, node: Node) -> tuple[str, ...]:
-    x = node.args[0]
-    assert isinstance(x, Node)
-    with editor.graph.inserting_before(node):
-        scaled = editor.call(aten.mul.Tensor, (x, _scalar(editor, TANH_SLOPE, node)), node)
-        clipped = editor.call(aten.hardtanh.default, (scaled, -1.0, 1.0), node)
-    editor.replace(node, clipped)
-    return ("mul", "hardtanh")
+def _x_times(editor: _Editor, x: Node, gate_input: Node, node: Node) -> Node:
+    """``x * hardsigmoid(gate_input)``."""
+    return editor.call(aten.mul.Tensor, (x, editor.call(aten.hardsigmoid.default, (gate_input,), node)), node)
 
 
-def _gelu(editor: _Editor, node: Node) -> tuple[str, ...]:
-    x = node.args[0]
-    assert isinstance(x, Node)
-    with editor.graph.inserting_before(node):
-        scaled = editor.call(aten.mul.Tensor, (x, _scalar(editor, GELU_SIGMOID_SCALE, node)), node)
-        gate = editor.call(aten.hardsigmoid.default, (scaled,), node)
-        product = editor.call(aten.mul.Tensor, (x, gate), node)
-    editor.replace(node, product)
-    return ("mul", "hardsigmoid", "mul")
+def _scaled(editor: _Editor, x: Node, value: float, node: Node) -> Node:
+    return editor.call(aten.mul.Tensor, (x, _scalar(editor, value, node)), node)
+
+
+_hard_swish = _replacing(lambda e, x, n: _x_times(e, x, x, n))
+_tanh = _replacing(lambda e, x, n: e.call(aten.hardtanh.default, (_scaled(e, x, TANH_SLOPE, n), -1.0, 1.0), n))
+_gelu = _replacing(lambda e, x, n: _x_times(e, x, _scaled(e, x, GELU_SIGMOID_SCALE, n), n))
 
 
 def _conv_transpose_arguments(node: Node) -> dict[str, Any] | None:

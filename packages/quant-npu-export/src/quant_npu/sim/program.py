@@ -253,12 +253,16 @@ class _Compiler:
             data, params, kernel = self._move(step, out_pos, out_range)
         return Operation(step.name, op, data, params, out, kernel)
 
-    def _conv(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
+    def _spatial(self, step: Step, what: str) -> tuple[str, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Input key, weight values and positions, attributes of a 2-D Conv/ConvTranspose."""
         (x,) = self.data(step, (0,))
         weights, wpos = self.constant_values(step, 1)
         if weights.ndim != 4:
-            raise self.fail(step, f"{weights.ndim - 2}-D convolution; allowed: 2-D")
-        attributes = _attributes(step.node)
+            raise self.fail(step, f"{weights.ndim - 2}-D {what}; allowed: 2-D")
+        return x, weights, wpos, _attributes(step.node)
+
+    def _conv(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
+        x, weights, wpos, attributes = self._spatial(step, "convolution")
         ipos = self.pos(step, x)
         epilogue = self._epilogue(
             step, ipos + wpos, out_pos, out_range, 2, 1, 4, accumulator_bound(weights, self.bound(x))
@@ -268,11 +272,7 @@ class _Compiler:
         return (x,), (), kernel
 
     def _convtranspose(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
-        (x,) = self.data(step, (0,))
-        weights, wpos = self.constant_values(step, 1)
-        if weights.ndim != 4:
-            raise self.fail(step, f"{weights.ndim - 2}-D transposed convolution; allowed: 2-D")
-        attributes = _attributes(step.node)
+        x, weights, wpos, attributes = self._spatial(step, "transposed convolution")
         if str(_text(attributes.get("auto_pad", "NOTSET"))) != "NOTSET" or "output_shape" in attributes:
             raise self.fail(step, "auto_pad or output_shape; simulated: explicit pads")
         group = int(attributes.get("group", 1))
