@@ -39,9 +39,9 @@ from quant_core.plan.graph import GraphView, PlanNode
 
 HARD_SIGMOID_MULTIPLIER = 2731
 HARD_SIGMOID_SHIFT = 14
-DEVICE_HARD_SIGMOID_ALPHA = HARD_SIGMOID_MULTIPLIER / 2**HARD_SIGMOID_SHIFT
+DEVICE_HARD_SIGMOID_ALPHA = HARD_SIGMOID_MULTIPLIER / (1 << HARD_SIGMOID_SHIFT)
 """The device's 1/6: ``relu6(x + 3) * 2731 / 2**14`` (Vitis AI ``hard-sigmoid-fix``)."""
-DEVICE_HARD_SIGMOID_BETA = 3 * HARD_SIGMOID_MULTIPLIER / 2**HARD_SIGMOID_SHIFT
+DEVICE_HARD_SIGMOID_BETA = 3 * HARD_SIGMOID_MULTIPLIER / (1 << HARD_SIGMOID_SHIFT)
 """``3 * 2731 / 2**14`` = 0.50006: the device's 1/2 (exact in float32, like the alpha)."""
 NOMINAL_HARD_SIGMOID_ALPHA = 1.0 / 6.0
 NOMINAL_HARD_SIGMOID_BETA = 0.5
@@ -186,7 +186,8 @@ def device_hard_sigmoid(x: np.ndarray) -> np.ndarray:
         >>> device_hard_sigmoid(np.array([-4.0, 0.0, 3.0])).tolist()
         [0.0, 0.50006103515625, 1.0]
     """
-    return np.minimum(np.maximum(np.asarray(x, np.float64) + 3.0, 0.0) * DEVICE_HARD_SIGMOID_ALPHA, 1.0)
+    shifted = np.maximum(np.asarray(x, np.float64) + 3.0, 0.0)
+    return np.asarray(np.minimum(shifted * DEVICE_HARD_SIGMOID_ALPHA, 1.0), np.float64)
 
 
 def is_nominal_hard_sigmoid(alpha: float, beta: float) -> bool:

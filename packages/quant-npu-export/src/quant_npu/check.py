@@ -236,10 +236,10 @@ class _Checker:
         if node.op_type == "Conv" and weight.codes is not None:
             self.check_conv_limits(step, weight.codes.shape)
         if node.op_type == "ConvTranspose" and weight.codes is not None:
-            rule = self.conversions.get(step.name)
+            conversion = self.conversions.get(step.name)
             for issue in conv_transpose_issues(node, weight.codes.shape, self.profile):
-                message = issue if rule is None else f"{issue}; legalize converts it ({rule})"
-                self.step_add(step, "engine_limit", f"transposed conv {message}", fixable=rule is not None)
+                text = issue if conversion is None else f"{issue}; legalize converts it ({conversion})"
+                self.step_add(step, "engine_limit", f"transposed conv {text}", fixable=conversion is not None)
         ipos, wpos, opos = self.pos(step.data_inputs[0]), weight.position, self.pos(step.output)
         if wpos is None and weight.fix_pos is not None:
             wpos = int(weight.fix_pos.max())  # per-channel: the channel with the largest shift

@@ -123,8 +123,10 @@ class ModelEditor:
         name = self.initializer(f"{base}_npu", codes)
         output = self.names.unique_name(f"{base}_npu_DequantizeLinear_Output")
         dq_name = self.names.unique_name(f"{base}_npu_DequantizeLinear")
-        extra = {} if axis is None else {"axis": axis}
-        self.graph.node.append(helper.make_node("DequantizeLinear", [name, *params], [output], name=dq_name, **extra))
+        node = helper.make_node("DequantizeLinear", [name, *params], [output], name=dq_name)
+        if axis is not None:
+            node.attribute.append(helper.make_attribute("axis", axis))
+        self.graph.node.append(node)
         return output
 
     def quantize_input(self, node: onnx.NodeProto, index: int, codes: np.ndarray, position: int) -> None:

@@ -393,7 +393,7 @@ class _Compiler:
         assert out is not None
         out_range = self.range(out)
         opsets = {o.domain or "": o.version for o in self.model.opset_import}
-        evaluator = ReferenceEvaluator(node, opsets=opsets)
+        evaluator: Any = ReferenceEvaluator(node, opsets=opsets)
         self.notes.append(f"node {step.name!r}: {step.op_type} runs on the CPU in float")
         if step.op_type in ELEMENTWISE_FLOAT_OPS and len([n for n in node.input if n]) == 1:
             x, ipos = self._unary(step)

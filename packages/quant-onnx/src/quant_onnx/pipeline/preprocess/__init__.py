@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 
 import attrs
@@ -131,7 +132,7 @@ def preprocess_with_report(model: onnx.ModelProto, options: PreprocessOptions | 
     changes: dict[str, int] = {}
     # upgrade_opset always returns a copy; the passes below edit that copy in place.
     out = upgrade_opset(model, opts.target_opset)
-    steps = [
+    steps: list[tuple[str, bool, Callable[[onnx.ModelProto], object]]] = [
         ("initializers_to_constants", True, initializers_to_constants_inplace),
         ("constants_to_initializers", opts.constants_to_initializers, constants_to_initializers_inplace),
         ("eliminate_identities", opts.eliminate_identities, eliminate_identities_inplace),
@@ -150,7 +151,7 @@ def preprocess_with_report(model: onnx.ModelProto, options: PreprocessOptions | 
     ]
     for name, enabled, apply in steps:
         if enabled:
-            changes[name] = int(apply(out))
+            changes[name] = int(apply(out))  # type: ignore[call-overload]
             _LOG.debug("preprocess %s: %d change(s)", name, changes[name])
     infer_shapes_inplace(out, refresh=True)
     if opts.check:
