@@ -91,6 +91,13 @@ def test_cpu_flag_keeps_the_float_op_and_names_the_partitions(quantized: onnx.Mo
     assert np.mean(np.abs(got - expected) <= 2.0**-7 + 1e-9) > 0.99
 
 
+def test_cpu_output_selector_keeps_only_the_head(quantized: onnx.ModelProto) -> None:
+    result = legalize_model(quantized, cpu="Sigmoid@output")
+    assert result.remaining.ok
+    assert [p.nodes for p in result.remaining.partitions] == [("head",)]
+    assert sorted(c.target for c in result.changes if c.before == "Sigmoid") == ["sigmoid4", "sigmoid8"]
+
+
 def test_conv_transpose_beyond_the_engine_becomes_a_conv(quantized: onnx.ModelProto) -> None:
     narrow = NPUProfile(name="narrow", conv_transpose_stride_range=(1, 1))
     assert any("transposed conv stride [2, 2]" in v.message and v.fixable for v in check(quantized, narrow).violations)

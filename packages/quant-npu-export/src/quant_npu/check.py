@@ -142,7 +142,7 @@ class _Checker:
 
     # ------------------------------------------------------------------ rules
     def run(self) -> list[Violation]:
-        on_cpu = {id(s) for s in cpu_steps(self.steps, self.cpu)}
+        on_cpu = {id(s) for s in cpu_steps(self.qdq, self.steps, self.cpu)}
         for step in self.steps:
             if id(step) not in on_cpu:
                 self.check_step(step)

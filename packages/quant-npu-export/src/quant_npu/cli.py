@@ -38,8 +38,9 @@ def _target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cpu",
         default="",
-        help="op types or node-name globs to keep on the CPU in float, comma-separated (e.g. Sigmoid,head/*): "
-        "never converted, no rule applies, the partitions they make are listed",
+        help="op types or node-name globs to keep on the CPU in float, comma-separated (e.g. Sigmoid,head/*; "
+        "Sigmoid@output: only those writing a graph output): never converted, no rule applies, the partitions "
+        "they make are listed",
     )
 
 

@@ -47,7 +47,7 @@ from quant_core.conversions import RULES, Match, conv_weight, find_matches
 from quant_core.plan.graph import PlanNode
 from quant_core.qparams import sqnr_db
 from quant_npu.formats import storage
-from quant_npu.partitions import CpuSelection
+from quant_npu.partitions import CpuSelection, writes_output
 from quant_npu.positions import covering_position, initial_position
 from quant_npu.profile import NPUProfile
 from quant_npu.qdq import DEQUANTIZE, QUANTIZE, QDQGraph
@@ -224,7 +224,7 @@ def _applies(
     match: Match, nodes: Mapping[str, onnx.NodeProto], qdq: QDQGraph, profile: NPUProfile, cpu: CpuSelection
 ) -> bool:
     node = nodes[match.node]
-    if cpu.selects(node.name, node.op_type):
+    if cpu.selects(node.name, node.op_type, writes_output(qdq, node)):
         return False
     if match.rule == "hard_sigmoid":
         return True  # the device's constants: what it computes for any HardSigmoid it runs

@@ -6,10 +6,17 @@ rule for them). The NPU then hands the tensor to the CPU and takes the result ba
 group of connected CPU nodes is a :class:`Partition`, named by the integer tensors where
 data leaves the NPU and where it comes back.
 
+An entry ending in ``@output`` selects only nodes that write a graph output:
+``Sigmoid@output`` keeps a detector's final sigmoids on the CPU (one partition at the end of
+the graph) while the SiLUs inside are converted.
+
 Example:
     >>> cpu = CpuSelection.parse("Sigmoid,head/*")
     >>> cpu.selects("stem/sig", "Sigmoid"), cpu.selects("head/conv", "Conv"), cpu.selects("conv", "Conv")
     (True, True, False)
+    >>> tail = CpuSelection.parse("Sigmoid@output")
+    >>> tail.selects("head", "Sigmoid", writes_output=True), tail.selects("silu", "Sigmoid")
+    (True, False)
     >>> Partition(("sig",), ("Sigmoid",), ("c_q",), ("s_q",)).line
     'CPU partition: sig (Sigmoid); NPU -> CPU at c_q; CPU -> NPU at s_q'
 """
@@ -21,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
+import onnx
 
 from quant_npu.plan import Step
 from quant_npu.qdq import QDQGraph
@@ -43,8 +51,14 @@ class CpuSelection:
             return value
         return cls(() if value is None else value)
 
-    def selects(self, node: str, op_type: str) -> bool:
-        return any(op_type == entry or fnmatch.fnmatchcase(node, entry) for entry in self.entries)
+    def selects(self, node: str, op_type: str, writes_output: bool = False) -> bool:
+        for entry in self.entries:
+            pattern, _, where = entry.partition("@")
+            if where and (where != "output" or not writes_output):
+                continue
+            if op_type == pattern or fnmatch.fnmatchcase(node, pattern):
+                return True
+        return False
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -76,14 +90,25 @@ class Partition:
         return {k: list(v) for k, v in attrs.asdict(self).items()}
 
 
-def cpu_steps(steps: Sequence[Step], cpu: CpuSelection) -> list[Step]:
+def writes_output(qdq: QDQGraph, node: onnx.NodeProto) -> bool:
+    """Whether ``node`` writes a graph output (directly or through its Q/DQ pair)."""
+    for name in node.output:
+        key = qdq.quantized.get(name)
+        if qdq.index.is_graph_output(name) or (key is not None and qdq.is_graph_output_key(key)):
+            return True
+    return False
+
+
+def cpu_steps(qdq: QDQGraph, steps: Sequence[Step], cpu: CpuSelection) -> list[Step]:
     """The steps whose node (or fused activation) the selection keeps on the CPU."""
-    return [s for s in steps if cpu and any(cpu.selects(n.name, n.op_type) for n in s.nodes)]
+    if not cpu:
+        return []
+    return [s for s in steps if any(cpu.selects(n.name, n.op_type, writes_output(qdq, n)) for n in s.nodes)]
 
 
 def partitions(qdq: QDQGraph, steps: Sequence[Step], cpu: CpuSelection) -> list[Partition]:
     """The CPU partitions of ``steps`` (CPU steps joined where one reads another's output)."""
-    kept = cpu_steps(steps, cpu)
+    kept = cpu_steps(qdq, steps, cpu)
     if not kept:
         return []
     outputs = {id(s): _written(s) for s in kept}

@@ -154,7 +154,7 @@ class _Compiler:
         self.mode = mode
         self.qdq = QDQGraph(model)
         self.steps = plan(self.qdq, profile)
-        self.on_cpu = {id(step) for step in cpu_steps(self.steps, cpu)}
+        self.on_cpu = {id(step) for step in cpu_steps(self.qdq, self.steps, cpu)}
         self.constants: dict[str, np.ndarray] = {}
         self.notes: list[str] = []
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
