@@ -141,3 +141,29 @@ def test_cli_cpu_and_data(tmp_path, quantized: onnx.ModelProto, capsys: pytest.C
     assert len(report["partitions"]) == 3 and report["ok"]
     assert main(["check", str(out), "--cpu", "Sigmoid"]) == 0
     assert "CPU partition: head (Sigmoid)" in capsys.readouterr().out
+
+
+def test_split_and_erf_gelu_in_a_qdq_model() -> None:
+    """A C2f-style Split and an exporter's erf GELU (as in the YOLO and OCR models)."""
+    b = GraphBuilder(2)
+    x = b.input("x", ["N", 4, 6, 6])
+    c = b.conv(x, 4, 8)
+    sizes = b.const(np.array([4, 4], np.int64), "sizes")
+    b.nodes.append(onnx.helper.make_node("Split", [c, sizes], ["s0", "s1"], name="split", axis=1))
+    sqrt2, one, half = (b.const(np.array(v, np.float32)) for v in (2**0.5, 1.0, 0.5))
+    e = b.node("Erf", [b.node("Div", ["s1", sqrt2])])
+    gelu = b.node("Mul", [b.node("Mul", ["s1", b.node("Add", [e, one])]), half])
+    model = b.model([b.conv(b.node("Concat", ["s0", gelu], axis=1), 8, 4)], rank=4)
+    quantized_model = quantize(model, "xint8")
+    before = check(quantized_model)
+    assert {v.op_type for v in before.violations if v.rule == "unsupported_op"} == {"Split", "Erf"}
+    target = NPUProfile(name="with_gelu", conversions=(*NPUProfile().conversions, "gelu"))
+    result = legalize_model(quantized_model, target, data=random_inputs(model, 16))
+    assert result.remaining.ok, result.remaining.format_text()
+    ops = [n.op_type for n in result.model.graph.node]
+    assert {"Split", "Erf", "Div"}.isdisjoint(ops) and ops.count("Slice") == 2
+    assert result.costs["split"] == np.inf and np.isfinite(result.costs["gelu"])
+    xs = random_inputs(model, 16, seed=5)
+    (expected,) = ort_run(result.model, xs)
+    (got,) = simulate(result.model, xs, target, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, expected)

@@ -113,3 +113,43 @@ def test_preprocess_reports_and_the_quantizer_calibrates_the_converted_graph() -
     assert "HardSigmoid" in op_types(quantized) and "Sigmoid" not in op_types(quantized)
     plain = quant_onnx.quantize(model, None, "xint8", data, quiet=True).model
     assert "Sigmoid" in op_types(plain)
+
+
+def _erf_gelu(halve_first: bool) -> onnx.ModelProto:
+    inits = [tensor(n, np.array(v, np.float32)) for n, v in (("sqrt2", 2**0.5), ("one", 1.0), ("half", 0.5))]
+    nodes = [
+        helper.make_node("Div", ["x", "sqrt2"], ["d"], name="div"),
+        helper.make_node("Erf", ["d"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+    ]
+    if halve_first:
+        nodes += [helper.make_node("Mul", ["x", "half"], ["h"], name="half_x"),
+                  helper.make_node("Mul", ["h", "a"], ["y"], name="gelu")]  # fmt: skip
+    else:
+        nodes += [helper.make_node("Mul", ["x", "a"], ["p"], name="xa"),
+                  helper.make_node("Mul", ["p", "half"], ["y"], name="gelu")]  # fmt: skip
+    return make_model(nodes, [vi("x", ["N", 64])], [vi("y", ["N", 64])], inits)
+
+
+@pytest.mark.parametrize("halve_first", [False, True])
+def test_gelu_in_its_erf_form(halve_first: bool) -> None:
+    model = _erf_gelu(halve_first)
+    (float_gelu,) = run_ort(model, {"x": X})
+    converted = apply_npu_conversions(model, ("gelu",))
+    assert op_types(converted) == ["Mul", "HardSigmoid", "Mul"]
+    (got,) = run_ort(converted, {"x": X})
+    np.testing.assert_allclose(got, X * device_hard_sigmoid(X.astype(np.float64) * np.float32(1.702)), atol=2e-6)
+    assert np.abs(got - float_gelu).max() < 0.07  # the approximation's largest error
+
+
+def test_split_becomes_slices() -> None:
+    sizes = tensor("sizes", np.array([3, 5], np.int64))
+    nodes = [
+        helper.make_node("Split", ["x", "sizes"], ["a", "b"], name="split", axis=1),
+        helper.make_node("Concat", ["b", "a"], ["y"], name="cat", axis=1),
+    ]
+    model = make_model(nodes, [vi("x", ["N", 8, 4])], [vi("y", ["N", 8, 4])], [sizes])
+    converted = apply_npu_conversions(model, ("split",))
+    assert op_types(converted) == ["Slice", "Slice", "Concat"]
+    feeds = random_feeds(model)
+    np.testing.assert_array_equal(run_ort(converted, feeds)[0], run_ort(model, feeds)[0])

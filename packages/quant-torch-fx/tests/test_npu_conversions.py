@@ -94,3 +94,21 @@ def test_quantizer_plans_the_converted_graph() -> None:
     assert [n for n in quantized.graph.nodes if op_name(n) == "hardsigmoid"]
     plain = ModelQuantizer("xint8", quiet=True).quantize_model(model, (x,), [x])
     assert "npu_conversions" not in graph_info(plain).algorithms
+
+
+class Splits(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x.split([3, 5], 1)
+        c, d = torch.chunk(x, 2, 1)
+        return torch.cat([b, a], 1) + torch.cat([d, c], 1)
+
+
+def test_split_becomes_slices() -> None:
+    model = Splits()
+    x = torch.randn(2, 8, 4)
+    gm = capture(model, (x,))
+    normalize(gm, fold_batch_norms=True)
+    assert [c.rule for c in convert_for_npu(gm, ("split",))] == ["split", "split"]
+    ops = [n.op_type for n in build_plan_graph(gm).graph.nodes]
+    assert "Split" not in ops and ops.count("Slice") == 4
+    torch.testing.assert_close(gm(x), model(x))

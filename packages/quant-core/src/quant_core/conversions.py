@@ -133,7 +133,7 @@ RULES: Mapping[str, ConversionRule] = {
         ),
         ConversionRule(
             "gelu",
-            "Gelu",
+            "Gelu, or its erf form x * 0.5 * (1 + Erf(x / sqrt(2)))",
             "x * HardSigmoid(1.702 x) with the device's constants",
             exact=False,
             constants={"scale": GELU_SIGMOID_SCALE, **_DEVICE_HARD_SIGMOID},
@@ -147,6 +147,14 @@ RULES: Mapping[str, ConversionRule] = {
             exact=True,
             source="the definition of a transposed convolution (the DPU's own implementation)",
             produces=("Unsqueeze", "Pad", "Reshape", "Slice", "Conv"),
+        ),
+        ConversionRule(
+            "split",
+            "Split",
+            "one Slice per output",
+            exact=True,
+            source="AMD Quark ONNX, optimizations/optimize.py ConvertSplitToSlice",
+            produces=("Slice",),
         ),
     )
 }
@@ -229,6 +237,10 @@ class ConversionView(Protocol):
 
     def constant(self, tensor: str) -> np.ndarray | None: ...
 
+    def producer(self, tensor: str) -> PlanNode | None:
+        """The compute node whose output ``tensor`` holds."""
+        ...
+
 
 @attrs.frozen
 class _FloatView:
@@ -246,6 +258,9 @@ class _FloatView:
 
     def constant(self, tensor: str) -> np.ndarray | None:
         return self.graph.constant(tensor)
+
+    def producer(self, tensor: str) -> PlanNode | None:
+        return self.graph.producer(tensor)
 
 
 def float_view(graph: GraphView) -> ConversionView:
@@ -284,6 +299,51 @@ def silu_muls(view: ConversionView, sigmoid: PlanNode) -> tuple[str, ...] | None
     return tuple(muls) or None
 
 
+def _is_scalar(view: ConversionView, tensor: str, value: float) -> bool:
+    """A one-element constant within 2% of ``value`` (an int8 constant of a QDQ graph holds
+    sqrt(2) as 90/64)."""
+    constant = view.constant(tensor)
+    return constant is not None and constant.size == 1 and abs(float(constant.reshape(-1)[0]) - value) <= 0.02 * value
+
+
+def _sole_reader(view: ConversionView, node: PlanNode, op_type: str) -> PlanNode | None:
+    readers = view.readers(node.outputs[0]) if node.outputs else ()
+    return readers[0] if len(readers) == 1 and readers[0].op_type == op_type else None
+
+
+def erf_gelu(view: ConversionView, erf: PlanNode) -> tuple[str, tuple[str, ...]] | None:
+    """``(x, the pattern's other nodes)`` when ``erf`` is GELU's
+    ``x * 0.5 * (1 + Erf(x / sqrt(2)))`` as exporters write it (``Div`` by sqrt 2 or ``Mul``
+    by its inverse; the halving before or after the product)."""
+    scaled = view.producer(erf.input(0))
+    if scaled is None or len(scaled.inputs) != 2:
+        return None
+    if (scaled.op_type == "Div" and _is_scalar(view, scaled.input(1), 2**0.5)) or (
+        scaled.op_type == "Mul" and _is_scalar(view, scaled.input(1), 0.5**0.5)
+    ):
+        x = scaled.input(0)
+    else:
+        return None
+    add = _sole_reader(view, erf, "Add")
+    if add is None or not any(_is_scalar(view, t, 1.0) for t in add.inputs):
+        return None
+    product = _sole_reader(view, add, "Mul")
+    if product is None:
+        return None
+    other = next((t for t in product.inputs if not view.same_value(t, add.outputs[0])), "")
+    if view.same_value(other, x):  # (x * (1 + erf)) * 0.5
+        half = _sole_reader(view, product, "Mul")
+        if half is None or not any(_is_scalar(view, t, 0.5) for t in half.inputs):
+            return None
+        return x, (scaled.name, add.name, product.name, half.name)
+    halved = view.producer(other)  # (x * 0.5) * (1 + erf)
+    if halved is None or halved.op_type != "Mul" or not any(view.same_value(t, x) for t in halved.inputs):
+        return None
+    if not any(_is_scalar(view, t, 0.5) for t in halved.inputs):
+        return None
+    return x, (scaled.name, add.name, halved.name, product.name)
+
+
 def _conv_transpose_convertible(view: ConversionView, node: PlanNode) -> bool:
     weight = view.constant(node.input(1))
     auto_pad = str(node.attr("auto_pad", "NOTSET"))
@@ -302,9 +362,12 @@ def _matches(view: ConversionView, node: PlanNode, rule: str) -> Match | None:
     if rule == "hard_sigmoid" and op == "HardSigmoid":
         alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
         return Match(rule, node.name) if is_nominal_hard_sigmoid(alpha, beta) else None
-    simple = {"hard_swish": "HardSwish", "tanh": "Tanh", "gelu": "Gelu"}
+    simple = {"hard_swish": "HardSwish", "tanh": "Tanh", "gelu": "Gelu", "split": "Split"}
     if simple.get(rule) == op:
         return Match(rule, node.name)
+    if rule == "gelu" and op == "Erf":
+        found = erf_gelu(view, node)
+        return None if found is None else Match(rule, node.name, found[1])
     if rule == "conv_transpose" and op == "ConvTranspose" and _conv_transpose_convertible(view, node):
         return Match(rule, node.name)
     return None
@@ -321,9 +384,9 @@ def find_matches(view: ConversionView, rules: Iterable[str]) -> list[Match]:
             if node.name in taken:
                 continue
             match = _matches(view, node, rule)
-            if match is not None:
+            if match is not None and not taken.intersection(match.related):
                 found.append(match)
-                taken.add(node.name)
+                taken.update((node.name, *match.related))
     return found
 
 

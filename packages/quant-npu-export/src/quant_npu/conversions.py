@@ -91,6 +91,12 @@ class QDQView:
             return self.qdq.tensors[key].real_values()
         return self.qdq.constant(tensor)
 
+    def producer(self, tensor: str) -> PlanNode | None:
+        key = self.qdq.dequantized.get(tensor)
+        source = self.qdq.tensors[key].float_name if key is not None else tensor
+        node = self.qdq.producer(source) if source else None
+        return None if node is None or node.op_type in (QUANTIZE, DEQUANTIZE) else plan_node(node)
+
 
 class QDQConversions(OnnxConversions):
     """The ONNX edits with the QDQ hooks (see the module docstring)."""
@@ -264,8 +270,29 @@ def convert_for_target(
     converter = QDQConversions(work, qdq, editor, profile)
     for match in matches:
         converter.apply(match)
+    drop_stranded_qdq(work.graph)
     finished = editor.finish()
     return ConversionResult(finished, tuple(converter.done), tuple(converter.notes))
+
+
+def drop_stranded_qdq(graph: onnx.GraphProto) -> None:
+    """Remove QuantizeLinear/DequantizeLinear nodes a replaced pattern stranded: those
+    reading a tensor nothing produces any more, and those nothing reads."""
+    while True:
+        available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        available |= {o for n in graph.node for o in n.output}
+        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        stranded = [
+            n
+            for n in graph.node
+            if n.op_type in (QUANTIZE, DEQUANTIZE) and (n.input[0] not in available or not read & set(n.output))
+        ]
+        if not stranded:
+            return
+        gone = {id(n) for n in stranded}
+        kept = [n for n in graph.node if id(n) not in gone]
+        del graph.node[:]
+        graph.node.extend(kept)
 
 
 def _outputs(model: onnx.ModelProto, data: np.ndarray | Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -230,7 +230,9 @@ class NPUProfile:
     conv_transpose_kernel_range: Range = attrs.field(default=(1, 16), converter=_range)
     conv_transpose_stride_range: Range = attrs.field(default=(1, 16), converter=_range)
     conv_transpose_pad_min: int = 1
-    conversions: tuple[str, ...] = attrs.field(default=(*NPU_CONVERSIONS, "conv_transpose"), converter=_conversions)
+    conversions: tuple[str, ...] = attrs.field(
+        default=(*NPU_CONVERSIONS, "conv_transpose", "split"), converter=_conversions
+    )
 
     @weight_qmin.validator
     def _check_weight_qmin(self, _attribute: object, value: int) -> None:

@@ -10,6 +10,7 @@ planner's view of the graph.
 - ``hard_swish``: ``hardswish(x)`` -> ``x * hardsigmoid(x)``;
 - ``tanh``: ``tanh(x)`` -> ``hardtanh(x * 2/3, -1, 1)``;
 - ``gelu``: ``gelu(x)`` -> ``x * hardsigmoid(x * 1.702)``;
+- ``split``: ``split``/``chunk`` -> one ``slice`` per output;
 - ``conv_transpose``: ``conv_transpose2d`` -> zero insertion (``unsqueeze``, ``constant_pad_nd``,
   ``reshape``), padding or cropping, and ``conv2d`` with the flipped kernel (exact).
 
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
@@ -201,6 +203,32 @@ def _conv_transpose(editor: _Editor, node: Node) -> tuple[str, ...] | None:
     return tuple(op_name(n) for n in (conv,))
 
 
+def _split(editor: _Editor, node: Node) -> tuple[str, ...] | None:
+    """``split``/``split_with_sizes``/``chunk`` -> one ``slice`` per ``getitem`` (sizes from
+    each output's shape; ``unbind`` drops the axis and stays)."""
+    x = node.args[0]
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    items = sorted(
+        (u for u in node.users if u.op == "call_function" and isinstance(u.args[1], int)), key=lambda u: u.args[1]
+    )
+    value = x.meta.get("val") if isinstance(x, Node) else None
+    if op_name(node) == "unbind" or not isinstance(dim, int) or value is None or len(items) != len(node.users):
+        return None
+    sizes = [node.meta["val"][i].shape[dim] for i in range(len(node.meta["val"]))]
+    if not all(isinstance(size, int) for size in sizes):
+        return None
+    starts = np.cumsum([0, *sizes])
+    made = []
+    for item in items:
+        index = int(item.args[1])
+        with editor.graph.inserting_before(item):
+            piece = editor.call(aten.slice.Tensor, (x, dim, int(starts[index]), int(starts[index + 1])), item)
+        editor.replace(item, piece)
+        made.append("slice")
+    editor.graph.erase_node(node)
+    return tuple(made)
+
+
 _HANDLERS: dict[str, Callable[[_Editor, Node], tuple[str, ...] | None]] = {
     "silu": _sigmoid,
     "sigmoid": _sigmoid,
@@ -208,6 +236,7 @@ _HANDLERS: dict[str, Callable[[_Editor, Node], tuple[str, ...] | None]] = {
     "tanh": _tanh,
     "gelu": _gelu,
     "conv_transpose": _conv_transpose,
+    "split": _split,
 }
 
 

@@ -116,6 +116,13 @@ class OnnxConversions:
                 return node
         raise ValueError(f"node {name!r}: not found in the graph")
 
+    def remove(self, nodes: Sequence[onnx.NodeProto]) -> None:
+        """Drop ``nodes`` (a replaced pattern's other nodes)."""
+        gone = {id(n) for n in nodes}
+        kept = [n for n in self.graph.node if id(n) not in gone]
+        del self.graph.node[:]
+        self.graph.node.extend(kept)
+
     def replace(self, node: onnx.NodeProto, new: Sequence[onnx.NodeProto]) -> None:
         """``new`` in ``node``'s place (graph order stays topological)."""
         nodes = list(self.graph.node)
@@ -141,9 +148,10 @@ class OnnxConversions:
             "tanh": self._tanh,
             "gelu": self._gelu,
             "conv_transpose": self._conv_transpose,
+            "split": self._split,
         }[match.rule]
         op_type = node.op_type
-        result = handler(node, rule)
+        result = handler(node, match) if match.rule == "gelu" else handler(node, rule)
         if result is None:
             return False
         self.done.append(Converted(match.rule, match.node, op_type, result))
@@ -174,8 +182,13 @@ class OnnxConversions:
         self.replace(node, [mul, clip])
         return ("Mul", "Clip")
 
-    def _gelu(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...]:
+    def _gelu(self, node: onnx.NodeProto, match: Match) -> tuple[str, ...]:
         x, y = node.input[0], node.output[0]
+        if node.op_type == "Erf":  # the erf form: x from its first node, y from its last
+            chain = [self.node_named(name) for name in match.related]
+            x, y = chain[0].input[0], chain[-1].output[0]
+            self.remove(chain)
+            node = self.node_named(match.node)  # the graph's nodes were copied
         scaled, gate = self.tensor(f"{y}_scaled"), self.tensor(f"{y}_hard_sigmoid")
         operand = self.operand(f"{node.name}_scale", GELU_SIGMOID_SCALE)
         mul = helper.make_node("Mul", [x, operand], [scaled], name=self.tensor(f"{node.name}_scale"))
@@ -183,6 +196,32 @@ class OnnxConversions:
         out = helper.make_node("Mul", [x, self.edge(gate, scaled, "hard_sigmoid")], [y], name=node.name)
         self.replace(node, [mul, sigmoid, out])
         return ("Mul", "HardSigmoid", "Mul")
+
+    def _split(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...] | None:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        shape = self.shape(node.input[0])
+        axis = int(attributes.get("axis", 0))
+        sizes = self.index.constant(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+        sizes = attributes.get("split") if sizes is None else sizes
+        outputs = [o for o in node.output]
+        if sizes is None:
+            length = None if shape is None else shape[axis]
+            if not isinstance(length, int) or length % len(outputs):
+                self.notes.append(f"node {node.name!r} (Split): sizes unknown; left as it is")
+                return None
+            sizes = [length // len(outputs)] * len(outputs)
+        bounds = np.cumsum([0, *(int(s) for s in np.asarray(sizes).reshape(-1))])
+        axes = self.constant(f"{node.name}_axis", np.array([axis], np.int64))
+        slices = []
+        for i, output in enumerate(outputs):
+            if not output:
+                continue
+            starts = self.constant(f"{node.name}_start_{i}", np.array([bounds[i]], np.int64))
+            ends = self.constant(f"{node.name}_end_{i}", np.array([bounds[i + 1]], np.int64))
+            name = node.name if i == 0 else self.tensor(f"{node.name}_{i}")
+            slices.append(helper.make_node("Slice", [node.input[0], starts, ends, axes], [output], name=name))
+        self.replace(node, slices)
+        return tuple(n.op_type for n in slices)
 
     def _conv_transpose(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...] | None:
         x, y = node.input[0], node.output[0]
