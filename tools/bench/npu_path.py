@@ -96,11 +96,61 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
 """Row label -> (preset, conversions before calibration)."""
 
 
+ZOO_SIZE = 128
+ZOO_EVAL = 64
+
+
 def load_zoo(module: str) -> dict[str, Callable[[], PathModel]]:
-    """``module.npu_bench_models()`` (name -> :class:`PathModel` or a factory of one)."""
-    found = importlib.import_module(module).npu_bench_models()
-    return {name: (entry if callable(entry) and not isinstance(entry, PathModel) else (lambda e=entry: e))
-            for name, entry in found.items()}  # fmt: skip
+    """The NPU-path models of a zoo ``module``: its ``npu_bench_models()`` (name -> a
+    :class:`PathModel` or a factory of one), or else its ``ZOO`` of entries with
+    ``build(size)`` -> torch module (``tools/zoo_models.py``), each exported at
+    :data:`ZOO_SIZE` and fed resized photo crops (its weights are random: output SQNR only)."""
+    zoo = importlib.import_module(module)
+    if hasattr(zoo, "npu_bench_models"):
+        found = zoo.npu_bench_models()
+        return {name: (entry if callable(entry) and not isinstance(entry, PathModel) else (lambda e=entry: e))
+                for name, entry in found.items()}  # fmt: skip
+    return {name: (lambda e=entry: _zoo_model(e)) for name, entry in zoo.ZOO.items()}
+
+
+def _photos(split: str, count: int, size: int) -> np.ndarray:
+    """Photo crops (224 x 224) resized to ``size`` by area averaging (integer factors) or sampling."""
+    from tools.photo_crops import load_photo_crops
+
+    crops = load_photo_crops(split, num=count)
+    factor = crops.shape[-1] // size
+    if factor * size == crops.shape[-1]:
+        n, c, h, w = crops.shape
+        return np.ascontiguousarray(crops.reshape(n, c, size, factor, size, factor).mean(axis=(3, 5)), np.float32)
+    index = (np.arange(size) * crops.shape[-1] // size).astype(np.int64)
+    return np.ascontiguousarray(crops[:, :, index][:, :, :, index], np.float32)
+
+
+def _zoo_model(entry: Any) -> PathModel:
+    path = common.CACHE_DIR / "bench" / "npu" / "zoo" / f"{entry.name}_{ZOO_SIZE}.onnx"
+    size = entry.input_size(ZOO_SIZE)
+
+    def float_path() -> Any:
+        if not path.exists():
+            import torch
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            model = entry.build(ZOO_SIZE)
+            example = torch.zeros(2, 3, size, size)
+            with common.atomic_path(path, ".onnx") as tmp, torch.no_grad():
+                torch.onnx.export(
+                    model, (example,), str(tmp), dynamo=False, opset_version=17,
+                    input_names=["x"], dynamic_axes={"x": {0: "N"}},
+                )  # fmt: skip
+        return path
+
+    return PathModel(
+        entry.name,
+        float_path,
+        lambda: _photos("calibration", CALIB_COUNT, size),
+        lambda: (_photos("evaluation", ZOO_EVAL, size), None),
+        "sqnr",
+    )
 
 
 # ------------------------------------------------------------------------------ scoring

@@ -147,7 +147,7 @@ _gelu = _replacing(lambda e, x, n: _x_times(e, x, _scaled(e, x, GELU_SIGMOID_SCA
 def _conv_transpose_arguments(node: Node) -> dict[str, Any] | None:
     """``conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation)``
     or ``convolution(..., transposed=True, ...)`` as ONNX-style attributes."""
-    args = list(node.args) + [None] * 9
+    args: list[Any] = [*node.args, *([None] * 9)]
     if op_name(node) == "convolution":
         if not args[6]:
             return None
@@ -203,14 +203,17 @@ def _conv_transpose(editor: _Editor, node: Node) -> tuple[str, ...] | None:
     return tuple(op_name(n) for n in (conv,))
 
 
+def _index(getitem: Node) -> int:
+    value: Any = getitem.args[1]
+    return int(value)
+
+
 def _split(editor: _Editor, node: Node) -> tuple[str, ...] | None:
     """``split``/``split_with_sizes``/``chunk`` -> one ``slice`` per ``getitem`` (sizes from
     each output's shape; ``unbind`` drops the axis and stays)."""
     x = node.args[0]
     dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-    items = sorted(
-        (u for u in node.users if u.op == "call_function" and isinstance(u.args[1], int)), key=lambda u: u.args[1]
-    )
+    items = sorted((u for u in node.users if u.op == "call_function" and isinstance(u.args[1], int)), key=_index)
     value = x.meta.get("val") if isinstance(x, Node) else None
     if op_name(node) == "unbind" or not isinstance(dim, int) or value is None or len(items) != len(node.users):
         return None
@@ -220,7 +223,7 @@ def _split(editor: _Editor, node: Node) -> tuple[str, ...] | None:
     starts = np.cumsum([0, *sizes])
     made = []
     for item in items:
-        index = int(item.args[1])
+        index = _index(item)
         with editor.graph.inserting_before(item):
             piece = editor.call(aten.slice.Tensor, (x, dim, int(starts[index]), int(starts[index + 1])), item)
         editor.replace(item, piece)
