@@ -120,7 +120,7 @@ def _photos(split: str, count: int, size: int) -> np.ndarray:
     crops = load_photo_crops(split, num=count)
     factor = crops.shape[-1] // size
     if factor * size == crops.shape[-1]:
-        n, c, h, w = crops.shape
+        n, c = crops.shape[:2]
         return np.ascontiguousarray(crops.reshape(n, c, size, factor, size, factor).mean(axis=(3, 5)), np.float32)
     index = (np.arange(size) * crops.shape[-1] // size).astype(np.int64)
     return np.ascontiguousarray(crops[:, :, index][:, :, :, index], np.float32)
