@@ -153,3 +153,17 @@ def test_split_becomes_slices() -> None:
     assert op_types(converted) == ["Slice", "Slice", "Concat"]
     feeds = random_feeds(model)
     np.testing.assert_array_equal(run_ort(converted, feeds)[0], run_ort(model, feeds)[0])
+
+
+@pytest.mark.parametrize("keepdims", [1, 0])
+def test_spatial_mean_becomes_a_global_pool(keepdims: int) -> None:
+    node = helper.make_node("ReduceMean", ["x"], ["y"], name="mean", axes=[2, 3], keepdims=keepdims)
+    out = ["N", 4, 1, 1] if keepdims else ["N", 4]
+    model = make_model([node], [vi("x", ["N", 4, 5, 5])], [vi("y", out)])
+    converted = apply_npu_conversions(model, ("reduce_mean",))
+    if not keepdims:  # the pool keeps the axes: not the same shape, left as it is
+        assert op_types(converted) == ["ReduceMean"]
+        return
+    assert op_types(converted) == ["GlobalAveragePool"]
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(run_ort(converted, feeds)[0], run_ort(model, feeds)[0], atol=1e-6)

@@ -112,3 +112,24 @@ def test_split_becomes_slices() -> None:
     ops = [n.op_type for n in build_plan_graph(gm).graph.nodes]
     assert "Split" not in ops and ops.count("Slice") == 4
     torch.testing.assert_close(gm(x), model(x))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.fc(x.mean((2, 3), keepdim=True)))
+
+
+def test_spatial_mean_becomes_a_global_pool() -> None:
+    model = SqueezeExcite().eval()
+    x = torch.randn(2, 4, 5, 5)
+    gm = capture(model, (x,))
+    normalize(gm, fold_batch_norms=True)
+    assert [c.rule for c in convert_for_npu(gm, ("reduce_mean",))] == ["reduce_mean"]
+    ops = [n.op_type for n in build_plan_graph(gm).graph.nodes]
+    assert "ReduceMean" not in ops and "GlobalAveragePool" in ops
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x))

@@ -149,6 +149,14 @@ RULES: Mapping[str, ConversionRule] = {
             produces=("Unsqueeze", "Pad", "Reshape", "Slice", "Conv"),
         ),
         ConversionRule(
+            "reduce_mean",
+            "ReduceMean over axes 2 and 3, keeping them (a squeeze-excite's spatial mean)",
+            "GlobalAveragePool",
+            exact=True,
+            source="AMD Quark ONNX, optimizations/optimize.py ConvertReduceMeanToGlobalAvgPool",
+            produces=("GlobalAveragePool",),
+        ),
+        ConversionRule(
             "split",
             "Split",
             "one Slice per output",
@@ -174,7 +182,7 @@ def parse_conversions(value: Any, field: str = "npu_conversions") -> tuple[str, 
         >>> parse_conversions(["swish"])
         Traceback (most recent call last):
         ...
-        ValueError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose
+        ValueError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose, reduce_mean, split
     """
     items = (value,) if isinstance(value, str) else tuple(value)
     for item in items:
@@ -344,6 +352,14 @@ def erf_gelu(view: ConversionView, erf: PlanNode) -> tuple[str, tuple[str, ...]]
     return x, (scaled.name, add.name, halved.name, product.name)
 
 
+def _spatial_mean(view: ConversionView, node: PlanNode) -> bool:
+    axes = node.attr("axes")
+    if axes is None and node.input(1):
+        constant = view.constant(node.input(1))
+        axes = None if constant is None else constant.reshape(-1).tolist()
+    return axes is not None and sorted(int(a) for a in axes) == [2, 3] and int(node.attr("keepdims", 1)) == 1
+
+
 def _conv_transpose_convertible(view: ConversionView, node: PlanNode) -> bool:
     weight = view.constant(node.input(1))
     auto_pad = str(node.attr("auto_pad", "NOTSET"))
@@ -362,6 +378,8 @@ def _matches(view: ConversionView, node: PlanNode, rule: str) -> Match | None:
     if rule == "hard_sigmoid" and op == "HardSigmoid":
         alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
         return Match(rule, node.name) if is_nominal_hard_sigmoid(alpha, beta) else None
+    if rule == "reduce_mean" and op == "ReduceMean":
+        return Match(rule, node.name) if _spatial_mean(view, node) else None
     simple = {"hard_swish": "HardSwish", "tanh": "Tanh", "gelu": "Gelu", "split": "Split"}
     if simple.get(rule) == op:
         return Match(rule, node.name)

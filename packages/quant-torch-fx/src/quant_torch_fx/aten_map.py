@@ -149,6 +149,15 @@ def _convolution(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     return op, inputs, {"group": int(groups) if isinstance(groups, int) else 1}
 
 
+def _mean(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
+    """``mean(x, dim, keepdim)`` with ONNX's ``axes``/``keepdims`` where the dims are given."""
+    dims = _arg(node, 1, "dim", None)
+    attributes: dict[str, Any] = {"keepdims": int(bool(_arg(node, 2, "keepdim", False)))}
+    if isinstance(dims, list | tuple) and all(isinstance(d, int) for d in dims):
+        attributes["axes"] = tuple(dims)
+    return "ReduceMean", [_arg(node, 0, "self")], attributes
+
+
 def _matmul(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     return "MatMul", [_arg(node, 0, "self"), _arg(node, 1, "other")], {}
 
@@ -212,7 +221,7 @@ ATEN_TO_ONNX: dict[str, _Translate] = {
     "adaptive_avg_pool1d": _adaptive_avg_pool,
     "adaptive_avg_pool2d": _adaptive_avg_pool,
     "adaptive_avg_pool3d": _adaptive_avg_pool,
-    "mean": _first("ReduceMean"),
+    "mean": _mean,
     "amax": _first("ReduceMax"),
     "amin": _first("ReduceMin"),
     # data movement

@@ -11,6 +11,7 @@ planner's view of the graph.
 - ``tanh``: ``tanh(x)`` -> ``hardtanh(x * 2/3, -1, 1)``;
 - ``gelu``: ``gelu(x)`` -> ``x * hardsigmoid(x * 1.702)``;
 - ``split``: ``split``/``chunk`` -> one ``slice`` per output;
+- ``reduce_mean``: ``mean(x, [2, 3], keepdim=True)`` -> ``adaptive_avg_pool2d(x, 1)``;
 - ``conv_transpose``: ``conv_transpose2d`` -> zero insertion (``unsqueeze``, ``constant_pad_nd``,
   ``reshape``), padding or cropping, and ``conv2d`` with the flipped kernel (exact).
 
@@ -232,6 +233,16 @@ def _split(editor: _Editor, node: Node) -> tuple[str, ...] | None:
     return tuple(made)
 
 
+def _global_pool(editor: _Editor, node: Node) -> tuple[str, ...]:
+    """``mean(x, [2, 3], keepdim=True)`` -> ``adaptive_avg_pool2d(x, [1, 1])``."""
+    x = node.args[0]
+    assert isinstance(x, Node)
+    with editor.graph.inserting_before(node):
+        pool = editor.call(aten.adaptive_avg_pool2d.default, (x, [1, 1]), node)
+    editor.replace(node, pool)
+    return ("adaptive_avg_pool2d",)
+
+
 _HANDLERS: dict[str, Callable[[_Editor, Node], tuple[str, ...] | None]] = {
     "silu": _sigmoid,
     "sigmoid": _sigmoid,
@@ -240,6 +251,7 @@ _HANDLERS: dict[str, Callable[[_Editor, Node], tuple[str, ...] | None]] = {
     "gelu": _gelu,
     "conv_transpose": _conv_transpose,
     "split": _split,
+    "reduce_mean": _global_pool,
 }
 
 

@@ -149,6 +149,7 @@ class OnnxConversions:
             "gelu": self._gelu,
             "conv_transpose": self._conv_transpose,
             "split": self._split,
+            "reduce_mean": self._global_pool,
         }[match.rule]
         op_type = node.op_type
         result = handler(node, match) if match.rule == "gelu" else handler(node, rule)
@@ -196,6 +197,11 @@ class OnnxConversions:
         out = helper.make_node("Mul", [x, self.edge(gate, scaled, "hard_sigmoid")], [y], name=node.name)
         self.replace(node, [mul, sigmoid, out])
         return ("Mul", "HardSigmoid", "Mul")
+
+    def _global_pool(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...]:
+        pool = helper.make_node("GlobalAveragePool", [node.input[0]], [node.output[0]], name=node.name)
+        self.replace(node, [pool])
+        return ("GlobalAveragePool",)
 
     def _split(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...] | None:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
