@@ -167,3 +167,25 @@ def test_split_and_erf_gelu_in_a_qdq_model() -> None:
     (expected,) = ort_run(result.model, xs)
     (got,) = simulate(result.model, xs, target, rounding="onnx", quiet=True).values()
     np.testing.assert_array_equal(got, expected)
+
+
+def test_a_hard_sigmoid_concatenated_with_boxes_keeps_its_own_position() -> None:
+    """``concat([boxes, sigmoid(scores)])`` (a YOLOv8 head): the Concat shares one position,
+    the HardSigmoid needs 2**-7 or finer; a Relu requantizes between them."""
+    b = GraphBuilder(4)
+    x = b.input("x", ["N", 4, 6, 6])
+    h = b.conv(x, 4, 8)
+    boxes = b.node("Mul", [b.conv(h, 8, 4, k=1), b.const(np.array(40.0, np.float32))])  # pixels: tens
+    scores = b.node("Sigmoid", [b.conv(h, 8, 3, k=1)])
+    model = b.model([b.node("Concat", [boxes, scores], axis=1)], rank=4)
+    quantized_model = quantize(model, "xint8")
+    result = legalize_model(quantized_model)
+    assert result.remaining.ok, result.remaining.format_text()
+    assert [c.kind for c in result.changes].count("requantize") == 1
+    xs = random_inputs(model, 32, seed=6)
+    (before,), (after,) = ort_run(quantized_model, xs), ort_run(result.model, xs)
+    from quant_core.qparams import sqnr_db
+
+    assert sqnr_db(before[:, :4], after[:, :4]) > 30  # boxes keep their position (0.05 dB before the Relu)
+    (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, after)

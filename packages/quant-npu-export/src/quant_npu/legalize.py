@@ -224,6 +224,48 @@ class _Legalizer:
             )
 
 
+def decouple_hard_sigmoids(model: onnx.ModelProto, profile: NPUProfile) -> tuple[onnx.ModelProto, list[Change]]:
+    """A HardSigmoid's output must sit at position >= ``hard_sigmoid_output_min`` (the
+    device clamps at 1 by saturating there), but a Concat, pool or layout op reading it
+    shares one position with its other inputs (a detector's ``concat([boxes, sigmoid(cls)])``
+    would push the boxes to 2**-7 and saturate them). Such a reader gets the value through a
+    Relu of its own (exact on a hardsigmoid's non-negative output), which requantizes it to
+    the group's position."""
+    from quant_npu.rewrite import ModelEditor
+
+    qdq = QDQGraph(model)
+    shared = profile.shared_position_ops | profile.layout_ops | {"Resize"}
+    found = []
+    for cn in qdq.compute_nodes:
+        if cn.op_type != "HardSigmoid" or cn.output is None:
+            continue
+        readers = [r for r in qdq.readers(cn.output) if r.op_type in shared]
+        if readers:
+            found.append((cn, readers))
+    if not found:
+        return model, []
+    editor = ModelEditor(model)
+    changes = []
+    for cn, readers in found:
+        assert cn.output is not None
+        tensor = qdq.tensors[cn.output]
+        elem_type, zero_point = storage(tensor, profile)
+        dq = qdq.dequantizers[cn.output][0]
+        relu_out = editor.names.unique_name(f"{cn.node.output[0]}_requantized")
+        relu_name = editor.names.unique_name(f"{cn.name}_requantize")
+        editor.graph.node.append(onnx.helper.make_node("Relu", [dq.output[0]], [relu_out], name=relu_name))
+        read = editor.quantize_tensor(relu_out, profile.hard_sigmoid_output_min, zero_point, elem_type)
+        sources = {d.output[0] for d in qdq.dequantizers[cn.output]}
+        for reader in readers:
+            for i, name in enumerate(reader.input):
+                if name in sources:
+                    reader.input[i] = read
+            changes.append(
+                Change("requantize", cn.name, "shared position", relu_name, f"HardSigmoid read by {reader.op_type}")
+            )
+    return editor.finish(), changes
+
+
 def _json_number(value: float) -> float | str:
     return value if np.isfinite(value) else str(value)
 
@@ -248,7 +290,8 @@ def legalize_model(
     work = load_model(model)
     converted = convert_for_target(work, profile, selection)
     costs = conversion_costs(work, profile, data, selection) if data is not None and converted.converted else {}
-    legalizer = _Legalizer(converted.model, profile)
+    decoupled, requantized = decouple_hard_sigmoids(converted.model, profile)
+    legalizer = _Legalizer(decoupled, profile)
     legalizer.run()
     result = legalizer.editor.finish()
     check_model(result, "<legalised model>")
@@ -257,7 +300,7 @@ def legalize_model(
         Change("conversion", c.node, c.op_type, " + ".join(c.result), _reason(c.rule)) for c in converted.converted
     ]
     notes = (*converted.notes, *legalizer.notes)
-    return LegalizeResult(result, (*changes, *legalizer.changes), remaining, notes, costs)
+    return LegalizeResult(result, (*changes, *requantized, *legalizer.changes), remaining, notes, costs)
 
 
 def _reason(rule: str) -> str:
