@@ -66,6 +66,9 @@ class ConversionRule:
         constants: the numbers the result uses.
         source: where the rule comes from.
         produces: the op types of the result.
+        device_form: the result is the device's own arithmetic for an op it runs (its
+            constants, its intermediate rounding), written so that onnxruntime computes it
+            too: ``legalize`` applies it to ops the target runs.
 
     Example:
         >>> RULES["conv_transpose"].exact, RULES["silu"].exact
@@ -79,6 +82,7 @@ class ConversionRule:
     constants: Mapping[str, float] = attrs.field(factory=dict)
     source: str = ""
     produces: tuple[str, ...] = ()
+    device_form: bool = False
 
 
 RULES: Mapping[str, ConversionRule] = {
@@ -112,6 +116,7 @@ RULES: Mapping[str, ConversionRule] = {
             source=f"{_QUARK}: convert_hard_sigmoid_to_dpu_version; Vitis AI pytorch_nndct hardsigmoid "
             "(relu6(x + 3) * 2731 / 16384)",
             produces=("HardSigmoid",),
+            device_form=True,
         ),
         ConversionRule(
             "hard_swish",
@@ -121,6 +126,7 @@ RULES: Mapping[str, ConversionRule] = {
             constants=_DEVICE_HARD_SIGMOID,
             source="Vitis AI pytorch_nndct hardswish (hardsigmoid requantized at 2**-7, then x * it)",
             produces=("HardSigmoid", "Mul"),
+            device_form=True,
         ),
         ConversionRule(
             "tanh",

@@ -232,8 +232,8 @@ def _applies(
     node = nodes[match.node]
     if cpu.selects(node.name, node.op_type, writes_output(qdq, node)):
         return False
-    if match.rule == "hard_sigmoid":
-        return True  # the device's constants: what it computes for any HardSigmoid it runs
+    if RULES[match.rule].device_form:
+        return True  # the device's own arithmetic for an op it runs (HardSigmoid's constants...)
     if not set(RULES[match.rule].produces) <= profile.accepted_ops:
         return False  # the result would not run either
     if match.rule == "conv_transpose" and "ConvTranspose" in profile.ops:

@@ -231,7 +231,7 @@ class NPUProfile:
     conv_transpose_stride_range: Range = attrs.field(default=(1, 16), converter=_range)
     conv_transpose_pad_min: int = 1
     conversions: tuple[str, ...] = attrs.field(
-        default=(*NPU_CONVERSIONS, "conv_transpose", "reduce_mean", "split"), converter=_conversions
+        default=(*NPU_CONVERSIONS, "hard_swish", "conv_transpose", "reduce_mean", "split"), converter=_conversions
     )
 
     @weight_qmin.validator
