@@ -189,3 +189,20 @@ def test_a_hard_sigmoid_concatenated_with_boxes_keeps_its_own_position() -> None
     assert sqnr_db(before[:, :4], after[:, :4]) > 30  # boxes keep their position (0.05 dB before the Relu)
     (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
     np.testing.assert_array_equal(got, after)
+
+
+def test_large_global_pool_in_two_stages_matches_onnxruntime() -> None:
+    """A squeeze-excite over 32x32: the device pools in two stages (Quark's
+    SplitLargeKernelPool); written as two pools, onnxruntime computes the same codes."""
+    b = GraphBuilder(5)
+    x = b.input("x", ["N", 3, 32, 32])
+    c = b.node("Relu", [b.conv(x, 3, 8)])
+    gate = b.node("HardSigmoid", [b.conv(b.node("GlobalAveragePool", [c]), 8, 8, k=1)], alpha=1 / 6, beta=0.5)
+    model = b.model([b.node("Mul", [c, gate])], rank=4)
+    result = legalize_model(quantize(model, "xint8"))
+    assert result.remaining.ok, result.remaining.format_text()
+    assert [n.op_type for n in result.model.graph.node].count("AveragePool") == 1
+    xs = random_inputs(model, 16, seed=7)
+    (expected,) = ort_run(result.model, xs)
+    (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, expected)

@@ -27,7 +27,9 @@ def test_default_profile_follows_the_target_rules() -> None:
     assert "Sigmoid" not in p.ops and "Sigmoid" not in p.accepted_ops  # Quark converts it to HardSigmoid
     assert {"Conv", "ConvTranspose", "Gemm", "Add", "Concat", "HardSigmoid", "HardSwish", "Softmax", "Tanh"} <= p.ops
     assert {"DepthToSpace", "SpaceToDepth"} <= p.layout_ops and p.resize_modes == {"nearest", "linear"}
-    assert p.conversions == ("silu", "sigmoid", "hard_sigmoid", "hard_swish", "conv_transpose", "reduce_mean", "split")
+    assert p.conversions == (
+        "silu", "sigmoid", "hard_sigmoid", "hard_swish", "conv_transpose", "reduce_mean", "global_pool", "split"
+    )  # fmt: skip
     assert p.conv_transpose_kernel_range == (1, 16) and p.conv_transpose_pad_min == 1
 
 

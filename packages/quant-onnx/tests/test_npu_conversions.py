@@ -167,3 +167,14 @@ def test_spatial_mean_becomes_a_global_pool(keepdims: int) -> None:
     assert op_types(converted) == ["GlobalAveragePool"]
     feeds = random_feeds(model)
     np.testing.assert_allclose(run_ort(converted, feeds)[0], run_ort(model, feeds)[0], atol=1e-6)
+
+
+def test_large_global_pool_becomes_two_stages() -> None:
+    node = helper.make_node("GlobalAveragePool", ["x"], ["y"], name="gap")
+    model = make_model([node], [vi("x", ["N", 4, 32, 24])], [vi("y", ["N", 4, 1, 1])])
+    converted = apply_npu_conversions(model, ("global_pool",))
+    assert op_types(converted) == ["AveragePool", "GlobalAveragePool"]  # 32x24 = 768 > 512: 4x4, then 8x6
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(run_ort(converted, feeds)[0], run_ort(model, feeds)[0], atol=1e-6)
+    small = make_model([node], [vi("x", ["N", 4, 16, 16])], [vi("y", ["N", 4, 1, 1])])
+    assert op_types(apply_npu_conversions(small, ("global_pool",))) == ["GlobalAveragePool"]

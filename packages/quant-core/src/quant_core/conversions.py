@@ -49,6 +49,8 @@ GELU_SIGMOID_SCALE = 1.702
 """GELU(x) ~ x * sigmoid(1.702 x) (Hendrycks & Gimpel), then the sigmoid as HardSigmoid."""
 TANH_SLOPE = 2.0 / 3.0
 """tanh(x) ~ 2 * hardsigmoid(2x) - 1 = clip(2x/3, -1, 1)."""
+GLOBAL_POOL_MAX_ELEMENTS = 512
+"""Larger global average pools run as two pools (Quark's ``SplitLargeKernelPool``)."""
 
 _DEVICE_HARD_SIGMOID = {"alpha": DEVICE_HARD_SIGMOID_ALPHA, "beta": DEVICE_HARD_SIGMOID_BETA}
 _QUARK = "AMD Quark ONNX, postprocess/simulation/simulate_dpu.py"
@@ -163,6 +165,16 @@ RULES: Mapping[str, ConversionRule] = {
             produces=("GlobalAveragePool",),
         ),
         ConversionRule(
+            "global_pool",
+            f"GlobalAveragePool over more than {GLOBAL_POOL_MAX_ELEMENTS} elements",
+            "AveragePool(kh1 x kw1, stride kh1 x kw1) + GlobalAveragePool, kh1 the largest factor of the "
+            "height up to its square root (kw1 likewise): the device's two stages",
+            exact=True,
+            source="AMD Quark ONNX, optimizations/optimize.py split_large_kernel_pool (SplitLargeKernelPool)",
+            produces=("AveragePool", "GlobalAveragePool"),
+            device_form=True,
+        ),
+        ConversionRule(
             "split",
             "Split",
             "one Slice per output",
@@ -188,7 +200,7 @@ def parse_conversions(value: Any, field: str = "npu_conversions") -> tuple[str, 
         >>> parse_conversions(["swish"])
         Traceback (most recent call last):
         ...
-        ValueError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose, reduce_mean, split
+        ValueError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose, reduce_mean, global_pool, split
     """
     items = (value,) if isinstance(value, str) else tuple(value)
     for item in items:
@@ -386,7 +398,10 @@ def _matches(view: ConversionView, node: PlanNode, rule: str) -> Match | None:
         return Match(rule, node.name) if is_nominal_hard_sigmoid(alpha, beta) else None
     if rule == "reduce_mean" and op == "ReduceMean":
         return Match(rule, node.name) if _spatial_mean(view, node) else None
-    simple = {"hard_swish": "HardSwish", "tanh": "Tanh", "gelu": "Gelu", "split": "Split"}
+    simple = {
+        "hard_swish": "HardSwish", "tanh": "Tanh", "gelu": "Gelu", "split": "Split",
+        "global_pool": "GlobalAveragePool",
+    }  # fmt: skip
     if simple.get(rule) == op:
         return Match(rule, node.name)
     if rule == "gelu" and op == "Erf":
@@ -412,6 +427,20 @@ def find_matches(view: ConversionView, rules: Iterable[str]) -> list[Match]:
                 found.append(match)
                 taken.update((node.name, *match.related))
     return found
+
+
+def pool_split(size: int) -> tuple[int, int]:
+    """``(first, second)`` with ``first * second == size``: ``first`` the largest factor up
+    to ``sqrt(size)`` (Quark's ``_get_factors``; a prime size gives ``(1, size)``).
+
+    Example:
+        >>> pool_split(64), pool_split(32), pool_split(7)
+        ((8, 8), (4, 8), (1, 7))
+    """
+    first = int(size**0.5)
+    while first > 1 and size % first:
+        first -= 1
+    return max(first, 1), size // max(first, 1)
 
 
 # ------------------------------------------------------------------------------ ConvTranspose

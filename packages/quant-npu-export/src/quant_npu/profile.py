@@ -29,7 +29,13 @@ from typing import Any
 
 import attrs
 
-from quant_core.conversions import HARD_SIGMOID_MULTIPLIER, HARD_SIGMOID_SHIFT, NPU_CONVERSIONS, parse_conversions
+from quant_core.conversions import (
+    GLOBAL_POOL_MAX_ELEMENTS,
+    HARD_SIGMOID_MULTIPLIER,
+    HARD_SIGMOID_SHIFT,
+    NPU_CONVERSIONS,
+    parse_conversions,
+)
 from quant_core.spec import RoundMode, parse_enum
 
 
@@ -214,7 +220,7 @@ class NPUProfile:
     average_pool_factors: Mapping[str, tuple[int, int]] = attrs.field(
         factory=lambda: dict(_AVERAGE_POOL_FACTORS), converter=_factors
     )
-    global_pool_max_elements: int = 512
+    global_pool_max_elements: int = GLOBAL_POOL_MAX_ELEMENTS
     leaky_relu_alpha_bits: int = 8
     hard_sigmoid_multiplier: int = HARD_SIGMOID_MULTIPLIER
     hard_sigmoid_shift: int = HARD_SIGMOID_SHIFT
@@ -231,7 +237,8 @@ class NPUProfile:
     conv_transpose_stride_range: Range = attrs.field(default=(1, 16), converter=_range)
     conv_transpose_pad_min: int = 1
     conversions: tuple[str, ...] = attrs.field(
-        default=(*NPU_CONVERSIONS, "hard_swish", "conv_transpose", "reduce_mean", "split"), converter=_conversions
+        default=(*NPU_CONVERSIONS, "hard_swish", "conv_transpose", "reduce_mean", "global_pool", "split"),
+        converter=_conversions,
     )
 
     @weight_qmin.validator

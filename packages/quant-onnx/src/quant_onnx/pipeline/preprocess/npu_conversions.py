@@ -24,7 +24,8 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -35,14 +36,14 @@ from quant_core.conversions import (
     DEVICE_HARD_SIGMOID_ALPHA,
     DEVICE_HARD_SIGMOID_BETA,
     GELU_SIGMOID_SCALE,
-    RULES,
+    GLOBAL_POOL_MAX_ELEMENTS,
     TANH_SLOPE,
-    ConversionRule,
     ConvTransposeAsConv,
     Match,
     conv_weight,
     find_matches,
     float_view,
+    pool_split,
 )
 from quant_onnx.graph import GraphIndex
 from quant_onnx.graph_edit import copy_model
@@ -139,8 +140,7 @@ class OnnxConversions:
     # ------------------------------------------------------------------ rules
     def apply(self, match: Match) -> bool:
         node = self.node_named(match.node)
-        rule = RULES[match.rule]
-        handler = {
+        handlers: dict[str, Callable[[onnx.NodeProto, Match], tuple[str, ...] | None]] = {
             "silu": self._to_hard_sigmoid,
             "sigmoid": self._to_hard_sigmoid,
             "hard_sigmoid": self._to_hard_sigmoid,
@@ -150,19 +150,20 @@ class OnnxConversions:
             "conv_transpose": self._conv_transpose,
             "split": self._split,
             "reduce_mean": self._global_pool,
-        }[match.rule]
+            "global_pool": self._split_global_pool,
+        }
         op_type = node.op_type
-        result = handler(node, match) if match.rule == "gelu" else handler(node, rule)
+        result = handlers[match.rule](node, match)
         if result is None:
             return False
         self.done.append(Converted(match.rule, match.node, op_type, result))
         return True
 
-    def _to_hard_sigmoid(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...]:
+    def _to_hard_sigmoid(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...]:
         self.replace(node, [self.hard_sigmoid(list(node.input[:1]), list(node.output[:1]), node.name)])
         return ("HardSigmoid",)
 
-    def _hard_swish(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...]:
+    def _hard_swish(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...]:
         x, y = node.input[0], node.output[0]
         gate = self.tensor(f"{y}_hard_sigmoid")
         sigmoid = self.hard_sigmoid([x], [gate], self.tensor(f"{node.name}_hard_sigmoid"))
@@ -170,7 +171,7 @@ class OnnxConversions:
         self.replace(node, [sigmoid, mul])
         return ("HardSigmoid", "Mul")
 
-    def _tanh(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...]:
+    def _tanh(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...]:
         x, y = node.input[0], node.output[0]
         scaled = self.tensor(f"{y}_scaled")
         mul = helper.make_node(
@@ -198,16 +199,41 @@ class OnnxConversions:
         self.replace(node, [mul, sigmoid, out])
         return ("Mul", "HardSigmoid", "Mul")
 
-    def _global_pool(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...]:
+    def _global_pool(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...]:
         pool = helper.make_node("GlobalAveragePool", [node.input[0]], [node.output[0]], name=node.name)
         self.replace(node, [pool])
         return ("GlobalAveragePool",)
 
-    def _split(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...] | None:
+    def _split_global_pool(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...] | None:
+        shape = self.shape(node.input[0])
+        if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]):
+            return None
+        height, width = int(shape[2]), int(shape[3])  # type: ignore[arg-type]
+        if height * width <= GLOBAL_POOL_MAX_ELEMENTS:
+            return None  # one stage on the device
+        (kh, second_h), (kw, second_w) = pool_split(height), pool_split(width)
+        if kh * kw == 1 or second_h * second_w > GLOBAL_POOL_MAX_ELEMENTS:
+            self.notes.append(f"node {node.name!r} (GlobalAveragePool): {height}x{width} has no two-stage split")
+            return None
+        x, y = node.input[0], node.output[0]
+        pooled = self.tensor(f"{y}_stage1")
+        first = helper.make_node(
+            "AveragePool",
+            [x],
+            [pooled],
+            name=self.tensor(f"{node.name}_stage1"),
+            kernel_shape=[kh, kw],
+            strides=[kh, kw],
+        )
+        second = helper.make_node("GlobalAveragePool", [self.edge(pooled, x, "moved")], [y], name=node.name)
+        self.replace(node, [first, second])
+        return ("AveragePool", "GlobalAveragePool")
+
+    def _split(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...] | None:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         shape = self.shape(node.input[0])
         axis = int(attributes.get("axis", 0))
-        sizes = self.index.constant(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+        sizes: Any = self.index.constant(node.input[1]) if len(node.input) > 1 and node.input[1] else None
         sizes = attributes.get("split") if sizes is None else sizes
         outputs = [o for o in node.output]
         if sizes is None:
@@ -229,7 +255,7 @@ class OnnxConversions:
         self.replace(node, slices)
         return tuple(n.op_type for n in slices)
 
-    def _conv_transpose(self, node: onnx.NodeProto, _rule: ConversionRule) -> tuple[str, ...] | None:
+    def _conv_transpose(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...] | None:
         x, y = node.input[0], node.output[0]
         shape = self.shape(x)
         weight_shape = self.weight_shape(node)
