@@ -21,11 +21,13 @@ nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = [
     "core",
+    "core_onnx",
     "algos",
     "algos_torch",
     "onnx",
     "torch_fx",
     "npu",
+    "npu_alone",
     "npu_torch",
     "integration",
     "packaging",
@@ -73,6 +75,26 @@ def core(session: nox.Session) -> None:
     _assert_absent(session, "onnx")
     _assert_absent(session, "torch")
     _pytest(session, f"{CORE}/tests")
+
+
+@nox.session
+def core_onnx(session: nox.Session) -> None:
+    """quant-core with its [onnx] extra: the ONNX QDQ layer both backends write and the NPU
+    tools read through, with onnx alone (neither onnxruntime nor torch)."""
+    session.install(f"{CORE}[onnx]", *TEST_DEPS)
+    _assert_absent(session, "onnxruntime")
+    _assert_absent(session, "torch")
+    _pytest(session, f"{CORE}/tests/test_onnx_qdq.py", f"{CORE}/tests/test_doctests.py")
+
+
+@nox.session
+def npu_alone(session: nox.Session) -> None:
+    """quant-npu-export as users install it: neither onnxruntime nor torch comes with it, and
+    its console script runs."""
+    session.install(CORE, ALGOS, NPU)
+    _assert_absent(session, "onnxruntime")
+    _assert_absent(session, "torch")
+    session.run("quant-npu", "targets")
 
 
 @nox.session

@@ -19,9 +19,9 @@ from cli_helpers import screen_lines, snapshot
 from model_builders import random_inputs, small_cnn
 
 import quant_core.atomic_io
+import quant_core.onnx_qdq.model_io as model_io
 import quant_onnx
-import quant_onnx.model_io as model_io
-from quant_onnx.io.cli import main
+from quant_onnx.cli.main import main
 
 SOURCES = Path(quant_onnx.__file__).parent
 # Calls that may write a file, and the writes allowed to make them (file: call).

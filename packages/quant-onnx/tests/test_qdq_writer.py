@@ -23,8 +23,10 @@ from model_builders import (
 )
 from onnx import numpy_helper
 
+from quant_core.onnx_qdq.build import exact_int32
+from quant_core.qdq import activation_is_absorbed, encode_activation
 from quant_core.qparams import QParams, bias_qparams, fake_quantize, sqnr_db
-from quant_onnx.pipeline.qdq_writer import WriterOptions, activation_is_absorbed, encode_activation, exact_int32
+from quant_onnx.pipeline.qdq_writer import WriterOptions
 
 COMPUTE = ("Conv", "Gemm", "MatMul")
 

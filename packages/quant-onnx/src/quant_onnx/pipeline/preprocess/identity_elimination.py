@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import onnx
 
-from quant_onnx.graph import GraphIndex, is_default_domain
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain
 from quant_onnx.graph_edit import copy_model, remove_nodes, rename_inputs, rename_tensor
 
 
