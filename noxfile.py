@@ -216,7 +216,7 @@ def typecheck(session: nox.Session) -> None:
     """mypy: strict for quant_core, standard for every package above it (onnx's own type
     hints are used; the torch backend is checked against torch's annotations, onnxruntime
     is left untyped)."""
-    session.install("mypy>=1.8", "numpy>=1.24", "attrs>=23.1", "tqdm>=4.60", "onnx>=1.16")
+    session.install("mypy>=1.8", "numpy>=1.24", "attrs>=23.1", "tqdm>=4.60", "onnx>=1.16", "types-protobuf")
     env = {"MYPYPATH": ":".join(ALL_SOURCES)}
     session.run("mypy", "--strict", f"{CORE}/src/quant_core", env=env)
     for package in (ALGOS, ONNX, NPU):
