@@ -28,6 +28,7 @@ nox.options.sessions = [
     "npu",
     "npu_torch",
     "integration",
+    "zoo",
     "packaging",
     "lint",
     "layering",
@@ -135,6 +136,21 @@ def integration(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(CORE, f"{ALGOS}[torch]", f"{ONNX}[images]", TORCH_FX, NPU, *TEST_DEPS)
     _pytest(session, "tests-integration")
+
+
+@nox.session
+def zoo(session: nox.Session) -> None:
+    """The model zoo's CI subset at 64 px (tools/bench/zoo.py --check): a CNN, hard-swish + SE,
+    SiLU + SE, ViT, MobileViT, ASPP and LR-ASPP segmentation, a YOLOv8-style detector and a
+    ConvTranspose decoder, with random weights, through both backends (and torchao PT2E, reported
+    only). Fails when a model stops running end to end on one of our backends, or when one listed
+    in the tool's EXPECTED_FAILURES starts to. timm and torchao come without their dependencies:
+    timm's torchvision imports are served by tools/zoo_shims."""
+    session.install(TORCH)
+    session.install(CORE, f"{ALGOS}[torch]", f"{ONNX}[images]", TORCH_FX, NPU)
+    session.install("--no-deps", "timm==1.0.31", "torchao==0.18.0")
+    _assert_absent(session, "torchvision")
+    session.run("python", "-m", "tools.bench.zoo", "--check", *session.posargs)
 
 
 @nox.session
