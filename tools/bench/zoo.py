@@ -112,10 +112,11 @@ def noise(num: int, size: int, seed: int) -> np.ndarray:
 
 
 def model_job(
-    name: str, size: int, num_calib: int, num_eval: int, threads: int, pt2e: bool = True
+    name: str, size: int, num_calib: int, num_eval: int, threads: int, pt2e: bool = True, measures: bool = True
 ) -> Callable[[], dict[str, Any]]:
     """Subprocess setup (``common.measure_in_subprocess``): build ``name`` and its data; the work
-    runs the flows (PT2E unless ``pt2e`` is False) and returns their results."""
+    runs the flows (PT2E unless ``pt2e`` is False; coverage and fidelity unless ``measures`` is
+    False) and returns their results."""
     import torch
 
     from tools.bench import zoo_flows
@@ -141,9 +142,9 @@ def model_job(
             "output_shape": list(float_eval.shape[1:]),
         }
         flows = {
-            "torch_fx": lambda f: zoo_flows.torch_backend(f, model, data, work / f"{name}_torch_fx.onnx"),
+            "torch_fx": lambda f: zoo_flows.torch_backend(f, model, data, work / f"{name}_torch_fx.onnx", measures),
             "quant_onnx": lambda f: zoo_flows.onnx_backend(
-                f, model, data, work / f"{name}_float.onnx", work / f"{name}_quant_onnx.onnx"
+                f, model, data, work / f"{name}_float.onnx", work / f"{name}_quant_onnx.onnx", measures
             ),
             "pt2e": lambda f: zoo_flows.pt2e(f, model, data),
         }
@@ -170,6 +171,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "num_eval": args.eval,
             "threads": args.threads,
             "pt2e": not args.no_pt2e,
+            "measures": not args.no_measures,
         },
         timeout_s=args.timeout,
         threads=args.threads,
@@ -341,12 +343,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval", type=int, default=32, help="held-out evaluation samples (another seed)")
     parser.add_argument("--quick", action="store_true", help="16 calibration and 8 evaluation samples")
     parser.add_argument("--no-pt2e", action="store_true", help="skip torchao PT2E (the peer; --check never checks it)")
+    parser.add_argument("--no-measures", action="store_true",
+                        help="end to end and accuracy only: no coverage, no export or kernel fidelity")  # fmt: skip
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a model fails on one of our backends without being listed in "
                              "EXPECTED_FAILURES, or a listed failure no longer fails")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
+    parser.add_argument("--report", type=Path, default=None, help="print the tables of a --json file; run nothing")
     parser.add_argument("--threads", type=int, default=common.DEFAULT_THREADS)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per model")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model (a watchdog)")
     args = parser.parse_args(argv)
     if args.quick:
         args.calib, args.eval = 16, 8
@@ -367,6 +372,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        import json
+
+        saved = json.loads(args.report.read_text())
+        print(f"{saved['environment']}\n\n{tables(saved['models'])}")
+        return 0
     from tools.zoo_models import describe_size
 
     start = time.perf_counter()

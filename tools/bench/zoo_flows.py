@@ -157,8 +157,9 @@ def file_measures(flow: Flow, path: Path, x_node: np.ndarray) -> None:
 
 
 # ------------------------------------------------------------------------------------------ flows
-def torch_backend(flow: Flow, model: Any, data: dict[str, Any], path: Path) -> None:
-    """quant-torch-fx ``a8w8``; ``data``: ``calib``, ``eval``, ``float_eval`` arrays, ``classes_from``."""
+def torch_backend(flow: Flow, model: Any, data: dict[str, Any], path: Path, measures: bool = True) -> None:
+    """quant-torch-fx ``a8w8``; ``data``: ``calib``, ``eval``, ``node`` (inputs of the node-by-node
+    comparisons), ``float_eval`` arrays and ``classes_from``; ``measures``: coverage and fidelity too."""
     import torch
 
     from quant_torch_fx import ModelQuantizer
@@ -185,11 +186,14 @@ def torch_backend(flow: Flow, model: Any, data: dict[str, Any], path: Path) -> N
             "export_frozen_steps": None if step is None else difference / step,
         }
     )
-    file_measures(flow, path, data["node"])
-    flow.measure("node_by_node", lambda: export_vs_frozen_nodes(frozen, path, data["node"]))
+    if measures:
+        file_measures(flow, path, data["node"])
+        flow.measure("node_by_node", lambda: export_vs_frozen_nodes(frozen, path, data["node"]))
 
 
-def onnx_backend(flow: Flow, model: Any, data: dict[str, Any], float_path: Path, path: Path) -> None:
+def onnx_backend(
+    flow: Flow, model: Any, data: dict[str, Any], float_path: Path, path: Path, measures: bool = True
+) -> None:
     """The float model exported to ONNX (tool side), then quant-onnx ``a8w8``."""
     import quant_onnx
 
@@ -207,7 +211,8 @@ def onnx_backend(flow: Flow, model: Any, data: dict[str, Any], float_path: Path,
             "agreement_float": class_agreement(ort_out, data["float_eval"], data["classes_from"]),
         }
     )
-    file_measures(flow, path, data["node"])
+    if measures:
+        file_measures(flow, path, data["node"])
 
 
 def pt2e(flow: Flow, model: Any, data: dict[str, Any]) -> None:
