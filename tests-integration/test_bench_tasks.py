@@ -236,3 +236,22 @@ def test_trained_bench_tables_render_partial_results() -> None:
     assert lines[0] == "| model | metric | float | a8w8 | ORT quantize_static |"
     assert lines[2] == "| fmnist_deit | accuracy | 0.91 | 0.9 (21.5 dB) | failed |"
     assert lines[-1] == "| fmnist_deit | top-1 agreement | 0.98, 3/4 | — |"
+
+
+@pytest.mark.parametrize(
+    "name", ["fmnist_hardswish_se", "fmnist_deit", "fmnist_deit_decomposed", "ocr_ctc", "fmnist_yolo", "text_seg"]
+)
+def test_committed_task_models_rebuild_as_torch_modules(name: str) -> None:
+    """load_reference_model gives the outputs of the committed ONNX file."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    from tools.reference_models.torch_weights import MODELS_DIR, load_reference_model
+
+    if not (MODELS_DIR / f"{name}.onnx").exists():
+        pytest.skip(f"{name}.onnx is not trained yet")
+    if tasks.get_task(name).kind == "classification" and not Path("/usr/share/datasets/fashion-mnist").exists():
+        pytest.skip("Fashion-MNIST is not installed")
+    model = load_reference_model(name)
+    from_torch = tasks.predict(name, model, "eval", 16)
+    from_onnx = tasks.predict(name, MODELS_DIR / f"{name}.onnx", "eval", 16)
+    np.testing.assert_allclose(from_torch, from_onnx, rtol=1e-4, atol=1e-3 * max(1.0, float(np.abs(from_onnx).max())))
