@@ -17,11 +17,10 @@ from quant_core.conversions import (
     ConvTransposeAsConv,
     conv_weight,
     device_hard_sigmoid,
-    find_matches,
-    float_view,
     parse_conversions,
     zero_insert,
 )
+from quant_core.plan.conversions import find_matches, float_view
 from quant_core.plan.graph import PlanGraph, PlanNode
 from quant_core.presets import get_preset
 from quant_core.serialization import config_from_json, config_to_json

@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from quant_core.algorithm_config import AlgorithmConfig
+from quant_core.conversions import parse_conversions
 from quant_core.spec import QuantSpec
 
 
@@ -125,8 +126,6 @@ def _algorithms(value: Any) -> tuple[AlgorithmConfig, ...]:
 
 
 def _npu_conversions(value: Any) -> tuple[str, ...]:
-    from quant_core.conversions import parse_conversions  # here: conversions reads the plan package
-
     return parse_conversions(value)
 
 

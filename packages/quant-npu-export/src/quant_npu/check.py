@@ -27,21 +27,14 @@ import numpy as np
 import onnx
 
 from quant_core.conversions import RULES
+from quant_core.onnx_qdq.graph import float_attribute, int_attribute, int_list, node_attribute, node_label
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
 from quant_npu.conversions import applicable_matches, conv_transpose_issues
 from quant_npu.formats import activation_issues, bias_issues, weight_issues
 from quant_npu.partitions import CpuSelection, Partition, cpu_steps, partitions
 from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish, plan, step_label
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.qdq import (
-    QDQGraph,
-    constant_input,
-    float_attribute,
-    int_attribute,
-    int_list,
-    node_attribute,
-    node_label,
-)
 from quant_npu.shifts import (
     add_shift_read_range,
     hard_sigmoid_output_range,
@@ -395,10 +388,10 @@ class _Checker:
 def resize_scales(qdq: QDQGraph, node: onnx.NodeProto) -> list[float] | None:
     """A Resize's scale per axis, from its constant ``scales`` or ``sizes`` and its input's
     shape; None when they are not known before run time."""
-    scales = constant_input(qdq, node, 2)
+    scales = qdq.constant_input(node, 2)
     if scales is not None and scales.size:
         return [float(s) for s in scales.reshape(-1)]
-    sizes = constant_input(qdq, node, 3)
+    sizes = qdq.constant_input(node, 3)
     key = qdq.dequantized.get(node.input[0]) if node.input else None
     source = qdq.tensors[key].float_name if key in qdq.tensors else None
     shape = qdq.index.shape(source or node.input[0]) if node.input else None
@@ -422,7 +415,7 @@ def check(
     ``xint8``) that ``model`` (a path or ModelProto, never modified) breaks. Nodes ``cpu``
     selects (op types or node-name globs) run on the CPU: no rule applies to them, and the
     result lists the partitions they make."""
-    from quant_onnx.model_io import load_model
+    from quant_core.onnx_qdq.model_io import load_model
 
     return check_loaded(load_model(model), load_profile(target), CpuSelection.parse(cpu))
 

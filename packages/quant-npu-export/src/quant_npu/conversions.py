@@ -3,7 +3,7 @@ calibrated QDQ model, for the nodes its target cannot run as they are.
 
 The rules are the ones quant-onnx applies before calibration (``QuantConfig.npu_conversions``);
 here they run after it, through the same ONNX edits
-(:class:`~quant_onnx.pipeline.preprocess.npu_conversions.OnnxConversions`) with three
+(:class:`~quant_core.onnx_qdq.conversions.OnnxConversions`) with three
 hooks changed for a QDQ graph: a new intermediate tensor gets a QuantizeLinear /
 DequantizeLinear pair at a position that covers it (HardSigmoid's output at the device's
 minimum, 7; a tensor scaled by 1.702 one position coarser than its source; moved data at
@@ -43,17 +43,19 @@ import attrs
 import numpy as np
 import onnx
 
-from quant_core.conversions import RULES, Match, conv_weight, find_matches
+from quant_core.conversions import RULES, Match, conv_weight
+from quant_core.errors import MissingDependencyError
+from quant_core.onnx_qdq.conversions import Converted, OnnxConversions
+from quant_core.onnx_qdq.graph import Dim, plan_node
+from quant_core.onnx_qdq.reader import DEQUANTIZE, QUANTIZE, QDQGraph
+from quant_core.plan.conversions import find_matches
 from quant_core.plan.graph import PlanNode
 from quant_core.qparams import sqnr_db
 from quant_npu.formats import storage
 from quant_npu.partitions import CpuSelection, writes_output
 from quant_npu.positions import covering_position, initial_position
 from quant_npu.profile import NPUProfile
-from quant_npu.qdq import DEQUANTIZE, QUANTIZE, QDQGraph
 from quant_npu.rewrite import ModelEditor, quantize_real
-from quant_onnx.graph import plan_node
-from quant_onnx.pipeline.preprocess.npu_conversions import Converted, OnnxConversions
 
 _ROLE_SHIFT = {"scaled": 1, "moved": 0}
 """Positions coarser than the source for a new tensor: ``x * 1.702`` or ``x * 2/3`` needs one
@@ -61,7 +63,7 @@ more integer bit at most; moved data keeps its source's position."""
 
 
 class QDQView:
-    """:class:`~quant_core.conversions.ConversionView` of a QDQ model: the compute nodes,
+    """:class:`~quant_core.plan.conversions.ConversionView` of a QDQ model: the compute nodes,
     with every DequantizeLinear output of an integer tensor holding that tensor's value."""
 
     def __init__(self, qdq: QDQGraph) -> None:
@@ -137,7 +139,7 @@ class QDQConversions(OnnxConversions):
     def weight_shape(self, node: onnx.NodeProto) -> list[int] | None:
         return weight_shape(self.qdq, node)
 
-    def shape(self, tensor: str) -> list | None:
+    def shape(self, tensor: str) -> list[Dim] | None:
         """A DequantizeLinear output has its integer tensor's shape, known on the float
         tensor its QuantizeLinear reads."""
         known = self.index.shape(tensor)
@@ -259,9 +261,8 @@ def convert_for_target(
 ) -> ConversionResult:
     """The profile's conversions (or ``rules``) applied to a copy of a QDQ ``model`` where
     its target needs them (see the module docstring and example)."""
-    from quant_onnx.graph_edit import copy_model
-
-    work = copy_model(model)
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
     qdq = QDQGraph(work)
     matches = applicable_matches(qdq, profile, cpu or CpuSelection(), rules)
     if not matches:
@@ -296,11 +297,24 @@ def drop_stranded_qdq(graph: onnx.GraphProto) -> None:
 
 
 def _outputs(model: onnx.ModelProto, data: np.ndarray | Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    import onnxruntime as ort
+    """``model``'s outputs on ``data`` in onnxruntime, without graph optimizations (the QDQ
+    arithmetic as written). onnxruntime is no dependency of quant-npu-export: only measuring
+    costs needs it."""
+    try:
+        import onnxruntime as ort
+    except ImportError as error:
+        raise MissingDependencyError(
+            "legalize: measuring conversion costs (data=, --data) runs the model in onnxruntime: "
+            "pip install 'quant-npu-export[costs]'"
+        ) from error
+    from quant_core.onnx_qdq.tensor_data import bound_folders, inline_external_data
 
-    from quant_onnx.ort_session import inference_session
-
-    session = inference_session(model, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    if bound_folders(model):
+        model = inline_external_data(model)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     feeds = dict(data) if isinstance(data, Mapping) else {names[0]: np.asarray(data, np.float32)}
     return [np.asarray(o, np.float64) for o in session.run(None, {n: feeds[n] for n in names})]

@@ -36,6 +36,8 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_core.onnx_qdq.graph import float_attribute, node_label
+from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_npu.approximations import device_leaky_relu_alpha
 from quant_npu.check import CheckResult, check_loaded
 from quant_npu.conversions import conversion_costs, convert_for_target
@@ -45,7 +47,6 @@ from quant_npu.partitions import CpuSelection
 from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, plan
 from quant_npu.positions import PositionSolver, covering_position, representable_range
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.qdq import QDQGraph, QuantTensor, float_attribute, node_label
 from quant_npu.rewrite import quantize_real
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
@@ -283,7 +284,7 @@ def legalize_model(
     ``cpu`` keeps on the CPU (op types or node-name globs: the result names the partitions
     they make); then positions, formats and parameters are fixed. With ``data`` (model
     inputs, first axis = samples) each conversion's cost is measured (:attr:`LegalizeResult.costs`)."""
-    from quant_onnx.model_io import check_model, load_model
+    from quant_core.onnx_qdq.model_io import check_model, load_model
 
     profile = load_profile(target)
     selection = CpuSelection.parse(cpu)
@@ -321,7 +322,7 @@ def legalize(
 ) -> LegalizeResult:
     """:func:`legalize_model` and write the result to ``model_out`` (atomically; never over
     the input) and, when given, a JSON report."""
-    from quant_onnx.model_io import save_model
+    from quant_core.onnx_qdq.model_io import save_model
 
     result = legalize_model(model_in, target, cpu=cpu, data=data)
     save_model(result.model, model_out, input_path=model_in)

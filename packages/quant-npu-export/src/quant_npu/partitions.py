@@ -30,8 +30,8 @@ from typing import Any
 import attrs
 import onnx
 
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.plan import Step
-from quant_npu.qdq import QDQGraph
 
 
 def _entries(value: Iterable[str] | str) -> tuple[str, ...]:

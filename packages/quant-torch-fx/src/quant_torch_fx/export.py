@@ -489,7 +489,7 @@ def _shape_reads_quantized(model: onnx.ModelProto) -> None:
         producers.update((out, node) for out in node.output)
 
 
-_ONNX_DTYPES = {
+_ONNX_DTYPES: dict[int, DType] = {
     onnx.TensorProto.INT8: DType.INT8,
     onnx.TensorProto.UINT8: DType.UINT8,
     onnx.TensorProto.INT16: DType.INT16,

@@ -1,7 +1,7 @@
 """The NPU conversions of :mod:`quant_core.conversions` as edits of a normalised FX graph,
 before it is planned and calibrated (``QuantConfig.npu_conversions``), so that calibration
 and AdaRound see the function the NPU computes. The rules and their constants are
-quant_core's; which nodes they match is :func:`quant_core.conversions.find_matches` on the
+quant_core's; which nodes they match is :func:`quant_core.plan.conversions.find_matches` on the
 planner's view of the graph.
 
 - ``silu``, ``sigmoid``: ``sigmoid`` -> ``hardsigmoid`` (torch's ``x/6 + 1/2``: the ONNX
@@ -45,10 +45,9 @@ from quant_core.conversions import (
     ConvTransposeAsConv,
     Match,
     conv_weight,
-    find_matches,
-    float_view,
     parse_conversions,
 )
+from quant_core.plan.conversions import find_matches, float_view
 from quant_torch_fx.aten_map import op_name
 from quant_torch_fx.graph_passes import get_attr_value
 

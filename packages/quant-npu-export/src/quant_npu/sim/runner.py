@@ -54,7 +54,7 @@ class NPUSimulator:
         rounding: str = "device",
         cpu: CpuSelection | Iterable[str] | str | None = None,
     ) -> None:
-        from quant_onnx.model_io import load_model
+        from quant_core.onnx_qdq.model_io import load_model
 
         self.profile = load_profile(target)
         self.rounding = self.profile.rounding_for(rounding)
