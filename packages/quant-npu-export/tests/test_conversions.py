@@ -169,15 +169,22 @@ def test_split_and_erf_gelu_in_a_qdq_model() -> None:
     np.testing.assert_array_equal(got, expected)
 
 
-def test_a_hard_sigmoid_concatenated_with_boxes_keeps_its_own_position() -> None:
-    """``concat([boxes, sigmoid(scores)])`` (a YOLOv8 head): the Concat shares one position,
-    the HardSigmoid needs 2**-7 or finer; a Relu requantizes between them."""
+def _boxes_and_scores(transpose: bool) -> onnx.ModelProto:
+    """``concat([boxes, sigmoid(scores)])`` (a YOLOv8 head), written out or (``transpose``)
+    read by a Transpose as a head that lays its results out does."""
     b = GraphBuilder(4)
     x = b.input("x", ["N", 4, 6, 6])
     h = b.conv(x, 4, 8)
     boxes = b.node("Mul", [b.conv(h, 8, 4, k=1), b.const(np.array(40.0, np.float32))])  # pixels: tens
     scores = b.node("Sigmoid", [b.conv(h, 8, 3, k=1)])
-    model = b.model([b.node("Concat", [boxes, scores], axis=1)], rank=4)
+    joined = b.node("Concat", [boxes, scores], axis=1)
+    return b.model([b.node("Transpose", [joined], perm=[0, 2, 3, 1]) if transpose else joined], rank=4)
+
+
+def test_a_hard_sigmoid_concatenated_with_boxes_keeps_its_own_position() -> None:
+    """The Concat shares one position, the HardSigmoid needs 2**-7 or finer; a Relu
+    requantizes between them."""
+    model = _boxes_and_scores(transpose=True)
     quantized_model = quantize(model, "xint8")
     result = legalize_model(quantized_model)
     assert result.remaining.ok, result.remaining.format_text()
@@ -186,9 +193,27 @@ def test_a_hard_sigmoid_concatenated_with_boxes_keeps_its_own_position() -> None
     (before,), (after,) = ort_run(quantized_model, xs), ort_run(result.model, xs)
     from quant_core.qparams import sqnr_db
 
-    assert sqnr_db(before[:, :4], after[:, :4]) > 30  # boxes keep their position (0.05 dB before the Relu)
+    assert sqnr_db(before[..., :4], after[..., :4]) > 30  # boxes keep their position (0.05 dB before the Relu)
     (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
     np.testing.assert_array_equal(got, after)
+
+
+def test_a_concat_that_only_writes_the_results_stays_float_and_is_not_decoupled() -> None:
+    """The planner leaves a Concat that only writes graph outputs in float (each input keeps
+    its own scale): nothing shares a position, so legalize adds no Relu; the NPU does not run
+    a float op (check says so) unless the Concat is kept on the CPU at the end."""
+    quantized_model = quantize(_boxes_and_scores(transpose=False), "xint8")
+    result = legalize_model(quantized_model)
+    assert [c.kind for c in result.changes].count("requantize") == 0
+    assert [v.rule for v in result.remaining.violations] == ["not_quantized"]
+    from quant_core.qparams import sqnr_db
+
+    xs = random_inputs(_boxes_and_scores(transpose=False), 32, seed=6)
+    (before,), (after,) = ort_run(quantized_model, xs), ort_run(result.model, xs)
+    assert sqnr_db(before[:, :4], after[:, :4]) > 30  # the boxes keep their own position
+    on_cpu = legalize_model(quantized_model, cpu="Concat@output")
+    assert on_cpu.remaining.ok and [p.op_types for p in on_cpu.remaining.partitions] == [("Concat",)]
+    assert [c.kind for c in on_cpu.changes].count("requantize") == 0
 
 
 def test_large_global_pool_in_two_stages_matches_onnxruntime() -> None:

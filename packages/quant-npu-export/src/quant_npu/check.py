@@ -164,7 +164,8 @@ class _Checker:
             self.check_mul(step)
         elif op in ("HardSigmoid", "HardSwish"):
             self.check_hard_sigmoid(step)
-        if op in self.profile.shared_position_ops or op in self.profile.layout_ops or op == "Resize":
+        shares = op in self.profile.shared_position_ops or op in self.profile.layout_ops or op == "Resize"
+        if shares and step.output is not None:  # a float output shares no position (not_quantized says why)
             self.check_shared(step)
         if op == "PRelu":
             self.check_prelu(step)

@@ -43,7 +43,7 @@ from quant_npu.check import CheckResult, check_loaded
 from quant_npu.conversions import conversion_costs, convert_for_target
 from quant_npu.formats import activation_issues, storage
 from quant_npu.parameters import ParameterLegalizer, legalize_operand
-from quant_npu.partitions import CpuSelection
+from quant_npu.partitions import CpuSelection, writes_output
 from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, plan
 from quant_npu.positions import PositionSolver, covering_position, representable_range
 from quant_npu.profile import NPUProfile, load_profile
@@ -225,22 +225,33 @@ class _Legalizer:
             )
 
 
-def decouple_hard_sigmoids(model: onnx.ModelProto, profile: NPUProfile) -> tuple[onnx.ModelProto, list[Change]]:
+def decouple_hard_sigmoids(
+    model: onnx.ModelProto, profile: NPUProfile, cpu: CpuSelection | None = None
+) -> tuple[onnx.ModelProto, list[Change]]:
     """A HardSigmoid's output must sit at position >= ``hard_sigmoid_output_min`` (the
     device clamps at 1 by saturating there), but a Concat, pool or layout op reading it
     shares one position with its other inputs (a detector's ``concat([boxes, sigmoid(cls)])``
     would push the boxes to 2**-7 and saturate them). Such a reader gets the value through a
     Relu of its own (exact on a hardsigmoid's non-negative output), which requantizes it to
-    the group's position."""
+    the group's position. A reader that shares nothing is left alone: one whose output is
+    not quantized (the planner keeps a Concat that only writes graph outputs in float) or
+    one ``cpu`` keeps on the CPU."""
     from quant_npu.rewrite import ModelEditor
 
     qdq = QDQGraph(model)
+    selection = cpu or CpuSelection()
     shared = profile.shared_position_ops | profile.layout_ops | {"Resize"}
+    quantized_output = {id(cn.node) for cn in qdq.compute_nodes if cn.output is not None}
+
+    def shares_position(reader: onnx.NodeProto) -> bool:
+        on_cpu = selection.selects(reader.name, reader.op_type, writes_output(qdq, reader))
+        return reader.op_type in shared and id(reader) in quantized_output and not on_cpu
+
     found = []
     for cn in qdq.compute_nodes:
         if cn.op_type != "HardSigmoid" or cn.output is None:
             continue
-        readers = [r for r in qdq.readers(cn.output) if r.op_type in shared]
+        readers = [r for r in qdq.readers(cn.output) if shares_position(r)]
         if readers:
             found.append((cn, readers))
     if not found:
@@ -291,7 +302,7 @@ def legalize_model(
     work = load_model(model)
     converted = convert_for_target(work, profile, selection)
     costs = conversion_costs(work, profile, data, selection) if data is not None and converted.converted else {}
-    decoupled, requantized = decouple_hard_sigmoids(converted.model, profile)
+    decoupled, requantized = decouple_hard_sigmoids(converted.model, profile, selection)
     legalizer = _Legalizer(decoupled, profile)
     legalizer.run()
     result = legalizer.editor.finish()
