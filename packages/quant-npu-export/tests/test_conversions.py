@@ -74,6 +74,19 @@ def test_costs_are_measured_with_data(quantized: onnx.ModelProto) -> None:
     assert json.dumps(result.to_dict())  # finite numbers, plain JSON
 
 
+def test_costs_without_onnxruntime_name_the_extra(quantized: onnx.ModelProto, monkeypatch) -> None:
+    """quant-npu-export does not install onnxruntime: converting works without it, measuring
+    costs says what to install."""
+    import sys
+
+    from quant_core.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    assert legalize_model(quantized).changes
+    with pytest.raises(MissingDependencyError, match=r"quant-npu-export\[costs\]"):
+        legalize_model(quantized, data=random_inputs(detector(), 2, seed=8))
+
+
 def test_cpu_flag_keeps_the_float_op_and_names_the_partitions(quantized: onnx.ModelProto) -> None:
     result = legalize_model(quantized, cpu="Sigmoid")
     assert result.remaining.ok
