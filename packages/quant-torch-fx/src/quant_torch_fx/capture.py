@@ -37,6 +37,7 @@ from torch.export import Dim
 from torch.fx import GraphModule
 
 from quant_core.errors import CaptureError
+from quant_torch_fx.autocast_regions import inline_disabled_autocast
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -120,6 +121,7 @@ def capture(
         raise CaptureError(_explain(model_copy, args, exc, diagnose)) from exc
     gm = program.module(check_guards=False)
     assert isinstance(gm, GraphModule)
+    inline_disabled_autocast(gm)
     # ExportedProgram.module() makes train()/eval() raise; the prepared graph calls
     # batch-norm and dropout modules that follow the mode, so give the methods back.
     for method in ("train", "eval"):
