@@ -12,6 +12,7 @@ from models import conv_bn_net, images
 from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+import quant_torch_fx.export
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.export import onnx_model
 from quant_torch_fx.prepare import activation_quantizers
@@ -101,7 +102,7 @@ def test_export_writes_atomically_and_nothing_on_failure(frozen, tmp_path: Path,
     def broken(*_args, **_kwargs):
         raise RuntimeError("exporter failed")
 
-    monkeypatch.setattr(torch.onnx, "export", broken)
+    monkeypatch.setattr(quant_torch_fx.export, "emit_onnx", broken)
     with pytest.raises(RuntimeError, match="exporter failed"):
         q.export_onnx(model, EXAMPLE, tmp_path / "other.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]

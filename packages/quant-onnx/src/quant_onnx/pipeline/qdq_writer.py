@@ -66,9 +66,11 @@ from quant_core.qdq import (
     bound_is_absorbed,
     encode_activation,
     encode_activation_dtype,
+    exact_int32,
     guard_matmul_weight,
     required_opset,
 )
+from quant_core.qdq import output_channels as qdq_output_channels
 from quant_core.qparams import QParams, quantize
 from quant_onnx.graph import DEFAULT_DOMAINS, GraphIndex, is_default_domain, node_attribute
 from quant_onnx.pipeline.calibrate import CalibratedModel
@@ -131,24 +133,6 @@ class WriterOptions:
             raise ValueError(f"activation_encoding: {value!r} is not allowed; allowed: x86_uint8, as_spec")
 
 
-def exact_int32(values: np.ndarray) -> tuple[np.ndarray, QParams]:
-    """A float32 vector as int32 codes times one power-of-two scale per element (axis 0),
-    zero point 0: a DequantizeLinear of these gives back ``values`` bit for bit (each code
-    is the 24-bit mantissa, exact in float32; scaling by a power of two is exact).
-
-    Example:
-        >>> codes, qp = exact_int32(np.array([0.1, -3.0, 0.0], np.float32))
-        >>> bool(np.array_equal(codes.astype(np.float32) * qp.scale, np.array([0.1, -3.0, 0.0], np.float32)))
-        True
-    """
-    value = np.asarray(values, np.float32).reshape(-1)
-    _mantissa, exponent = np.frexp(value)
-    scale = np.ldexp(np.float32(1.0), np.maximum(exponent - 24, -149)).astype(np.float32)  # 2**-149: smallest float32
-    codes = np.rint(value.astype(np.float64) / scale.astype(np.float64)).astype(np.int32)
-    zero_point = np.zeros(value.shape, np.int64)
-    return codes, QParams(scale=scale, zero_point=zero_point, dtype=DType.INT32, axis=0)
-
-
 def output_channels(node: onnx.NodeProto, weight: np.ndarray) -> int:
     """Length of a Conv/ConvTranspose/Gemm bias (its output channels) given its weight.
 
@@ -156,11 +140,9 @@ def output_channels(node: onnx.NodeProto, weight: np.ndarray) -> int:
         >>> output_channels(helper.make_node("Gemm", ["a", "b"], ["y"], transB=1), np.zeros((4, 3)))
         4
     """
-    if node.op_type == "ConvTranspose":
-        return int(weight.shape[1]) * int(node_attribute(node, "group", 1))
-    if node.op_type == "Gemm" and not node_attribute(node, "transB", 0):
-        return int(weight.shape[1])
-    return int(weight.shape[0])
+    group = int(node_attribute(node, "group", 1))
+    trans_b = bool(node_attribute(node, "transB", 0))
+    return qdq_output_channels(node.op_type, weight.shape, group=group, trans_b=trans_b)
 
 
 class _Writer:

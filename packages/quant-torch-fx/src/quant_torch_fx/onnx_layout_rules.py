@@ -1,0 +1,393 @@
+"""How ATen ops that move data or make tensors are written in ONNX: reshapes (the dynamic
+batch as ``-1`` where one size is unknown, else ``Shape``/``Concat`` arithmetic), permutes,
+squeezes, slicing with negative and open ends, select/index/gather, split/chunk/unbind,
+concatenation and stacking, expand/repeat, roll, flip, pad (constant, reflect, replicate,
+circular) and tensor creation. See :mod:`quant_torch_fx.onnx_rules` for the rule signature.
+
+Example:
+    >>> import torch
+    >>> from quant_torch_fx.onnx_emit import emit_onnx
+    >>> class Net(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.roll(x, 1, 1)[:, -3:]
+    >>> gm = torch.export.export(Net(), (torch.randn(2, 5),)).module()
+    >>> [n.op_type for n in emit_onnx(gm, opset=17, input_names=["x"], output_names=None).graph.node]
+    ['Slice', 'Slice', 'Concat', 'Slice']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from onnx import helper, numpy_helper
+from torch.fx import Node
+
+from quant_torch_fx.onnx_types import onnx_type
+from quant_torch_fx.onnx_values import Size
+
+if TYPE_CHECKING:
+    from quant_torch_fx.onnx_emit import Emitter
+
+_INT64_MAX = 2**63 - 1
+
+
+def _static(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, int) for v in values)
+
+
+def _target_shape(ctx: Emitter, sizes: Sequence[Any]) -> str:
+    """A Reshape target: constant with ``-1`` for the one size known only at run time (the
+    batch), else computed from the symbolic sizes."""
+    values = [ctx.value(s) if isinstance(s, Node) else s if isinstance(s, Size) else int(s) for s in sizes]
+    unknown = [i for i, v in enumerate(values) if not isinstance(v, int) or v == -1]
+    if len(unknown) <= 1:
+        return ctx.ints([v if isinstance(v, int) else -1 for v in values])
+    return ctx.ints(list(sizes))
+
+
+def reshape(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``view``/``reshape``/``_unsafe_view``/``unflatten``/``view_as``/``reshape_as``."""
+    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    x = node.args[0]
+    if name in ("view_as", "reshape_as"):
+        return ctx.add("Reshape", [ctx.tensor(x), ctx.add("Shape", [ctx.shape_source(node.args[1])])])  # type: ignore[arg-type]
+    if name == "unflatten":
+        dim, sizes = int(node.args[1]), list(node.args[2])  # type: ignore[call-overload,arg-type]
+        current = ctx.sizes(x)  # type: ignore[arg-type]
+        dim %= len(current)
+        return ctx.add("Reshape", [ctx.tensor(x), _target_shape(ctx, [*current[:dim], *sizes, *current[dim + 1 :]])])
+    return ctx.add("Reshape", [ctx.tensor(x), _target_shape(ctx, list(node.args[1]))])  # type: ignore[arg-type]
+
+
+def flatten(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``flatten(x, start, end)``: Flatten for ``start=1`` to the last axis (its 2-D result),
+    a Reshape otherwise."""
+    x = node.args[0]
+    rank = ctx.rank(x)
+    start = int(node.args[1]) % max(rank, 1) if len(node.args) > 1 else 0  # type: ignore[call-overload]
+    end = int(node.args[2]) % max(rank, 1) if len(node.args) > 2 else rank - 1  # type: ignore[call-overload]
+    if rank == 0:
+        return ctx.add("Reshape", [ctx.tensor(x), ctx.ints([1])])
+    if start == 1 and end == rank - 1:
+        return ctx.add("Flatten", [ctx.tensor(x)], axis=1)
+    sizes = ctx.shape(x)
+    merged = sizes[start : end + 1]
+    middle = [int(np.prod(merged))] if all(s is not None for s in merged) else [-1]
+    outer = [s if s is not None else -1 for s in (*sizes[:start], *middle, *sizes[end + 1 :])]
+    if outer.count(-1) > 1:
+        return ctx.add("Reshape", [ctx.tensor(x), ctx.ints([*ctx.sizes(x)[:start], -1, *ctx.sizes(x)[end + 1 :]])])  # type: ignore[arg-type]
+    return ctx.add("Reshape", [ctx.tensor(x), ctx.ints(outer)])
+
+
+def permute(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``permute``/``transpose``/``t``/``movedim``: Transpose."""
+    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    x = node.args[0]
+    rank = ctx.rank(x)
+    if name == "permute":
+        perm = [int(d) % rank for d in node.args[1]]  # type: ignore[union-attr]
+    elif name == "movedim":
+        source, destination = int(node.args[1]) % rank, int(node.args[2]) % rank  # type: ignore[call-overload]
+        perm = [d for d in range(rank) if d != source]
+        perm.insert(destination, source)
+    else:
+        perm = list(range(rank))
+        if rank >= 2:
+            a, b = (int(node.args[1]) % rank, int(node.args[2]) % rank) if name == "transpose" else (0, 1)  # type: ignore[call-overload]
+            perm[a], perm[b] = perm[b], perm[a]
+    return ctx.add("Transpose", [ctx.tensor(x)], perm=perm)
+
+
+def squeeze(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``squeeze`` (all, one or several dims): only axes of size 1 go, as in torch."""
+    x = node.args[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    dims = node.args[1] if len(node.args) > 1 else list(range(rank))
+    dims = [dims] if isinstance(dims, int) else list(dims)  # type: ignore[arg-type]
+    axes = [int(d) % rank for d in dims if shape[int(d) % rank] == 1] if rank else []
+    if not axes:
+        return ctx.value(x)
+    return ctx.add("Squeeze", [ctx.tensor(x), ctx.ints(axes, "axes")])
+
+
+def unsqueeze(ctx: Emitter, node: Node, op_type: str) -> Any:
+    x, dim = node.args[0], int(node.args[1])  # type: ignore[call-overload]
+    return ctx.add("Unsqueeze", [ctx.tensor(x), ctx.ints([dim % (ctx.rank(x) + 1)], "axes")])
+
+
+def _slice(ctx: Emitter, x: str, axis: int, start: Any, end: Any, step: int = 1) -> str:
+    start = 0 if start is None else start
+    end = _INT64_MAX if end is None else end
+    if isinstance(end, int):
+        end = min(end, _INT64_MAX)
+    return ctx.add(
+        "Slice",
+        [x, ctx.ints([start], "starts"), ctx.ints([end], "ends"), ctx.ints([axis], "axes"), ctx.ints([step], "steps")],
+    )
+
+
+def slice_(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``slice(x, dim, start, end, step)`` with negative and open ends (ONNX clamps as torch),
+    ``narrow(x, dim, start, length)``."""
+    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    x = node.args[0]
+    rank = ctx.rank(x)
+    if name == "narrow":
+        dim, start, length = node.args[1], node.args[2], node.args[3]
+        dim = int(dim) % rank  # type: ignore[call-overload]
+        start_value, length_value = ctx.value(start), ctx.value(length)
+        if isinstance(start_value, int) and isinstance(length_value, int):
+            if start_value < 0:
+                size = ctx.shape(x)[dim]
+                if size is None:
+                    raise ctx.error("narrow from a negative start on a dynamic axis has no ONNX translation here")
+                start_value += size
+            return _slice(ctx, ctx.tensor(x), dim, start_value, start_value + length_value)
+        raise ctx.error("narrow with a dynamic start or length has no ONNX translation here")
+    bound = ctx.bind(node)
+    dim = int(bound.get("dim") or 0) % rank
+    start, end, step = bound.get("start"), bound.get("end"), int(bound.get("step") or 1)
+    if (start in (None, 0)) and (end is None or (isinstance(end, int) and end >= _INT64_MAX)) and step == 1:
+        return ctx.value(x)
+    return _slice(ctx, ctx.tensor(x), dim, start, end, step)
+
+
+def select(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``select(x, dim, index)``: Gather of a scalar index (the axis goes; negative indices
+    count from the end in both)."""
+    x, dim, index = node.args[0], int(node.args[1]), node.args[2]  # type: ignore[call-overload]
+    value = ctx.value(index)
+    if not isinstance(value, int):
+        raise ctx.error("select with a dynamic index has no ONNX translation here")
+    return ctx.add("Gather", [ctx.tensor(x), ctx.const(np.int64(value), "index", torch.int64)], axis=dim % ctx.rank(x))
+
+
+def index_select(ctx: Emitter, node: Node, op_type: str) -> Any:
+    x, dim, index = node.args[0], int(node.args[1]), node.args[2]  # type: ignore[call-overload]
+    return ctx.add("Gather", [ctx.tensor(x), ctx.tensor(index, torch.int64)], axis=dim % ctx.rank(x))
+
+
+def index(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``x[..., idx]`` (``index.Tensor`` with one integer index tensor, ``None`` before it):
+    Gather on that axis. Boolean masks and several index tensors are refused."""
+    x, indices = node.args[0], list(node.args[1])  # type: ignore[call-overload]
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if len(used) != 1:
+        raise ctx.error("indexing with several index tensors has no ONNX translation here; allowed: one")
+    axis = used[0]
+    tensor = indices[axis]
+    if ctx.dtype(tensor) == torch.bool:
+        raise ctx.error("indexing with a boolean mask has no ONNX translation here (its size depends on the values)")
+    return ctx.add("Gather", [ctx.tensor(x), ctx.tensor(tensor, torch.int64)], axis=axis)
+
+
+def gather(ctx: Emitter, node: Node, op_type: str) -> Any:
+    x, dim, index = node.args[0], int(node.args[1]), node.args[2]  # type: ignore[call-overload]
+    return ctx.add("GatherElements", [ctx.tensor(x), ctx.tensor(index, torch.int64)], axis=dim % ctx.rank(x))
+
+
+def _split_sizes(ctx: Emitter, node: Node) -> tuple[Node, int, list[int]]:
+    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    x = node.args[0]
+    rank = ctx.rank(x)
+    dim = int(node.args[2]) % rank if len(node.args) > 2 else 0  # type: ignore[call-overload]
+    if name == "unbind":
+        dim = int(node.args[1]) % rank if len(node.args) > 1 else 0  # type: ignore[call-overload]
+    size = ctx.shape(x)[dim]
+    meta = node.meta.get("val")
+    if name == "split_with_sizes":
+        sizes = [int(s) for s in node.args[1]]  # type: ignore[union-attr]
+    elif name == "unbind" and isinstance(meta, list | tuple):
+        sizes = [1] * len(meta)
+    elif isinstance(meta, list | tuple) and all(isinstance(m.shape[dim], int) for m in meta):
+        sizes = [int(m.shape[dim]) for m in meta]  # torch's own split of the axis (split, chunk, unbind)
+    else:
+        raise ctx.error("splitting a dynamic axis has no ONNX translation here")
+    assert size is None or sum(sizes) == size
+    return x, dim, sizes  # type: ignore[return-value]
+
+
+def split(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``split``/``split_with_sizes``/``chunk``/``unbind``: Split with the sizes torch gives
+    each piece (``unbind`` then squeezes the axis)."""
+    x, dim, sizes = _split_sizes(ctx, node)
+    source = ctx.tensor(x)
+    pieces = [source] if len(sizes) == 1 else ctx.add("Split", [source, ctx.ints(sizes, "split")], len(sizes), axis=dim)
+    if node.target._schema.name.endswith("unbind"):  # type: ignore[union-attr]
+        axes = ctx.ints([dim], "axes")
+        return [ctx.add("Squeeze", [p, axes]) for p in pieces]
+    return list(pieces)
+
+
+def concat(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``cat`` (torch's legacy empty 1-D operands skipped) and ``stack`` (Unsqueeze, Concat)."""
+    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    tensors = [t for t in node.args[0] if not (ctx.rank(t) == 1 and ctx.shape(t)[0] == 0)]  # type: ignore[union-attr]
+    dim = int(node.args[1]) if len(node.args) > 1 else int(node.kwargs.get("dim", 0))  # type: ignore[call-overload]
+    dtype = ctx.out_dtype()
+    if name == "stack":
+        rank = ctx.rank(tensors[0]) + 1
+        axes = ctx.ints([dim % rank], "axes")
+        parts = [ctx.add("Unsqueeze", [ctx.tensor(t, dtype), axes]) for t in tensors]
+        return ctx.add("Concat", parts, axis=dim % rank)
+    rank = ctx.rank(tensors[0])
+    return ctx.add("Concat", [ctx.tensor(t, dtype) for t in tensors], axis=dim % rank)
+
+
+def expand(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``expand``/``expand_as``: Expand (torch's ``-1`` keeps a size: 1 broadcasts to it)."""
+    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    x = node.args[0]
+    if name == "expand_as":
+        return ctx.add("Expand", [ctx.tensor(x), ctx.add("Shape", [ctx.shape_source(node.args[1])])])  # type: ignore[arg-type]
+    sizes = [1 if isinstance(s, int) and s == -1 else s for s in node.args[1]]  # type: ignore[union-attr]
+    return ctx.add("Expand", [ctx.tensor(x), ctx.ints(sizes)])
+
+
+def repeat(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``repeat``: Tile (leading axes added first where ``repeats`` is longer than the rank)."""
+    x, repeats = node.args[0], list(node.args[1])  # type: ignore[call-overload]
+    source = ctx.tensor(x)
+    extra = len(repeats) - ctx.rank(x)
+    if extra > 0:
+        source = ctx.add("Unsqueeze", [source, ctx.ints(list(range(extra)), "axes")])
+    return ctx.add("Tile", [source, ctx.ints(repeats, "repeats")])
+
+
+def roll(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``roll(x, shifts, dims)``: per axis, the last ``shift`` elements moved to the front
+    (Slice, Slice, Concat)."""
+    x, shifts = node.args[0], list(node.args[1])  # type: ignore[call-overload]
+    dims = list(node.args[2]) if len(node.args) > 2 else []  # type: ignore[call-overload]
+    if not dims:
+        raise ctx.error("roll without dims (over the flattened tensor) has no ONNX translation here")
+    shape = ctx.shape(x)
+    result = ctx.tensor(x)
+    for shift, dim in zip(shifts, dims, strict=True):
+        axis = int(dim) % len(shape)
+        size = shape[axis]
+        if size is None:
+            raise ctx.error("roll along a dynamic axis has no ONNX translation here")
+        cut = (-int(shift)) % size
+        if cut == 0:
+            continue
+        tail = _slice(ctx, result, axis, cut, _INT64_MAX)
+        head = _slice(ctx, result, axis, 0, cut)
+        result = ctx.add("Concat", [tail, head], axis=axis)
+    return result
+
+
+def flip(ctx: Emitter, node: Node, op_type: str) -> Any:
+    x, dims = node.args[0], list(node.args[1])  # type: ignore[call-overload]
+    rank = ctx.rank(x)
+    axes = [int(d) % rank for d in dims]
+    n = len(axes)
+    return ctx.add(
+        "Slice",
+        [
+            ctx.tensor(x),
+            ctx.ints([-1] * n, "starts"),
+            ctx.ints([-_INT64_MAX] * n, "ends"),
+            ctx.ints(axes, "axes"),
+            ctx.ints([-1] * n, "steps"),
+        ],
+    )
+
+
+def pixel_unshuffle(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``pixel_unshuffle``: channel ``c * r * r + i * r + j`` takes pixel ``(i, j)`` of each
+    ``r x r`` block (torch's order; SpaceToDepth puts the block offset first)."""
+    x, r = node.args[0], int(node.args[1])  # type: ignore[call-overload]
+    _batch, channels, height, width = ctx.shape(x)
+    if channels is None or height is None or width is None:
+        raise ctx.error("pixel_unshuffle of dynamic sizes has no ONNX translation here")
+    blocks = ctx.add("Reshape", [ctx.tensor(x), ctx.ints([0, channels, height // r, r, width // r, r])])
+    moved = ctx.add("Transpose", [blocks], perm=[0, 1, 3, 5, 2, 4])
+    return ctx.add("Reshape", [moved, ctx.ints([0, channels * r * r, height // r, width // r])])
+
+
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def pad(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``pad``/``constant_pad_nd``/``reflection_pad*``/``replication_pad*``: torch lists
+    ``(begin, end)`` pairs from the last axis backwards, ONNX all begins then all ends.
+    Circular padding before opset 19 is written as Slice and Concat."""
+    bound = ctx.bind(node)
+    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    x = bound["self"]
+    widths = [int(p) for p in (bound.get("pad") or bound.get("padding"))]
+    mode = bound.get("mode") or "constant"
+    if name.startswith("reflection_pad"):
+        mode = "reflect"
+    elif name.startswith("replication_pad"):
+        mode = "replicate"
+    rank = ctx.rank(x)
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(widths) // 2):
+        begins[rank - 1 - i], ends[rank - 1 - i] = widths[2 * i], widths[2 * i + 1]
+    if mode == "circular" and ctx.opset < 19:
+        return _circular(ctx, ctx.tensor(x), begins, ends)
+    inputs = [ctx.tensor(x), ctx.ints(begins + ends, "pads")]
+    value = bound.get("value")
+    if mode == "constant" and value not in (None, 0, 0.0):
+        inputs.append(ctx.const(value, "value", ctx.dtype(x)))
+    return ctx.add("Pad", inputs, mode=_PAD_MODES[mode])
+
+
+def _circular(ctx: Emitter, x: str, begins: list[int], ends: list[int]) -> str:
+    for axis, (begin, end) in enumerate(zip(begins, ends, strict=True)):
+        parts = []
+        if begin:
+            parts.append(_slice(ctx, x, axis, -begin, _INT64_MAX))
+        parts.append(x)
+        if end:
+            parts.append(_slice(ctx, x, axis, 0, end))
+        if len(parts) > 1:
+            x = ctx.add("Concat", parts, axis=axis)
+    return x
+
+
+# --- tensor creation --------------------------------------------------------------------------------------
+def _fill(ctx: Emitter, sizes: Sequence[Any], value: Any) -> Any:
+    dtype = ctx.out_dtype()
+    static = [ctx.value(s) if isinstance(s, Node) else s for s in sizes]
+    if _static(static):
+        return ctx.const(np.full(static, value), "value", dtype)
+    element = np.asarray([value], dtype=helper.tensor_dtype_to_np_dtype(onnx_type(dtype)))
+    return ctx.add("ConstantOfShape", [ctx.ints(list(sizes))], value=numpy_helper.from_array(element))
+
+
+def full(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``zeros``/``ones``/``full`` and their ``new_``/``_like`` forms: a constant when the
+    size is static, ConstantOfShape otherwise."""
+    bound = ctx.bind(node)
+    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    base = name.removeprefix("new_").removesuffix("_like")
+    value = {"zeros": 0, "ones": 1}.get(base, bound.get("fill_value"))
+    if name.endswith("_like"):
+        return _fill(ctx, ctx.sizes(bound["self"]), value)
+    return _fill(ctx, list(bound["size"]), value)
+
+
+def arange(ctx: Emitter, node: Node, op_type: str) -> Any:
+    """``arange``: a constant for static bounds, Range otherwise."""
+    bound = ctx.bind(node)
+    start, end, step = bound.get("start", 0) or 0, bound["end"], bound.get("step", 1) or 1
+    dtype = ctx.out_dtype()
+    values = [ctx.value(v) if isinstance(v, Node) else v for v in (start, end, step)]
+    if all(isinstance(v, int | float) for v in values):
+        return ctx.const(np.arange(*values), "range", dtype)
+    scalars = [
+        ctx.add("Squeeze", [ctx.tensor(v, dtype)]) if isinstance(v, Node) else ctx.const(v, "bound", dtype)
+        for v in (start, end, step)
+    ]
+    return ctx.add("Range", scalars)
+
+
+def scalar_tensor(ctx: Emitter, node: Node, op_type: str) -> Any:
+    return ctx.const(node.args[0], "value", ctx.out_dtype())
