@@ -10,7 +10,8 @@ and integer initializers behind a ``DequantizeLinear``. ``SymInt`` arithmetic (t
 batch) becomes int64 ``Shape``/``Gather``/``Mul``/``Concat`` nodes beside the data path.
 
 Names are deterministic: initializers are the ``state_dict`` paths of the tensors they
-hold, nodes and their output tensors the FX node names (helpers ``<fx name>_<op type>``),
+hold, nodes and their output tensors the FX node names (helpers ``<fx name>/<op type>``,
+constants ``<fx name>/<what>``),
 activation QDQ nodes ``<tensor>_QuantizeLinear`` / ``<tensor>_DequantizeLinear``.
 
 Example:
@@ -106,7 +107,7 @@ class Emitter:
         """Append an ``op_type`` node reading ``inputs`` (``""``: an omitted optional input);
         returns its output name (a list of names when ``outputs`` > 1). Attributes that are
         ``None`` are left out."""
-        name = self._unique(f"{self.prefix}_{op_type}", self.node_names)
+        name = self._unique(f"{self.prefix}/{op_type}", self.node_names)
         names = [self.tensor_name(name if outputs == 1 else f"{name}_{i}") for i in range(outputs)]
         kept = {k: v for k, v in attributes.items() if v is not None}
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=name, **kept))
@@ -128,7 +129,7 @@ class Emitter:
     def const(self, value: Any, hint: str, dtype: torch.dtype = torch.float32) -> str:
         """A constant (a number or an array) as an initializer of ``dtype``."""
         array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(onnx_type(dtype)))
-        return self.initializer(array, f"{self.prefix}_{hint}")
+        return self.initializer(array, f"{self.prefix}/{hint}")
 
     def ints(self, values: Sequence[Any], hint: str = "shape") -> str:
         """A 1-D int64 tensor of ``values`` (ints and ``SymInt`` nodes)."""
@@ -272,10 +273,9 @@ class Emitter:
     def _other_readers(self, node: Node) -> bool:
         """Whether a ``get_attr`` is also read other than transposed (then both forms are written)."""
         for user in node.users:
-            if user.target is DEQUANTIZE:
-                if any(not _reads_transposed(reader, user) for reader in user.users):
-                    return True
-            else:
+            readers = list(user.users) if user.target is DEQUANTIZE else [user]
+            source = user if user.target is DEQUANTIZE else node
+            if any(not _reads_transposed(reader, source) for reader in readers):
                 return True
         return False
 
