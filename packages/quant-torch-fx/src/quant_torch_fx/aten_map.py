@@ -195,7 +195,7 @@ class AtenOp:
     onnx: str
     plan: _Translate | None = None
     emit: Any = None
-    written_as: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    written_as: frozenset[str] = frozenset()
 
     def op_type(self, node: Node) -> str:
         """The op the plan calls ``node`` (what the file writes for it)."""
@@ -206,7 +206,7 @@ def _ops(
     names: Sequence[str], onnx: str, plan: _Translate | None, emit: Any, written_as: Sequence[str] = ()
 ) -> dict[str, AtenOp]:
     """One entry per name (an op and its in-place form share it)."""
-    entry = AtenOp(onnx, plan, emit, frozenset(written_as))
+    entry = AtenOp(onnx, plan, emit, frozenset[str](written_as))
     return dict.fromkeys(names, entry)
 
 
@@ -355,7 +355,7 @@ ATEN_OPS: dict[str, AtenOp] = {
     **_float("Reciprocal", rules.rsqrt, "rsqrt", written_as=("Sqrt",)),
     **_float("Round", rules.round_, "round", written_as=("Mul", "Div")),
     **{name: AtenOp(onnx, None, rules.unary) for name, onnx in _PLAIN_UNARY.items()},
-    **{name: AtenOp(onnx, None, rules.compare, frozenset({"Equal"})) for name, onnx in _COMPARISONS.items()},
+    **{name: AtenOp(onnx, None, rules.compare, frozenset[str](["Equal"])) for name, onnx in _COMPARISONS.items()},
     **{name: AtenOp(onnx, None, rules.logical) for name, onnx in _LOGICAL.items()},
     **_float("Where", rules.where, "where", "masked_fill"),
     **_float("Cast", rules.cast, "to", "_to_copy", "type_as"),

@@ -53,14 +53,10 @@ from quant_core.atomic_io import atomic_write
 from quant_core.qdq import ACTIVATION_ENCODINGS, ActivationEncoding, required_opset
 from quant_torch_fx.capture import as_args
 from quant_torch_fx.export_form import aten_graph, export_form
-from quant_torch_fx.onnx_emit import emit_onnx
+from quant_torch_fx.onnx_emit import default_names, emit_onnx
 from quant_torch_fx.onnx_finish import finish
 
 DEFAULT_OPSET = 17
-
-
-def _default_names(prefix: str, count: int) -> list[str]:
-    return [prefix if count == 1 else f"{prefix}_{i}" for i in range(count)]
 
 
 def onnx_model(
@@ -86,7 +82,7 @@ def onnx_model(
     with torch.no_grad():
         gm = aten_graph(form.model, args, dynamic_batch=dynamic_batch)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    names_in = list(input_names) if input_names is not None else _default_names("input", len(tensors))
+    names_in = list(input_names) if input_names is not None else default_names("input", len(tensors))
     target = max(opset, required_opset(form.formats))
     proto = emit_onnx(gm, opset=target, input_names=names_in, output_names=output_names)
     return finish(proto, opset=target)

@@ -150,7 +150,7 @@ def _swap_activations(gm: GraphModule, encoding: ActivationEncoding, formats: se
         if qp.axis is not None:
             raise ValueError("export: activations are quantized per tensor")
         formats.add(qp.dtype)
-        gm.set_submodule(path, _qparam_holder(qp).to(fq.scale.device))  # type: ignore[arg-type]
+        gm.set_submodule(path, _qparam_holder(qp).to(fq.get_buffer("scale").device))
         for call in _calls(gm, path):
             with gm.graph.inserting_before(call):
                 scale, zero_point = gm.graph.get_attr(f"{path}.scale"), gm.graph.get_attr(f"{path}.zero_point")
@@ -167,7 +167,7 @@ def _swap_weights(gm: GraphModule, formats: set[DType]) -> None:
         fq = gm.get_submodule(path)
         qp = fq.current_qparams()  # type: ignore[operator]
         formats.add(qp.dtype)
-        device = fq.scale.device  # type: ignore[union-attr]
+        device = fq.get_buffer("scale").device
         gm.set_submodule(path, _qparam_holder(qp).to(device))
         for call in _calls(gm, path):
             source = call.args[0]

@@ -16,7 +16,6 @@ activation QDQ nodes ``<tensor>_QuantizeLinear`` / ``<tensor>_DequantizeLinear``
 
 Example:
     >>> import torch
-    >>> from torch.fx import symbolic_trace
     >>> gm = torch.export.export(torch.nn.Sequential(torch.nn.Hardswish()), (torch.randn(2, 3),)).module()
     >>> model = emit_onnx(gm, opset=17, input_names=["input"], output_names=["output"])
     >>> [(n.op_type, n.name) for n in model.graph.node]
@@ -84,8 +83,9 @@ class Emitter:
         self.tensor_names: set[str] = set()
         self.values: dict[Node, Any] = {}
         self.current: Node | None = None
-        self.readers: dict[tuple[Node | None, int], str] = {}
-        self.constants: dict[tuple[str, int], str] = {}
+        self.graph_inputs: set[str] = set()
+        self.readers: dict[tuple[Node | None, int, bool], str] = {}  # (reader, value, transposed) -> DQ output
+        self.constants: dict[tuple[str, int, bool], str] = {}  # (source, element type, transposed) -> initializer
 
     # --- names -------------------------------------------------------------------------------
     def _unique(self, base: str, taken: set[str]) -> str:
@@ -145,15 +145,12 @@ class Emitter:
             if run:
                 parts.append(self.const(np.asarray(run, np.int64), hint, torch.int64))
                 run = []
-            parts.append(self.size_tensor(v))
+            if not isinstance(v, Size):
+                raise self.error(f"a size of type {type(v).__name__}; allowed: ints and SymInts")
+            parts.append(v.tensor)
         if run:
             parts.append(self.const(np.asarray(run, np.int64), hint, torch.int64))
         return parts[0] if len(parts) == 1 else self.add("Concat", parts, axis=0)
-
-    def size_tensor(self, value: Any) -> str:
-        if isinstance(value, Size):
-            return value.tensor
-        raise self.error("a size that is neither a number nor a SymInt")
 
     # --- reading FX values ------------------------------------------------------------------------
     def value(self, arg: Any) -> Any:
@@ -198,7 +195,7 @@ class Emitter:
         return self.tensor(arg)
 
     def dequantized(self, value: Quantized) -> str:
-        key = (self.current, id(value))
+        key = (self.current, id(value), False)
         if key not in self.readers:
             output = self.tensor_name(f"{value.source}_DequantizeLinear_Output")
             self._dequantize_node(value.codes, value.scale, value.zero_point, None, output, value.source)
@@ -217,7 +214,7 @@ class Emitter:
     def weight(self, value: Dequantized, transposed: bool = False) -> str:
         """A ``DequantizeLinear`` of integer codes (``transposed``: the 2-D codes stored
         ``[in, out]``, the channel axis moved with them)."""
-        key = (self.current, id(value) + transposed)
+        key = (self.current, id(value), transposed)
         if key in self.readers:
             return self.readers[key]
         codes = self.attr(value.codes, stored_type(value.dtype), transposed=transposed)
@@ -234,7 +231,7 @@ class Emitter:
     def attr(self, node: Node, elem_type: int | None = None, transposed: bool = False) -> str:
         """The initializer of a ``get_attr`` node, named by its target (the ``state_dict`` path)."""
         target = str(node.target)
-        key = (target + ("\0T" if transposed else ""), elem_type or 0)
+        key = (target, elem_type or 0, transposed)
         if key not in self.constants:
             value = get_attr_value(self.gm, node).detach().cpu()
             array = value.numpy() if value.dtype != torch.bfloat16 else value.float().numpy()
@@ -245,7 +242,7 @@ class Emitter:
         return self.constants[key]
 
     def folded(self, value: Folded) -> str:
-        key = (f"\0folded{id(value)}", 0)
+        key = (f"{value.name}\0{id(value)}", 0, False)  # \0: no get_attr target has it
         if key not in self.constants:
             tensor = value.tensor.detach().cpu()
             array = tensor.numpy() if tensor.dtype != torch.bfloat16 else tensor.float().numpy()
@@ -347,6 +344,7 @@ class Emitter:
             )
         for node, name in zip(tensors_in, input_names, strict=False):
             self.tensor_names.add(name)
+            self.graph_inputs.add(name)
             self.values[node] = name
             inputs.append(_value_info(name, node.meta["val"]))
         for node in graph.nodes:
@@ -429,7 +427,7 @@ class Emitter:
                 scale=get_attr_value(self.gm, scale).numpy(),
                 zero_point=get_attr_value(self.gm, zero_point).numpy().astype(np.int64),
                 dtype=stored,
-                narrow_range=int(qmin) != stored.qmin,  # type: ignore[call-overload]
+                narrow_range=bool(qmin != stored.qmin),
                 rounding=RoundMode(rounding),
             )
             base = str(x.target) if isinstance(x, Node) and x.op == "get_attr" else getattr(x, "name", "constant")
@@ -447,7 +445,7 @@ class Emitter:
         if node.target is operator.neg:
             (operand,) = node.args
             value = self.value(operand)
-            return -value if isinstance(value, int) else Size(self.add("Neg", [self.size_tensor(value)]))
+            return -value if isinstance(value, int) else Size(self.add("Neg", [value.tensor]))
         a, b = (self.value(arg) for arg in node.args)
         if isinstance(a, int) and isinstance(b, int):
             return node.target(a, b)  # type: ignore[operator]
@@ -501,14 +499,13 @@ class Emitter:
     def _outputs(self, output: Node, names: Sequence[str] | None) -> list[onnx.ValueInfoProto]:
         leaves = [leaf for leaf in _flat(output.args[0]) if isinstance(leaf, Node)]
         leaves = [leaf for leaf in leaves if isinstance(leaf.meta.get("val"), torch.Tensor)]
-        wanted = list(names) if names is not None else _default_names("output", len(leaves))
+        wanted = list(names) if names is not None else default_names("output", len(leaves))
         if len(wanted) < len(leaves):
             raise ExportError(
                 f"output_names: {len(wanted)} name(s) for {len(leaves)} tensor outputs; give one per output"
             )
         infos = []
         written: set[str] = set()
-        inputs = {v for v in self.values.values() if isinstance(v, str)} - {n.output[0] for n in self.nodes if n.output}
         for leaf, name in zip(leaves, wanted, strict=False):
             value = self.values[leaf]
             if isinstance(value, Quantized):
@@ -517,7 +514,7 @@ class Emitter:
             else:
                 tensor = self.tensor(leaf)
                 produced = any(tensor in n.output for n in self.nodes)
-                if tensor in written or not produced or tensor in inputs or tensor in self.initializers:
+                if tensor in written or not produced or tensor in self.graph_inputs:
                     self.nodes.append(
                         helper.make_node("Identity", [tensor], [name], name=self._unique(name, self.node_names))
                     )
@@ -546,7 +543,13 @@ def _reads_transposed(reader: Node, dequantize: Node) -> bool:
     )
 
 
-def _default_names(prefix: str, count: int) -> list[str]:
+def default_names(prefix: str, count: int) -> list[str]:
+    """``prefix`` for one tensor, ``prefix_0``, ``prefix_1``... for several.
+
+    Example:
+        >>> default_names("input", 1), default_names("output", 2)
+        (['input'], ['output_0', 'output_1'])
+    """
     return [prefix if count == 1 else f"{prefix}_{i}" for i in range(count)]
 
 

@@ -25,6 +25,7 @@ import torch
 from onnx import helper, numpy_helper
 from torch.fx import Node
 
+from quant_torch_fx.onnx_rules import schema_name
 from quant_torch_fx.onnx_types import onnx_type
 from quant_torch_fx.onnx_values import Size
 
@@ -50,73 +51,73 @@ def _target_shape(ctx: Emitter, sizes: Sequence[Any]) -> str:
 
 def reshape(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``view``/``reshape``/``_unsafe_view``/``unflatten``/``view_as``/``reshape_as``."""
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
-    x = node.args[0]
-    if name in ("view_as", "reshape_as"):
-        return ctx.add("Reshape", [ctx.tensor(x), ctx.add("Shape", [ctx.shape_source(node.args[1])])])  # type: ignore[arg-type]
-    if name == "unflatten":
-        dim, sizes = int(node.args[1]), list(node.args[2])  # type: ignore[call-overload,arg-type]
-        current = ctx.sizes(x)  # type: ignore[arg-type]
-        dim %= len(current)
-        return ctx.add("Reshape", [ctx.tensor(x), _target_shape(ctx, [*current[:dim], *sizes, *current[dim + 1 :]])])
-    return ctx.add("Reshape", [ctx.tensor(x), _target_shape(ctx, list(node.args[1]))])  # type: ignore[arg-type]
+    a = ctx.bind(node)
+    x = a["self"]
+    if "other" in a:  # view_as, reshape_as
+        return ctx.add("Reshape", [ctx.tensor(x), ctx.add("Shape", [ctx.shape_source(a["other"])])])
+    if "sizes" in a:  # unflatten
+        current = ctx.sizes(x)
+        dim = int(a["dim"]) % len(current)
+        target = [*current[:dim], *a["sizes"], *current[dim + 1 :]]
+        return ctx.add("Reshape", [ctx.tensor(x), _target_shape(ctx, target)])
+    return ctx.add("Reshape", [ctx.tensor(x), _target_shape(ctx, list(a["size"] if "size" in a else a["shape"]))])
 
 
 def flatten(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``flatten(x, start, end)``: Flatten for ``start=1`` to the last axis (its 2-D result),
     a Reshape otherwise."""
-    x = node.args[0]
+    a = ctx.bind(node)
+    x = a["self"]
     rank = ctx.rank(x)
-    start = int(node.args[1]) % max(rank, 1) if len(node.args) > 1 else 0  # type: ignore[call-overload]
-    end = int(node.args[2]) % max(rank, 1) if len(node.args) > 2 else rank - 1  # type: ignore[call-overload]
     if rank == 0:
         return ctx.add("Reshape", [ctx.tensor(x), ctx.ints([1])])
+    start, end = int(a["start_dim"]) % rank, int(a["end_dim"]) % rank
     if start == 1 and end == rank - 1:
         return ctx.add("Flatten", [ctx.tensor(x)], axis=1)
     sizes = ctx.shape(x)
     merged = sizes[start : end + 1]
-    middle = [int(np.prod(merged))] if all(s is not None for s in merged) else [-1]
-    outer = [s if s is not None else -1 for s in (*sizes[:start], *middle, *sizes[end + 1 :])]
-    if outer.count(-1) > 1:
-        return ctx.add("Reshape", [ctx.tensor(x), ctx.ints([*ctx.sizes(x)[:start], -1, *ctx.sizes(x)[end + 1 :]])])  # type: ignore[arg-type]
-    return ctx.add("Reshape", [ctx.tensor(x), ctx.ints(outer)])
+    middle: list[int | None] = [int(np.prod(merged))] if all(s is not None for s in merged) else [None]  # type: ignore[arg-type]
+    target = [-1 if s is None else s for s in (*sizes[:start], *middle, *sizes[end + 1 :])]
+    if target.count(-1) > 1:  # more than one unknown size: computed
+        symbolic = ctx.sizes(x)
+        return ctx.add("Reshape", [ctx.tensor(x), ctx.ints([*symbolic[:start], -1, *symbolic[end + 1 :]])])
+    return ctx.add("Reshape", [ctx.tensor(x), ctx.ints(target)])
 
 
 def permute(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``permute``/``transpose``/``t``/``movedim``: Transpose."""
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
-    x = node.args[0]
+    a = ctx.bind(node)
+    x = a["self"]
     rank = ctx.rank(x)
-    if name == "permute":
-        perm = [int(d) % rank for d in node.args[1]]  # type: ignore[union-attr]
-    elif name == "movedim":
-        source, destination = int(node.args[1]) % rank, int(node.args[2]) % rank  # type: ignore[call-overload]
-        perm = [d for d in range(rank) if d != source]
+    perm = list(range(rank))
+    if "dims" in a:  # permute
+        perm = [int(d) % rank for d in a["dims"]]
+    elif "source" in a:  # movedim
+        source, destination = int(a["source"]) % rank, int(a["destination"]) % rank
+        perm.remove(source)
         perm.insert(destination, source)
-    else:
-        perm = list(range(rank))
-        if rank >= 2:
-            a, b = (int(node.args[1]) % rank, int(node.args[2]) % rank) if name == "transpose" else (0, 1)  # type: ignore[call-overload]
-            perm[a], perm[b] = perm[b], perm[a]
+    elif rank >= 2:  # transpose, t
+        first, second = (int(a["dim0"]) % rank, int(a["dim1"]) % rank) if "dim0" in a else (0, 1)
+        perm[first], perm[second] = perm[second], perm[first]
     return ctx.add("Transpose", [ctx.tensor(x)], perm=perm)
 
 
 def squeeze(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``squeeze`` (all, one or several dims): only axes of size 1 go, as in torch."""
-    x = node.args[0]
+    a = ctx.bind(node)
+    x = a["self"]
     shape = ctx.shape(x)
-    rank = len(shape)
-    dims = node.args[1] if len(node.args) > 1 else list(range(rank))
-    dims = [dims] if isinstance(dims, int) else list(dims)  # type: ignore[arg-type]
-    axes = [int(d) % rank for d in dims if shape[int(d) % rank] == 1] if rank else []
+    dims = a.get("dim", list(range(len(shape))))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    axes = [int(d) % len(shape) for d in dims if shape[int(d) % len(shape)] == 1] if shape else []
     if not axes:
         return ctx.value(x)
     return ctx.add("Squeeze", [ctx.tensor(x), ctx.ints(axes, "axes")])
 
 
 def unsqueeze(ctx: Emitter, node: Node, op_type: str) -> Any:
-    x, dim = node.args[0], int(node.args[1])  # type: ignore[call-overload]
-    return ctx.add("Unsqueeze", [ctx.tensor(x), ctx.ints([dim % (ctx.rank(x) + 1)], "axes")])
+    a = ctx.bind(node)
+    return ctx.add("Unsqueeze", [ctx.tensor(a["self"]), ctx.ints([int(a["dim"]) % (ctx.rank(a["self"]) + 1)], "axes")])
 
 
 def _slice(ctx: Emitter, x: str, axis: int, start: Any, end: Any, step: int = 1) -> str:
@@ -133,25 +134,22 @@ def _slice(ctx: Emitter, x: str, axis: int, start: Any, end: Any, step: int = 1)
 def slice_(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``slice(x, dim, start, end, step)`` with negative and open ends (ONNX clamps as torch),
     ``narrow(x, dim, start, length)``."""
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
-    x = node.args[0]
+    a = ctx.bind(node)
+    x = a["self"]
     rank = ctx.rank(x)
-    if name == "narrow":
-        dim, start, length = node.args[1], node.args[2], node.args[3]
-        dim = int(dim) % rank  # type: ignore[call-overload]
-        start_value, length_value = ctx.value(start), ctx.value(length)
-        if isinstance(start_value, int) and isinstance(length_value, int):
-            if start_value < 0:
-                size = ctx.shape(x)[dim]
-                if size is None:
-                    raise ctx.error("narrow from a negative start on a dynamic axis has no ONNX translation here")
-                start_value += size
-            return _slice(ctx, ctx.tensor(x), dim, start_value, start_value + length_value)
-        raise ctx.error("narrow with a dynamic start or length has no ONNX translation here")
-    bound = ctx.bind(node)
-    dim = int(bound.get("dim") or 0) % rank
-    start, end, step = bound.get("start"), bound.get("end"), int(bound.get("step") or 1)
-    if (start in (None, 0)) and (end is None or (isinstance(end, int) and end >= _INT64_MAX)) and step == 1:
+    dim = int(a["dim"] or 0) % rank
+    if "length" in a:  # narrow
+        start, length = ctx.value(a["start"]), ctx.value(a["length"])
+        if not (isinstance(start, int) and isinstance(length, int)):
+            raise ctx.error("narrow with a dynamic start or length has no ONNX translation here")
+        if start < 0:
+            size = ctx.shape(x)[dim]
+            if size is None:
+                raise ctx.error("narrow from a negative start on a dynamic axis has no ONNX translation here")
+            start += size
+        return _slice(ctx, ctx.tensor(x), dim, start, start + length)
+    start, end, step = a.get("start"), a.get("end"), int(a.get("step") or 1)
+    if start in (None, 0) and (end is None or (isinstance(end, int) and end >= _INT64_MAX)) and step == 1:
         return ctx.value(x)
     return _slice(ctx, ctx.tensor(x), dim, start, end, step)
 
@@ -159,65 +157,59 @@ def slice_(ctx: Emitter, node: Node, op_type: str) -> Any:
 def select(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``select(x, dim, index)``: Gather of a scalar index (the axis goes; negative indices
     count from the end in both)."""
-    x, dim, index = node.args[0], int(node.args[1]), node.args[2]  # type: ignore[call-overload]
-    value = ctx.value(index)
-    if not isinstance(value, int):
+    a = ctx.bind(node)
+    index = ctx.value(a["index"])
+    if not isinstance(index, int):
         raise ctx.error("select with a dynamic index has no ONNX translation here")
-    return ctx.add("Gather", [ctx.tensor(x), ctx.const(np.int64(value), "index", torch.int64)], axis=dim % ctx.rank(x))
+    axis = int(a["dim"]) % ctx.rank(a["self"])
+    return ctx.add("Gather", [ctx.tensor(a["self"]), ctx.const(np.int64(index), "index", torch.int64)], axis=axis)
 
 
 def index_select(ctx: Emitter, node: Node, op_type: str) -> Any:
-    x, dim, index = node.args[0], int(node.args[1]), node.args[2]  # type: ignore[call-overload]
-    return ctx.add("Gather", [ctx.tensor(x), ctx.tensor(index, torch.int64)], axis=dim % ctx.rank(x))
+    a = ctx.bind(node)
+    axis = int(a["dim"]) % ctx.rank(a["self"])
+    return ctx.add("Gather", [ctx.tensor(a["self"]), ctx.tensor(a["index"], torch.int64)], axis=axis)
 
 
 def index(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``x[..., idx]`` (``index.Tensor`` with one integer index tensor, ``None`` before it):
     Gather on that axis. Boolean masks and several index tensors are refused."""
-    x, indices = node.args[0], list(node.args[1])  # type: ignore[call-overload]
+    a = ctx.bind(node)
+    indices = list(a["indices"])
     used = [i for i, t in enumerate(indices) if t is not None]
     if len(used) != 1:
         raise ctx.error("indexing with several index tensors has no ONNX translation here; allowed: one")
-    axis = used[0]
-    tensor = indices[axis]
+    tensor = indices[used[0]]
     if ctx.dtype(tensor) == torch.bool:
         raise ctx.error("indexing with a boolean mask has no ONNX translation here (its size depends on the values)")
-    return ctx.add("Gather", [ctx.tensor(x), ctx.tensor(tensor, torch.int64)], axis=axis)
+    return ctx.add("Gather", [ctx.tensor(a["self"]), ctx.tensor(tensor, torch.int64)], axis=used[0])
 
 
 def gather(ctx: Emitter, node: Node, op_type: str) -> Any:
-    x, dim, index = node.args[0], int(node.args[1]), node.args[2]  # type: ignore[call-overload]
-    return ctx.add("GatherElements", [ctx.tensor(x), ctx.tensor(index, torch.int64)], axis=dim % ctx.rank(x))
-
-
-def _split_sizes(ctx: Emitter, node: Node) -> tuple[Node, int, list[int]]:
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
-    x = node.args[0]
-    rank = ctx.rank(x)
-    dim = int(node.args[2]) % rank if len(node.args) > 2 else 0  # type: ignore[call-overload]
-    if name == "unbind":
-        dim = int(node.args[1]) % rank if len(node.args) > 1 else 0  # type: ignore[call-overload]
-    size = ctx.shape(x)[dim]
-    meta = node.meta.get("val")
-    if name == "split_with_sizes":
-        sizes = [int(s) for s in node.args[1]]  # type: ignore[union-attr]
-    elif name == "unbind" and isinstance(meta, list | tuple):
-        sizes = [1] * len(meta)
-    elif isinstance(meta, list | tuple) and all(isinstance(m.shape[dim], int) for m in meta):
-        sizes = [int(m.shape[dim]) for m in meta]  # torch's own split of the axis (split, chunk, unbind)
-    else:
-        raise ctx.error("splitting a dynamic axis has no ONNX translation here")
-    assert size is None or sum(sizes) == size
-    return x, dim, sizes  # type: ignore[return-value]
+    a = ctx.bind(node)
+    axis = int(a["dim"]) % ctx.rank(a["self"])
+    return ctx.add("GatherElements", [ctx.tensor(a["self"]), ctx.tensor(a["index"], torch.int64)], axis=axis)
 
 
 def split(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``split``/``split_with_sizes``/``chunk``/``unbind``: Split with the sizes torch gives
     each piece (``unbind`` then squeezes the axis)."""
-    x, dim, sizes = _split_sizes(ctx, node)
+    a = ctx.bind(node)
+    x = a["self"]
+    dim = int(a["dim"]) % ctx.rank(x)
+    pieces_meta = node.meta.get("val")
+    unbind = "split_size" not in a and "split_sizes" not in a and "chunks" not in a
+    if "split_sizes" in a:
+        sizes = [int(s) for s in a["split_sizes"]]
+    elif unbind and isinstance(pieces_meta, list | tuple):
+        sizes = [1] * len(pieces_meta)
+    elif isinstance(pieces_meta, list | tuple) and all(isinstance(m.shape[dim], int) for m in pieces_meta):
+        sizes = [int(m.shape[dim]) for m in pieces_meta]  # torch's own division of the axis
+    else:
+        raise ctx.error("splitting a dynamic axis has no ONNX translation here")
     source = ctx.tensor(x)
     pieces = [source] if len(sizes) == 1 else ctx.add("Split", [source, ctx.ints(sizes, "split")], len(sizes), axis=dim)
-    if node.target._schema.name.endswith("unbind"):  # type: ignore[union-attr]
+    if unbind:
         axes = ctx.ints([dim], "axes")
         return [ctx.add("Squeeze", [p, axes]) for p in pieces]
     return list(pieces)
@@ -225,34 +217,33 @@ def split(ctx: Emitter, node: Node, op_type: str) -> Any:
 
 def concat(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``cat`` (torch's legacy empty 1-D operands skipped) and ``stack`` (Unsqueeze, Concat)."""
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
-    tensors = [t for t in node.args[0] if not (ctx.rank(t) == 1 and ctx.shape(t)[0] == 0)]  # type: ignore[union-attr]
-    dim = int(node.args[1]) if len(node.args) > 1 else int(node.kwargs.get("dim", 0))  # type: ignore[call-overload]
+    a = ctx.bind(node)
+    tensors = [t for t in a["tensors"] if not (ctx.rank(t) == 1 and ctx.shape(t)[0] == 0)]
     dtype = ctx.out_dtype()
-    if name == "stack":
-        rank = ctx.rank(tensors[0]) + 1
-        axes = ctx.ints([dim % rank], "axes")
-        parts = [ctx.add("Unsqueeze", [ctx.tensor(t, dtype), axes]) for t in tensors]
-        return ctx.add("Concat", parts, axis=dim % rank)
-    rank = ctx.rank(tensors[0])
-    return ctx.add("Concat", [ctx.tensor(t, dtype) for t in tensors], axis=dim % rank)
+    rank = ctx.rank(ctx.current)
+    axis = int(a["dim"]) % rank
+    parts = [ctx.tensor(t, dtype) for t in tensors]
+    if ctx.rank(tensors[0]) < rank:  # stack
+        axes = ctx.ints([axis], "axes")
+        parts = [ctx.add("Unsqueeze", [p, axes]) for p in parts]
+    return ctx.add("Concat", parts, axis=axis)
 
 
 def expand(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``expand``/``expand_as``: Expand (torch's ``-1`` keeps a size: 1 broadcasts to it)."""
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
-    x = node.args[0]
-    if name == "expand_as":
-        return ctx.add("Expand", [ctx.tensor(x), ctx.add("Shape", [ctx.shape_source(node.args[1])])])  # type: ignore[arg-type]
-    sizes = [1 if isinstance(s, int) and s == -1 else s for s in node.args[1]]  # type: ignore[union-attr]
-    return ctx.add("Expand", [ctx.tensor(x), ctx.ints(sizes)])
+    a = ctx.bind(node)
+    if "other" in a:
+        return ctx.add("Expand", [ctx.tensor(a["self"]), ctx.add("Shape", [ctx.shape_source(a["other"])])])
+    sizes = [1 if isinstance(s, int) and s == -1 else s for s in a["size"]]
+    return ctx.add("Expand", [ctx.tensor(a["self"]), ctx.ints(sizes)])
 
 
 def repeat(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``repeat``: Tile (leading axes added first where ``repeats`` is longer than the rank)."""
-    x, repeats = node.args[0], list(node.args[1])  # type: ignore[call-overload]
-    source = ctx.tensor(x)
-    extra = len(repeats) - ctx.rank(x)
+    a = ctx.bind(node)
+    repeats = list(a["repeats"])
+    source = ctx.tensor(a["self"])
+    extra = len(repeats) - ctx.rank(a["self"])
     if extra > 0:
         source = ctx.add("Unsqueeze", [source, ctx.ints(list(range(extra)), "axes")])
     return ctx.add("Tile", [source, ctx.ints(repeats, "repeats")])
@@ -261,8 +252,8 @@ def repeat(ctx: Emitter, node: Node, op_type: str) -> Any:
 def roll(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``roll(x, shifts, dims)``: per axis, the last ``shift`` elements moved to the front
     (Slice, Slice, Concat)."""
-    x, shifts = node.args[0], list(node.args[1])  # type: ignore[call-overload]
-    dims = list(node.args[2]) if len(node.args) > 2 else []  # type: ignore[call-overload]
+    a = ctx.bind(node)
+    x, shifts, dims = a["self"], list(a["shifts"]), list(a["dims"] or [])
     if not dims:
         raise ctx.error("roll without dims (over the flattened tensor) has no ONNX translation here")
     shape = ctx.shape(x)
@@ -273,35 +264,25 @@ def roll(ctx: Emitter, node: Node, op_type: str) -> Any:
         if size is None:
             raise ctx.error("roll along a dynamic axis has no ONNX translation here")
         cut = (-int(shift)) % size
-        if cut == 0:
-            continue
-        tail = _slice(ctx, result, axis, cut, _INT64_MAX)
-        head = _slice(ctx, result, axis, 0, cut)
-        result = ctx.add("Concat", [tail, head], axis=axis)
+        if cut:
+            tail, head = _slice(ctx, result, axis, cut, _INT64_MAX), _slice(ctx, result, axis, 0, cut)
+            result = ctx.add("Concat", [tail, head], axis=axis)
     return result
 
 
 def flip(ctx: Emitter, node: Node, op_type: str) -> Any:
-    x, dims = node.args[0], list(node.args[1])  # type: ignore[call-overload]
-    rank = ctx.rank(x)
-    axes = [int(d) % rank for d in dims]
+    a = ctx.bind(node)
+    axes = [int(d) % ctx.rank(a["self"]) for d in a["dims"]]
     n = len(axes)
-    return ctx.add(
-        "Slice",
-        [
-            ctx.tensor(x),
-            ctx.ints([-1] * n, "starts"),
-            ctx.ints([-_INT64_MAX] * n, "ends"),
-            ctx.ints(axes, "axes"),
-            ctx.ints([-1] * n, "steps"),
-        ],
-    )
+    starts, ends, steps = ctx.ints([-1] * n, "starts"), ctx.ints([-_INT64_MAX] * n, "ends"), ctx.ints([-1] * n, "steps")
+    return ctx.add("Slice", [ctx.tensor(a["self"]), starts, ends, ctx.ints(axes, "axes"), steps])
 
 
 def pixel_unshuffle(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``pixel_unshuffle``: channel ``c * r * r + i * r + j`` takes pixel ``(i, j)`` of each
     ``r x r`` block (torch's order; SpaceToDepth puts the block offset first)."""
-    x, r = node.args[0], int(node.args[1])  # type: ignore[call-overload]
+    a = ctx.bind(node)
+    x, r = a["self"], int(a["downscale_factor"])
     _batch, channels, height, width = ctx.shape(x)
     if channels is None or height is None or width is None:
         raise ctx.error("pixel_unshuffle of dynamic sizes has no ONNX translation here")
@@ -318,9 +299,9 @@ def pad(ctx: Emitter, node: Node, op_type: str) -> Any:
     ``(begin, end)`` pairs from the last axis backwards, ONNX all begins then all ends.
     Circular padding before opset 19 is written as Slice and Concat."""
     bound = ctx.bind(node)
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    name = schema_name(node)
     x = bound["self"]
-    widths = [int(p) for p in (bound.get("pad") or bound.get("padding"))]
+    widths = [int(p) for p in (bound.get("pad") or bound.get("padding") or [])]
     mode = bound.get("mode") or "constant"
     if name.startswith("reflection_pad"):
         mode = "reflect"
@@ -366,7 +347,7 @@ def full(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``zeros``/``ones``/``full`` and their ``new_``/``_like`` forms: a constant when the
     size is static, ConstantOfShape otherwise."""
     bound = ctx.bind(node)
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    name = schema_name(node)
     base = name.removeprefix("new_").removesuffix("_like")
     value = {"zeros": 0, "ones": 1}.get(base, bound.get("fill_value"))
     if name.endswith("_like"):
@@ -390,4 +371,4 @@ def arange(ctx: Emitter, node: Node, op_type: str) -> Any:
 
 
 def scalar_tensor(ctx: Emitter, node: Node, op_type: str) -> Any:
-    return ctx.const(node.args[0], "value", ctx.out_dtype())
+    return ctx.const(ctx.bind(node)["s"], "value", ctx.out_dtype())

@@ -61,6 +61,18 @@ def bind(node: Node) -> dict[str, Any]:
     return bound
 
 
+def schema_name(node: Node) -> str:
+    """The ATen op's name without namespace or overload (``"unflatten"``).
+
+    Example:
+        >>> from torch.fx import Graph
+        >>> g = Graph(); x = g.placeholder("x")
+        >>> schema_name(g.call_function(torch.ops.aten.unflatten.int, (x, 0, [1])))
+        'unflatten'
+    """
+    return str(node.target._schema.name).split("::")[-1]  # type: ignore[union-attr]
+
+
 def _spatial(values: Any, rank: int, default: int) -> list[int]:
     """A per-spatial-axis list from an int or a list that may hold one value for all axes."""
     if values is None or values == []:
@@ -275,7 +287,7 @@ def clamp(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``clamp``/``clip``/``clamp_min``/``clamp_max``/``hardtanh``/``relu6``: Clip."""
     bound = ctx.bind(node)
     x = ctx.tensor(_first(ctx, bound))
-    name = node.target._schema.name.split("::")[-1].rstrip("_")  # type: ignore[union-attr]
+    name = schema_name(node).rstrip("_")
     if name == "hardtanh":
         return _clip(ctx, x, bound["min_val"], bound["max_val"])
     if name == "relu6":
@@ -459,8 +471,7 @@ def batch_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
     shift = ctx.tensor(bound["bias"]) if bound.get("bias") is not None else ctx.const(ones * 0, "bias")
     inputs = [ctx.tensor(x), scale, shift, ctx.tensor(bound["running_mean"]), ctx.tensor(bound["running_var"])]
     result = ctx.add("BatchNormalization", inputs, epsilon=float(bound["eps"]))
-    name = node.target._schema.name  # type: ignore[union-attr]
-    return result if name.endswith("::batch_norm") else [result, None, None]
+    return result if schema_name(node) == "batch_norm" else [result, None, None]
 
 
 def group_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
@@ -498,11 +509,11 @@ def max_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
     kernel = _spatial(bound["kernel_size"], spatial, 1)
     stride = _spatial(bound.get("stride"), spatial, 0) if bound.get("stride") else kernel
     pads = _spatial(bound.get("padding"), spatial, 0)
-    attributes = {"kernel_shape": kernel, "strides": stride, "pads": pads + pads}
+    attributes: dict[str, Any] = {"kernel_shape": kernel, "strides": stride, "pads": pads + pads}
     attributes["dilations"] = _spatial(bound.get("dilation"), spatial, 1)
     attributes["ceil_mode"] = int(bool(bound.get("ceil_mode")))
     result = ctx.add("MaxPool", [ctx.tensor(x)], **attributes)
-    return [result, None] if node.target._schema.name.endswith("_with_indices") else result  # type: ignore[union-attr]
+    return [result, None] if schema_name(node).endswith("_with_indices") else result
 
 
 def avg_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
@@ -526,7 +537,8 @@ def avg_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
         source = ctx.add("Pad", [source, ctx.ints([0, 0, *pads, 0, 0, *pads], "pads")], mode="constant")
         pads = [0] * spatial
         include_pad = False
-    attributes = {"kernel_shape": kernel, "strides": stride, "pads": pads + pads, "ceil_mode": int(ceil_mode)}
+    attributes: dict[str, Any] = {"kernel_shape": kernel, "strides": stride, "pads": pads + pads}
+    attributes["ceil_mode"] = int(ceil_mode)
     attributes["count_include_pad"] = int(include_pad or divisor is not None)
     pooled = ctx.add("AveragePool", [source], **attributes)
     if divisor is None:
@@ -541,7 +553,7 @@ def adaptive_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
     time as Slice, ReduceMean/Max and Concat."""
     bound = ctx.bind(node)
     x = bound["self"]
-    maximum = "max" in node.target._schema.name  # type: ignore[union-attr]
+    maximum = "max" in schema_name(node)
     spatial = ctx.rank(x) - 2
     sizes = ctx.shape(x)[2:]
     out = [s if s is not None else sizes[i] for i, s in enumerate(_spatial(bound["output_size"], spatial, 1))]
@@ -584,7 +596,7 @@ def upsample(ctx: Emitter, node: Node, op_type: str) -> Any:
     linear/cubic ``pytorch_half_pixel`` or ``align_corners``, cubic with A = -0.75. Output
     sizes as torch computed them (scales only where torch used the given factor)."""
     bound = ctx.bind(node)
-    name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
+    name = schema_name(node)
     kind = name.removeprefix("_").removeprefix("upsample_")[:-2]
     x = _first(ctx, bound)
     spatial = ctx.rank(x) - 2
@@ -622,7 +634,8 @@ def _spatial_floats(values: Sequence[Any], rank: int) -> list[float]:
 
 def pixel_shuffle(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``pixel_shuffle``: DepthToSpace in CRD order (torch's channel order)."""
-    return ctx.add("DepthToSpace", [ctx.tensor(node.args[0])], blocksize=int(node.args[1]), mode="CRD")  # type: ignore[call-overload]
+    a = ctx.bind(node)
+    return ctx.add("DepthToSpace", [ctx.tensor(a["self"])], blocksize=int(a["upscale_factor"]), mode="CRD")
 
 
 # --- attention ----------------------------------------------------------------------------------------------
