@@ -28,12 +28,12 @@ if str(TESTS) not in sys.path:
 
 import export_models  # noqa: E402
 import onnx  # noqa: E402
-from export_check import node_by_node  # noqa: E402
 from models import conv_bn_net, images  # noqa: E402
 from onnx_cases import CASES, check_case  # noqa: E402
 
 from quant_torch_fx import ModelQuantizer  # noqa: E402
 from quant_torch_fx.export import onnx_model  # noqa: E402
+from quant_torch_fx.export_fidelity import node_by_node  # noqa: E402
 
 LEVELS = {
     "default": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,

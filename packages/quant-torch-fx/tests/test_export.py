@@ -10,7 +10,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from export_check import node_by_node, reference_runner
 from models import conv_bn_net, images
 from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -18,6 +17,8 @@ from onnx.reference import ReferenceEvaluator
 import quant_torch_fx.export
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.export import onnx_model
+from quant_torch_fx.export_fidelity import node_by_node, reference_runner
+from quant_torch_fx.export_form import export_form
 from quant_torch_fx.prepare import activation_quantizers
 
 EXAMPLE = torch.randn(1, 3, 8, 8)
@@ -406,3 +407,32 @@ def test_an_excluded_layer_leaves_onnxruntime_nothing_to_quantize() -> None:
     (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
     with torch.no_grad():
         np.testing.assert_allclose(got, frozen(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["mobilenetv3", "swin"])
+@pytest.mark.parametrize("preset", ["a8w8", "a16w8", "w4a8"])
+def test_the_export_form_computes_the_frozen_model_bit_for_bit(family: str, preset: str) -> None:
+    frozen = _frozen_family(family, preset)
+    form = export_form(frozen, "x86_uint8")
+    x = export_models.images(1, batch=3, seed=9)[0]
+    with torch.no_grad():
+        assert torch.equal(form.model(x), frozen(x))
+
+
+class _FixedBatch(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU())
+        self.fc = torch.nn.Linear(4 * 64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).reshape(2, -1))  # Python around the region fixes the batch at 2
+
+
+def test_python_that_fixes_the_batch_size_exports_that_batch_size_with_a_warning() -> None:
+    q = ModelQuantizer("a8w8", regions=["body"], quiet=True)
+    example = torch.randn(2, 3, 8, 8)
+    frozen = q.freeze(q.quantize_model(_FixedBatch().eval(), example, [torch.randn(2, 3, 8, 8) for _ in range(3)]))
+    with pytest.warns(UserWarning, match=r"^export: the model fixes its batch size .* batches of 2 only"):
+        proto = onnx_model(frozen, (example,))
+    assert [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim] == [2, 3, 8, 8]

@@ -53,7 +53,7 @@ from torch.fx import GraphModule, Node
 from quant_core.dtypes import DType
 from quant_core.qdq import ActivationEncoding, encode_activation
 from quant_core.qparams import QParams, quantize
-from quant_torch_fx.capture import batched, copy_captured, export_program, quiet_torch
+from quant_torch_fx.capture import batched, copy_captured, describe_failure, export_program, quiet_torch
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.prepare import graph_info, quantized_graphs
 from quant_torch_fx.qdq_ops import DEQUANTIZE, QUANTIZE_DEQUANTIZE
@@ -171,7 +171,11 @@ def _swap_weights(gm: GraphModule, formats: set[DType]) -> None:
         gm.set_submodule(path, _qparam_holder(qp).to(device))
         for call in _calls(gm, path):
             source = call.args[0]
-            assert isinstance(source, Node) and source.op == "get_attr"
+            if not (isinstance(source, Node) and source.op == "get_attr"):
+                raise ValueError(
+                    f"export: the weight of {path!r} is computed in the graph ({getattr(source, 'name', source)!r}), "
+                    "not held by the model; only constant weights are written as integer codes"
+                )
             value = get_attr_value(gm, source).detach().float().cpu().numpy()
             codes = torch.from_numpy(quantize(value, qp).astype(np.int64)).to(_codes_type(qp.dtype)).to(device)
             target = _store_codes(gm, source, codes, call)
@@ -239,12 +243,29 @@ def aten_graph(model: nn.Module, args: tuple[Any, ...], *, dynamic_batch: bool) 
     try:
         program = export_program(model, capture_args, shapes)
     except Exception as exc:  # torch raises many unrelated types here
+        if shapes is not None and _batch_specialised(exc):
+            warnings.warn(
+                "export: the model fixes its batch size (torch.export: "
+                f"{describe_failure(exc)[0]}); the ONNX model takes batches of {_batch_of(args)} only",
+                UserWarning,
+                stacklevel=3,
+            )
+            return aten_graph(model, args, dynamic_batch=False)
         if not _data_dependent(exc):
             raise
         program = _draft_export(model, capture_args, shapes, exc)
     gm = program.module(check_guards=False)
     assert isinstance(gm, GraphModule)
     return gm
+
+
+def _batch_specialised(exc: BaseException) -> bool:
+    text = str(exc)
+    return "Constraints violated" in text or "specialized" in text or "specialised" in text
+
+
+def _batch_of(args: tuple[Any, ...]) -> int:
+    return next((int(a.shape[0]) for a in args if isinstance(a, torch.Tensor) and a.dim()), 1)
 
 
 def _data_dependent(exc: BaseException) -> bool:

@@ -500,15 +500,20 @@ def group_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
 
 
 # --- pooling ---------------------------------------------------------------------------------------------
+def _window(ctx: Emitter, bound: dict[str, Any]) -> tuple[int, list[int], list[int], list[int]]:
+    """A pooling call's spatial rank, kernel, stride (torch's default: the kernel) and pads."""
+    spatial = ctx.rank(bound["self"]) - 2
+    kernel = _spatial(bound["kernel_size"], spatial, 1)
+    stride = _spatial(bound.get("stride"), spatial, 0) if bound.get("stride") else kernel
+    return spatial, kernel, stride, _spatial(bound.get("padding"), spatial, 0)
+
+
 def max_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
     """``max_pool{1,2,3}d`` (and ``_with_indices``, values only): MaxPool with torch's
     kernel, stride (default: the kernel), pads, dilation and ``ceil_mode``."""
     bound = ctx.bind(node)
     x = bound["self"]
-    spatial = ctx.rank(x) - 2
-    kernel = _spatial(bound["kernel_size"], spatial, 1)
-    stride = _spatial(bound.get("stride"), spatial, 0) if bound.get("stride") else kernel
-    pads = _spatial(bound.get("padding"), spatial, 0)
+    spatial, kernel, stride, pads = _window(ctx, bound)
     attributes: dict[str, Any] = {"kernel_shape": kernel, "strides": stride, "pads": pads + pads}
     attributes["dilations"] = _spatial(bound.get("dilation"), spatial, 1)
     attributes["ceil_mode"] = int(bool(bound.get("ceil_mode")))
@@ -522,15 +527,11 @@ def avg_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
     can reach past the padding, so the zero padding is written as a Pad and AveragePool
     counts what is inside it. ``divisor_override`` rescales the mean of a full window."""
     bound = ctx.bind(node)
-    x = bound["self"]
-    spatial = ctx.rank(x) - 2
-    kernel = _spatial(bound["kernel_size"], spatial, 1)
-    stride = _spatial(bound.get("stride"), spatial, 0) if bound.get("stride") else kernel
-    pads = _spatial(bound.get("padding"), spatial, 0)
+    spatial, kernel, stride, pads = _window(ctx, bound)
     ceil_mode = bool(bound.get("ceil_mode"))
     include_pad = bool(bound.get("count_include_pad", True))
     divisor = bound.get("divisor_override")
-    source = ctx.tensor(x)
+    source = ctx.tensor(bound["self"])
     if divisor is not None and ceil_mode:
         raise ctx.error("avg_pool with both ceil_mode and divisor_override has no ONNX translation here")
     if ceil_mode and include_pad and any(pads):

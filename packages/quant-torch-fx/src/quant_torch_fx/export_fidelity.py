@@ -1,15 +1,26 @@
-"""Node-by-node fidelity of an exported QDQ model against the frozen torch model, for any
-runtime (``run(model, feeds) -> {output name: array}``): each ``QuantizeLinear`` output of
-the file is compared in codes with the frozen model's fake-quantized tensor it stands for
+"""Node-by-node fidelity of an exported QDQ model against the frozen torch model, in any
+runtime (``run(model, feeds) -> {output name: array}``: onnx's reference evaluator by
+default, an onnxruntime session in the caller's hands): each ``QuantizeLinear`` output of
+the file is compared, in codes, with the frozen model's fake-quantized tensor it stands for
 (found by shape, qparams and value).
 
 - ``chain``: the file run end to end from the model input (a step of difference in one
   layer travels on, as it would in deployment);
 - ``isolated``: every quantized tensor computed from the frozen model's own codes of the
-  tensors it reads (each QuantizeLinear output replaced by its frozen codes for the readers),
-  so each difference is that node's own.
+  tensors it reads (each QuantizeLinear output replaced by its frozen codes for its
+  readers), so each difference is that node's own.
 
-Shared by the package tests (onnx's reference evaluator) and tests-integration (onnxruntime)."""
+Example:
+    >>> import torch
+    >>> from quant_torch_fx import ModelQuantizer
+    >>> from quant_torch_fx.export import onnx_model
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    >>> q = ModelQuantizer("a8w8", quiet=True)
+    >>> frozen = q.freeze(q.quantize_model(net, torch.randn(1, 3, 4, 4), [torch.randn(8, 3, 4, 4)]))
+    >>> fidelity = node_by_node(onnx_model(frozen, (torch.randn(1, 3, 4, 4),), opset=19), frozen, (torch.randn(5, 3, 4, 4),))
+    >>> len(fidelity.chain), fidelity.within_one_step("chain"), fidelity.within_one_step("isolated")
+    (4, 1.0, 1.0)
+"""
 
 from __future__ import annotations
 
@@ -29,6 +40,8 @@ Runner = Callable[[onnx.ModelProto, dict[str, np.ndarray]], dict[str, np.ndarray
 
 @attrs.frozen
 class Recorded:
+    """One quantizer call of the frozen model: its stored scale, zero point and codes."""
+
     scale: float
     zero_point: int
     codes: np.ndarray
@@ -60,7 +73,8 @@ def record(
 
 
 def quantized_tensors(model: onnx.ModelProto) -> dict[str, tuple[float, int, int]]:
-    """QuantizeLinear output -> (scale, zero point, element type) of each per-tensor Q."""
+    """QuantizeLinear output -> (scale, zero point, element type) of each per-tensor Q whose
+    qparams are initializers."""
     inits = {t.name: t for t in model.graph.initializer}
     found = {}
     for node in model.graph.node:
@@ -123,10 +137,18 @@ class Fidelity:
 
 
 def node_by_node(
-    model: onnx.ModelProto, frozen: torch.nn.Module, inputs: tuple[torch.Tensor, ...], run: Runner
+    model: onnx.ModelProto,
+    frozen: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    run: Runner | None = None,
+    encoding: str = "x86_uint8",
 ) -> Fidelity:
+    """Steps apart, per quantized tensor, of ``model`` (exported with ``encoding``) run by
+    ``run`` (default: onnx's reference evaluator) on ``inputs`` and of the frozen model
+    (see the module docstring)."""
+    run = run or reference_runner
     tensors = quantized_tensors(model)
-    seen, _output = record(frozen, inputs)
+    seen, _output = record(frozen, inputs, encoding)
     feeds = {i.name: x.numpy() for i, x in zip(model.graph.input, inputs, strict=False)}
     names = list(tensors)
     got = run(_with_outputs(model, names), feeds)
@@ -143,6 +165,7 @@ def node_by_node(
 
 
 def reference_runner(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``model`` with onnx's reference evaluator (every output by name)."""
     from onnx.reference import ReferenceEvaluator
 
     evaluator = ReferenceEvaluator(model)
