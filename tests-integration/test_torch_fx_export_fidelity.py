@@ -110,3 +110,19 @@ def test_an_excluded_layer_runs_the_same_in_both_sessions(preset: str, tmp_path:
     np.testing.assert_allclose(default, node_by_node_output, rtol=1e-5, atol=1e-5)
     ran = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
     assert "QGemm" not in ran and ran.count("QLinearConv") == (1 if preset == "a8w8" else 0)  # conv1 only
+
+
+def test_a_float_bias_beside_a_quantized_weight_is_not_requantized_by_onnxruntime() -> None:
+    import attrs
+
+    from quant_core.presets import get_preset
+    from quant_core.spec import QuantSpec
+
+    config = get_preset("a16w8")
+    config = config.evolve(global_config=attrs.evolve(config.global_config, bias=QuantSpec(dtype="fp32")))
+    q = ModelQuantizer(config, quiet=True)
+    frozen = q.freeze(q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), images(3)))
+    proto = onnx_model(frozen, (torch.randn(1, 3, 8, 8),))
+    feeds = {"input": images(1, batch=16, seed=11)[0].numpy()}
+    default = _runner("default")(proto, feeds)["output"]
+    np.testing.assert_array_equal(default, _runner("node_by_node")(proto, feeds)["output"])

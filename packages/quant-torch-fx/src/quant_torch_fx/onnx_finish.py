@@ -7,10 +7,11 @@ defines it, in one function (the interface the shared ONNX QDQ layer will take o
   ``MatMulNBits`` (:func:`quant_core.qdq.guard_matmul_weight`) reads it at ``axis=-1``, per
   tensor as one-element vectors: the rewrite refuses that form;
 - a Conv/ConvTranspose/Gemm that reads a quantized input but keeps a float weight (an
-  excluded layer) is left nothing for onnxruntime's ``WeightBiasQuantization`` to
-  quantize: a multi-channel Conv reads its input through a per-channel DequantizeLinear
-  repeating its one scale, any other such node gets its bias (zeros when it has none) as
-  exact int32 codes (:func:`quant_core.qdq.exact_int32`) behind a DequantizeLinear;
+  excluded layer) or a float bias (the bias rule's float case) is left nothing for
+  onnxruntime's ``WeightBiasQuantization`` to quantize: a multi-channel Conv with a float
+  weight reads its input through a per-channel DequantizeLinear repeating its one scale,
+  any other such node gets its float bias (zeros when it has none) as exact int32 codes
+  (:func:`quant_core.qdq.exact_int32`) behind a DequantizeLinear;
 - nodes and initializers nothing reads are dropped;
 - the opset and IR version are raised to what the stored formats need.
 
@@ -167,7 +168,14 @@ def _keep_float_weights_float(model: onnx.ModelProto) -> None:
             continue
         weight = view.initializers.get(node.input[1]) if len(node.input) > 1 else None
         reader = _per_tensor_reader(view, node.input[0])
-        if weight is None or weight.data_type != onnx.TensorProto.FLOAT or reader is None:
+        if reader is None:
+            continue
+        if weight is None:  # a quantized weight: a float bias beside it would be re-quantized
+            bias = view.initializers.get(node.input[2]) if len(node.input) > 2 else None
+            if bias is not None and bias.data_type == onnx.TensorProto.FLOAT and len(bias.dims) == 1:
+                _store_exact_bias(view, node, ())
+            continue
+        if weight.data_type != onnx.TensorProto.FLOAT:
             continue
         group = _attribute(node, "group", 1)
         channels = int(weight.dims[1]) * group if node.op_type == "Conv" else 1
