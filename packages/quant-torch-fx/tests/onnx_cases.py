@@ -256,6 +256,10 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], int]] = {
                 x.sum(),
                 x.max(2)[0],
                 x.norm(dim=1),
+                x.max(),
+                torch.max(x, x.flip(3)),
+                x.min(1, keepdim=True)[1],
+                F.layer_norm(x, (9,)),
             ]
         ),
         IMAGE,

@@ -413,10 +413,16 @@ def _reduce(ctx: Emitter, op_type: str, x: str, axes: Sequence[int], keepdims: i
 
 
 def max_min_dim(ctx: Emitter, node: Node, op_type: str) -> Any:
-    """``max.dim``/``min.dim``: (values, indices) as ReduceMax/Min and ArgMax/Min."""
+    """``max``/``min``: of two tensors element-wise (Max/Min), of a whole tensor
+    (ReduceMax/Min), or along ``dim`` as (values, indices) (ReduceMax/Min and ArgMax/Min)."""
     bound = ctx.bind(node)
     x = ctx.tensor(bound["self"])
-    axis = int(bound["dim"]) % ctx.rank(bound["self"])
+    if "other" in bound:
+        return ctx.add("Max" if op_type == "ReduceMax" else "Min", [x, ctx.tensor(bound["other"], ctx.out_dtype())])
+    rank = ctx.rank(bound["self"])
+    if "dim" not in bound:
+        return _reduce(ctx, op_type, x, list(range(rank)), 0)
+    axis = int(bound["dim"]) % rank
     keepdims = int(bool(bound.get("keepdim")))
     values = _reduce(ctx, op_type, x, [axis], keepdims)
     arg = "ArgMax" if op_type == "ReduceMax" else "ArgMin"
@@ -455,8 +461,8 @@ def layer_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
     inputs = [ctx.tensor(bound["input"]), scale]
     if bound.get("bias") is not None:
         inputs.append(ctx.tensor(bound["bias"]))
-    result = ctx.add("LayerNormalization", inputs, 1, axis=-len(shape), epsilon=float(bound["eps"]))
-    return [result, None, None] if op_type == "native" else result
+    result = ctx.add("LayerNormalization", inputs, axis=-len(shape), epsilon=float(bound["eps"]))
+    return [result, None, None] if schema_name(node) == "native_layer_norm" else result
 
 
 def batch_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
