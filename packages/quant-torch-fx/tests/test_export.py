@@ -385,23 +385,27 @@ def test_a_fixed_batch_is_written_as_such() -> None:
 
 def test_an_excluded_layer_leaves_onnxruntime_nothing_to_quantize() -> None:
     # WeightBiasQuantization would quantize the float weight of a layer that reads a
-    # per-tensor DequantizeLinear: a multi-channel Conv reads a per-channel one, a Gemm gets
-    # its float bias as exact int32 codes.
-    q = ModelQuantizer("a8w8", exclude_modules=["conv2", "head*"], quiet=True)
-    frozen = q.freeze(q.quantize_model(conv_bn_net(), EXAMPLE, images(3)))
-    proto = onnx_model(frozen, (EXAMPLE,), opset=19)
+    # per-tensor DequantizeLinear and feeds a QuantizeLinear: a multi-channel Conv reads a
+    # per-channel DequantizeLinear, a Gemm gets its float bias as exact int32 codes. A float
+    # head writing the graph output is no such unit and stays as it is.
+    calibration = export_models.images(3)
+    q = ModelQuantizer("a8w8", exclude_modules=["project.0", "head.0", "head.3"], quiet=True)
+    frozen = q.freeze(q.quantize_model(export_models.build("mobilenetv3"), calibration[0][:1], calibration))
+    proto = onnx_model(frozen, (calibration[0][:1],), opset=19)
     inits = _inits(proto)
     producers = {out: n for n in proto.graph.node for out in n.output}
-    conv2 = next(n for n in proto.graph.node if n.op_type == "Conv" and inits.get(n.input[1]) is not None)
-    reader = producers[conv2.input[0]]
+    (project,) = [n for n in proto.graph.node if n.op_type == "Conv" and n.input[1] in inits]
+    reader = producers[project.input[0]]
     assert reader.op_type == "DequantizeLinear" and {a.name: a.i for a in reader.attribute} == {"axis": 1}
     assert list(inits[reader.input[1]].dims) == [8]
-    (gemm,) = [n for n in proto.graph.node if n.op_type == "Gemm"]
-    assert inits[gemm.input[1]].data_type == TensorProto.FLOAT
-    assert producers[gemm.input[0]].op_type == "DequantizeLinear"
-    bias = producers[gemm.input[2]]
+    hidden, head = [n for n in proto.graph.node if n.op_type == "Gemm"]
+    for gemm in (hidden, head):
+        assert inits[gemm.input[1]].data_type == TensorProto.FLOAT
+        assert producers[gemm.input[0]].op_type == "DequantizeLinear"
+    bias = producers[hidden.input[2]]
     assert bias.op_type == "DequantizeLinear" and inits[bias.input[0]].data_type == TensorProto.INT32
-    x = images(1, batch=5, seed=11)[0]
+    assert inits[head.input[2]].data_type == TensorProto.FLOAT  # writes the output: left as it is
+    x = export_models.images(1, batch=5, seed=11)[0]
     fidelity = node_by_node(proto, frozen, (x,), reference_runner)
     assert max(fidelity.chain.values()) <= 1
     (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})

@@ -158,18 +158,20 @@ def _per_tensor_reader(view: _Graph, tensor: str) -> onnx.NodeProto | None:
 def _keep_float_weights_float(model: onnx.ModelProto) -> None:
     """Leave onnxruntime's ``WeightBiasQuantization`` (graph level basic: every default
     session) nothing to quantize: it takes a Conv/ConvTranspose/Gemm that reads a per-tensor
-    DequantizeLinear for an unfinished QDQ unit and quantizes its float weight to per-tensor
-    int8 and its float bias to int32 at ``input_scale * weight_scale``. It leaves a node
+    DequantizeLinear and feeds a QuantizeLinear for an unfinished QDQ unit and quantizes its
+    float weight to per-tensor int8 and its float bias to int32 at ``input_scale *
+    weight_scale`` (a layer whose output is not quantized, a float head, is left as it is). It leaves a node
     alone whose input DequantizeLinear has more than one scale or whose bias is not an
     initializer (see ``docs/onnxruntime.md``)."""
     view = _Graph(model.graph)
+    quantized = {node.input[0] for node in model.graph.node if node.op_type == "QuantizeLinear"}
     for node in list(model.graph.node):
         if node.op_type not in ("Conv", "ConvTranspose", "Gemm") or node.domain not in _DEFAULT_DOMAINS:
             continue
         weight = view.initializers.get(node.input[1]) if len(node.input) > 1 else None
         reader = _per_tensor_reader(view, node.input[0])
-        if reader is None:
-            continue
+        if reader is None or node.output[0] not in quantized:
+            continue  # not a unit the rewrite completes: it needs a QuantizeLinear after the node
         if weight is None:  # a quantized weight: a float bias beside it would be re-quantized
             bias = view.initializers.get(node.input[2]) if len(node.input) > 2 else None
             if bias is not None and bias.data_type == onnx.TensorProto.FLOAT and len(bias.dims) == 1:
