@@ -1,15 +1,20 @@
-"""ATen operators in the planner's vocabulary (ONNX operator names).
+"""ATen operators in ONNX terms: one table, :data:`ATEN_OPS`, read by the planner and by
+the exporter, so that the op a plan talks about is the op the file holds.
 
-:func:`plan_node_for` turns one node of a ``torch.export`` graph into the
-:class:`~quant_core.plan.PlanNode` that the ONNX exporter would write for it: the same op
-type (``conv2d`` -> ``Conv``, ``linear`` -> ``Gemm`` with ``transB=1``, ``hardtanh`` ->
-``Clip``...), its tensor inputs in ONNX order and the attributes the planner reads. This
-is a translation table only; what each op type means for quantization (shared scales,
-fusions, weights) is :mod:`quant_core.plan`'s, so one config means the same thing on
-both backends.
+Each entry (:class:`AtenOp`) gives
 
-Ops without an entry become non-standard nodes (``standard=False``): the planner keeps
-them float and reports them.
+- the planner's view: :func:`plan_node_for` turns one node of a ``torch.export`` graph into
+  the :class:`~quant_core.plan.PlanNode` the ONNX file holds for it: the same op type
+  (``conv2d`` -> ``Conv``, ``linear`` -> ``Gemm`` with ``transB=1``, ``hardtanh`` ->
+  ``Clip``...), its tensor inputs in ONNX order and the attributes the planner reads;
+- the exporter's rule (:mod:`quant_torch_fx.onnx_rules`,
+  :mod:`quant_torch_fx.onnx_layout_rules`): how :mod:`quant_torch_fx.onnx_emit` writes the
+  node, which must write the planned op (or the ops ``written_as`` lists).
+
+This is a translation table only; what each op type means for quantization (shared scales,
+fusions, weights) is :mod:`quant_core.plan`'s, so one config means the same thing on both
+backends. Ops without a planner view become non-standard nodes (``standard=False``): the
+planner keeps them float and reports them; ops without a rule cannot be exported.
 
 Example:
     >>> import torch
