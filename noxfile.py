@@ -21,13 +21,16 @@ nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = [
     "core",
+    "core_onnx",
     "algos",
     "algos_torch",
     "onnx",
     "torch_fx",
     "npu",
+    "npu_alone",
     "npu_torch",
     "integration",
+    "zoo",
     "packaging",
     "lint",
     "layering",
@@ -73,6 +76,26 @@ def core(session: nox.Session) -> None:
     _assert_absent(session, "onnx")
     _assert_absent(session, "torch")
     _pytest(session, f"{CORE}/tests")
+
+
+@nox.session
+def core_onnx(session: nox.Session) -> None:
+    """quant-core with its [onnx] extra: the ONNX QDQ layer both backends write and the NPU
+    tools read through, with onnx alone (neither onnxruntime nor torch)."""
+    session.install(f"{CORE}[onnx]", *TEST_DEPS)
+    _assert_absent(session, "onnxruntime")
+    _assert_absent(session, "torch")
+    _pytest(session, f"{CORE}/tests/test_onnx_qdq.py", f"{CORE}/tests/test_doctests.py")
+
+
+@nox.session
+def npu_alone(session: nox.Session) -> None:
+    """quant-npu-export as users install it: neither onnxruntime nor torch comes with it, and
+    its console script runs."""
+    session.install(CORE, ALGOS, NPU)
+    _assert_absent(session, "onnxruntime")
+    _assert_absent(session, "torch")
+    session.run("quant-npu", "targets")
 
 
 @nox.session
@@ -138,6 +161,22 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session
+def zoo(session: nox.Session) -> None:
+    """The model zoo's CI subset at 64 px (tools/bench/zoo.py --check): a CNN, hard-swish + SE,
+    SiLU + SE, ViT, MobileViT, ASPP and LR-ASPP segmentation, a YOLOv8-style detector and a
+    ConvTranspose decoder, with random weights and 16 calibration samples, through both backends
+    (and torchao PT2E, reported only), plus the models of the tool's EXPECTED_FAILURES. Fails when
+    a model stops running end to end on one of our backends, or when a listed failure starts to
+    pass. Coverage and fidelity are the full run's job (`python -m tools.bench.zoo`). timm and
+    torchao come without their dependencies: timm's torchvision imports are served by tools/zoo_shims."""
+    session.install(TORCH)
+    session.install(CORE, f"{ALGOS}[torch]", f"{ONNX}[images]", TORCH_FX, NPU)
+    session.install("--no-deps", "timm==1.0.31", "torchao==0.18.0")
+    _assert_absent(session, "torchvision")
+    session.run("python", "-m", "tools.bench.zoo", "--check", "--quick", "--no-measures", *session.posargs)
+
+
+@nox.session
 def packaging(session: nox.Session) -> None:
     """Wheels built with `hatch build` for every distribution, installed one at a time
     from the top level down (each pulling what it needs from the others' wheels), make one
@@ -194,7 +233,7 @@ def typecheck(session: nox.Session) -> None:
     """mypy: strict for quant_core, standard for every package above it (onnx's own type
     hints are used; the torch backend is checked against torch's annotations, onnxruntime
     is left untyped)."""
-    session.install("mypy>=1.8", "numpy>=1.24", "attrs>=23.1", "tqdm>=4.60", "onnx>=1.16")
+    session.install("mypy>=1.8", "numpy>=1.24", "attrs>=23.1", "tqdm>=4.60", "onnx>=1.16", "types-protobuf")
     env = {"MYPYPATH": ":".join(ALL_SOURCES)}
     session.run("mypy", "--strict", f"{CORE}/src/quant_core", env=env)
     for package in (ALGOS, ONNX, NPU):

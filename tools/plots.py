@@ -34,7 +34,7 @@ def layer_sqnr(calib: np.ndarray, evaluation: np.ndarray) -> dict[str, list[tupl
     """Row name -> [(tensor, SQNR dB)] in graph order."""
     import quant_core as qc
     from quant_onnx import ModelQuantizer
-    from quant_onnx.io.compare import compare_models
+    from quant_onnx.reporting.compare import compare_models
 
     configs = {
         "xint8": qc.get_preset("xint8"),

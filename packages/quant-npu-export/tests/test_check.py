@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from builders import QDQWriter, activation_net, conv_chain, mobile_block, quantize
 
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.check import check
 from quant_npu.profile import NPUProfile
-from quant_npu.qdq import QDQGraph
 
 
 def rules(model, target=None) -> dict[str, int]:

@@ -9,11 +9,11 @@ import pytest
 from builders import QDQWriter, activation_net, conv_chain, mobile_block, ort_run, quantize, random_inputs
 from test_check import add_model, conv_model
 
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_core.presets import get_preset, list_presets
 from quant_npu.check import check
 from quant_npu.legalize import legalize, legalize_model
 from quant_npu.profile import NPUProfile
-from quant_npu.qdq import QDQGraph
 
 
 def sqnr(reference: np.ndarray, value: np.ndarray) -> float:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from builders import conv_chain, ort_run, quantize, random_inputs
 
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.legalize import legalize_model
-from quant_npu.qdq import QDQGraph
 from quant_npu.quant_info import export_quant_info, import_quant_info, load_quant_info, write_quant_info
 
 

@@ -157,7 +157,7 @@ def quantize_for_passes(
     config = config.evolve(global_config=global_config)
     quantizer = ModelQuantizer(config, quiet=True)
     calibrated = quantizer.calibrate(quantizer.prepare(float_model), batches)
-    return calibrated, quantizer.write(calibrated)
+    return calibrated, quantizer.write(calibrated).model
 
 
 def initializer(model: onnx.ModelProto, name: str) -> np.ndarray:

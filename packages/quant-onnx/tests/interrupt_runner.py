@@ -44,13 +44,13 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     target, k, *cli_args = sys.argv[1:]
     if target == "-":
-        from quant_onnx.io.cli import main as plain_main
+        from quant_onnx.cli.main import main as plain_main
 
         return plain_main(cli_args)
     calls = _patch(target, int(k))
     if int(k) == 0:
         atexit.register(lambda: print(f"calls: {calls[0]}", file=sys.stderr))
-    from quant_onnx.io.cli import main as cli_main
+    from quant_onnx.cli.main import main as cli_main
 
     return cli_main(cli_args)
 

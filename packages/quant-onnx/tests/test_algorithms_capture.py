@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from algorithms_models import batches_for, mobilenet_block, quantize_for_passes
 
+from quant_core.errors import DataError, ModelError
 from quant_onnx.algorithms.capture import IncrementalRunner, TensorCapture, count_samples, prepare_batches, pruned_model
-from quant_onnx.errors import DataError, ModelError
 
 
 def test_prepare_batches_limits_samples_and_slices_the_last_batch():

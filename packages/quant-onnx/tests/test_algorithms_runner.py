@@ -9,10 +9,10 @@ import pytest
 from algorithms_models import batches_for, gemm_mlp, mobilenet_block, quantize_for_passes, stored_weight_codes
 
 from quant_core.dtypes import DType
+from quant_core.errors import ModelError
 from quant_core.qparams import quantize
 from quant_onnx.algorithms import OnnxLayerRunner
 from quant_onnx.algorithms.capture import TensorCapture
-from quant_onnx.errors import ModelError
 
 
 @pytest.mark.parametrize("per_channel", [True, False])

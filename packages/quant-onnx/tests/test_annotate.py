@@ -9,7 +9,7 @@ from onnx import helper
 
 from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
-from quant_onnx.io.config_overrides import override_config
+from quant_onnx.cli.config_overrides import override_config
 from quant_onnx.pipeline.annotate import ensure_node_names, plan_model
 
 

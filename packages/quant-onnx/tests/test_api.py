@@ -138,7 +138,7 @@ def test_phases_and_hooks_form_a_seam(model_file) -> None:
     )
     prepared = quantizer.prepare(model_file)
     calibrated = quantizer.calibrate(prepared, random_inputs(small_cnn(), 10), batch_size=4)
-    quantized = quantizer.write(calibrated)
+    quantized = quantizer.write(calibrated).model
     assert seen == {"model_nodes": len(small_cnn().graph.node), "held": 6}
     assert "QuantizeLinear" in {n.op_type for n in quantized.graph.node}
     assert prepared.model is calibrated.model

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import numpy as np
 import onnx
 import pytest
@@ -20,6 +21,8 @@ from model_builders import optimized_op_types, ort_run
 from onnx import TensorProto, helper, numpy_helper
 
 import quant_onnx
+from quant_core.presets import get_preset
+from quant_core.spec import QuantSpec
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -132,3 +135,25 @@ def test_power_of_two_weight_position_leaves_the_room_too(tmp_path: Path) -> Non
     for feed in (x[:8], edges):
         steps_off = np.abs(ort_run(quantized, feed, "all")[0] - ort_run(quantized, feed, "emulated")[0]) / step
         assert float(steps_off.max()) <= 1.0 + 1e-6, float(steps_off.max())
+
+
+def test_a_reused_quantizer_reports_each_models_own_notes_and_biases(tmp_path: Path) -> None:
+    """Results live on each call's result, not on the quantizer: a second model's report
+    does not carry the first model's notes (it did when the quantizer appended the writer's
+    notes to its own ``notes`` on every call)."""
+    a8w8 = get_preset("a8w8")
+    float_bias = QuantSpec(dtype="fp32")
+    config = attrs.evolve(a8w8, global_config=attrs.evolve(a8w8.global_config, bias=float_bias))
+    quantizer = quant_onnx.ModelQuantizer(config, quiet=True)  # a float bias QLinearConv overrides (a note)
+    images = np.random.default_rng(2).normal(size=(16, 3, 8, 8)).astype(np.float32)
+    first = quantizer.quantize(_conv_model(bias=(0.5, -0.5, 3.0, 0.0)), None, images)
+    without_bias = _conv_model(bias=())
+    del without_bias.graph.node[0].input[2:]
+    del without_bias.graph.initializer[1:]
+    second = quantizer.quantize(without_bias, None, images, report_path=tmp_path / "2.json")
+    fresh = quant_onnx.ModelQuantizer(config, quiet=True).quantize(without_bias, None, images)
+    assert any("'conv': the config keeps this bias fp32" in note for note in first.notes)
+    assert set(first.biases) == {"conv"}
+    assert second.notes == fresh.notes and not any("bias" in note for note in second.notes)
+    assert second.biases == {}
+    assert second.report is not None and list(second.report["notes"]) == list(fresh.notes)

@@ -26,7 +26,7 @@ MEASURE = textwrap.dedent(
     """
     import atexit, resource, sys
     atexit.register(lambda: print(f"peak_rss_bytes {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}"))
-    from quant_onnx.io.cli import main
+    from quant_onnx.cli.main import main
     sys.exit(main(sys.argv[1:]))
     """
 )

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from model_builders import GraphBuilder, ort_run, random_inputs, small_cnn
 
+from quant_core.errors import DataError
 from quant_core.observer_config import MovingAverageMinMax
 from quant_core.presets import get_preset
-from quant_onnx.errors import DataError
-from quant_onnx.io.config_overrides import override_config
+from quant_onnx.cli.config_overrides import override_config
 from quant_onnx.pipeline.annotate import plan_model
 from quant_onnx.pipeline.calibrate import augmented_model, calibrate
 

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from model_builders import float_island_net, random_inputs, small_cnn
 
-from quant_onnx.io.cli import main
+from quant_onnx.cli.main import main
 
 
 @pytest.fixture
@@ -253,7 +253,7 @@ def test_algorithm_flags_run_and_land_in_the_report(files, tmp_path) -> None:
 def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them() -> None:
     from quant_core.algorithm_config import AdaRoundConfig, CLEConfig
     from quant_core.presets import get_preset
-    from quant_onnx.io.cli import _algorithms, build_parser
+    from quant_onnx.cli.main import _algorithms, build_parser
 
     def flags(*given: str) -> object:
         return build_parser().parse_args(["quantize", "m.onnx", "o.onnx", *given])
@@ -314,8 +314,8 @@ def test_a_float16_model_is_refused_by_quantize_and_inspect_alike(tmp_path, caps
 
 
 def test_a_float16_initializer_is_named() -> None:
+    from quant_core.errors import ModelError
     from quant_onnx import ModelQuantizer
-    from quant_onnx.errors import ModelError
 
     model = small_cnn()
     weight = model.graph.initializer[0]
@@ -336,7 +336,7 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path) -> None:
     os.close(read_end)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "quant_onnx.io.cli", "inspect", str(path)],
+            [sys.executable, "-m", "quant_onnx.cli", "inspect", str(path)],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,

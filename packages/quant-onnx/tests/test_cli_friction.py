@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import quant_onnx.api
 from quant_core.presets import list_presets
-from quant_onnx.io.cli import main
+from quant_onnx.cli.main import main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -296,7 +296,7 @@ def test_no_stale_progress_line_before_an_error(tmp_path, float_model, capsys) -
 
 
 def test_calibration_total_is_known_for_every_sized_source(tmp_path, float_model) -> None:
-    from quant_onnx.io.data import CalibrationReader
+    from quant_onnx.data import CalibrationReader
 
     model = small_cnn()
     samples = random_inputs(model, 10)

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from quant_onnx.errors import DataError, MissingDependencyError
-from quant_onnx.io.data import (
+from quant_core.errors import DataError, MissingDependencyError
+from quant_onnx.data import (
     CalibrationReader,
     ImageOptions,
     InputSpec,

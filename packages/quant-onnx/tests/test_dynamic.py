@@ -10,7 +10,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from quant_core.qparams import sqnr_db
-from quant_onnx.io.config_overrides import override_config
+from quant_onnx.cli.config_overrides import override_config
 from quant_onnx.pipeline.dynamic import quantize_dynamic, quantize_dynamic_model
 
 

@@ -11,10 +11,10 @@ import onnx
 import pytest
 from model_builders import random_inputs, small_cnn
 
-import quant_onnx.model_io as model_io
-from quant_onnx.errors import ModelError
-from quant_onnx.io.cli import main
-from quant_onnx.tensor_data import BASEPATH, bound_folders, to_array, uses_external_data
+import quant_core.onnx_qdq.model_io as model_io
+from quant_core.errors import ModelError
+from quant_core.onnx_qdq.tensor_data import BASEPATH, bound_folders, to_array, uses_external_data
+from quant_onnx.cli.main import main
 
 
 @pytest.fixture

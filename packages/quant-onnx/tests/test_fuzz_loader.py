@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from model_builders import float_island_net, mlp, quantize_in_memory, random_inputs, small_cnn
 from onnx import TensorProto
 
+from quant_core.errors import DataError, ModelError
 from quant_onnx.api import ModelQuantizer
-from quant_onnx.errors import DataError, ModelError
-from quant_onnx.io.inspection import inspect_model
+from quant_onnx.cli.inspection import inspect_model
 
 EXAMPLES = 1200
 REFERENCE = Path(__file__).resolve().parents[3] / "tools" / "models" / "fmnist_mobilenetv2.onnx"

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from quant_onnx.graph import GraphIndex, node_inputs, topological_sort
+from quant_core.onnx_qdq.graph import GraphIndex, node_inputs, topological_sort
 from quant_onnx.pipeline.preprocess.shape_inference import typed_index
 
 

@@ -107,7 +107,7 @@ def test_sigint_after_the_outputs_are_in_place(workdir) -> None:
     """Ctrl-C while the summary is printed: both outputs were renamed into place already, so
     they stay, whole; the run still ends with 130 and the one line."""
     before = snapshot(workdir["dir"])
-    result = run_cli(*_argv(workdir), target="quant_onnx.io.summary:quantize_summary", k=1)
+    result = run_cli(*_argv(workdir), target="quant_onnx.cli.summary:quantize_summary", k=1)
     _assert_interrupted(result, before, workdir["dir"], [workdir["out"], workdir["report"]], "summary")
     assert workdir["out"].is_file() and workdir["report"].is_file()
 

@@ -8,8 +8,15 @@ import pytest
 from conftest import conv_bn_relu_model, make_model, run_ort, vi
 from onnx import helper
 
-from quant_onnx.errors import ModelError
-from quant_onnx.model_io import initializer_bytes, load_model, model_hash, model_size, opset_version, save_model
+from quant_core.errors import ModelError
+from quant_core.onnx_qdq.model_io import (
+    initializer_bytes,
+    load_model,
+    model_hash,
+    model_size,
+    opset_version,
+    save_model,
+)
 
 
 def test_load_from_path_bytes_and_proto_returns_copies(tmp_path):
@@ -101,7 +108,7 @@ def test_checker_message_keeps_the_node_name_and_op_on_one_line():
 
 
 def test_onnxruntime_messages_keep_every_line():
-    from quant_onnx.errors import MAX_MESSAGE_CHARS
+    from quant_core.errors import MAX_MESSAGE_CHARS
     from quant_onnx.ort_session import onnxruntime_errors
 
     class Fail(Exception):  # what onnxruntime's own exception types look like to the wrapper

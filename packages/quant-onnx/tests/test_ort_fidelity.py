@@ -49,10 +49,10 @@ from model_builders import cpu_has_vnni, hardswish_se_cnn, ort_run
 from onnx import numpy_helper
 
 from quant_core.config import QuantConfig
+from quant_core.onnx_qdq.model_io import opset_version
 from quant_core.presets import get_preset, list_presets
 from quant_core.spec import QuantSpec
 from quant_onnx import ModelQuantizer
-from quant_onnx.model_io import opset_version
 from quant_onnx.pipeline.preprocess import PreprocessOptions
 from quant_onnx.pipeline.qdq_writer import WriterOptions
 

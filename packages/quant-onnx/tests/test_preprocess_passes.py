@@ -26,8 +26,8 @@ from conftest import (
 )
 from onnx import helper
 
-from quant_onnx.errors import ModelError
-from quant_onnx.model_io import model_hash, opset_version
+from quant_core.errors import ModelError
+from quant_core.onnx_qdq.model_io import model_hash, opset_version
 from quant_onnx.pipeline.preprocess import (
     constants_to_initializers,
     eliminate_identities,

@@ -25,7 +25,7 @@ from conftest import (
     same_pad_model,
 )
 
-from quant_onnx.model_io import load_model, model_hash, opset_version
+from quant_core.onnx_qdq.model_io import load_model, model_hash, opset_version
 from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess, preprocess_with_report
 
 REPO = Path(__file__).resolve().parents[3]

@@ -3,6 +3,7 @@ for every observer; weight qparams and biases follow the planner's rules."""
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -160,3 +161,19 @@ def test_same_model_data_config_give_identical_models() -> None:
     assert states[0].keys() == states[1].keys()
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]), key
+
+
+def test_a_float_bias_spec_an_integer_kernel_overrides_is_noted_as_in_quant_onnx() -> None:
+    """Both backends decide 'this bias becomes int32 per channel' with one rule
+    (quant_core.bias.bias_to_encode): a float bias spec on an 8-bit layer is stored as int32
+    with the same note quant-onnx writes, not passed on in float."""
+    base = get_preset("a8w8")
+    config = base.evolve(global_config=attrs.evolve(base.global_config, bias=QuantSpec(dtype="fp32")))
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    q = ModelQuantizer(config, quiet=True)
+    frozen = q.freeze(q.quantize_model(net, images(1), [images(8)]))
+    (graph,) = q.report(frozen).values()
+    assert any("the config keeps this bias fp32, but an integer kernel reads the layer" in n for n in graph["notes"])
+    (gm,) = [m for m in frozen.modules() if hasattr(m, "graph")][:1]
+    (encoded,) = graph_info(gm).biases.values()
+    assert encoded.codes is not None and encoded.codes.dtype == np.int32

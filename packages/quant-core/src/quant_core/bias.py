@@ -286,6 +286,65 @@ def fit_weight_to_bias(
     return attrs.evolve(weight_qp, scale=np.asarray(scale, np.float32), zero_point=zero_point, fix_pos=fix_pos), note
 
 
+def encode_layer_bias(
+    node: str,
+    bias: npt.ArrayLike | None,
+    input_scale: npt.ArrayLike | None,
+    weight_qp: QParams,
+    spec: QuantSpec | None,
+    *,
+    integer_kernel: bool,
+) -> tuple[EncodedBias | None, tuple[str, ...]]:
+    """The bias rule for one layer as both backends apply it: ``bias`` (``None``: not a
+    constant) encoded with :func:`encode_bias`, or ``None`` when it stays float, and the
+    notes for the report (naming ``node``). A layer whose input is not quantized
+    (``input_scale`` ``None``) keeps its bias float; so does a bias that is not one value
+    per channel where the rule wants int32 per channel (:func:`bias_to_encode`).
+
+    Example:
+        >>> w = QParams(scale=np.full(2, 0.01, np.float32), zero_point=np.zeros(2, np.int64), dtype="int8", axis=0)
+        >>> encoded, notes = encode_layer_bias("fc", np.array([0.5, -1.0]), 0.1, w, None, integer_kernel=True)
+        >>> encoded.rule.value, encoded.codes.tolist(), notes
+        ('product', [500, -1000], ())
+        >>> encode_layer_bias("fc", np.array([0.5, -1.0]), None, w, None, integer_kernel=True)
+        (None, ("node 'fc': bias kept float (its input is not quantized)",))
+    """
+    if bias is None or input_scale is None:
+        return None, (f"node {node!r}: bias kept float (its input is not quantized)",)
+    value, kept_float = bias_to_encode(bias, weight_qp, spec, integer_kernel=integer_kernel)
+    if value is None:
+        return None, (f"node {node!r}: {kept_float}",)
+    encoded = encode_bias(value, input_scale, weight_qp, spec, integer_kernel=integer_kernel)
+    return encoded, () if encoded.note is None else (f"node {node!r}: {encoded.note}",)
+
+
+def bias_to_encode(
+    bias: npt.ArrayLike, weight_qp: QParams, spec: QuantSpec | None, *, integer_kernel: bool
+) -> tuple[np.ndarray | None, str | None]:
+    """A layer's bias as :func:`encode_bias` takes it, or ``None`` and why it stays float.
+
+    Where the rule stores the bias as int32 per channel (no spec, an int32 spec, or a float
+    spec an integer kernel overrides), it must hold one value per weight channel: a bias
+    broadcast as ``[1, N]`` is flattened to ``[N]``; any other shape (one bias per row of a
+    Gemm, say) is not a per-channel bias, and stays float.
+
+    Example:
+        >>> w = QParams(scale=np.ones(4, np.float32), zero_point=np.zeros(4, np.int64), dtype="int8", axis=0)
+        >>> bias_to_encode(np.ones((1, 4)), w, None, integer_kernel=True)[0].shape
+        (4,)
+        >>> bias_to_encode(np.ones((2, 4)), w, None, integer_kernel=True)
+        (None, 'bias of shape [2, 4] kept float (not one per channel)')
+    """
+    value = np.asarray(bias, np.float32)
+    integer = spec is None or spec.dtype is DType.INT32 or (not spec.is_quantized and integer_kernel)
+    channels = np.shape(weight_qp.scale)
+    if integer and channels:
+        if value.size != channels[0]:
+            return None, f"bias of shape {list(value.shape)} kept float (not one per channel)"
+        value = value.reshape(-1)
+    return value, None
+
+
 def encode_bias(
     bias: npt.ArrayLike,
     input_scale: npt.ArrayLike,

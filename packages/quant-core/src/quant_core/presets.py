@@ -267,7 +267,12 @@ def get_preset(name: str) -> QuantConfig:
     return preset.factory()
 
 
-def resolve_config(config: QuantConfig | str | os.PathLike[str] | None, default: str = "a8w8") -> QuantConfig:
+DEFAULT_PRESET = "a8w8"
+"""The preset every entry point uses when given no config: what an onnxruntime user
+expects (uint8 activations, int8 per-channel weights)."""
+
+
+def resolve_config(config: QuantConfig | str | os.PathLike[str] | None, default: str = DEFAULT_PRESET) -> QuantConfig:
     """A :class:`QuantConfig` from a config, a preset name, a ``.json`` config file, or
     ``None`` (the ``default`` preset): what every backend's entry point accepts.
 

@@ -7,9 +7,7 @@ shared so that the ONNX writer and the torch exporter make the same choices:
 - :func:`activation_is_absorbed`: whether quantizing with the post-activation qparams
   already applies a fused Relu/Clip exactly, so a writer may drop the activation node;
 - :func:`guard_matmul_weight`: whether a MatMul's weight must be written in the form
-  onnxruntime's MatMulNBits rewrite refuses (:data:`MATMUL_WEIGHT_AXIS`);
-- :func:`exact_int32` and :func:`output_channels`: a float bias stored so that onnxruntime
-  cannot re-quantize it, and how long a layer's bias is.
+  onnxruntime's MatMulNBits rewrite refuses (:data:`MATMUL_WEIGHT_AXIS`).
 
 Example:
     >>> from quant_core.qparams import QParams
@@ -116,36 +114,3 @@ def guard_matmul_weight(activation: DType | None, weight: DType) -> bool:
         (True, False)
     """
     return not (activation is not None and activation.bits == 8 and weight.bits == 8)
-
-
-def exact_int32(values: np.ndarray) -> tuple[np.ndarray, QParams]:
-    """A float32 vector as int32 codes times one power-of-two scale per element (axis 0),
-    zero point 0: a DequantizeLinear of these gives back ``values`` bit for bit (each code
-    is the 24-bit mantissa, exact in float32; scaling by a power of two is exact). What a
-    writer stores where onnxruntime would otherwise re-quantize a float bias.
-
-    Example:
-        >>> codes, qp = exact_int32(np.array([0.1, -3.0, 0.0], np.float32))
-        >>> bool(np.array_equal(codes.astype(np.float32) * qp.scale, np.array([0.1, -3.0, 0.0], np.float32)))
-        True
-    """
-    value = np.asarray(values, np.float32).reshape(-1)
-    _mantissa, exponent = np.frexp(value)
-    scale = np.ldexp(np.float32(1.0), np.maximum(exponent - 24, -149)).astype(np.float32)  # 2**-149: smallest float32
-    codes = np.rint(value.astype(np.float64) / scale.astype(np.float64)).astype(np.int32)
-    zero_point = np.zeros(value.shape, np.int64)
-    return codes, QParams(scale=scale, zero_point=zero_point, dtype=DType.INT32, axis=0)
-
-
-def output_channels(op_type: str, weight_shape: tuple[int, ...], *, group: int = 1, trans_b: bool = False) -> int:
-    """Length of a Conv/ConvTranspose/Gemm bias (its output channels) given its weight's shape.
-
-    Example:
-        >>> output_channels("Gemm", (4, 3), trans_b=True), output_channels("ConvTranspose", (8, 2, 3, 3), group=4)
-        (4, 8)
-    """
-    if op_type == "ConvTranspose":
-        return int(weight_shape[1]) * group
-    if op_type == "Gemm" and not trans_b:
-        return int(weight_shape[1])
-    return int(weight_shape[0])

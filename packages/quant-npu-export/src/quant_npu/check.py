@@ -25,11 +25,12 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_core.onnx_qdq.graph import float_attribute, int_attribute, int_list, node_attribute, node_label
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
 from quant_npu.formats import activation_issues, bias_issues, weight_issues
 from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish, plan, step_label
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.qdq import QDQGraph, float_attribute, int_attribute, int_list, node_attribute, node_label
 from quant_npu.shifts import (
     add_shift_read_range,
     hard_sigmoid_output_range,
@@ -343,7 +344,7 @@ class _Checker:
 def check(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None = None) -> CheckResult:
     """Every rule of ``target`` (a profile, a built-in name or a ``.json`` file; default
     ``xint8``) that ``model`` (a path or ModelProto, never modified) breaks."""
-    from quant_onnx.model_io import load_model
+    from quant_core.onnx_qdq.model_io import load_model
 
     return check_loaded(load_model(model), load_profile(target))
 

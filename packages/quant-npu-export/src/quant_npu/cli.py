@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quant_onnx.io.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
+from quant_algos.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
 
 EXIT_VIOLATIONS = 1
 _LOG = logging.getLogger(__name__)
@@ -81,8 +81,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _legalize(args: argparse.Namespace) -> int:
+    from quant_core.onnx_qdq.model_io import check_output_paths
     from quant_npu.legalize import legalize
-    from quant_onnx.model_io import check_output_paths
 
     check_output_paths(args.output, args.report, input_path=args.model)
     result = legalize(args.model, args.output, args.target, report_path=args.report)
@@ -106,8 +106,8 @@ def _simulate(args: argparse.Namespace) -> int:
     import io
 
     from quant_core.atomic_io import atomic_write
+    from quant_core.onnx_qdq.model_io import check_output_path
     from quant_npu.sim import NPUSimulator
-    from quant_onnx.model_io import check_output_path
 
     out = Path(args.out)
     if out.suffix not in (".npy", ".npz"):
@@ -130,8 +130,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _export_info(args: argparse.Namespace) -> int:
+    from quant_core.onnx_qdq.model_io import check_output_path
     from quant_npu.quant_info import write_quant_info
-    from quant_onnx.model_io import check_output_path
 
     check_output_path(args.output, input_path=args.model)
     data = write_quant_info(args.model, args.output)

@@ -4,7 +4,7 @@ is wrong with a tensor that does not fit: ``(rule, message)`` pairs.
 Example:
     >>> import numpy as np, onnx
     >>> from quant_npu.profile import NPUProfile
-    >>> from quant_npu.qdq import QuantTensor
+    >>> from quant_core.onnx_qdq.reader import QuantTensor
     >>> u8 = QuantTensor("a", np.array(0.1, np.float32), np.array(3), onnx.TensorProto.UINT8, None)
     >>> [rule for rule, _ in activation_issues(u8, NPUProfile())]
     ['symmetric', 'power_of_two']
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from quant_core.onnx_qdq.reader import QuantTensor
 from quant_npu.profile import BiasFormat, NPUProfile
-from quant_npu.qdq import QuantTensor
 
 Issue = tuple[str, str]
 

@@ -35,6 +35,8 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_core.onnx_qdq.graph import float_attribute, node_label
+from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_npu.approximations import device_leaky_relu_alpha
 from quant_npu.check import CheckResult, check_loaded
 from quant_npu.formats import activation_issues
@@ -42,7 +44,6 @@ from quant_npu.parameters import ParameterLegalizer, legalize_operand
 from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, plan
 from quant_npu.positions import PositionSolver, representable_range
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.qdq import QDQGraph, QuantTensor, float_attribute, node_label
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
 
@@ -215,7 +216,7 @@ class _Legalizer:
 def legalize_model(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None = None) -> LegalizeResult:
     """Legalise ``model`` (path or ModelProto, never modified) for ``target`` (a profile,
     built-in name or ``.json`` file; default ``xint8``)."""
-    from quant_onnx.model_io import check_model, load_model
+    from quant_core.onnx_qdq.model_io import check_model, load_model
 
     profile = load_profile(target)
     work = load_model(model)
@@ -236,7 +237,7 @@ def legalize(
 ) -> LegalizeResult:
     """:func:`legalize_model` and write the result to ``model_out`` (atomically; never over
     the input) and, when given, a JSON report."""
-    from quant_onnx.model_io import save_model
+    from quant_core.onnx_qdq.model_io import save_model
 
     result = legalize_model(model_in, target)
     save_model(result.model, model_out, input_path=model_in)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from quant_core.onnx_qdq.graph import int_attribute
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.formats import bias_issues, weight_issues
 from quant_npu.plan import Step
 from quant_npu.positions import covering_position
 from quant_npu.profile import BiasFormat, NPUProfile
-from quant_npu.qdq import QDQGraph, int_attribute
 from quant_npu.rewrite import ModelEditor, quantize_real
 from quant_npu.shifts import clamp, shift_bias_range
 

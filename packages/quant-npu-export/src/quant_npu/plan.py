@@ -33,8 +33,9 @@ from __future__ import annotations
 import attrs
 import onnx
 
+from quant_core.onnx_qdq.graph import node_label
+from quant_core.onnx_qdq.reader import ComputeNode, QDQGraph
 from quant_npu.profile import NPUProfile
-from quant_npu.qdq import ComputeNode, QDQGraph, node_label
 
 WEIGHTED_OPS = frozenset({"Conv", "Gemm", "MatMul"})
 ADD_OPS = frozenset({"Add", "Sub"})

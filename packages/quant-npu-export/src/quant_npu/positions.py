@@ -13,11 +13,11 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_core.qparams import pow2_fix_pos
 from quant_npu.formats import activation_issues
 from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish
 from quant_npu.profile import NPUProfile
-from quant_npu.qdq import QDQGraph, QuantTensor
 from quant_npu.shifts import clamp, hard_sigmoid_output_range, mul_shift_range
 
 MAX_ROUNDS = 20

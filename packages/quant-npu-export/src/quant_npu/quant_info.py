@@ -31,8 +31,8 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.qdq import QDQGraph, QuantTensor
 from quant_npu.rewrite import ModelEditor, quantize_real
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
@@ -70,8 +70,8 @@ def export_quant_info(model: ModelSource) -> dict[str, Any]:
         >>> export_quant_info(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))["input"]
         {'net::x': [[8, 3]]}
     """
+    from quant_core.onnx_qdq.model_io import load_model
     from quant_npu import __version__
-    from quant_onnx.model_io import load_model
 
     loaded = load_model(model)
     qdq = QDQGraph(loaded)
@@ -187,7 +187,7 @@ def import_quant_info(
     activation's QuantizeLinear/DequantizeLinear get ``2**-pos`` (symmetric), each
     parameter is requantized from its exact real values with the profile's rounding.
     Tensors are matched by name (see the module docstring)."""
-    from quant_onnx.model_io import check_model, load_model
+    from quant_core.onnx_qdq.model_io import check_model, load_model
 
     profile = load_profile(target)
     work = load_model(model)

@@ -15,10 +15,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from quant_core.onnx_qdq.build import tensor_proto
+from quant_core.onnx_qdq.graph import GraphIndex
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_core.qparams import round_values, scale_from_fix_pos
 from quant_core.spec import RoundMode
-from quant_npu.qdq import QDQGraph, tensor_proto
-from quant_onnx.graph import GraphIndex
 
 
 def scale_for(position: int) -> np.ndarray:

@@ -8,13 +8,14 @@ Example:
 
 from __future__ import annotations
 
-from quant_onnx.api import DEFAULT_PRESET, ModelQuantizer, PreparedModel, QuantizationResult, quantize, resolve_config
-from quant_onnx.errors import DataError, ModelError, OutputError
-from quant_onnx.io.compare import Comparison, compare_models
+from quant_core.errors import DataError, ModelError, OutputError
+from quant_core.presets import DEFAULT_PRESET
+from quant_onnx.api import ModelQuantizer, PreparedModel, QuantizationResult, quantize, resolve_config
 from quant_onnx.pipeline.annotate import plan_model
 from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
 from quant_onnx.pipeline.dynamic import quantize_dynamic, quantize_dynamic_model
 from quant_onnx.pipeline.qdq_writer import WriterOptions, write_qdq
+from quant_onnx.reporting.compare import Comparison, compare_models
 
 __all__ = [
     "DEFAULT_PRESET",

@@ -8,7 +8,11 @@ can hook in between them:
    the model hooks, plan (:mod:`quant_core.plan`). -> :class:`PreparedModel`
 2. :meth:`ModelQuantizer.calibrate`: stream the data through onnxruntime into observers,
    then run the calibrated hooks. -> :class:`~quant_onnx.pipeline.calibrate.CalibratedModel`
-3. :meth:`ModelQuantizer.write`: the QDQ model. -> ``onnx.ModelProto``
+3. :meth:`ModelQuantizer.write`: the QDQ model, with what writing it decided (notes, how
+   each bias was stored). -> :class:`~quant_onnx.pipeline.qdq_writer.WrittenModel`
+
+Each call returns its own result; the quantizer keeps no state between calls, so one
+:class:`ModelQuantizer` serves any number of models.
 
 :meth:`ModelQuantizer.quantize` also runs the config's ``algorithms``
 (:mod:`quant_onnx.algorithms`): CLE and SmoothQuant on the float model between phases 1
@@ -45,14 +49,7 @@ import onnx
 from quant_core import presets
 from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
-from quant_core.plan import QuantPlan
-from quant_core.spec import QuantSpec
-from quant_onnx.algorithms.mixed_precision import EvaluateFn
-from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
-from quant_onnx.io.compare import Comparison, compare_models
-from quant_onnx.io.data import CalibrationReader, ImageOptions
-from quant_onnx.io.report import build_report, write_report
-from quant_onnx.model_io import (
+from quant_core.onnx_qdq.model_io import (
     check_float32,
     check_output_paths,
     load_model,
@@ -60,13 +57,18 @@ from quant_onnx.model_io import (
     save_model,
     source_label,
 )
+from quant_core.plan import QuantPlan
+from quant_core.qdq import encode_activation_dtype, required_opset
+from quant_core.spec import QuantSpec
+from quant_onnx.algorithms.mixed_precision import EvaluateFn
+from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
+from quant_onnx.data import CalibrationReader, ImageOptions
 from quant_onnx.pipeline.annotate import ensure_node_names, plan_model
 from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
 from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess_with_report
-from quant_onnx.pipeline.qdq_writer import WriterOptions, encode_activation_dtype, required_opset, write_qdq_with_notes
-
-DEFAULT_PRESET = "a8w8"
-"""What an onnxruntime user expects: uint8 activations, int8 per-channel weights."""
+from quant_onnx.pipeline.qdq_writer import WriterOptions, WrittenModel, write_qdq_with_notes
+from quant_onnx.reporting.compare import Comparison, compare_models
+from quant_onnx.reporting.report import build_report, run_notes, write_report
 
 ModelSource = str | os.PathLike[str] | bytes | onnx.ModelProto
 ModelHook = Callable[[onnx.ModelProto], onnx.ModelProto]
@@ -86,7 +88,7 @@ def resolve_config(config: QuantConfig | str | os.PathLike[str] | None) -> Quant
         >>> resolve_config(None).name
         'a8w8'
     """
-    return presets.resolve_config(config, DEFAULT_PRESET)
+    return presets.resolve_config(config)
 
 
 def config_specs(config: QuantConfig) -> list[QuantSpec]:
@@ -111,8 +113,10 @@ class PreparedModel:
 
 @attrs.frozen(eq=False)
 class QuantizationResult:
-    """What :meth:`ModelQuantizer.quantize` produced. ``report`` is the full report (only when a
-    report path was given); ``algorithms`` what each config algorithm did (always).
+    """What one :meth:`ModelQuantizer.quantize` call produced. ``report`` is the full report
+    (only when a report path was given); ``algorithms`` what each config algorithm did,
+    ``notes`` every note of the run (the plan's, calibration's and writing's: biases kept
+    float, weight scales raised...) and ``biases`` how each layer's bias was stored (always).
 
     Example:
         >>> QuantizationResult(onnx.ModelProto(), None, None, None).algorithms
@@ -124,6 +128,8 @@ class QuantizationResult:
     report: dict[str, Any] | None
     output_path: Path | None
     algorithms: Mapping[str, Any] = attrs.field(factory=dict)
+    notes: tuple[str, ...] = ()
+    biases: Mapping[str, EncodedBias] = attrs.field(factory=dict)
 
 
 class _HeldBatches:
@@ -172,7 +178,7 @@ class ModelQuantizer:
         >>> quantizer = ModelQuantizer("a8w8", quiet=True)
         >>> prepared = quantizer.prepare(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8))
         >>> calibrated = quantizer.calibrate(prepared, np.ones((4, 2), np.float32))
-        >>> [n.op_type for n in quantizer.write(calibrated).graph.node]
+        >>> [n.op_type for n in quantizer.write(calibrated).model.graph.node]
         ['QuantizeLinear', 'DequantizeLinear', 'Add', 'QuantizeLinear', 'DequantizeLinear']
     """
 
@@ -200,8 +206,6 @@ class ModelQuantizer:
         self.share_concat_scales = share_concat_scales
         self.evaluate = evaluate
         self.quiet = quiet
-        self.notes: list[str] = []
-        self.biases: dict[str, EncodedBias] = {}
 
     def required_opset(self) -> int:
         """The opset the QDQ formats of this config need."""
@@ -240,7 +244,7 @@ class ModelQuantizer:
         batch_size: int | None = None,
         image_options: ImageOptions | None = None,
     ) -> CalibrationReader:
-        """Validated feeds for ``prepared``'s inputs (see :mod:`quant_onnx.io.data`)."""
+        """Validated feeds for ``prepared``'s inputs (see :mod:`quant_onnx.data`)."""
         return CalibrationReader(
             prepared.model,
             calibration_data,
@@ -281,13 +285,9 @@ class ModelQuantizer:
             calibrated = hook(calibrated, held.held)
         return calibrated, held.held
 
-    def write(self, calibrated: CalibratedModel) -> onnx.ModelProto:
-        """Phase 3: the QDQ model (the writer's notes are added to :attr:`notes`, how it
-        stored each bias to :attr:`biases`)."""
-        written = write_qdq_with_notes(calibrated, self.writer_options)
-        self.notes.extend(written.notes)
-        self.biases.update(written.biases)
-        return written.model
+    def write(self, calibrated: CalibratedModel) -> WrittenModel:
+        """Phase 3: the QDQ model, the notes writing it made and how each bias was stored."""
+        return write_qdq_with_notes(calibrated, self.writer_options)
 
     def quantize(
         self,
@@ -324,7 +324,8 @@ class ModelQuantizer:
             algorithm_reports.update(pre.reports)
             calibration_data = feeds
         calibrated, held = self._calibrate(prepared, calibration_data, num_samples, batch_size, image_options)
-        quantized = self.write(calibrated)
+        written = self.write(calibrated)
+        quantized = written.model
         if feeds is not None:
             post = run_post_passes(
                 calibrated,
@@ -354,9 +355,9 @@ class ModelQuantizer:
                 calibrated,
                 config=self.config,
                 comparison=comparison,
-                notes=self.notes,
+                notes=written.notes,
                 files=files,
-                biases=self.biases,
+                biases=written.biases,
             )
             if algorithm_reports:
                 report["algorithms"] = algorithm_reports
@@ -365,7 +366,8 @@ class ModelQuantizer:
             path = save_model(quantized, model_out, input_path=input_path)
         if report is not None and report_path is not None:
             write_report(report, report_path)
-        return QuantizationResult(quantized, calibrated, report, path, algorithm_reports)
+        notes = run_notes(calibrated, written.notes)
+        return QuantizationResult(quantized, calibrated, report, path, algorithm_reports, notes, dict(written.biases))
 
 
 def quantize(

@@ -1,4 +1,4 @@
-"""onnxruntime sessions whose failures are one-line :class:`~quant_onnx.errors.ModelError`.
+"""onnxruntime sessions whose failures are one-line :class:`~quant_core.errors.ModelError`.
 
 onnxruntime raises its own exception types (``Fail``, ``InvalidGraph``,
 ``InvalidArgument``...), subclasses of neither ValueError nor RuntimeError, with
@@ -19,7 +19,7 @@ Example:
     >>> session.run(None, {"x": np.zeros(3, np.int64)})
     Traceback (most recent call last):
     ...
-    quant_onnx.errors.ModelError: onnxruntime cannot run the model: Unexpected input data type. Actual: (tensor(int64)) , expected: (tensor(float))
+    quant_core.errors.ModelError: onnxruntime cannot run the model: Unexpected input data type. Actual: (tensor(int64)) , expected: (tensor(float))
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from quant_onnx.errors import ModelError, one_line
-from quant_onnx.tensor_data import bound_folders, without_basepath
+from quant_core.errors import ModelError, one_line
+from quant_core.onnx_qdq.tensor_data import bound_folders, without_basepath
 
 _PREFIX = re.compile(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*")
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
@@ -98,7 +98,7 @@ def session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
 
 def inference_session(model: onnx.ModelProto, level: ort.GraphOptimizationLevel) -> CheckedSession:
     """A CPU session on an in-memory model; onnxruntime reads tensors that
-    :func:`~quant_onnx.model_io.load_model` left in their files from there."""
+    :func:`~quant_core.onnx_qdq.model_io.load_model` left in their files from there."""
     options = session_options(level)
     folders = bound_folders(model)
     if len(folders) > 1:

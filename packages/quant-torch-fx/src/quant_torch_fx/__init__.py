@@ -13,18 +13,30 @@ Example:
     torch.Size([2, 8, 6, 6])
 """
 
+from quant_core.errors import CaptureError, DataError
 from quant_torch_fx.api import ModelQuantizer
-from quant_torch_fx.errors import CaptureError, DataError
+from quant_torch_fx.calibrate import finish_calibration, start_observing
+from quant_torch_fx.data import InputSignature
+from quant_torch_fx.export import DEFAULT_OPSET
 from quant_torch_fx.fake_quantize import fake_quantize, qparams_to_tensors
+from quant_torch_fx.prepare import named_quantizers, quantized_graphs
+from quant_torch_fx.quantizer import FakeQuantizer
 from quant_torch_fx.training import distillation_loss, train_qat
 
 __all__ = [
+    "DEFAULT_OPSET",
     "CaptureError",
     "DataError",
+    "FakeQuantizer",
+    "InputSignature",
     "ModelQuantizer",
     "distillation_loss",
     "fake_quantize",
+    "finish_calibration",
+    "named_quantizers",
     "qparams_to_tensors",
+    "quantized_graphs",
+    "start_observing",
     "train_qat",
 ]
 __version__ = "0.1.0"

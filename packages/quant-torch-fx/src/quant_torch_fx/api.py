@@ -45,12 +45,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from quant_algos.drivers.schedule import schedule
 from quant_core.config import QuantConfig
 from quant_core.plan import check_selectors
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
 from quant_torch_fx.algorithms.passes import (
-    POST_CALIBRATION,
     SUPPORTED,
     check_algorithms,
     pre_pass,
@@ -63,8 +63,6 @@ from quant_torch_fx.export import DEFAULT_OPSET, export_onnx
 from quant_torch_fx.freeze import freeze
 from quant_torch_fx.prepare import graph_info, prepare_graph, quantized_graphs
 from quant_torch_fx.qat import QAT_METHODS, enable_qat
-
-DEFAULT_PRESET = "a8w8"
 
 
 class ModelQuantizer:
@@ -101,7 +99,7 @@ class ModelQuantizer:
         compile_fake_quant: bool = False,
         quiet: bool = False,
     ) -> None:
-        self.config = resolve_config(config, DEFAULT_PRESET)
+        self.config = resolve_config(config)
         check_algorithms(self.config)
         if self.config.algorithms and regions is not None:
             raise ValueError("regions: the config's algorithms run on a model captured whole; allowed with them: None")
@@ -268,7 +266,7 @@ class ModelQuantizer:
                 f"config.algorithms: {', '.join(refused)} run with quantize_model (PTQ); allowed with QAT: "
                 f"{', '.join(SUPPORTED)}, with fold_batch_norm=True"
             )
-        post = [kind for kind in kinds if kind in POST_CALIBRATION]
+        post = [a.kind for a in schedule(self.config, SUPPORTED, backend="torch").after_calibration]
         if post and calib_loader is None:
             raise ValueError(f"calib_loader: config.algorithms {', '.join(post)} run on calibration data; pass one")
         float_pass = None

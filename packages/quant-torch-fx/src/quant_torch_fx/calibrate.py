@@ -34,11 +34,11 @@ from torch.fx import GraphModule
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from quant_algos.progress import first_taken
+from quant_core.errors import DataError
 from quant_core.observers import make_observer
 from quant_core.plan import constant_input_note, plan_weight_qparams
 from quant_torch_fx.data import InputSignature, batches, loader_length
 from quant_torch_fx.distributed import merge_observers
-from quant_torch_fx.errors import DataError
 from quant_torch_fx.prepare import (
     activation_qparams_lookup,
     activation_quantizers,

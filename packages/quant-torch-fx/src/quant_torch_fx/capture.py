@@ -36,7 +36,7 @@ from torch import nn
 from torch.export import Dim
 from torch.fx import GraphModule
 
-from quant_torch_fx.errors import CaptureError
+from quant_core.errors import CaptureError
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 

@@ -14,7 +14,7 @@ Example:
     >>> sig.inputs(torch.zeros(4, 8, 8), 0)
     Traceback (most recent call last):
     ...
-    quant_torch_fx.errors.DataError: data: batch 0, input 0 has shape [4, 8, 8]; expected [N, 3, 8, 8] (the example input's shape, any batch size N)
+    quant_core.errors.DataError: data: batch 0, input 0 has shape [4, 8, 8]; expected [N, 3, 8, 8] (the example input's shape, any batch size N)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 import torch
 
-from quant_torch_fx.errors import DataError
+from quant_core.errors import DataError
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:

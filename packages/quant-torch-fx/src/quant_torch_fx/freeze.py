@@ -32,8 +32,7 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
-from quant_core.bias import encode_bias
-from quant_core.dtypes import DType
+from quant_core.bias import encode_layer_bias
 from quant_core.plan import plan_weight_qparams
 from quant_core.qdq import activation_is_absorbed
 from quant_torch_fx.capture import copy_captured
@@ -184,24 +183,20 @@ def _encode_biases(gm: GraphModule) -> None:
         input_qp = act(slot.node, slot.input_tensor)
         fq = weight_qparams.get(slot.node)
         consumer = by_name.get(info.weighted.get(slot.node, ""))
-        if value is None or input_qp is None or fq is None or consumer is None:
-            info.notes.append(f"node {slot.node!r}: bias kept float (its input is not quantized)")
-            continue
-        weight_qp = fq.current_qparams()
-        integer = slot.spec is None or (slot.spec.is_quantized and slot.spec.dtype is DType.INT32)
-        if integer and weight_qp.scale.ndim and value.size != weight_qp.scale.shape[0]:
-            info.notes.append(f"node {slot.node!r}: bias of shape {list(value.shape)} kept float (not one per channel)")
-            continue
-        encoded = encode_bias(
-            value.reshape(-1) if integer and weight_qp.scale.ndim else value,
-            input_qp.scale,
-            weight_qp,
+        if fq is None or consumer is None:
+            continue  # no quantized weight, so no bias slot to encode (the plan keeps the layer float)
+        encoded, notes = encode_layer_bias(
+            slot.node,
+            value,
+            None if input_qp is None else input_qp.scale,
+            fq.current_qparams(),
             slot.spec,
             integer_kernel=slot.integer_kernel,
         )
+        info.notes.extend(notes)
+        if encoded is None:
+            continue
         info.biases[slot.node] = encoded
-        if encoded.note is not None:
-            info.notes.append(f"node {slot.node!r}: {encoded.note}")
         stored = encoded.values()
         if stored is None:
             continue

@@ -36,6 +36,7 @@ from torch.fx import GraphModule, Node
 
 from quant_torch_fx.aten_map import op_name
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm, fold_batch_norm
+from quant_torch_fx.naming import plan_name
 
 aten = torch.ops.aten
 
@@ -295,8 +296,6 @@ def modularize(gm: GraphModule, *, fold_batch_norms: bool) -> None:
                 assert isinstance(target, torch._ops.OpOverload)
                 conv_bn = ConvBn(target, weight, bias, tuple(conv.args[3:]), bn)
                 conv_bn.weight.requires_grad_(weight.requires_grad)
-                from quant_torch_fx.graph_plan import plan_name
-
                 name = plan_name(conv)  # QAT plans name the layer as PTQ plans do
                 path = _free_path(gm, _owner_path(weight_node))
                 call = _replace_with_module(gm, [conv, node], path, conv_bn, (conv.args[0],))

@@ -48,6 +48,7 @@ from quant_core.plan import PlanGraph, PlanNode
 from quant_torch_fx.aten_map import MappedNode, map_node, to_plan_node
 from quant_torch_fx.graph_passes import get_attr_value, getitem_outputs
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm
+from quant_torch_fx.naming import module_paths, module_type_names, plan_name
 
 
 @attrs.frozen(eq=False)
@@ -70,41 +71,6 @@ class GraphView:
     def constant_value(self, tensor: str) -> np.ndarray | None:
         getter = self.constants.get(tensor)
         return None if getter is None else getter().detach().cpu().numpy()
-
-
-def plan_name(node: Node) -> str:
-    """The name a config's globs match: module path for a module call, else
-    ``"<innermost module path>/<fx name>"`` (the FX name at top level).
-
-    Example:
-        >>> from torch.fx import Graph
-        >>> g = Graph(); x = g.placeholder("x")
-        >>> y = g.call_function(torch.relu, (x,)); y.meta["nn_module_stack"] = {"k": ("block.act", "ReLU")}
-        >>> plan_name(y)
-        'block.act/relu'
-    """
-    if "plan_name" in node.meta:  # a module call standing for a captured op keeps the op's name
-        return str(node.meta["plan_name"])
-    if node.op == "call_module":
-        return str(node.target)
-    path = module_paths(node)
-    return f"{path[-1]}/{node.name}" if path else node.name
-
-
-def module_paths(node: Node) -> list[str]:
-    """Module paths the node was called in, outermost first (from ``nn_module_stack``;
-    torch's placeholder entries for nodes it created itself are skipped)."""
-    stack = node.meta.get("nn_module_stack") or {}
-    return [path for path, _type in stack.values() if path and not path.startswith("_empty_nn_module_stack")]
-
-
-def module_type_names(node: Node) -> list[str]:
-    """Qualified type names of the modules the node was called in."""
-    stack = node.meta.get("nn_module_stack") or {}
-    names = []
-    for _path, kind in stack.values():
-        names.append(kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}")
-    return names
 
 
 def _is_float_tensor(node: Node) -> bool:

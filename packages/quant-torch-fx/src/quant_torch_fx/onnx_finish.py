@@ -33,7 +33,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quant_core.dtypes import DType
-from quant_core.qdq import MATMUL_WEIGHT_AXIS, exact_int32, guard_matmul_weight, output_channels
+from quant_core.onnx_qdq.build import exact_int32, output_channels
+from quant_core.qdq import MATMUL_WEIGHT_AXIS, guard_matmul_weight
 from quant_core.qparams import QParams
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -213,8 +214,7 @@ def _store_exact_bias(view: _Graph, node: onnx.NodeProto, weight_shape: tuple[in
     if len(node.input) > 2 and node.input[2] and (bias is None or len(bias.dims) != 1):
         return  # not a 1-D initializer: onnxruntime leaves it alone
     if bias is None:
-        trans_b = bool(_attribute(node, "transB", 0))
-        channels = output_channels(node.op_type, weight_shape, group=_attribute(node, "group", 1), trans_b=trans_b)
+        channels = output_channels(node, weight_shape)
         values = np.zeros(channels, np.float32)
         base = f"{node.name}_zero_bias"
     else:

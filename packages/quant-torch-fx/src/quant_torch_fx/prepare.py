@@ -170,6 +170,28 @@ def weight_quantizers(gm: GraphModule) -> Iterator[tuple[str, FakeQuantizer]]:
         yield node, quantizer(gm, path)
 
 
+def named_quantizers(model: nn.Module) -> list[dict[str, FakeQuantizer]]:
+    """Per quantized graph of ``model`` (in module order): ``"activation:<group>"`` and
+    ``"weight:<node>"`` -> its quantizer. The names are stable for the same model and
+    config, so qparams saved from one process can be loaded into another.
+
+    Example:
+        >>> import torch
+        >>> from quant_core.presets import get_preset
+        >>> from quant_torch_fx import ModelQuantizer
+        >>> q = ModelQuantizer(get_preset("a8w8"), quiet=True)
+        >>> prepared = q.prepare(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1)), torch.randn(1, 3, 4, 4))
+        >>> sorted(named_quantizers(prepared)[0])[-1]
+        'weight:0/conv2d'
+    """
+    graphs = []
+    for gm in quantized_graphs(model):
+        named = {f"activation:{key}": fq for key, fq in activation_quantizers(gm)}
+        named.update({f"weight:{node}": fq for node, fq in weight_quantizers(gm)})
+        graphs.append(named)
+    return graphs
+
+
 def unique_name(base: str, taken: Collection[str]) -> str:
     """``base``, or ``base_1``, ``base_2``... : the first not in ``taken``.
 

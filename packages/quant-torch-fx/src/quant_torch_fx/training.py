@@ -31,9 +31,9 @@ from torch import nn
 from torch.fx import Node
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
+from quant_core.errors import DataError
 from quant_torch_fx.calibrate import model_device
 from quant_torch_fx.data import labels_of, loader_length
-from quant_torch_fx.errors import DataError
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm
 from quant_torch_fx.prepare import graph_info, quantized_graphs, quantizer

@@ -1,7 +1,7 @@
 """A QDQ model compiled into the device's integer operations (see :func:`compile_program`).
 
 The data path holds signed integer codes (``q - zero_point``) keyed like
-:class:`~quant_npu.qdq.QDQGraph` tensors; shape computations (Shape -> Gather -> ...)
+:class:`~quant_core.onnx_qdq.reader.QDQGraph` tensors; shape computations (Shape -> Gather -> ...)
 run on the host with ONNX's reference implementation, as the CPU part of a deployment
 would run them. Graph inputs are quantized on the host (the profile's rounding in
 ``device`` mode), graph outputs are dequantized (exact).
@@ -37,12 +37,13 @@ import numpy as np
 import onnx
 
 from quant_core.dtypes import DType
+from quant_core.onnx_qdq.graph import node_label
+from quant_core.onnx_qdq.reader import QDQGraph
 from quant_core.qparams import QParams, quantize, round_values
 from quant_core.spec import RoundMode
 from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
 from quant_npu.plan import Step, plan
 from quant_npu.profile import NPUProfile
-from quant_npu.qdq import QDQGraph, node_label
 from quant_npu.sim.arith import requantize, storage_dtype
 from quant_npu.sim.elementwise import (
     ActivationKernel,

@@ -50,7 +50,7 @@ class NPUSimulator:
         target: str | os.PathLike[str] | NPUProfile | None = None,
         rounding: str = "device",
     ) -> None:
-        from quant_onnx.model_io import load_model
+        from quant_core.onnx_qdq.model_io import load_model
 
         self.profile = load_profile(target)
         self.rounding = self.profile.rounding_for(rounding)

@@ -33,8 +33,7 @@ from quant_core.atomic_io import atomic_write
 from quant_npu.legalize import LegalizeResult, legalize_model
 from quant_npu.profile import NPUProfile
 from quant_npu.quant_info import dumps, export_quant_info
-from quant_torch_fx import ModelQuantizer
-from quant_torch_fx.export import DEFAULT_OPSET
+from quant_torch_fx import DEFAULT_OPSET, ModelQuantizer
 
 QUANT_INFO_FILE = "quant_info.json"
 REPORT_FILE = "legalize_report.json"
@@ -79,7 +78,7 @@ def deploy(
     opset: int | None = None,
 ) -> LegalizeResult:
     """Write ``<name>_int.onnx``, ``legalize_report.json`` and ``quant_info.json`` into ``output_dir``."""
-    from quant_onnx.model_io import save_model
+    from quant_core.onnx_qdq.model_io import save_model
 
     result = legalized(quantizer, model, inputs, profile, opset)
     output_dir.mkdir(parents=True, exist_ok=True)

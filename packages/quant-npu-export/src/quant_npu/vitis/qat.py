@@ -42,8 +42,7 @@ from quant_npu.vitis.options import (
     resolve_target,
 )
 from quant_npu.vitis.state import CONFIG_FILE
-from quant_torch_fx import ModelQuantizer
-from quant_torch_fx.prepare import quantized_graphs
+from quant_torch_fx import ModelQuantizer, quantized_graphs
 
 
 class QatProcessor:

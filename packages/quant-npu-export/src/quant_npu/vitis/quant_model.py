@@ -11,7 +11,7 @@ Example:
     >>> m(torch.zeros(2, 4))
     Traceback (most recent call last):
     ...
-    quant_torch_fx.errors.DataError: data: batch 1, input 0 has shape [2, 4]; expected [N, 3] (the example input's shape, any batch size N)
+    quant_core.errors.DataError: data: batch 1, input 0 has shape [2, 4]; expected [N, 3] (the example input's shape, any batch size N)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from quant_torch_fx.data import InputSignature
+from quant_torch_fx import InputSignature
 
 
 class QuantModel(nn.Module):

@@ -55,8 +55,7 @@ from quant_npu.vitis.options import (
 )
 from quant_npu.vitis.quant_model import QuantModel
 from quant_npu.vitis.state import apply_state, describe_model, read_config, read_state, write_state
-from quant_torch_fx import ModelQuantizer
-from quant_torch_fx.calibrate import finish_calibration, start_observing
+from quant_torch_fx import ModelQuantizer, finish_calibration, start_observing
 
 QUANT_MODES = ("calib", "test")
 FINETUNE_FILE = "fast_finetune.pth"

@@ -23,23 +23,12 @@ from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
 from quant_core.qparams import qparams_from_data, qparams_to_data
 from quant_core.serialization import config_to_json, load_config, save_config
-from quant_torch_fx.prepare import activation_quantizers, quantized_graphs, weight_quantizers
-from quant_torch_fx.quantizer import FakeQuantizer
+from quant_torch_fx import named_quantizers
 
 CONFIG_FILE = "quant_config.json"
 QPARAMS_FILE = "qparams.json"
 FORMAT = "quant_npu.vitis qparams"
 FORMAT_VERSION = 1
-
-
-def _quantizers(model: nn.Module) -> list[dict[str, FakeQuantizer]]:
-    """Per prepared graph: ``"activation:<group>"`` / ``"weight:<node>"`` -> its quantizer."""
-    graphs = []
-    for gm in quantized_graphs(model):
-        named = {f"activation:{key}": fq for key, fq in activation_quantizers(gm)}
-        named.update({f"weight:{node}": fq for node, fq in weight_quantizers(gm)})
-        graphs.append(named)
-    return graphs
 
 
 def describe_model(module: nn.Module, inputs: tuple[Any, ...]) -> dict[str, Any]:
@@ -52,7 +41,8 @@ def write_state(
 ) -> None:
     """Write ``quant_config.json`` and ``qparams.json`` of a calibrated model (atomically)."""
     graphs = [
-        {name: qparams_to_data(fq.current_qparams()) for name, fq in named.items()} for named in _quantizers(prepared)
+        {name: qparams_to_data(fq.current_qparams()) for name, fq in named.items()}
+        for named in named_quantizers(prepared)
     ]
     data = {
         "format": FORMAT,
@@ -110,7 +100,7 @@ def read_state(output_dir: Path, model: dict[str, Any]) -> dict[str, Any]:
 
 def apply_state(prepared: nn.Module, data: dict[str, Any], source: Path) -> None:
     """Give every quantizer of ``prepared`` its saved qparams and switch fake quantization on."""
-    graphs = _quantizers(prepared)
+    graphs = named_quantizers(prepared)
     saved = data["graphs"]
     if len(saved) != len(graphs):
         raise ValueError(f"output_dir: {str(source)!r} holds {len(saved)} graph(s); this model has {len(graphs)}")

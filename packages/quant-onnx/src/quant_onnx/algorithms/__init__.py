@@ -7,25 +7,24 @@ Float-model pre-passes (before calibration): :func:`apply_cle`,
 was written from: :func:`apply_mixed_precision`, :func:`apply_reconstruction`
 (AdaRound/AdaQuant, need ``quant-onnx[torch]``), :func:`apply_bias_correction`.
 :func:`run_pre_passes` / :func:`run_post_passes` run what a config's ``algorithms`` list
-asks for. Nothing here imports torch.
+asks for, in the order :mod:`quant_algos.drivers.schedule` gives both backends. Nothing
+here imports torch.
 
 Example:
-    >>> from quant_onnx.algorithms import PRE_PASSES, POST_PASSES
-    >>> PRE_PASSES, POST_PASSES
-    (('cle', 'smoothquant'), ('mixed_precision', 'adaround', 'adaquant', 'bias_correction'))
+    >>> from quant_onnx.algorithms import run_pre_passes, run_post_passes
+    >>> callable(run_pre_passes) and callable(run_post_passes)
+    True
 """
 
 from quant_algos.drivers import CLEReport, MixedPrecisionReport, ReconstructionReport
 from quant_onnx.algorithms.cle import apply_cle
 from quant_onnx.algorithms.layerwise import apply_bias_correction, apply_reconstruction
 from quant_onnx.algorithms.mixed_precision import apply_mixed_precision
-from quant_onnx.algorithms.passes import POST_PASSES, PRE_PASSES, PassesResult, run_post_passes, run_pre_passes
+from quant_onnx.algorithms.passes import PassesResult, run_post_passes, run_pre_passes
 from quant_onnx.algorithms.runner import OnnxLayerRunner
 from quant_onnx.algorithms.smoothquant import SmoothQuantReport, apply_smoothquant, apply_smoothquant_with_report
 
 __all__ = [
-    "POST_PASSES",
-    "PRE_PASSES",
     "CLEReport",
     "MixedPrecisionReport",
     "OnnxLayerRunner",

@@ -34,8 +34,8 @@ import onnxruntime as ort
 from onnx import helper
 
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES, LiveStore
-from quant_onnx.errors import DataError, ModelError
-from quant_onnx.graph import GraphIndex, node_inputs
+from quant_core.errors import DataError, ModelError
+from quant_core.onnx_qdq.graph import GraphIndex, node_inputs
 from quant_onnx.pipeline.calibrate import inference_session
 
 Feeds = Mapping[str, np.ndarray]

@@ -32,8 +32,8 @@ from onnx import helper
 
 from quant_algos.drivers.cle import CLEReport, Equalization, plan_equalization
 from quant_core.algorithm_config import CLEConfig
+from quant_core.onnx_qdq.graph import GraphIndex
 from quant_onnx.algorithms.capture import Feeds, TensorCapture, prepare_batches
-from quant_onnx.graph import GraphIndex
 from quant_onnx.graph_edit import copy_model, set_initializer
 from quant_onnx.pipeline.annotate import plan_graph
 

@@ -1,12 +1,12 @@
 """Run the accuracy-recovery algorithms a :class:`~quant_core.config.QuantConfig` asks
 for, in a fixed order, so that the quantizer needs two calls:
 
-- :func:`run_pre_passes` on the pre-processed float model, before calibration:
-  CLE, then SmoothQuant (SmoothQuant measures the activations of the equalized model).
-- :func:`run_post_passes` on the written QDQ model and the calibrated plan it came from:
-  mixed precision first (it chooses the formats and hands on the plan it chose), then
-  AdaRound, AdaQuant, and bias correction last (it removes the mean error the others
-  leave).
+- :func:`run_pre_passes` on the pre-processed float model, before calibration (CLE,
+  SmoothQuant);
+- :func:`run_post_passes` on the written QDQ model and the calibrated plan it came from
+  (mixed precision, which hands on the plan it chose, AdaRound, AdaQuant, bias correction).
+
+The order is :func:`quant_algos.drivers.schedule.schedule`'s, the same on both backends.
 
 Each returns the new model and a JSON-ready report per algorithm kind.
 
@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import onnx
 
+from quant_algos.drivers.schedule import schedule
 from quant_core.algorithm_config import (
     AdaQuantConfig,
     AdaRoundConfig,
@@ -48,9 +49,6 @@ from quant_onnx.algorithms.smoothquant import apply_smoothquant_with_report
 from quant_onnx.pipeline.calibrate import CalibratedModel
 from quant_onnx.pipeline.qdq_writer import WriterOptions
 
-PRE_PASSES = ("cle", "smoothquant")
-POST_PASSES = ("mixed_precision", "adaround", "adaquant", "bias_correction")
-
 
 @attrs.frozen(eq=False)
 class PassesResult:
@@ -67,10 +65,6 @@ class PassesResult:
     calibrated: CalibratedModel | None = None
 
 
-def _configured(config: QuantConfig, kind: str) -> list[Any]:
-    return [a for a in config.algorithms if type(a).kind == kind]
-
-
 def _reusable(batches: Iterable[Feeds] | None, needed: bool, what: str) -> list[dict] | None:
     """The batches as a list (each pass reads them several times)."""
     if batches is None:
@@ -83,16 +77,19 @@ def _reusable(batches: Iterable[Feeds] | None, needed: bool, what: str) -> list[
 def run_pre_passes(
     model: onnx.ModelProto, config: QuantConfig, batches: Iterable[Feeds] | None, *, quiet: bool = False
 ) -> PassesResult:
-    """CLE and SmoothQuant as configured in ``config.algorithms`` (each at most once)."""
+    """CLE and SmoothQuant as configured in ``config.algorithms``, in the order
+    :func:`quant_algos.drivers.schedule.schedule` gives."""
     reports: dict[str, Any] = {}
-    smooth = _configured(config, SmoothQuantConfig.kind)
-    feeds = _reusable(batches, bool(smooth), "SmoothQuant")
-    for cle in _configured(config, CLEConfig.kind):
-        model, report = apply_cle(model, cle, feeds)
-        reports["cle"] = report.to_dict()
-    for sq in smooth:
-        model, sq_report = apply_smoothquant_with_report(model, feeds or [], sq)
-        reports["smoothquant"] = sq_report.to_dict()
+    scheduled = schedule(config).before_calibration
+    smooth = any(a.kind == "smoothquant" for a in scheduled)
+    feeds = _reusable(batches, smooth, "SmoothQuant")
+    for algorithm in scheduled:
+        if isinstance(algorithm, CLEConfig):
+            model, report = apply_cle(model, algorithm, feeds)
+            reports["cle"] = report.to_dict()
+        elif isinstance(algorithm, SmoothQuantConfig):
+            model, sq_report = apply_smoothquant_with_report(model, feeds or [], algorithm)
+            reports["smoothquant"] = sq_report.to_dict()
     return PassesResult(model, reports)
 
 
@@ -121,29 +118,27 @@ def run_post_passes(
         quiet: no progress bars.
     """
     reports: dict[str, Any] = {}
-    kinds = [type(a).kind for a in config.algorithms if type(a).kind in POST_PASSES]
-    feeds = _reusable(batches, bool(kinds), ", ".join(kinds))
+    scheduled = schedule(config).after_calibration
+    feeds = _reusable(batches, bool(scheduled), ", ".join(a.kind for a in scheduled))
     model = qdq_model
-    for mp in _configured(config, MixedPrecisionConfig.kind):
+    for algorithm in scheduled:
         assert feeds is not None
-        model, calibrated, mp_report = apply_mixed_precision(
-            calibrated,
-            config,
-            feeds,
-            mp,
-            writer_options=writer_options,
-            share_concat_scales=share_concat_scales,
-            evaluate=evaluate,
-            quiet=quiet,
-        )
-        reports["mixed_precision"] = mp_report.to_dict()
-    for kind, cls in (("adaround", AdaRoundConfig), ("adaquant", AdaQuantConfig)):
-        for cfg in _configured(config, cls.kind):
-            assert feeds is not None
-            model, rec_report = apply_reconstruction(calibrated, model, feeds, cfg, quiet=quiet)
-            reports[kind] = rec_report.to_dict()
-    for bc in _configured(config, BiasCorrectionConfig.kind):
-        assert feeds is not None
-        model, notes = apply_bias_correction(calibrated, model, feeds, bc, quiet=quiet)
-        reports["bias_correction"] = {"num_samples": samples_to_use(bc), "notes": notes}
+        if isinstance(algorithm, MixedPrecisionConfig):
+            model, calibrated, mp_report = apply_mixed_precision(
+                calibrated,
+                config,
+                feeds,
+                algorithm,
+                writer_options=writer_options,
+                share_concat_scales=share_concat_scales,
+                evaluate=evaluate,
+                quiet=quiet,
+            )
+            reports["mixed_precision"] = mp_report.to_dict()
+        elif isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig)):
+            model, rec_report = apply_reconstruction(calibrated, model, feeds, algorithm, quiet=quiet)
+            reports[algorithm.kind] = rec_report.to_dict()
+        elif isinstance(algorithm, BiasCorrectionConfig):
+            model, notes = apply_bias_correction(calibrated, model, feeds, algorithm, quiet=quiet)
+            reports["bias_correction"] = {"num_samples": samples_to_use(algorithm), "notes": notes}
     return PassesResult(model, reports, calibrated)

@@ -26,15 +26,15 @@ from onnx import helper
 from quant_algos.drivers.runner import QuantLayer
 from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.bias import accumulation_headroom, encode_bias
+from quant_core.errors import ModelError
+from quant_core.onnx_qdq.graph import GraphIndex, node_attribute, plan_node
+from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX
 from quant_core.plan import activation_kind, weight_is_transposed
 from quant_core.qparams import QParams, dequantize, quantize
 from quant_onnx.algorithms.capture import LIVE_MEMORY_BYTES, Feeds, IncrementalRunner
-from quant_onnx.errors import ModelError
-from quant_onnx.graph import GraphIndex, node_attribute, plan_node
 from quant_onnx.graph_edit import copy_model, set_attr, set_initializer
 from quant_onnx.pipeline.calibrate import CalibratedModel
 from quant_onnx.pipeline.preprocess.shape_inference import typed_index
-from quant_onnx.tensor_types import DTYPE_OF_ONNX
 
 WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
 

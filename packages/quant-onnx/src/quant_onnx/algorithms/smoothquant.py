@@ -33,9 +33,9 @@ from quant_algos.drivers.cle_chains import layer_ref
 from quant_algos.layer import scale_outputs
 from quant_algos.smoothquant import ActivationAbsMax, smooth_layers
 from quant_core.algorithm_config import SmoothQuantConfig, samples_to_use
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, plan_node
 from quant_core.plan import HOMOGENEOUS_ACTIVATIONS, activation_kind
 from quant_onnx.algorithms.capture import Feeds, TensorCapture, prepare_batches
-from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute, plan_node
 from quant_onnx.graph_edit import copy_model, set_initializer
 from quant_onnx.pipeline.annotate import plan_graph
 

@@ -30,8 +30,8 @@ import onnx
 from onnx import TensorProto
 
 from quant_core.config import QuantConfig
+from quant_core.onnx_qdq.graph import plan_node
 from quant_core.plan import PlanGraph, QuantPlan, plan_quantization
-from quant_onnx.graph import plan_node
 from quant_onnx.pipeline.preprocess.shape_inference import typed_index
 
 

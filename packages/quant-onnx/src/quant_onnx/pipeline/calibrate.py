@@ -44,13 +44,13 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from quant_algos.progress import first_taken, progress_bar
+from quant_core.errors import DataError, ModelError
 from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute
 from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, constant_input_note, needs_own_observer
 from quant_core.qparams import QParams
-from quant_onnx.errors import DataError, ModelError
-from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
-from quant_onnx.io.data import model_inputs
+from quant_onnx.data import model_inputs
 from quant_onnx.ort_session import CheckedSession, inference_session
 
 _LOG = logging.getLogger(__name__)

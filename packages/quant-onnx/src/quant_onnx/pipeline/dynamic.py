@@ -33,12 +33,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, plan_node
+from quant_core.onnx_qdq.model_io import check_output_path, load_model, save_model
 from quant_core.plan import resolve_weight_spec
 from quant_core.qparams import quantize
 from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
-from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute, plan_node
-from quant_onnx.model_io import check_output_path, load_model, save_model
 from quant_onnx.pipeline.annotate import ensure_node_names
 from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess
 
@@ -178,7 +178,7 @@ def quantize_dynamic_model(
 ) -> onnx.ModelProto:
     """The dynamically quantized model (see the module docstring); ``model`` is not
     modified. ``config``: only the weight specs (and exclusions) are used; default a8w8."""
-    from quant_onnx.api import resolve_config
+    from quant_core.presets import resolve_config
 
     float_model = preprocess(load_model(model), preprocess_options)
     ensure_node_names(float_model)

@@ -7,16 +7,14 @@ onnxruntime runs with its integer kernels (``docs/onnxruntime.md``).
   ``alpha``/``beta`` are folded so both are 1.
 - Every quantized activation gets one QuantizeLinear after its producer and one
   DequantizeLinear per consumer, so each Conv/Gemm/MatMul reads DQs only it consumes
-  and writes exactly one Q. Ops that read only a tensor's shape (Shape, Size) read the
-  quantized tensor itself: a DQ there would dequantize a whole activation (the model
-  input, for torch's ``x.view(x.size(0), -1)``) to throw the values away.
-  Graph outputs stay float: the producer's output is renamed
+  and writes exactly one Q. Graph outputs stay float: the producer's output is renamed
   and a final DequantizeLinear writes the output name.
 - A fused Relu/Clip is dropped when the QuantizeLinear after its producer saturates at
   exactly its bounds; otherwise it stays between a DQ and a Q with the same qparams.
-- A Conv/ConvTranspose/Gemm whose weight the config keeps float but whose input is
-  quantized is written so that onnxruntime does not quantize that weight itself (see
-  :meth:`_Writer.keep_float_weights_float`).
+- The written model is finished for onnxruntime by the QDQ layer
+  (:func:`quant_core.onnx_qdq.finish.finish_for_onnxruntime`): Shape/Size read quantized
+  tensors, float weights of quantized-input layers and MatMul weights no integer kernel
+  takes are kept from onnxruntime's own rewrites, unread tensors go.
 - ``activation_encoding="x86_uint8"`` (default) stores int8 activations as uint8 with
   the zero point shifted by 128 (the same real values, the encoding x86 kernels take);
   ``"as_spec"`` keeps the spec's dtype.
@@ -53,59 +51,25 @@ import logging
 import attrs
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from quant_core.bias import BiasRule, EncodedBias, encode_bias
-from quant_core.dtypes import DType
+from quant_core.bias import BiasRule, EncodedBias, encode_layer_bias
+from quant_core.errors import ConfigError, ModelError
+from quant_core.onnx_qdq.build import DEQUANTIZE, QUANTIZE, QDQBuilder, exact_int32, output_channels
+from quant_core.onnx_qdq.finish import finish_for_onnxruntime, reads_quantized_directly
+from quant_core.onnx_qdq.graph import GraphIndex, node_attribute
 from quant_core.plan import BiasSlot, FusedActivation, InputRequant
 from quant_core.qdq import (
-    BASE_QDQ_OPSET,
-    MATMUL_WEIGHT_AXIS,
+    ACTIVATION_ENCODINGS,
     ActivationEncoding,
     activation_is_absorbed,
     bound_is_absorbed,
     encode_activation,
-    encode_activation_dtype,
-    exact_int32,
-    guard_matmul_weight,
-    required_opset,
 )
-from quant_core.qdq import output_channels as qdq_output_channels
 from quant_core.qparams import QParams, quantize
-from quant_onnx.graph import DEFAULT_DOMAINS, GraphIndex, is_default_domain, node_attribute
 from quant_onnx.pipeline.calibrate import CalibratedModel
-from quant_onnx.tensor_types import DTYPE_OF_ONNX, ONNX_DTYPES
 
 _LOG = logging.getLogger(__name__)
-
-__all__ = [  # the QDQ facts from quant_core.qdq are part of this module's interface
-    "BASE_QDQ_OPSET",
-    "MS_DOMAIN",
-    "SHAPE_READERS",
-    "ActivationEncoding",
-    "WriterOptions",
-    "WrittenModel",
-    "activation_is_absorbed",
-    "bound_is_absorbed",
-    "encode_activation",
-    "encode_activation_dtype",
-    "exact_int32",
-    "output_channels",
-    "required_opset",
-    "write_qdq",
-    "write_qdq_with_notes",
-]
-
-MS_DOMAIN = "com.microsoft"
-"""onnxruntime's contrib domain: its QuantizeLinear/DequantizeLinear take 16-bit types at any opset."""
-
-# The QDQ facts both backends share (opset per format, x86 uint8 encoding, fused
-# activations the quantizer absorbs) live in quant_core.qdq; re-exported here.
-SHAPE_READERS = frozenset({"Shape", "Size"})
-"""Ops whose output depends only on their input's shape."""
-
-ORT_COMPLETED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm"})
-"""Ops whose float weight and bias onnxruntime quantizes itself when they read a DequantizeLinear."""
 
 
 @attrs.frozen
@@ -129,20 +93,10 @@ class WriterOptions:
 
     @activation_encoding.validator
     def _check(self, _attribute: object, value: str) -> None:
-        if value not in ("x86_uint8", "as_spec"):
-            raise ValueError(f"activation_encoding: {value!r} is not allowed; allowed: x86_uint8, as_spec")
-
-
-def output_channels(node: onnx.NodeProto, weight: np.ndarray) -> int:
-    """Length of a Conv/ConvTranspose/Gemm bias (its output channels) given its weight.
-
-    Example:
-        >>> output_channels(helper.make_node("Gemm", ["a", "b"], ["y"], transB=1), np.zeros((4, 3)))
-        4
-    """
-    group = int(node_attribute(node, "group", 1))
-    trans_b = bool(node_attribute(node, "transB", 0))
-    return qdq_output_channels(node.op_type, weight.shape, group=group, trans_b=trans_b)
+        if value not in ACTIVATION_ENCODINGS:
+            raise ConfigError(
+                f"activation_encoding: {value!r} is not allowed; allowed: {', '.join(ACTIVATION_ENCODINGS)}"
+            )
 
 
 class _Writer:
@@ -152,7 +106,7 @@ class _Writer:
         self.model = onnx.ModelProto()
         self.model.CopyFrom(calibrated.model)
         self.graph = self.model.graph
-        self.index = GraphIndex(self.graph)
+        self.builder = QDQBuilder(self.model)
         self.nodes = {node.name: node for node in self.graph.node}
         self.before: dict[str, list[onnx.NodeProto]] = {}  # node name -> DQs to place before it
         self.after: dict[str, list[onnx.NodeProto]] = {}  # node name -> Q (and output DQ) after it
@@ -160,61 +114,29 @@ class _Writer:
         self.removed_nodes: set[str] = set()
         self.replaced: set[str] = set()  # float constants now stored as integers, or no longer read
         self.vanished: set[str] = set()  # tensors that no longer exist
-        self.dequantized: dict[str, str] = {}  # float tensor -> quantized integer initializer name
         self.notes: list[str] = []
         self.biases: dict[str, EncodedBias] = {}  # node -> how its bias was stored
         self.float_source: dict[str, str] = {}  # activation -> the float tensor its quantizer reads
-        self.opset = next((o.version for o in self.model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
-        self.ms_domain_used = False
         self.folded: dict[str, np.ndarray] = {}  # constants created here (Gemm alpha/beta folded)
-        self.activation_dqs: dict[str, tuple[onnx.NodeProto, QParams]] = {}  # DQ output -> (DQ, qparams)
-        self.weight_dqs: dict[str, tuple[onnx.NodeProto, QParams, tuple[int, ...]]] = {}  # node -> (DQ, qp, shape)
+        self.weight_shapes: dict[str, tuple[int, ...]] = {}  # node -> its quantized weight's shape
+
+    @property
+    def index(self) -> GraphIndex:
+        return self.builder.index
 
     # --- helpers -----------------------------------------------------------------------------
-    def initializer(self, prefix: str, value: np.ndarray, dtype: DType | None = None) -> str:
-        name = self.index.unique_name(prefix)
-        if dtype in (DType.INT4, DType.UINT4):
-            tensor = helper.make_tensor(name, ONNX_DTYPES[dtype], value.shape, value.reshape(-1).tolist())
-        else:
-            tensor = numpy_helper.from_array(np.array(value, order="C"), name)
-        self.graph.initializer.append(tensor)
-        return name
-
-    def qparam_initializers(self, base: str, qp: QParams) -> tuple[str, str]:
-        scale = self.initializer(f"{base}_scale", np.asarray(qp.scale, np.float32))
-        zero_point = np.asarray(qp.zero_point).astype(qp.dtype.numpy_dtype)
-        return scale, self.initializer(f"{base}_zero_point", zero_point, qp.dtype)
-
-    def qdq_node(self, op: str, source: str, output: str, params: tuple[str, str], qp: QParams) -> onnx.NodeProto:
-        name = self.index.unique_name(f"{output}_{op}")
-        domain = self.domain_for(qp.dtype)
-        # An explicit empty domain would be serialized: standard nodes leave it unset.
-        node = helper.make_node(op, [source, *params], [output], name=name, **({"domain": domain} if domain else {}))
-        if qp.axis is not None:
-            node.attribute.append(helper.make_attribute("axis", int(qp.axis)))
-        return node
-
-    def domain_for(self, dtype: DType) -> str:
-        """The default domain, or com.microsoft for 16-bit Q/DQ below opset 21."""
-        if dtype.bits == 16 and self.opset < required_opset([dtype]):
-            self.ms_domain_used = True
-            return MS_DOMAIN
-        return ""
-
     def dequantize_for_consumers(
         self, quantized: str, float_name: str, params: tuple[str, str], qp: QParams, consumers: list[onnx.NodeProto]
     ) -> None:
         """One DequantizeLinear per consumer node (what lets onnxruntime fuse each one);
-        shape readers read ``quantized`` directly (4-bit codes excepted: not every
-        onnxruntime Shape kernel takes them)."""
+        shape readers read ``quantized`` itself (:func:`reads_quantized_directly`)."""
         for consumer in consumers:
-            if consumer.op_type in SHAPE_READERS and is_default_domain(consumer) and qp.dtype.bits >= 8:
+            if reads_quantized_directly(consumer, qp.dtype):
                 source = quantized
             else:
                 source = self.index.unique_name(f"{float_name}_DequantizeLinear_Output")
-                dq = self.qdq_node("DequantizeLinear", quantized, source, params, qp)
+                dq = self.builder.qdq_node(DEQUANTIZE, quantized, source, params, qp)
                 self.before.setdefault(consumer.name, []).append(dq)
-                self.activation_dqs[source] = (dq, qp)
             for i, name in enumerate(consumer.input):
                 if name == float_name:
                     consumer.input[i] = source
@@ -291,22 +213,17 @@ class _Writer:
             node.attribute.append(helper.make_attribute("beta", beta))
 
     def fold(self, prefix: str, value: np.ndarray) -> str:
-        name = self.initializer(prefix, value.astype(np.float32))
+        name = self.builder.initializer(prefix, value.astype(np.float32))
         self.folded[name] = value.astype(np.float32)
         return name
 
-    def store_constant(self, node: onnx.NodeProto, index: int, codes: np.ndarray, qp: QParams) -> onnx.NodeProto:
-        """Replace ``node``'s constant input ``index`` by integer codes behind a DequantizeLinear
-        (returned)."""
+    def store_constant(self, node: onnx.NodeProto, index: int, codes: np.ndarray, qp: QParams) -> None:
+        """Replace ``node``'s constant input ``index`` by integer codes behind a DequantizeLinear."""
         source = node.input[index]
-        quantized = self.initializer(f"{source}_quantized", codes, qp.dtype)
-        params = self.qparam_initializers(source, qp)
-        output = self.index.unique_name(f"{source}_DequantizeLinear_Output")
-        dq = self.qdq_node("DequantizeLinear", quantized, output, params, qp)
+        dq, output = self.builder.dequantized_constant(source, codes, qp)
         self.before.setdefault(node.name, []).append(dq)
         node.input[index] = output
         self.replaced.add(source)
-        return dq
 
     def write_weights(self) -> None:
         for slot in self.cal.plan.weights:
@@ -315,152 +232,46 @@ class _Writer:
                 self.normalize_gemm(node)
             value = self.constant(node.input[slot.input_index])
             if value is None:  # the float model given to the writer no longer has it constant
-                raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
+                raise ModelError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
             qp = self.cal.weight_qparams[slot.node]
-            dq = self.store_constant(node, slot.input_index, quantize(value, qp), qp)
-            self.weight_dqs[slot.node] = (dq, qp, value.shape)
+            self.store_constant(node, slot.input_index, quantize(value, qp), qp)
+            self.weight_shapes[slot.node] = value.shape
 
     def write_bias(self, slot: BiasSlot) -> None:
         node = self.nodes[slot.node]
         value = self.constant(node.input[slot.input_index])
+        if value is not None:
+            value = self.per_channel_bias(node, value)
         input_qp = self.cal.input_qparams(slot.node, slot.input_tensor)
-        if value is None or input_qp is None:
-            self.notes.append(f"node {slot.node!r}: bias kept float (its input is not quantized)")
-            return
         weight_qp = self.cal.weight_qparams[slot.node]
-        value = self.per_channel_bias(node, value)
-        spec = slot.spec
-        # int32 per channel: the default rule, an int32 spec, or a float spec an integer kernel overrides.
-        integer = spec is None or spec.dtype is DType.INT32 or (not spec.is_quantized and slot.integer_kernel)
-        if integer and weight_qp.scale.ndim and value.size != weight_qp.scale.shape[0]:
-            self.notes.append(f"node {slot.node!r}: bias of shape {list(value.shape)} kept float (not one per channel)")
+        encoded, notes = encode_layer_bias(
+            slot.node,
+            value,
+            None if input_qp is None else input_qp.scale,
+            weight_qp,
+            slot.spec,
+            integer_kernel=slot.integer_kernel,
+        )
+        self.notes.extend(notes)
+        if encoded is None:
             return
-        if integer and weight_qp.scale.ndim:
-            value = value.reshape(-1)  # Gemm's C may be [1, N]; the int32 bias is per channel
-        encoded = encode_bias(value, input_qp.scale, weight_qp, slot.spec, integer_kernel=slot.integer_kernel)
         self.biases[slot.node] = encoded
-        if encoded.note is not None:
-            self.notes.append(f"node {slot.node!r}: {encoded.note}")
         if encoded.codes is not None and encoded.qparams is not None:
             self.store_constant(node, slot.input_index, encoded.codes, encoded.qparams)
         elif encoded.rule is BiasRule.FLOAT:
             # A float bias initializer beside a quantized input and weight is what onnxruntime's
             # WeightBiasQuantization re-quantizes at input x weight scale (see keep_float_weights_float):
             # exact int32 codes with a power-of-two scale per element keep it bit for bit.
-            codes, qp = exact_int32(value)
+            codes, qp = exact_int32(np.asarray(value, np.float32))
             self.store_constant(node, slot.input_index, codes, qp)
 
     def per_channel_bias(self, node: onnx.NodeProto, value: np.ndarray) -> np.ndarray:
         """A Gemm's broadcast bias (one value, shape [], [1] or [1, 1]) as one value per output
         channel: the same sums, in the 1-D form the bias rule and onnxruntime's QGemm take."""
-        if node.op_type != "Gemm" or value.size != 1 or node.name not in self.weight_dqs:
+        if node.op_type != "Gemm" or value.size != 1 or node.name not in self.weight_shapes:
             return value
-        weight_shape = self.weight_dqs[node.name][2]
-        channels = output_channels(node, np.broadcast_to(np.float32(0), weight_shape))  # a shape, no copy
+        channels = output_channels(node, self.weight_shapes[node.name])
         return np.full(channels, value.reshape(-1)[0], np.float32)
-
-    def keep_float_weights_float(self) -> None:
-        """Keep onnxruntime from quantizing the float weights of quantized-input nodes.
-
-        onnxruntime's WeightBiasQuantization (graph level BASIC, so in every default session;
-        ``onnxruntime/core/optimizer/qdq_transformer/weight_bias_quantization.cc``) takes a
-        Conv/ConvTranspose/Gemm that reads a per-tensor DequantizeLinear and feeds a
-        QuantizeLinear for an unfinished QDQ unit: it quantizes a float weight initializer to
-        int8 per tensor with a min/max zero point, and a float 1-D bias initializer to int32 at
-        ``input_scale * weight_scale`` (EfficientNet-Lite0 at 16-bit activations and float
-        weights: 3.8 dB in the default session, 51 dB node by node). It leaves a node alone
-        whose input DequantizeLinear has more than one scale or whose bias is not an
-        initializer. So a multi-channel Conv reads its input through a per-channel
-        DequantizeLinear repeating its one scale and zero point (same values; the float Conv
-        keeps onnxruntime's NCHWc kernels, which need a constant bias), and any other such
-        node gets its bias (zeros when it has none) as :func:`exact_int32` codes behind a
-        DequantizeLinear. Neither form can reach an integer kernel: the weight is float."""
-        for node in self.graph.node:
-            if node.op_type not in ORT_COMPLETED_OPS or not is_default_domain(node) or len(node.input) < 2:
-                continue
-            weight = self.constant(node.input[1])
-            reader = self.activation_dqs.get(node.input[0])
-            if weight is None or weight.dtype != np.float32 or reader is None:
-                continue
-            group = int(node_attribute(node, "group", 1))
-            channels = int(weight.shape[1]) * group if node.op_type == "Conv" else 1
-            if channels > 1:
-                self.spread_scale(*reader, channels)
-            else:
-                self.store_exact_bias(node, weight)
-
-    def spread_scale(self, dq: onnx.NodeProto, qp: QParams, channels: int) -> None:
-        """Make activation DequantizeLinear ``dq`` per channel (axis 1) with ``qp`` repeated."""
-        spread = attrs.evolve(
-            qp, scale=np.full(channels, qp.scale, np.float32), zero_point=np.full(channels, qp.zero_point), axis=1
-        )
-        dq.input[1], dq.input[2] = self.qparam_initializers(f"{dq.output[0]}_per_channel", spread)
-        dq.attribute.append(helper.make_attribute("axis", 1))
-
-    def store_exact_bias(self, node: onnx.NodeProto, weight: np.ndarray) -> None:
-        """Give ``node`` its float bias (zeros when it has none) as exact int32 codes behind a DQ."""
-        if len(node.input) > 2 and node.input[2]:
-            bias = self.constant(node.input[2])
-            if bias is None or bias.ndim != 1:  # onnxruntime rewrites only a 1-D bias initializer
-                return
-        else:
-            bias = np.zeros(output_channels(node, weight), np.float32)
-            del node.input[2:]
-            node.input.append(self.initializer(f"{node.name}_zero_bias", bias))
-        codes, qp = exact_int32(bias)
-        self.store_constant(node, 2, codes, qp)
-
-    def keep_matmuls_out_of_matmulnbits(self) -> None:
-        """Keep onnxruntime from turning a MatMul/Gemm outside the integer kernels into MatMulNBits.
-
-        onnxruntime (1.32: the DQ -> MatMulNBits selector of its QDQ transformer, level
-        EXTENDED, so in every default session) rewrites a MatMul, or a ``Gemm(transB=0)``,
-        whose weight is a 2/4/8-bit rank-2 initializer behind a DequantizeLinear that is per
-        tensor (scalar scale) or per channel with ``axis`` 1 (written or by default) into
-        ``com.microsoft:MatMulNBits``, unless an integer kernel (QLinearMatMul, QGemm,
-        MatMulIntegerToFloat) took the node first, which it does for 8-bit activations and
-        8-bit weights. MatMulNBits quantizes its input to int8 blocks on the fly (accuracy
-        level 4), so a 16-bit-activation layer (or a float-input one) computes about 150
-        output steps away from the file. The selector accepts no other form, so such a weight
-        is written with ``axis=-1`` (the same last axis of the 2-D weight), per tensor as a
-        one-element scale and zero point (the same values). Its node stays a float MatMul/Gemm
-        between a DequantizeLinear and a QuantizeLinear, which is what the file defines; no
-        integer kernel is lost, since none takes these formats."""
-        for name, (dq, qp, shape) in self.weight_dqs.items():
-            node = self.nodes[name]
-            rank = len(shape)
-            if not self.matmulnbits_candidate(node) or node.input[1] != dq.output[0]:
-                continue
-            reader = self.activation_dqs.get(node.input[0])
-            if not guard_matmul_weight(None if reader is None else reader[1].dtype, qp.dtype):
-                continue  # an integer kernel takes it before MatMulNBits is tried
-            if qp.axis is not None and int(qp.axis) % rank != rank - 1:
-                continue  # not the last axis: -1 would mean another axis (and the selector refuses it)
-            if qp.axis is None:
-                self.one_element_qparams(dq)
-            kept = [a for a in dq.attribute if a.name != "axis"]
-            del dq.attribute[:]
-            dq.attribute.extend([*kept, helper.make_attribute("axis", MATMUL_WEIGHT_AXIS)])
-
-    @staticmethod
-    def matmulnbits_candidate(node: onnx.NodeProto) -> bool:
-        """A node onnxruntime's MatMulNBits rewrite considers: MatMul, or Gemm that is one
-        (``transA = transB = 0``; the writer already folded alpha into the weight)."""
-        if not is_default_domain(node):
-            return False
-        if node.op_type == "MatMul":
-            return True
-        return (
-            node.op_type == "Gemm" and not node_attribute(node, "transA", 0) and not node_attribute(node, "transB", 0)
-        )
-
-    def one_element_qparams(self, dq: onnx.NodeProto) -> None:
-        """Store a per-tensor DequantizeLinear's scalar scale and zero point as 1-element
-        vectors (still per tensor to every reader; rank 1 is what the selector refuses)."""
-        names = set(dq.input[1:3])
-        for tensor in self.graph.initializer:
-            if tensor.name in names and not tensor.dims:
-                tensor.dims.append(1)
 
     def write_activation(self, tensor: str, qp: QParams) -> None:
         consumers = self.main_consumers(tensor)
@@ -469,8 +280,8 @@ class _Writer:
         if not consumers and not is_output:
             return
         if value is not None:  # a constant operand (e.g. Add's): stored as integers
-            params = self.qparam_initializers(tensor, qp)
-            quantized = self.initializer(f"{tensor}_quantized", quantize(value, qp), qp.dtype)
+            params = self.builder.qparam_initializers(tensor, qp)
+            quantized = self.builder.initializer(f"{tensor}_quantized", quantize(value, qp), qp.dtype)
             self.dequantize_for_consumers(quantized, tensor, params, qp, consumers)
             self.replaced.add(tensor)
             return
@@ -483,11 +294,11 @@ class _Writer:
                     if name == tensor:
                         producer.output[i] = source
         self.float_source[tensor] = source
-        params = self.qparam_initializers(tensor, qp)
+        params = self.builder.qparam_initializers(tensor, qp)
         quantized = self.index.unique_name(f"{tensor}_QuantizeLinear_Output")
-        q_nodes = [self.qdq_node("QuantizeLinear", source, quantized, params, qp)]
+        q_nodes = [self.builder.qdq_node(QUANTIZE, source, quantized, params, qp)]
         if is_output:
-            q_nodes.append(self.qdq_node("DequantizeLinear", quantized, tensor, params, qp))
+            q_nodes.append(self.builder.qdq_node(DEQUANTIZE, quantized, tensor, params, qp))
         if producer is None:
             self.head.extend(q_nodes)
         else:
@@ -500,10 +311,10 @@ class _Writer:
         tensor = requant.tensor
         qp = encode_activation(self.cal.requant_qparams[requant.key], self.options.activation_encoding)
         base = f"{requant.node}_{tensor}"
-        params = self.qparam_initializers(base, qp)
+        params = self.builder.qparam_initializers(base, qp)
         value = self.index.constant(tensor)
         if value is not None:
-            quantized = self.initializer(f"{base}_quantized", quantize(value, qp), qp.dtype)
+            quantized = self.builder.initializer(f"{base}_quantized", quantize(value, qp), qp.dtype)
             self.dequantize_for_consumers(quantized, tensor, params, qp, [consumer])
             return
         source = self.float_source.get(tensor, tensor)
@@ -514,7 +325,7 @@ class _Writer:
             # The group's quantizer applied this activation by saturating; this one would not.
             source = self.activation_node(source, fused, place)
         quantized = self.index.unique_name(f"{base}_QuantizeLinear_Output")
-        place.append(self.qdq_node("QuantizeLinear", source, quantized, params, qp))
+        place.append(self.builder.qdq_node(QUANTIZE, source, quantized, params, qp))
         self.dequantize_for_consumers(quantized, tensor, params, qp, [consumer])
 
     def activation_node(self, source: str, fused: FusedActivation, place: list[onnx.NodeProto]) -> str:
@@ -525,7 +336,8 @@ class _Writer:
             place.append(helper.make_node("Relu", [source], [output], name=self.index.unique_name(output)))
             return output
         bounds = [
-            self.initializer(f"{output}_{end}", np.asarray(b, np.float32)) for end, b in (("min", lo), ("max", hi))
+            self.builder.initializer(f"{output}_{end}", np.asarray(b, np.float32))
+            for end, b in (("min", lo), ("max", hi))
         ]
         place.append(helper.make_node("Clip", [source, *bounds], [output], name=self.index.unique_name(output)))
         return output
@@ -564,7 +376,7 @@ class _Writer:
             self.graph.node.extend(kept)
             # extend() copies the protos: re-index the copies (producers changed too).
             self.nodes = {node.name: node for node in self.graph.node}
-            self.index = GraphIndex(self.graph)
+            self.builder.index = GraphIndex(self.graph)
         self.write_weights()
         for bias in plan.biases:
             if bias.tensor:  # an empty slot: the layer has no bias to store
@@ -576,39 +388,10 @@ class _Writer:
                     self.write_activation(tensor, qp)
         for requant in plan.requants:
             self.write_requant(requant)
-        self.keep_float_weights_float()
-        self.keep_matmuls_out_of_matmulnbits()
         self.assemble()
-        self.check_opset()
-        return self.model
-
-    def check_opset(self) -> None:
-        """Default-domain Q/DQ formats the model's opset takes; the com.microsoft domain
-        declared (and said) where 16-bit pairs went there."""
-        initializers = {t.name: t for t in self.graph.initializer}
-        dtypes = set()
-        for node in self.graph.node:
-            if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.domain in DEFAULT_DOMAINS:
-                zero_point = initializers.get(node.input[2]) if len(node.input) > 2 else None
-                dtype = None if zero_point is None else DTYPE_OF_ONNX.get(zero_point.data_type)
-                if dtype is not None:
-                    dtypes.add(dtype)
-        needed = required_opset(dtypes)
-        if self.opset < needed:
-            raise ValueError(
-                f"model opset {self.opset} is too old for these QDQ formats; allowed: >= {needed} "
-                "(ModelQuantizer.prepare raises it)"
-            )
-        if self.ms_domain_used:
-            if not any(o.domain == MS_DOMAIN for o in self.model.opset_import):
-                self.model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-            self.notes.append(
-                f"16-bit QuantizeLinear/DequantizeLinear written in the {MS_DOMAIN} domain: the model's opset is "
-                f"{self.opset} and the standard ops take 16-bit types from opset 21 (to stay in standard ONNX, "
-                "raise it: in Python pass preprocess_options=PreprocessOptions(target_opset=21); for the "
-                "quant-onnx command line, convert the float model first with "
-                "onnx.version_converter.convert_version(model, 21) and quantize the converted file)"
-            )
+        finished = finish_for_onnxruntime(self.model)
+        self.notes.extend(finished.notes)
+        return finished.model
 
 
 @attrs.frozen(eq=False)

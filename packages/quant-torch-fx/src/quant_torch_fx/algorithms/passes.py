@@ -18,6 +18,7 @@ from torch.fx import GraphModule
 
 from quant_algos.drivers.bias_correction import correct_biases
 from quant_algos.drivers.reconstruction import ReconstructionReport, reconstruct_layers
+from quant_algos.drivers.schedule import schedule
 from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, BiasCorrectionConfig, CLEConfig, samples_to_use
 from quant_core.config import QuantConfig
 from quant_torch_fx.algorithms.cle import apply_cle
@@ -25,35 +26,25 @@ from quant_torch_fx.algorithms.probe import Batch, take_samples
 from quant_torch_fx.algorithms.runner import TorchLayerRunner
 from quant_torch_fx.prepare import graph_info
 
-#: Algorithms that run on the calibrated graph (after CLE, planning and calibration).
-POST_CALIBRATION = (AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
-SUPPORTED = (CLEConfig.kind, *POST_CALIBRATION)
+SUPPORTED = (CLEConfig.kind, AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
+"""The kinds this backend runs (:mod:`quant_algos.drivers.schedule` orders them)."""
 
 
 def check_algorithms(config: QuantConfig) -> None:
     """Refuse, naming it, an algorithm this backend does not run."""
-    for algorithm in config.algorithms:
-        kind = type(algorithm).kind
-        if kind not in SUPPORTED:
-            raise ValueError(
-                f"config.algorithms: {kind} is not run by the torch backend yet; allowed here: "
-                f"{', '.join(SUPPORTED)} (use quant-onnx for {kind})"
-            )
-
-
-def _configured(config: QuantConfig, kind: str) -> list[Any]:
-    return [a for a in config.algorithms if type(a).kind == kind]
+    schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx")
 
 
 def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[GraphModule], dict[str, Any]] | None:
     """The float-graph pass (CLE) ``prepare_graph`` runs before planning, or ``None``."""
-    cles = _configured(config, CLEConfig.kind)
+    cles = schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx").before_calibration
     if not cles:
         return None
 
     def run(gm: GraphModule) -> dict[str, Any]:
         reports: dict[str, Any] = {}
         for cle in cles:
+            assert isinstance(cle, CLEConfig)  # SUPPORTED runs nothing else before calibration
             reports["cle"] = apply_cle(gm, cle, batches).to_dict()
         return reports
 
@@ -65,20 +56,20 @@ def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batc
     ``gm`` (PTQ, or QAT with batch norm folded; in place, in eval mode); their reports go
     to the graph's ``algorithms``."""
     info = graph_info(gm)
-    for kind, cls in (("adaround", AdaRoundConfig), ("adaquant", AdaQuantConfig)):
-        for cfg in _configured(config, cls.kind):
-            runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(cfg)))
-            try:
-                report = reconstruct_layers(runner, cfg, quiet=quiet)
-            finally:
-                runner.close()  # the live values a walk spilled to disk
-            if runner.notes:
-                report = ReconstructionReport(report.method, report.layers, (*runner.notes, *report.notes))
-            info.algorithms[kind] = report.to_dict()
-    for bc in _configured(config, BiasCorrectionConfig.kind):
-        runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(bc)))
+    for algorithm in schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx").after_calibration:
+        runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(algorithm)))
         try:
-            notes = correct_biases(runner, bc, quiet=quiet)
+            if isinstance(algorithm, BiasCorrectionConfig):
+                notes = correct_biases(runner, algorithm, quiet=quiet)
+                info.algorithms[algorithm.kind] = {
+                    "num_samples": samples_to_use(algorithm),
+                    "notes": [*runner.notes, *notes],
+                }
+                continue
+            assert isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig))  # the rest of SUPPORTED
+            report = reconstruct_layers(runner, algorithm, quiet=quiet)
         finally:
-            runner.close()
-        info.algorithms["bias_correction"] = {"num_samples": samples_to_use(bc), "notes": [*runner.notes, *notes]}
+            runner.close()  # the live values a walk spilled to disk
+        if runner.notes:
+            report = ReconstructionReport(report.method, report.layers, (*runner.notes, *report.notes))
+        info.algorithms[algorithm.kind] = report.to_dict()

@@ -29,7 +29,7 @@ import logging
 import attrs
 import onnx
 
-from quant_onnx.model_io import check_model
+from quant_core.onnx_qdq.model_io import check_model
 from quant_onnx.pipeline.preprocess.bn_folding import fold_batchnorm, fold_batchnorm_inplace
 from quant_onnx.pipeline.preprocess.constant_folding import fold_constants, fold_constants_inplace
 from quant_onnx.pipeline.preprocess.constants_to_initializers import (

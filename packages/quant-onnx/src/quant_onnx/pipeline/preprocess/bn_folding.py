@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quant_onnx.errors import ModelError
-from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_core.errors import ModelError
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute
 from quant_onnx.graph_edit import copy_model, remove_nodes, rename_tensors, set_attr, set_initializer
 
 FOLDABLE_PRODUCERS = ("Conv", "ConvTranspose", "Gemm")

@@ -14,9 +14,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute, subgraph_inputs
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, subgraph_inputs
+from quant_core.onnx_qdq.model_io import opset_version
 from quant_onnx.graph_edit import copy_model, remove_nodes, set_initializer
-from quant_onnx.model_io import opset_version
 from quant_onnx.pipeline.preprocess.shape_inference import infer_shapes_inplace
 
 _LOG = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
-from quant_onnx.graph import constant_node_value, is_default_domain
+from quant_core.onnx_qdq.graph import constant_node_value, is_default_domain
 from quant_onnx.graph_edit import copy_model, remove_nodes
 
 

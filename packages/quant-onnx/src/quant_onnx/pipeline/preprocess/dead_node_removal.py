@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from quant_onnx.graph import node_inputs, topological_sort
+from quant_core.onnx_qdq.graph import node_inputs, topological_sort
 from quant_onnx.graph_edit import copy_model, remove_nodes
 
 

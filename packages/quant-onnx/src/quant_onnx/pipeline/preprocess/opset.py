@@ -5,9 +5,9 @@ from __future__ import annotations
 import onnx
 from onnx import version_converter
 
-from quant_onnx.errors import ModelError, one_line
+from quant_core.errors import ModelError, one_line
+from quant_core.onnx_qdq.model_io import opset_version
 from quant_onnx.graph_edit import copy_model
-from quant_onnx.model_io import opset_version
 
 MIN_QDQ_OPSET = 13
 

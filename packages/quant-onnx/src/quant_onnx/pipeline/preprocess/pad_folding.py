@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from quant_onnx.graph import GraphIndex, is_default_domain, node_attribute
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute
 from quant_onnx.graph_edit import copy_model, remove_nodes, set_attr
 
 

@@ -11,8 +11,8 @@ import math
 import onnx
 from onnx import helper
 
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, plan_node
 from quant_core.plan import clip_bounds
-from quant_onnx.graph import GraphIndex, is_default_domain, plan_node
 from quant_onnx.graph_edit import copy_model
 
 

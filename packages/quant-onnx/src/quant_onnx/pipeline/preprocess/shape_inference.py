@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from quant_onnx.graph import GraphIndex
+from quant_core.onnx_qdq.graph import GraphIndex
 from quant_onnx.graph_edit import copy_model, drop_value_info
 
 _LOG = logging.getLogger(__name__)

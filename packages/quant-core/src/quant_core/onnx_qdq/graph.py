@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from quant_core.onnx_qdq.tensor_data import to_array, uses_external_data
 from quant_core.plan import PlanNode
-from quant_onnx.tensor_data import to_array, uses_external_data
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 """Names of the default ONNX operator domain."""
@@ -52,6 +52,34 @@ def node_attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
         if attribute.name == name:
             return onnx.helper.get_attribute_value(attribute)
     return default
+
+
+def int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    """An integer attribute (``group``, ``axis``...), or ``default``.
+
+    Example:
+        >>> int_attribute(onnx.helper.make_node("Conv", ["x", "w"], ["y"], group=4), "group", 1)
+        4
+    """
+    value = node_attribute(node, name, default)
+    return int(value) if isinstance(value, int | float) else default
+
+
+def float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
+    """A float attribute (``alpha``, ``beta``...), or ``default``."""
+    value = node_attribute(node, name, default)
+    return float(value) if isinstance(value, int | float) else default
+
+
+def int_list(node: onnx.NodeProto, name: str, default: list[int] | None = None) -> list[int]:
+    """An integer-list attribute (``kernel_shape``, ``strides``...), or ``default`` (empty)."""
+    value = node_attribute(node, name, None)
+    return [int(v) for v in value] if isinstance(value, list | tuple) else list(default or [])
+
+
+def node_label(node: onnx.NodeProto) -> str:
+    """The node's name, or its first output when it has none (for messages)."""
+    return node.name or (node.output[0] if node.output else node.op_type)
 
 
 def subgraph_inputs(node: onnx.NodeProto) -> set[str]:

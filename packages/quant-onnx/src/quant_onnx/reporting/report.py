@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,8 @@ from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
 from quant_core.qparams import QParams
 from quant_core.serialization import to_data
-from quant_onnx.io.compare import Comparison
 from quant_onnx.pipeline.calibrate import CalibratedModel
+from quant_onnx.reporting.compare import Comparison
 
 REPORT_VERSION = 1
 
@@ -114,8 +114,14 @@ def build_report(
         "quantized_nodes": [{"name": n, "op_type": t} for n, t in ann.quantized_nodes],
         "float_nodes": [{"name": f.name, "op_type": f.op_type, "reason": f.reason} for f in ann.float_nodes],
         "comparison": None if comparison is None else comparison.to_data(),
-        "notes": [*ann.notes, *calibrated.notes, *notes],
+        "notes": list(run_notes(calibrated, notes)),
     }
+
+
+def run_notes(calibrated: CalibratedModel, written: Iterable[str] = ()) -> tuple[str, ...]:
+    """Every note of one quantization run, in the order it was made: the plan's, the
+    calibration's, then writing's."""
+    return (*calibrated.plan.notes, *calibrated.notes, *written)
 
 
 def _bias_entry(node: str, tensor: str, spec: Any, encoded: EncodedBias | None) -> dict[str, Any]:

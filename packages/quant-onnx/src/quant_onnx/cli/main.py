@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from quant_onnx.io.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
+from quant_algos.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,7 +195,7 @@ def _image_options(args: argparse.Namespace) -> Any:
     given = {key: getattr(args, key) for key in ("resize", "mean", "std", "layout") if getattr(args, key) is not None}
     if not given:
         return None
-    from quant_onnx.io.data import ImageOptions
+    from quant_onnx.data import ImageOptions
 
     for key in ("resize", "mean", "std"):
         if key in given:
@@ -213,8 +212,8 @@ def _check_counts(args: argparse.Namespace, *names: str) -> None:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from quant_onnx.io.config_overrides import override_config
-    from quant_onnx.io.summary import quantize_summary
+    from quant_onnx.cli.config_overrides import override_config
+    from quant_onnx.cli.summary import quantize_summary
 
     if not Path(args.model).is_file():
         raise ValueError(f"model '{args.model}': file not found")
@@ -274,7 +273,7 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from quant_onnx.io.inspection import inspect_lines, inspect_model
+    from quant_onnx.cli.inspection import inspect_lines, inspect_model
 
     info = inspect_model(args.model, _config(args))
     if args.json:
@@ -285,9 +284,9 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from quant_onnx.io.compare import compare_models
-    from quant_onnx.io.data import CalibrationReader
-    from quant_onnx.model_io import check_output_path, load_model
+    from quant_core.onnx_qdq.model_io import check_output_path, load_model
+    from quant_onnx.data import CalibrationReader
+    from quant_onnx.reporting.compare import compare_models
 
     _check_counts(args, "num_samples", "batch_size")
     if args.json:
@@ -312,7 +311,7 @@ def _compare(args: argparse.Namespace) -> int:
         for layer in result.layers:
             print(f"{layer.tensor:<{width}}{layer.sqnr_db:>10.2f}")
     if args.json:
-        from quant_onnx.io.report import write_report
+        from quant_onnx.reporting.report import write_report
 
         write_report(result.to_data(), args.json)
     return EXIT_OK
@@ -322,7 +321,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
     commands = {"quantize": _quantize, "inspect": _inspect, "compare": _compare}
     return run_command("quant-onnx", build_parser(), commands, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,8 +29,8 @@ import onnx
 import onnxruntime as ort
 
 from quant_algos.progress import first_taken, progress_bar
-from quant_onnx.errors import ModelError
-from quant_onnx.io.data import model_inputs
+from quant_core.errors import ModelError
+from quant_onnx.data import model_inputs
 from quant_onnx.pipeline.calibrate import augmented_model, inference_session
 
 

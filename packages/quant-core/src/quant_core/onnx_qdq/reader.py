@@ -33,51 +33,16 @@ from collections.abc import Iterator
 import attrs
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from quant_core.dtypes import DType
+from quant_core.errors import ModelError
+from quant_core.onnx_qdq.graph import GraphIndex, int_attribute, is_default_domain, node_label
 from quant_core.qparams import pow2_fix_pos, scale_from_fix_pos
-from quant_onnx.graph import GraphIndex, is_default_domain
 
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
 HOST_OPS = frozenset({"Shape", "Size"})
 """Ops that read only a tensor's shape: never on the data path."""
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return onnx.helper.get_attribute_value(attribute)
-    return default
-
-
-def node_attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
-    """Attribute ``name`` of ``node`` as a Python value (bytes for strings), or ``default``."""
-    return _attribute(node, name, default)
-
-
-def int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
-    """An integer attribute (``group``, ``axis``...), or ``default``."""
-    value = _attribute(node, name, default)
-    return int(value) if isinstance(value, int | float) else default
-
-
-def float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
-    """A float attribute (``alpha``, ``beta``...), or ``default``."""
-    value = _attribute(node, name, default)
-    return float(value) if isinstance(value, int | float) else default
-
-
-def int_list(node: onnx.NodeProto, name: str, default: list[int] | None = None) -> list[int]:
-    """An integer-list attribute (``kernel_shape``, ``strides``...), or ``default`` (empty)."""
-    value = _attribute(node, name, None)
-    return [int(v) for v in value] if isinstance(value, list | tuple) else list(default or [])
-
-
-def node_label(node: onnx.NodeProto) -> str:
-    """The node's name, or its first output when it has none."""
-    return node.name or (node.output[0] if node.output else node.op_type)
 
 
 @attrs.frozen(eq=False)
@@ -161,7 +126,7 @@ class QuantTensor:
     def values(self) -> np.ndarray:
         """A constant's signed integer values ``q - zero_point`` (int64)."""
         if self.codes is None:
-            raise ValueError(f"tensor {self.key!r} is not a constant")
+            raise ModelError(f"tensor {self.key!r} is not a constant")
         zp = np.asarray(self.zero_point, np.int64)
         if self.axis is not None and zp.ndim:
             shape = [1] * self.codes.ndim
@@ -217,7 +182,7 @@ class ComputeNode:
 
 class QDQGraph:
     """Integer tensors and compute nodes of a QDQ model (a snapshot; ``model`` is not
-    modified; see the module example). Raises ValueError with one line when a
+    modified; see the module example). Raises ModelError with one line when a
     QuantizeLinear/DequantizeLinear has non-constant qparams.
     """
 
@@ -254,12 +219,12 @@ class QDQGraph:
     def _qparams(self, node: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray | None]:
         scale = self.index.constant(node.input[1])
         if scale is None:
-            raise ValueError(f"node {node_label(node)!r}: {node.op_type} scale is not a constant")
+            raise ModelError(f"node {node_label(node)!r}: {node.op_type} scale is not a constant")
         zero_point = None
         if len(node.input) > 2 and node.input[2]:
             zero_point = self.index.constant(node.input[2])
             if zero_point is None:
-                raise ValueError(f"node {node_label(node)!r}: {node.op_type} zero point is not a constant")
+                raise ModelError(f"node {node_label(node)!r}: {node.op_type} zero point is not a constant")
         return np.asarray(scale, np.float32), zero_point
 
     def _axis(self, node: onnx.NodeProto, scale: np.ndarray) -> int | None:
@@ -334,15 +299,3 @@ class QDQGraph:
             for node in self.index.consumers(dq.output[0]):
                 seen.setdefault(id(node), node)
         return list(seen.values())
-
-
-def constant_input(qdq: QDQGraph, node: onnx.NodeProto, index: int) -> np.ndarray | None:
-    """Input ``index`` of ``node`` as a constant array (initializer, Constant node), or None."""
-    if len(node.input) <= index or not node.input[index]:
-        return None
-    return qdq.constant(node.input[index])
-
-
-def tensor_proto(name: str, value: np.ndarray) -> onnx.TensorProto:
-    """An initializer named ``name`` holding ``value``."""
-    return numpy_helper.from_array(np.asarray(value), name)

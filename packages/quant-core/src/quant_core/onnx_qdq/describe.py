@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from quant_onnx.graph import GraphIndex
+from quant_core.onnx_qdq.graph import GraphIndex
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 DYNAMIC_OPS = frozenset({"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"})

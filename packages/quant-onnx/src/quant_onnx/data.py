@@ -29,7 +29,7 @@ import attrs
 import numpy as np
 import onnx
 
-from quant_onnx.errors import DataError, MissingDependencyError
+from quant_core.errors import DataError, MissingDependencyError
 
 _LOG = logging.getLogger(__name__)
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"})

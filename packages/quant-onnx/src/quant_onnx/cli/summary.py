@@ -16,8 +16,8 @@ from pathlib import Path
 
 import onnx
 
-from quant_onnx.io.describe import describe_formats, describe_quantized
-from quant_onnx.tensor_data import all_tensors, external_data_info, uses_external_data
+from quant_core.onnx_qdq.describe import describe_formats, describe_quantized
+from quant_core.onnx_qdq.tensor_data import all_tensors, external_data_info, uses_external_data
 
 
 def size_text(size: int) -> str:

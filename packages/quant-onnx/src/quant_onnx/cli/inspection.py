@@ -18,8 +18,8 @@ from typing import Any
 
 import onnx
 
-from quant_onnx.io.describe import QuantizedModelInfo, describe_quantized
-from quant_onnx.model_io import check_float32, load_model, source_label
+from quant_core.onnx_qdq.describe import QuantizedModelInfo, describe_quantized
+from quant_core.onnx_qdq.model_io import check_float32, load_model, source_label
 
 #: How ``inspect`` names each pre-processing pass's edits.
 PREPROCESS_LABELS = {

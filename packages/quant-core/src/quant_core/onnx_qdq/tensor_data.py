@@ -4,7 +4,7 @@ data that stays inside the model's folder.
 A model file is untrusted input. onnx refuses an external-data location that escapes the
 model's folder only deep inside its loader (a long traceback), and a tensor whose dims
 promise more elements than its data holds fails later, in numpy or onnxruntime. These
-checks run first and raise one-line :class:`~quant_onnx.errors.ModelError` naming the
+checks run first and raise one-line :class:`~quant_core.errors.ModelError` naming the
 tensor: an absolute location, a ``..`` or a symlink leading out of the folder, a missing
 file, an offset/length outside the file, a payload whose size does not match its dims.
 
@@ -16,7 +16,7 @@ Example:
     >>> check_payload(t)
     Traceback (most recent call last):
     ...
-    quant_onnx.errors.ModelError: tensor 'w': data holds 24 bytes, dims [1099511627776,3] of FLOAT need 13194139533312
+    quant_core.errors.ModelError: tensor 'w': data holds 24 bytes, dims [1099511627776,3] of FLOAT need 13194139533312
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quant_onnx.errors import ModelError
+from quant_core.errors import ModelError
 
 #: Element types stored below one byte per element (packed).
 _SUB_BYTE_BITS = {

@@ -3,7 +3,7 @@
 Example:
     >>> import onnx
     >>> from onnx import TensorProto, helper
-    >>> from quant_onnx.model_io import load_model, opset_version
+    >>> from quant_core.onnx_qdq.model_io import load_model, opset_version
     >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
     >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
     >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
@@ -25,9 +25,9 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from quant_core.atomic_io import atomic_write, default_file_mode
-from quant_onnx.errors import ModelError, OutputError, one_line
-from quant_onnx.graph import DEFAULT_DOMAINS
-from quant_onnx.tensor_data import (
+from quant_core.errors import ModelError, OutputError, one_line
+from quant_core.onnx_qdq.graph import DEFAULT_DOMAINS
+from quant_core.onnx_qdq.tensor_data import (
     all_tensors,
     bind_external_data,
     bound_folders,
@@ -45,7 +45,7 @@ MAX_OPSET = 21
 #: Protobuf cannot serialise a single message above 2 GiB; bigger models need external data.
 _PROTOBUF_LIMIT = 2**31 - 1
 #: External data from this size up stay in their files after loading, read tensor by
-#: tensor (:mod:`quant_onnx.tensor_data`), so a model larger than memory allows twice
+#: tensor (:mod:`quant_core.onnx_qdq.tensor_data`), so a model larger than memory allows twice
 #: is never held twice; smaller external data are read into the model.
 LAZY_EXTERNAL_BYTES = 1 << 30
 
@@ -74,7 +74,7 @@ def load_model(
 
     External weight files next to the model are loaded.  Errors are one-line ModelErrors for:
     missing file, file that is not ONNX, a tensor whose data does not match its dims,
-    external data outside the model's folder or missing (:mod:`quant_onnx.tensor_data`,
+    external data outside the model's folder or missing (:mod:`quant_core.onnx_qdq.tensor_data`,
     checked before onnx reads it), checker failure, default-domain opset outside
     [min_opset, max_opset].  The source is never modified.
     """
@@ -122,7 +122,7 @@ def source_label(source: object) -> str:
     return str(Path(source)) if isinstance(source, str | os.PathLike) else "<in-memory model>"
 
 
-_REDUCED_FLOATS = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+_REDUCED_FLOATS: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
 
 
 def _reduced_float_tensor(model: onnx.ModelProto) -> tuple[str, str, str] | None:
@@ -155,7 +155,7 @@ def check_float32(model: onnx.ModelProto, label: str = "<in-memory model>") -> N
         >>> check_float32(helper.make_model(g))
         Traceback (most recent call last):
         ...
-        quant_onnx.errors.ModelError: model '<in-memory model>': input 'x' is float16; ...
+        quant_core.errors.ModelError: model '<in-memory model>': input 'x' is float16; ...
     """
     found = _reduced_float_tensor(model)
     if found is None:
