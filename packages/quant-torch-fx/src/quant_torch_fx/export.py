@@ -20,9 +20,10 @@ Three steps, each its own module:
    - a bias becomes the int32 initializer :func:`quant_core.bias.encode_bias` produced at
      freeze, behind a ``DequantizeLinear`` at ``input_scale * weight_scale``;
 
-3. :func:`quant_torch_fx.onnx_finish.finish`: what onnxruntime needs to run the file as
-   written (Shape reads, the MatMulNBits and WeightBiasQuantization guards, unread
-   initializers, opset: 17 by default, 21 for 16-bit and 4-bit formats).
+3. :func:`quant_core.onnx_qdq.finish.finish_for_onnxruntime`, the ONNX QDQ layer both
+   backends finish through: what onnxruntime needs to run the file as written (Shape
+   reads, the MatMulNBits and WeightBiasQuantization guards, unread initializers). The
+   opset is chosen before writing: 17 by default, 21 for 16-bit and 4-bit formats.
 
 The file is written atomically; the same model gives the same bytes.
 
@@ -50,11 +51,11 @@ import torch
 from torch import nn
 
 from quant_core.atomic_io import atomic_write
+from quant_core.onnx_qdq.finish import finish_for_onnxruntime
 from quant_core.qdq import ACTIVATION_ENCODINGS, ActivationEncoding, required_opset
 from quant_torch_fx.capture import as_args
 from quant_torch_fx.export_form import aten_graph, export_form
 from quant_torch_fx.onnx_emit import default_names, emit_onnx
-from quant_torch_fx.onnx_finish import finish
 
 DEFAULT_OPSET = 17
 
@@ -85,7 +86,9 @@ def onnx_model(
     names_in = list(input_names) if input_names is not None else default_names("input", len(tensors))
     target = max(opset, required_opset(form.formats))
     proto = emit_onnx(gm, opset=target, input_names=names_in, output_names=output_names)
-    return finish(proto, opset=target)
+    # Written at an opset that takes every format, so finishing has no notes to pass on
+    # (its only note is for 16-bit pairs in the contrib domain, which the emitter never writes).
+    return finish_for_onnxruntime(proto).model
 
 
 def export_onnx(

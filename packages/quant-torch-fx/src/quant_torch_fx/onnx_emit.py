@@ -35,13 +35,15 @@ from onnx import TensorProto, helper, numpy_helper
 from torch.fx import GraphModule, Node
 
 from quant_core.dtypes import DType
+from quant_core.onnx_qdq.build import tensor_proto
+from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX, ONNX_DTYPES
 from quant_core.qparams import QParams, quantize
 from quant_core.spec import RoundMode
 from quant_torch_fx.aten_map import ATEN_OPS, AtenOp, op_name
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.graph_plan import module_paths
 from quant_torch_fx.onnx_rules import bind
-from quant_torch_fx.onnx_types import onnx_type, stored_type
+from quant_torch_fx.onnx_types import onnx_type
 from quant_torch_fx.onnx_values import Constant, Dequantized, Folded, Quantized, Size
 from quant_torch_fx.qdq_ops import DEQUANTIZE, QUANTIZE_DEQUANTIZE
 
@@ -117,7 +119,7 @@ class Emitter:
         """A new initializer holding ``value`` (named from ``base``)."""
         name = self.tensor_name(base)
         if elem_type in (TensorProto.INT4, TensorProto.UINT4):
-            tensor = helper.make_tensor(name, elem_type, value.shape, value.reshape(-1).astype(np.int64).tolist())
+            tensor = tensor_proto(name, value, DTYPE_OF_ONNX[elem_type])  # packed as the layer packs them
         else:
             array = np.array(value, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray does not)
             if elem_type is not None:
@@ -217,9 +219,9 @@ class Emitter:
         key = (self.current, id(value), transposed)
         if key in self.readers:
             return self.readers[key]
-        codes = self.attr(value.codes, stored_type(value.dtype), transposed=transposed)
+        codes = self.attr(value.codes, ONNX_DTYPES[value.dtype], transposed=transposed)
         scale = self.attr(value.scale)
-        zero_point = self.attr(value.zero_point, stored_type(value.dtype))
+        zero_point = self.attr(value.zero_point, ONNX_DTYPES[value.dtype])
         axis = value.axis
         if transposed and axis is not None:
             axis = 1 - axis % 2
@@ -420,7 +422,7 @@ class Emitter:
         assert isinstance(scale, Node) and isinstance(zero_point, Node)
         stored = DType(dtype)  # type: ignore[arg-type]
         scale_name = self.attr(scale)
-        zero_name = self.attr(zero_point, stored_type(stored))
+        zero_name = self.attr(zero_point, ONNX_DTYPES[stored])
         constant = self.constant_value(x)
         if isinstance(constant, torch.Tensor):  # stored as its integer codes
             qp = QParams(
@@ -432,7 +434,7 @@ class Emitter:
             )
             base = str(x.target) if isinstance(x, Node) and x.op == "get_attr" else getattr(x, "name", "constant")
             codes = self.initializer(
-                quantize(constant.detach().cpu().float().numpy(), qp), f"{base}_quantized", stored_type(stored)
+                quantize(constant.detach().cpu().float().numpy(), qp), f"{base}_quantized", ONNX_DTYPES[stored]
             )
             return Quantized(codes, scale_name, zero_name, base, stored.bits)
         source = self.tensor(x)

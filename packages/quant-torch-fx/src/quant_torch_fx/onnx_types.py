@@ -1,17 +1,16 @@
-"""Element types of the ONNX file: torch dtypes and stored integer formats.
+"""Element types of the ONNX file for torch dtypes (stored integer formats:
+:data:`quant_core.onnx_qdq.tensor_types.ONNX_DTYPES`).
 
 Example:
     >>> from onnx import TensorProto
-    >>> onnx_type(torch.float32) == TensorProto.FLOAT, stored_type(DType.UINT16) == TensorProto.UINT16
-    (True, True)
+    >>> onnx_type(torch.float32) == TensorProto.FLOAT
+    True
 """
 
 from __future__ import annotations
 
 import torch
 from onnx import TensorProto
-
-from quant_core.dtypes import DType
 
 _ONNX_OF_TORCH = {
     torch.float32: TensorProto.FLOAT,
@@ -33,8 +32,3 @@ def onnx_type(dtype: torch.dtype) -> int:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in _ONNX_OF_TORCH)
         raise ValueError(f"export: tensors of {dtype} cannot be written; allowed: {allowed}")
     return _ONNX_OF_TORCH[dtype]
-
-
-def stored_type(dtype: DType) -> int:
-    """The ONNX element type of a stored integer format (``int4`` is ``TensorProto.INT4``)."""
-    return int(getattr(TensorProto, dtype.value.upper()))
