@@ -55,6 +55,7 @@ from quant_core.onnx_qdq.build import (
 )
 from quant_core.onnx_qdq.graph import DEFAULT_DOMAINS, GraphIndex, int_attribute, is_default_domain, node_inputs
 from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX
+from quant_core.plan.ops import POLICIES, integer_kernel_reads
 from quant_core.qdq import MATMUL_WEIGHT_AXIS, guard_matmul_weight, required_opset
 from quant_core.qparams import QParams
 
@@ -178,8 +179,9 @@ def keep_float_weights_float(model: onnx.ModelProto) -> None:
       keeps onnxruntime's NCHWc kernels, which need a constant bias), and any other such
       node gets its bias (zeros when it has none) as :func:`exact_int32` codes behind a
       DequantizeLinear. Neither form can reach an integer kernel: the weight is float;
-    - a quantized weight beside a float bias (the bias rule's float case): the bias is
-      stored as :func:`exact_int32` codes behind a DequantizeLinear."""
+    - a quantized weight beside a float bias (the bias rule's float case, which it allows
+      only where no integer kernel reads the layer): the bias is stored as
+      :func:`exact_int32` codes behind a DequantizeLinear."""
     index = GraphIndex(model.graph)
     builder = QDQBuilder(model, index)
     quantized = {node.input[0] for node in model.graph.node if node.op_type == QUANTIZE and node.input}
@@ -195,7 +197,7 @@ def keep_float_weights_float(model: onnx.ModelProto) -> None:
             continue
         weight = index.constant(node.input[1])
         if weight is None:
-            dq = _float_bias_beside_quantized_weight(builder, index, node)
+            dq = _float_bias_beside_quantized_weight(builder, index, node, qp.dtype)
         elif weight.dtype != np.float32:
             continue
         elif node.op_type == "Conv" and int(weight.shape[1]) * int_attribute(node, "group", 1) > 1:
@@ -210,12 +212,18 @@ def keep_float_weights_float(model: onnx.ModelProto) -> None:
 
 
 def _float_bias_beside_quantized_weight(
-    builder: QDQBuilder, index: GraphIndex, node: onnx.NodeProto
+    builder: QDQBuilder, index: GraphIndex, node: onnx.NodeProto, activation: DType
 ) -> onnx.NodeProto | None:
     """``node``'s float 1-D bias initializer as exact int32 codes when its weight is
-    quantized (read through a DequantizeLinear of a constant); else nothing."""
+    quantized (read through a DequantizeLinear of a constant) and no integer kernel takes
+    the unit (16-bit activations, wider weights, ConvTranspose); else nothing. An integer
+    kernel reads its bias at ``input_scale * weight_scale``: there onnxruntime's own int32
+    bias is the bias rule's product form, and per-element exact scales would be misread."""
     weight_dq = index.producer(node.input[1])
     if weight_dq is None or weight_dq.op_type != DEQUANTIZE or not index.is_constant(weight_dq.input[0]):
+        return None
+    weight = DTYPE_OF_ONNX.get(index.elem_type(weight_dq.input[0]) or 0)
+    if weight is None or integer_kernel_reads(POLICIES[node.op_type], activation, weight):
         return None
     if len(node.input) < 3 or not node.input[2]:
         return None
