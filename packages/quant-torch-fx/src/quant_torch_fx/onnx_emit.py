@@ -35,6 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch.fx import GraphModule, Node
 
 from quant_core.dtypes import DType
+from quant_core.errors import ModelError
 from quant_core.onnx_qdq.build import tensor_proto
 from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX, ONNX_DTYPES
 from quant_core.qparams import QParams, quantize
@@ -42,6 +43,7 @@ from quant_core.spec import RoundMode
 from quant_torch_fx.aten_map import ATEN_OPS, AtenOp, op_name
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.graph_plan import module_paths
+from quant_torch_fx.onnx_context import RuleContext
 from quant_torch_fx.onnx_rules import bind
 from quant_torch_fx.onnx_types import onnx_type
 from quant_torch_fx.onnx_values import Constant, Dequantized, Folded, Quantized, Size
@@ -59,10 +61,6 @@ _SYMBOLIC = {
     operator.floordiv: "Div",  # sizes are not negative: truncation is the floor
     operator.mod: "Mod",
 }
-
-
-class ExportError(ValueError):
-    """A node of the graph cannot be written as ONNX (the message names it)."""
 
 
 def _flat(values: Any) -> list[Any]:
@@ -327,11 +325,11 @@ class Emitter:
         return meta.dtype if isinstance(meta, torch.Tensor) else torch.float32
 
     # --- errors -------------------------------------------------------------------------------------
-    def error(self, what: str) -> ExportError:
+    def error(self, what: str) -> ModelError:
         node = self.current
         if node is None:
-            return ExportError(f"export: {what}")
-        return ExportError(f"export: node {node.name!r} ({_describe(node)}{_where(node)}): {what}")
+            return ModelError(f"export: {what}")
+        return ModelError(f"export: node {node.name!r} ({_describe(node)}{_where(node)}): {what}")
 
     # --- the graph ------------------------------------------------------------------------------
     def run(self, input_names: Sequence[str], output_names: Sequence[str] | None) -> onnx.GraphProto:
@@ -341,7 +339,7 @@ class Emitter:
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         tensors_in = [n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)]
         if len(input_names) < len(tensors_in):
-            raise ExportError(
+            raise ModelError(
                 f"input_names: {len(input_names)} name(s) for {len(tensors_in)} tensor inputs; give one per input"
             )
         for node, name in zip(tensors_in, input_names, strict=False):
@@ -391,7 +389,8 @@ class Emitter:
             raise self.error("no ONNX translation for this op (quant_torch_fx.aten_map.ATEN_OPS lists the ops written)")
         start = len(self.nodes)
         planned = entry.op_type(node)
-        result = entry.emit(self, node, planned)
+        context: RuleContext = self  # the rules' view of the emitter (checked by mypy)
+        result = entry.emit(context, node, planned)
         self._check_written(entry, planned, start)
         result = self._name_result(node, result, start)
         if name.endswith("_") and node.args and isinstance(node.args[0], Node):
@@ -503,7 +502,7 @@ class Emitter:
         leaves = [leaf for leaf in leaves if isinstance(leaf.meta.get("val"), torch.Tensor)]
         wanted = list(names) if names is not None else default_names("output", len(leaves))
         if len(wanted) < len(leaves):
-            raise ExportError(
+            raise ModelError(
                 f"output_names: {len(wanted)} name(s) for {len(leaves)} tensor outputs; give one per output"
             )
         infos = []

@@ -18,19 +18,17 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from onnx import helper, numpy_helper
 from torch.fx import Node
 
+from quant_torch_fx.onnx_context import RuleContext
 from quant_torch_fx.onnx_rules import schema_name
 from quant_torch_fx.onnx_types import onnx_type
 from quant_torch_fx.onnx_values import Size
-
-if TYPE_CHECKING:
-    from quant_torch_fx.onnx_emit import Emitter
 
 _INT64_MAX = 2**63 - 1
 
@@ -39,7 +37,7 @@ def _static(values: Sequence[Any]) -> bool:
     return all(isinstance(v, int) for v in values)
 
 
-def _target_shape(ctx: Emitter, sizes: Sequence[Any]) -> str:
+def _target_shape(ctx: RuleContext, sizes: Sequence[Any]) -> str:
     """A Reshape target: constant with ``-1`` for the one size known only at run time (the
     batch), else computed from the symbolic sizes."""
     values = [ctx.value(s) if isinstance(s, Node) else s if isinstance(s, Size) else int(s) for s in sizes]
@@ -49,7 +47,7 @@ def _target_shape(ctx: Emitter, sizes: Sequence[Any]) -> str:
     return ctx.ints(list(sizes))
 
 
-def reshape(ctx: Emitter, node: Node, op_type: str) -> Any:
+def reshape(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``view``/``reshape``/``_unsafe_view``/``unflatten``/``view_as``/``reshape_as``."""
     a = ctx.bind(node)
     x = a["self"]
@@ -63,7 +61,7 @@ def reshape(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Reshape", [ctx.tensor(x), _target_shape(ctx, list(a["size"] if "size" in a else a["shape"]))])
 
 
-def flatten(ctx: Emitter, node: Node, op_type: str) -> Any:
+def flatten(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``flatten(x, start, end)``: Flatten for ``start=1`` to the last axis (its 2-D result),
     a Reshape otherwise."""
     a = ctx.bind(node)
@@ -84,7 +82,7 @@ def flatten(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Reshape", [ctx.tensor(x), ctx.ints(target)])
 
 
-def permute(ctx: Emitter, node: Node, op_type: str) -> Any:
+def permute(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``permute``/``transpose``/``t``/``movedim``: Transpose."""
     a = ctx.bind(node)
     x = a["self"]
@@ -102,7 +100,7 @@ def permute(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Transpose", [ctx.tensor(x)], perm=perm)
 
 
-def squeeze(ctx: Emitter, node: Node, op_type: str) -> Any:
+def squeeze(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``squeeze`` (all, one or several dims): only axes of size 1 go, as in torch."""
     a = ctx.bind(node)
     x = a["self"]
@@ -115,12 +113,12 @@ def squeeze(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Squeeze", [ctx.tensor(x), ctx.ints(axes, "axes")])
 
 
-def unsqueeze(ctx: Emitter, node: Node, op_type: str) -> Any:
+def unsqueeze(ctx: RuleContext, node: Node, op_type: str) -> Any:
     a = ctx.bind(node)
     return ctx.add("Unsqueeze", [ctx.tensor(a["self"]), ctx.ints([int(a["dim"]) % (ctx.rank(a["self"]) + 1)], "axes")])
 
 
-def _slice(ctx: Emitter, x: str, axis: int, start: Any, end: Any, step: int = 1) -> str:
+def _slice(ctx: RuleContext, x: str, axis: int, start: Any, end: Any, step: int = 1) -> str:
     start = 0 if start is None else start
     end = _INT64_MAX if end is None else end
     if isinstance(end, int):
@@ -131,7 +129,7 @@ def _slice(ctx: Emitter, x: str, axis: int, start: Any, end: Any, step: int = 1)
     )
 
 
-def slice_(ctx: Emitter, node: Node, op_type: str) -> Any:
+def slice_(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``slice(x, dim, start, end, step)`` with negative and open ends (ONNX clamps as torch),
     ``narrow(x, dim, start, length)``."""
     a = ctx.bind(node)
@@ -154,7 +152,7 @@ def slice_(ctx: Emitter, node: Node, op_type: str) -> Any:
     return _slice(ctx, ctx.tensor(x), dim, start, end, step)
 
 
-def select(ctx: Emitter, node: Node, op_type: str) -> Any:
+def select(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``select(x, dim, index)``: Gather of a scalar index (the axis goes; negative indices
     count from the end in both)."""
     a = ctx.bind(node)
@@ -165,13 +163,13 @@ def select(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Gather", [ctx.tensor(a["self"]), ctx.const(np.int64(index), "index", torch.int64)], axis=axis)
 
 
-def index_select(ctx: Emitter, node: Node, op_type: str) -> Any:
+def index_select(ctx: RuleContext, node: Node, op_type: str) -> Any:
     a = ctx.bind(node)
     axis = int(a["dim"]) % ctx.rank(a["self"])
     return ctx.add("Gather", [ctx.tensor(a["self"]), ctx.tensor(a["index"], torch.int64)], axis=axis)
 
 
-def index(ctx: Emitter, node: Node, op_type: str) -> Any:
+def index(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``x[..., idx]`` (``index.Tensor`` with one integer index tensor, ``None`` before it):
     Gather on that axis. Boolean masks and several index tensors are refused."""
     a = ctx.bind(node)
@@ -185,13 +183,13 @@ def index(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Gather", [ctx.tensor(a["self"]), ctx.tensor(tensor, torch.int64)], axis=used[0])
 
 
-def gather(ctx: Emitter, node: Node, op_type: str) -> Any:
+def gather(ctx: RuleContext, node: Node, op_type: str) -> Any:
     a = ctx.bind(node)
     axis = int(a["dim"]) % ctx.rank(a["self"])
     return ctx.add("GatherElements", [ctx.tensor(a["self"]), ctx.tensor(a["index"], torch.int64)], axis=axis)
 
 
-def split(ctx: Emitter, node: Node, op_type: str) -> Any:
+def split(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``split``/``split_with_sizes``/``chunk``/``unbind``: Split with the sizes torch gives
     each piece (``unbind`` then squeezes the axis)."""
     a = ctx.bind(node)
@@ -215,7 +213,7 @@ def split(ctx: Emitter, node: Node, op_type: str) -> Any:
     return list(pieces)
 
 
-def concat(ctx: Emitter, node: Node, op_type: str) -> Any:
+def concat(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``cat`` (torch's legacy empty 1-D operands skipped) and ``stack`` (Unsqueeze, Concat)."""
     a = ctx.bind(node)
     tensors = [t for t in a["tensors"] if not (ctx.rank(t) == 1 and ctx.shape(t)[0] == 0)]
@@ -229,7 +227,7 @@ def concat(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Concat", parts, axis=axis)
 
 
-def expand(ctx: Emitter, node: Node, op_type: str) -> Any:
+def expand(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``expand``/``expand_as``: Expand (torch's ``-1`` keeps a size: 1 broadcasts to it)."""
     a = ctx.bind(node)
     if "other" in a:
@@ -238,7 +236,7 @@ def expand(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Expand", [ctx.tensor(a["self"]), ctx.ints(sizes)])
 
 
-def repeat(ctx: Emitter, node: Node, op_type: str) -> Any:
+def repeat(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``repeat``: Tile (leading axes added first where ``repeats`` is longer than the rank)."""
     a = ctx.bind(node)
     repeats = list(a["repeats"])
@@ -249,7 +247,7 @@ def repeat(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Tile", [source, ctx.ints(repeats, "repeats")])
 
 
-def roll(ctx: Emitter, node: Node, op_type: str) -> Any:
+def roll(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``roll(x, shifts, dims)``: per axis, the last ``shift`` elements moved to the front
     (Slice, Slice, Concat)."""
     a = ctx.bind(node)
@@ -270,7 +268,7 @@ def roll(ctx: Emitter, node: Node, op_type: str) -> Any:
     return result
 
 
-def flip(ctx: Emitter, node: Node, op_type: str) -> Any:
+def flip(ctx: RuleContext, node: Node, op_type: str) -> Any:
     a = ctx.bind(node)
     axes = [int(d) % ctx.rank(a["self"]) for d in a["dims"]]
     n = len(axes)
@@ -278,7 +276,7 @@ def flip(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Slice", [ctx.tensor(a["self"]), starts, ends, ctx.ints(axes, "axes"), steps])
 
 
-def pixel_unshuffle(ctx: Emitter, node: Node, op_type: str) -> Any:
+def pixel_unshuffle(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``pixel_unshuffle``: channel ``c * r * r + i * r + j`` takes pixel ``(i, j)`` of each
     ``r x r`` block (torch's order; SpaceToDepth puts the block offset first)."""
     a = ctx.bind(node)
@@ -294,7 +292,7 @@ def pixel_unshuffle(ctx: Emitter, node: Node, op_type: str) -> Any:
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
 
 
-def pad(ctx: Emitter, node: Node, op_type: str) -> Any:
+def pad(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``pad``/``constant_pad_nd``/``reflection_pad*``/``replication_pad*``: torch lists
     ``(begin, end)`` pairs from the last axis backwards, ONNX all begins then all ends.
     Circular padding before opset 19 is written as Slice and Concat."""
@@ -320,7 +318,7 @@ def pad(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Pad", inputs, mode=_PAD_MODES[mode])
 
 
-def _circular(ctx: Emitter, x: str, begins: list[int], ends: list[int]) -> str:
+def _circular(ctx: RuleContext, x: str, begins: list[int], ends: list[int]) -> str:
     for axis, (begin, end) in enumerate(zip(begins, ends, strict=True)):
         parts = []
         if begin:
@@ -334,7 +332,7 @@ def _circular(ctx: Emitter, x: str, begins: list[int], ends: list[int]) -> str:
 
 
 # --- tensor creation --------------------------------------------------------------------------------------
-def _fill(ctx: Emitter, sizes: Sequence[Any], value: Any) -> Any:
+def _fill(ctx: RuleContext, sizes: Sequence[Any], value: Any) -> Any:
     dtype = ctx.out_dtype()
     static = [ctx.value(s) if isinstance(s, Node) else s for s in sizes]
     if _static(static):
@@ -343,7 +341,7 @@ def _fill(ctx: Emitter, sizes: Sequence[Any], value: Any) -> Any:
     return ctx.add("ConstantOfShape", [ctx.ints(list(sizes))], value=numpy_helper.from_array(element))
 
 
-def full(ctx: Emitter, node: Node, op_type: str) -> Any:
+def full(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``zeros``/``ones``/``full`` and their ``new_``/``_like`` forms: a constant when the
     size is static, ConstantOfShape otherwise."""
     bound = ctx.bind(node)
@@ -355,7 +353,7 @@ def full(ctx: Emitter, node: Node, op_type: str) -> Any:
     return _fill(ctx, list(bound["size"]), value)
 
 
-def arange(ctx: Emitter, node: Node, op_type: str) -> Any:
+def arange(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``arange``: a constant for static bounds, Range otherwise."""
     bound = ctx.bind(node)
     start, end, step = bound.get("start", 0) or 0, bound["end"], bound.get("step", 1) or 1
@@ -370,5 +368,5 @@ def arange(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Range", scalars)
 
 
-def scalar_tensor(ctx: Emitter, node: Node, op_type: str) -> Any:
+def scalar_tensor(ctx: RuleContext, node: Node, op_type: str) -> Any:
     return ctx.const(ctx.bind(node)["s"], "value", ctx.out_dtype())

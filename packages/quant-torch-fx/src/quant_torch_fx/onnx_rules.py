@@ -23,19 +23,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch.fx import Node
 
+from quant_torch_fx.onnx_context import RuleContext
 from quant_torch_fx.onnx_types import onnx_type
 from quant_torch_fx.onnx_values import Constant, Dequantized
 
-if TYPE_CHECKING:
-    from quant_torch_fx.onnx_emit import Emitter
-
-Rule = Any  # Callable[[Emitter, Node, str], Any]
+Rule = Any  # Callable[[RuleContext, Node, str], Any]
 
 
 def bind(node: Node) -> dict[str, Any]:
@@ -83,19 +81,19 @@ def _spatial(values: Any, rank: int, default: int) -> list[int]:
     return values * rank if len(values) == 1 else values
 
 
-def _first(ctx: Emitter, bound: dict[str, Any]) -> Any:
+def _first(ctx: RuleContext, bound: dict[str, Any]) -> Any:
     return bound.get("self", bound.get("input"))
 
 
 # --- layers -----------------------------------------------------------------------------------------------
-def _conv_inputs(ctx: Emitter, bound: dict[str, Any]) -> list[str]:
+def _conv_inputs(ctx: RuleContext, bound: dict[str, Any]) -> list[str]:
     inputs = [ctx.tensor(bound["input"]), ctx.tensor(bound["weight"])]
     if bound.get("bias") is not None:
         inputs.append(ctx.tensor(bound["bias"]))
     return inputs
 
 
-def conv(ctx: Emitter, node: Node, op_type: str) -> Any:
+def conv(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``conv{1,2,3}d``, ``conv_transpose{1,2,3}d`` and ``convolution``: Conv/ConvTranspose
     with torch's strides, pads (``"same"`` as explicit pads, the odd one at the end as
     torch pads it), dilations, groups and output padding."""
@@ -122,7 +120,7 @@ def conv(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add(op_type, _conv_inputs(ctx, bound), **attributes)
 
 
-def linear(ctx: Emitter, node: Node, op_type: str) -> Any:
+def linear(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``linear``: ``Gemm(transB=1)`` on a 2-D input; on any other rank (tokens) a ``MatMul``
     reading the weight stored ``[in, out]`` (integer codes behind their DequantizeLinear,
     channel axis 1, so onnxruntime's QDQ MatMul sees a DQ initializer), then ``Add`` of the
@@ -143,13 +141,13 @@ def linear(ctx: Emitter, node: Node, op_type: str) -> Any:
     return product if bias is None else ctx.add("Add", [product, ctx.tensor(bias)])
 
 
-def matmul(ctx: Emitter, node: Node, op_type: str) -> Any:
+def matmul(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``matmul``/``mm``/``bmm``: MatMul (numpy broadcasting and 1-D rules, as torch)."""
     a, b = node.args[0], node.args[1]
     return ctx.add("MatMul", [ctx.tensor(a), ctx.tensor(b)])
 
 
-def addmm(ctx: Emitter, node: Node, op_type: str) -> Any:
+def addmm(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``addmm(bias, a, b, beta, alpha)``: Gemm."""
     bound = ctx.bind(node)
     inputs = [ctx.tensor(bound["mat1"]), ctx.tensor(bound["mat2"]), ctx.tensor(bound["self"])]
@@ -157,22 +155,22 @@ def addmm(ctx: Emitter, node: Node, op_type: str) -> Any:
 
 
 # --- element-wise -----------------------------------------------------------------------------------------
-def _operands(ctx: Emitter, a: Any, b: Any, dtype: torch.dtype) -> tuple[str, str]:
+def _operands(ctx: RuleContext, a: Any, b: Any, dtype: torch.dtype) -> tuple[str, str]:
     return ctx.tensor(a, dtype), ctx.tensor(b, dtype)
 
 
-def _common_type(ctx: Emitter, a: Any, b: Any) -> torch.dtype:
+def _common_type(ctx: RuleContext, a: Any, b: Any) -> torch.dtype:
     """torch's promotion of two operands (a number does not widen a tensor's float type)."""
     metas = [ctx.meta(v) if isinstance(v, Node) else v for v in (a, b)]
     metas = [m if m is not None else 0 for m in metas]
     return torch.result_type(*metas)  # type: ignore[arg-type]
 
 
-def _scaled(ctx: Emitter, tensor: str, alpha: Any, dtype: torch.dtype) -> str:
+def _scaled(ctx: RuleContext, tensor: str, alpha: Any, dtype: torch.dtype) -> str:
     return tensor if alpha in (None, 1) else ctx.add("Mul", [tensor, ctx.const(alpha, "alpha", dtype)])
 
 
-def binary(ctx: Emitter, node: Node, op_type: str) -> Any:
+def binary(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``add``/``sub``/``mul``/``div`` (Tensor and Scalar forms, ``alpha``, ``rounding_mode``),
     ``maximum``/``minimum``: operands cast to torch's result type first."""
     bound = ctx.bind(node)
@@ -194,7 +192,7 @@ def binary(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Mul", [ctx.add("Sign", [quotient]), ctx.add("Floor", [ctx.add("Abs", [quotient])])])
 
 
-def rsub(ctx: Emitter, node: Node, op_type: str) -> Any:
+def rsub(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``rsub(x, other, alpha)`` is ``other - alpha * x``."""
     bound = ctx.bind(node)
     dtype = ctx.out_dtype()
@@ -202,7 +200,7 @@ def rsub(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Sub", [other, _scaled(ctx, x, bound.get("alpha"), dtype)])
 
 
-def power(ctx: Emitter, node: Node, op_type: str) -> Any:
+def power(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``pow`` (Tensor/Scalar exponents, or a number raised to a tensor)."""
     bound = ctx.bind(node)
     base, exponent = bound["self"], bound["exponent"]
@@ -210,7 +208,7 @@ def power(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Pow", [ctx.tensor(base, dtype), ctx.tensor(exponent, dtype)])
 
 
-def compare(ctx: Emitter, node: Node, op_type: str) -> Any:
+def compare(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """Comparisons (``eq``/``lt``...), ``ne`` as ``Not(Equal)``, ``le``/``ge`` as the ONNX ops."""
     bound = ctx.bind(node)
     a, b = bound["self"], bound["other"]
@@ -221,13 +219,13 @@ def compare(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add(op_type, [ta, tb])
 
 
-def logical(ctx: Emitter, node: Node, op_type: str) -> Any:
+def logical(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``logical_and``/``logical_or``/``logical_not`` (and ``bitwise_*`` on booleans)."""
     operands = [ctx.tensor(a, torch.bool) for a in node.args if isinstance(a, Node)]
     return ctx.add(op_type, operands)
 
 
-def where(ctx: Emitter, node: Node, op_type: str) -> Any:
+def where(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``where(condition, a, b)`` and ``masked_fill(x, mask, value)`` (``Where(mask, value, x)``)."""
     bound = ctx.bind(node)
     dtype = ctx.out_dtype()
@@ -250,17 +248,17 @@ def where(ctx: Emitter, node: Node, op_type: str) -> Any:
     )
 
 
-def unary(ctx: Emitter, node: Node, op_type: str) -> Any:
+def unary(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """One-input ops whose ONNX op has torch's definition (Relu, Sigmoid, Tanh, Exp, Log,
     Sqrt, Erf, Neg, Abs, Reciprocal, Floor, Ceil, Sign, Sin, Cos, Not...)."""
     return ctx.add(op_type, [ctx.tensor(node.args[0])])
 
 
-def rsqrt(ctx: Emitter, node: Node, op_type: str) -> Any:
+def rsqrt(ctx: RuleContext, node: Node, op_type: str) -> Any:
     return ctx.add("Reciprocal", [ctx.add("Sqrt", [ctx.tensor(node.args[0])])])
 
 
-def round_(ctx: Emitter, node: Node, op_type: str) -> Any:
+def round_(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``round`` (half to even, as ONNX Round); ``decimals`` scales by ``10**decimals``."""
     bound = ctx.bind(node)
     x = ctx.tensor(bound["self"])
@@ -271,7 +269,7 @@ def round_(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Div", [ctx.add("Round", [ctx.add("Mul", [x, factor])]), factor])
 
 
-def _clip(ctx: Emitter, x: str, lo: Any, hi: Any) -> str:
+def _clip(ctx: RuleContext, x: str, lo: Any, hi: Any) -> str:
     dtype = ctx.out_dtype()
     if isinstance(lo, Node) or isinstance(hi, Node):  # tensor bounds: element-wise Max/Min
         if lo is not None:
@@ -283,7 +281,7 @@ def _clip(ctx: Emitter, x: str, lo: Any, hi: Any) -> str:
     return ctx.add("Clip", [x, *bounds])
 
 
-def clamp(ctx: Emitter, node: Node, op_type: str) -> Any:
+def clamp(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``clamp``/``clip``/``clamp_min``/``clamp_max``/``hardtanh``/``relu6``: Clip."""
     bound = ctx.bind(node)
     x = ctx.tensor(_first(ctx, bound))
@@ -299,19 +297,19 @@ def clamp(ctx: Emitter, node: Node, op_type: str) -> Any:
     return _clip(ctx, x, bound.get("min"), bound.get("max"))
 
 
-def leaky_relu(ctx: Emitter, node: Node, op_type: str) -> Any:
+def leaky_relu(ctx: RuleContext, node: Node, op_type: str) -> Any:
     bound = ctx.bind(node)
     return ctx.add("LeakyRelu", [ctx.tensor(bound["self"])], alpha=float(bound["negative_slope"]))
 
 
-def elu(ctx: Emitter, node: Node, op_type: str) -> Any:
+def elu(ctx: RuleContext, node: Node, op_type: str) -> Any:
     bound = ctx.bind(node)
     if float(bound["scale"]) != 1.0 or float(bound["input_scale"]) != 1.0:
         raise ctx.error("elu with scale or input_scale other than 1 (selu) has no ONNX translation here")
     return ctx.add("Elu", [ctx.tensor(bound["self"])], alpha=float(bound["alpha"]))
 
 
-def prelu(ctx: Emitter, node: Node, op_type: str) -> Any:
+def prelu(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``prelu(x, weight)``: weight ``[C]`` applies along axis 1; ONNX PRelu broadcasts the
     slope from the last axis, so it is reshaped to ``[C, 1, ...]``."""
     x, weight = node.args[0], node.args[1]
@@ -322,16 +320,16 @@ def prelu(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("PRelu", [ctx.tensor(x), slope])
 
 
-def hard_sigmoid(ctx: Emitter, node: Node, op_type: str) -> Any:
+def hard_sigmoid(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``hardsigmoid``: ``min(max(x + 3, 0), 6) / 6`` is HardSigmoid with alpha 1/6, beta 0.5."""
     return ctx.add("HardSigmoid", [ctx.tensor(node.args[0])], alpha=1.0 / 6.0, beta=0.5)
 
 
-def hard_swish(ctx: Emitter, node: Node, op_type: str) -> Any:
+def hard_swish(ctx: RuleContext, node: Node, op_type: str) -> Any:
     return ctx.add("HardSwish", [ctx.tensor(node.args[0])])
 
 
-def gelu(ctx: Emitter, node: Node, op_type: str) -> Any:
+def gelu(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``gelu``: Gelu from opset 20; before it, the formula torch computes: exact
     ``0.5 * x * (1 + erf(x / sqrt(2)))`` or ``approximate="tanh"``."""
     bound = ctx.bind(node)
@@ -349,18 +347,18 @@ def gelu(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Mul", [half, ctx.add("Add", [core, ctx.const(1.0, "one")])])
 
 
-def silu(ctx: Emitter, node: Node, op_type: str) -> Any:
+def silu(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``silu``: ``x * sigmoid(x)`` (the form the planner quantizes)."""
     x = ctx.tensor(node.args[0])
     return ctx.add("Mul", [x, ctx.add("Sigmoid", [x])])
 
 
-def mish(ctx: Emitter, node: Node, op_type: str) -> Any:
+def mish(ctx: RuleContext, node: Node, op_type: str) -> Any:
     x = ctx.tensor(node.args[0])
     return ctx.add("Mul", [x, ctx.add("Tanh", [ctx.add("Softplus", [x])])])
 
 
-def softplus(ctx: Emitter, node: Node, op_type: str) -> Any:
+def softplus(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``softplus`` with ``beta`` 1 (torch's threshold returns ``x`` where ONNX's
     ``log(1 + exp(x))`` is ``x`` in float32 already)."""
     bound = ctx.bind(node)
@@ -369,13 +367,13 @@ def softplus(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Softplus", [ctx.tensor(bound["self"])])
 
 
-def softmax(ctx: Emitter, node: Node, op_type: str) -> Any:
+def softmax(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``softmax``/``_softmax``/``log_softmax`` along ``dim`` (opset 13 semantics)."""
     bound = ctx.bind(node)
     return ctx.add(op_type, [ctx.tensor(bound["self"])], axis=int(bound["dim"]))
 
 
-def cast(ctx: Emitter, node: Node, op_type: str) -> Any:
+def cast(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``to``/``_to_copy``/``type_as``: Cast where the type changes, else the value itself."""
     source = node.args[0]
     dtype = ctx.out_dtype()
@@ -384,19 +382,19 @@ def cast(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Cast", [ctx.tensor(source)], to=onnx_type(dtype))
 
 
-def identity(ctx: Emitter, node: Node, op_type: str) -> Any:
+def identity(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """Ops whose output is their input's value in inference (clone, dropout, alias...)."""
     return ctx.value(node.args[0])
 
 
 # --- reductions -------------------------------------------------------------------------------------------
-def _axes(ctx: Emitter, dims: Any, rank: int) -> list[int]:
+def _axes(ctx: RuleContext, dims: Any, rank: int) -> list[int]:
     if dims is None or dims == []:
         return list(range(rank))
     return [int(d) % rank for d in ([dims] if isinstance(dims, int) else dims)]
 
 
-def reduce(ctx: Emitter, node: Node, op_type: str) -> Any:
+def reduce(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``mean``/``sum``/``amax``/``amin`` over ``dim`` (all axes when none), ``keepdim``;
     axes as an input where the opset takes them so (ReduceSum 13, the others 18)."""
     bound = ctx.bind(node)
@@ -406,13 +404,13 @@ def reduce(ctx: Emitter, node: Node, op_type: str) -> Any:
     return _reduce(ctx, op_type, ctx.tensor(x), axes, keepdims)
 
 
-def _reduce(ctx: Emitter, op_type: str, x: str, axes: Sequence[int], keepdims: int) -> str:
+def _reduce(ctx: RuleContext, op_type: str, x: str, axes: Sequence[int], keepdims: int) -> str:
     if op_type == "ReduceSum" or ctx.opset >= 18:
         return ctx.add(op_type, [x, ctx.ints(list(axes), "axes")], keepdims=keepdims)
     return ctx.add(op_type, [x], axes=list(axes), keepdims=keepdims)
 
 
-def max_min_dim(ctx: Emitter, node: Node, op_type: str) -> Any:
+def max_min_dim(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``max``/``min``: of two tensors element-wise (Max/Min), of a whole tensor
     (ReduceMax/Min), or along ``dim`` as (values, indices) (ReduceMax/Min and ArgMax/Min)."""
     bound = ctx.bind(node)
@@ -429,7 +427,7 @@ def max_min_dim(ctx: Emitter, node: Node, op_type: str) -> Any:
     return [values, ctx.add(arg, [x], axis=axis, keepdims=keepdims, select_last_index=0)]
 
 
-def vector_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
+def vector_norm(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``linalg_vector_norm`` with ord 2 (ReduceL2) or 1 (ReduceL1)."""
     bound = ctx.bind(node)
     order = float(bound["ord"])
@@ -440,14 +438,14 @@ def vector_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
     return _reduce_input_axes(ctx, op, ctx.tensor(bound["self"]), axes, int(bool(bound.get("keepdim"))))
 
 
-def _reduce_input_axes(ctx: Emitter, op_type: str, x: str, axes: Sequence[int], keepdims: int) -> str:
+def _reduce_input_axes(ctx: RuleContext, op_type: str, x: str, axes: Sequence[int], keepdims: int) -> str:
     if ctx.opset >= 18:
         return ctx.add(op_type, [x, ctx.ints(list(axes), "axes")], keepdims=keepdims)
     return ctx.add(op_type, [x], axes=list(axes), keepdims=keepdims)
 
 
 # --- normalisation --------------------------------------------------------------------------------------
-def layer_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
+def layer_norm(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``layer_norm`` over the last ``len(normalized_shape)`` axes with torch's ``eps``:
     LayerNormalization (opset 17), scale of ones when the module has no weight."""
     if ctx.opset < 17:
@@ -465,7 +463,7 @@ def layer_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
     return [result, None, None] if schema_name(node) == "native_layer_norm" else result
 
 
-def batch_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
+def batch_norm(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """Batch norm left in the model (eval statistics): BatchNormalization."""
     bound = ctx.bind(node)
     if bound.get("training"):
@@ -480,7 +478,7 @@ def batch_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
     return result if schema_name(node) == "batch_norm" else [result, None, None]
 
 
-def group_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
+def group_norm(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``group_norm``: the input reshaped to ``[N, G, -1]``, normalised per group with
     InstanceNormalization (scale 1, shift 0), reshaped back, then the per-channel affine."""
     bound = ctx.bind(node)
@@ -506,7 +504,7 @@ def group_norm(ctx: Emitter, node: Node, op_type: str) -> Any:
 
 
 # --- pooling ---------------------------------------------------------------------------------------------
-def _window(ctx: Emitter, bound: dict[str, Any]) -> tuple[int, list[int], list[int], list[int]]:
+def _window(ctx: RuleContext, bound: dict[str, Any]) -> tuple[int, list[int], list[int], list[int]]:
     """A pooling call's spatial rank, kernel, stride (torch's default: the kernel) and pads."""
     spatial = ctx.rank(bound["self"]) - 2
     kernel = _spatial(bound["kernel_size"], spatial, 1)
@@ -514,7 +512,7 @@ def _window(ctx: Emitter, bound: dict[str, Any]) -> tuple[int, list[int], list[i
     return spatial, kernel, stride, _spatial(bound.get("padding"), spatial, 0)
 
 
-def max_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
+def max_pool(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``max_pool{1,2,3}d`` (and ``_with_indices``, values only): MaxPool with torch's
     kernel, stride (default: the kernel), pads, dilation and ``ceil_mode``."""
     bound = ctx.bind(node)
@@ -527,7 +525,7 @@ def max_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
     return [result, None] if schema_name(node).endswith("_with_indices") else result
 
 
-def avg_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
+def avg_pool(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``avg_pool{1,2,3}d``: AveragePool. torch divides a window by the part of it inside
     the padded input (``count_include_pad``) or inside the input; in ``ceil_mode`` a window
     can reach past the padding, so the zero padding is written as a Pad and AveragePool
@@ -553,7 +551,7 @@ def avg_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
     return ctx.add("Mul", [pooled, ctx.const(float(np.prod(kernel)) / float(divisor), "divisor")])
 
 
-def adaptive_pool(ctx: Emitter, node: Node, op_type: str) -> Any:
+def adaptive_pool(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``adaptive_{avg,max}_pool{1,2,3}d``: GlobalAveragePool/GlobalMaxPool for an output of
     ones; Average/MaxPool when every input size is a multiple of the output's; otherwise
     torch's windows (``floor(i * in / out)`` to ``ceil((i + 1) * in / out)``) one axis at a
@@ -597,7 +595,7 @@ _RESIZE_MODES = {
 }
 
 
-def upsample(ctx: Emitter, node: Node, op_type: str) -> Any:
+def upsample(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``upsample_*`` (``F.interpolate``): Resize with torch's coordinates: nearest is
     ``floor(dst * in / out)`` (asymmetric, floor), nearest-exact half-pixel rounding up,
     linear/cubic ``pytorch_half_pixel`` or ``align_corners``, cubic with A = -0.75. Output
@@ -639,14 +637,14 @@ def _spatial_floats(values: Sequence[Any], rank: int) -> list[float]:
     return values * rank if len(values) == 1 else values
 
 
-def pixel_shuffle(ctx: Emitter, node: Node, op_type: str) -> Any:
+def pixel_shuffle(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``pixel_shuffle``: DepthToSpace in CRD order (torch's channel order)."""
     a = ctx.bind(node)
     return ctx.add("DepthToSpace", [ctx.tensor(a["self"])], blocksize=int(a["upscale_factor"]), mode="CRD")
 
 
 # --- attention ----------------------------------------------------------------------------------------------
-def attention(ctx: Emitter, node: Node, op_type: str) -> Any:
+def attention(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``scaled_dot_product_attention`` as it computes: ``MatMul(q, k^T) -> Mul(scale)``,
     the mask added (a boolean mask as -inf where false; ``is_causal`` as the lower
     triangle), ``Softmax`` over the last axis, ``MatMul`` with ``v``."""
