@@ -51,8 +51,9 @@ import torch
 from torch import nn
 
 from quant_core.atomic_io import atomic_write
+from quant_core.errors import ConfigError
 from quant_core.onnx_qdq.finish import finish_for_onnxruntime
-from quant_core.qdq import ACTIVATION_ENCODINGS, ActivationEncoding, required_opset
+from quant_core.qdq import ActivationEncoding, check_activation_encoding, required_opset
 from quant_torch_fx.capture import as_args
 from quant_torch_fx.export_form import aten_graph, export_form
 from quant_torch_fx.onnx_emit import default_names, emit_onnx
@@ -71,13 +72,10 @@ def onnx_model(
     output_names: Sequence[str] | None = None,
 ) -> onnx.ModelProto:
     """The QDQ ``ModelProto`` of a frozen model (see the module docstring)."""
-    if activation_encoding not in ACTIVATION_ENCODINGS:
-        raise ValueError(
-            f"activation_encoding: {activation_encoding!r} is not allowed; allowed: {', '.join(ACTIVATION_ENCODINGS)}"
-        )
+    check_activation_encoding(activation_encoding)
     newest = onnx.defs.onnx_opset_version()
     if not 13 <= opset <= newest:
-        raise ValueError(f"opset: {opset} is not allowed; allowed: 13 to {newest}")
+        raise ConfigError(f"opset: {opset} is not allowed; allowed: 13 to {newest}")
     form = export_form(frozen, activation_encoding)
     args = as_args(example_inputs)
     with torch.no_grad():

@@ -51,6 +51,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from quant_core.dtypes import DType
+from quant_core.errors import ModelError
 from quant_core.qdq import ActivationEncoding, encode_activation
 from quant_core.qparams import QParams, quantize
 from quant_torch_fx.capture import batched, copy_captured, describe_failure, export_program, quiet_torch
@@ -81,7 +82,7 @@ class ExportForm:
 def _codes_type(dtype: DType) -> torch.dtype:
     if dtype not in _TORCH_CODES:
         allowed = ", ".join(d.value for d in _TORCH_CODES)
-        raise ValueError(f"export: {dtype.value} codes cannot be written by this exporter; allowed: {allowed}")
+        raise ModelError(f"export: {dtype.value} codes cannot be written by this exporter; allowed: {allowed}")
     return _TORCH_CODES[dtype]
 
 
@@ -148,7 +149,7 @@ def _swap_activations(gm: GraphModule, encoding: ActivationEncoding, formats: se
         fq = gm.get_submodule(path)
         qp = encode_activation(fq.current_qparams(), encoding)  # type: ignore[operator]
         if qp.axis is not None:
-            raise ValueError("export: activations are quantized per tensor")
+            raise ModelError("export: activations are quantized per tensor")
         formats.add(qp.dtype)
         gm.set_submodule(path, _qparam_holder(qp).to(fq.get_buffer("scale").device))
         for call in _calls(gm, path):
@@ -172,7 +173,7 @@ def _swap_weights(gm: GraphModule, formats: set[DType]) -> None:
         for call in _calls(gm, path):
             source = call.args[0]
             if not (isinstance(source, Node) and source.op == "get_attr"):
-                raise ValueError(
+                raise ModelError(
                     f"export: the weight of {path!r} is computed in the graph ({getattr(source, 'name', source)!r}), "
                     "not held by the model; only constant weights are written as integer codes"
                 )
@@ -217,14 +218,14 @@ def export_form(frozen: nn.Module, encoding: ActivationEncoding) -> ExportForm:
     model = copy_captured(frozen)
     graphs = quantized_graphs(model)
     if not graphs:
-        raise ValueError(
+        raise ModelError(
             "export: the model holds no quantized graph; quantize it first "
             "(ModelQuantizer.quantize_model or prepare_qat, then freeze)"
         )
     formats: set[DType] = set()
     for gm in graphs:
         if not graph_info(gm).frozen:
-            raise ValueError("export: the model is not frozen; call ModelQuantizer.freeze first")
+            raise ModelError("export: the model is not frozen; call ModelQuantizer.freeze first")
         _swap_activations(gm, encoding, formats)
         _swap_weights(gm, formats)
         _swap_biases(gm, formats)

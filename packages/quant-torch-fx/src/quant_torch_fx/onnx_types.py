@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from onnx import TensorProto
 
+from quant_core.errors import ModelError
+
 _ONNX_OF_TORCH = {
     torch.float32: TensorProto.FLOAT,
     torch.float64: TensorProto.DOUBLE,
@@ -30,5 +32,5 @@ def onnx_type(dtype: torch.dtype) -> int:
     """The ONNX element type of a torch dtype."""
     if dtype not in _ONNX_OF_TORCH:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in _ONNX_OF_TORCH)
-        raise ValueError(f"export: tensors of {dtype} cannot be written; allowed: {allowed}")
+        raise ModelError(f"export: tensors of {dtype} cannot be written; allowed: {allowed}")
     return _ONNX_OF_TORCH[dtype]

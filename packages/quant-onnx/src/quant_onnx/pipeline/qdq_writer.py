@@ -54,16 +54,16 @@ import onnx
 from onnx import helper
 
 from quant_core.bias import BiasRule, EncodedBias, encode_layer_bias
-from quant_core.errors import ConfigError, ModelError
+from quant_core.errors import ModelError
 from quant_core.onnx_qdq.build import DEQUANTIZE, QUANTIZE, QDQBuilder, output_channels
 from quant_core.onnx_qdq.finish import finish_for_onnxruntime, reads_quantized_directly
 from quant_core.onnx_qdq.graph import GraphIndex, node_attribute
 from quant_core.plan import BiasSlot, FusedActivation, InputRequant
 from quant_core.qdq import (
-    ACTIVATION_ENCODINGS,
     ActivationEncoding,
     activation_is_absorbed,
     bound_is_absorbed,
+    check_activation_encoding,
     encode_activation,
 )
 from quant_core.qparams import QParams, quantize
@@ -93,10 +93,7 @@ class WriterOptions:
 
     @activation_encoding.validator
     def _check(self, _attribute: object, value: str) -> None:
-        if value not in ACTIVATION_ENCODINGS:
-            raise ConfigError(
-                f"activation_encoding: {value!r} is not allowed; allowed: {', '.join(ACTIVATION_ENCODINGS)}"
-            )
+        check_activation_encoding(value)
 
 
 class _Writer:
