@@ -4,4 +4,5 @@ import sys
 
 from quant_onnx.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (doctest collection) runs nothing
+    sys.exit(main())
