@@ -78,13 +78,6 @@ CI_SIZE = 64
 # (model, backend, stage) -> what fails and how to reproduce it. Only our two backends are listed:
 # PT2E is the peer, its failures are reported, never checked.
 EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
-    ("efficientvit_b0", "torch_fx", "capture"): (
-        "AssertionError (graph_passes.get_attr_value): timm's LiteMLA runs its attention under "
-        "`with torch.autocast(device_type, enabled=False)`, which torch.export captures as a "
-        "wrap_with_autocast call on a submodule; build_plan_graph reads that get_attr as a tensor. "
-        "Reproduction: a Conv2d followed by `with torch.autocast('cpu', enabled=False): y = y.float() * 2`, "
-        "ModelQuantizer('a8w8').quantize_model(...)"
-    ),
     ("edgenext_xx_small", "torch_fx", "onnxruntime"): (
         "the exported file runs at batch 1 only (Add: 'Attempting to broadcast an axis by a dimension other "
         "than 1', node by node too): EdgeNeXt builds its positional encoding from torch.zeros((B, H, W)); "

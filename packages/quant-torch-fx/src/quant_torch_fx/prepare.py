@@ -206,8 +206,12 @@ def unique_name(base: str, taken: Collection[str]) -> str:
     return name
 
 
+_MODULE_DICT_ATTRIBUTES = frozenset(dir(nn.ModuleDict()))
+"""Names a ModuleDict key may not take (a tensor called ``to`` or ``float`` is common)."""
+
+
 def _key(name: str, taken: Collection[str]) -> str:
-    return unique_name(re.sub(r"\W", "_", name) or "q", taken)
+    return unique_name(re.sub(r"\W", "_", name) or "q", {*taken, *_MODULE_DICT_ATTRIBUTES})
 
 
 def _data_user(user: Node) -> bool:

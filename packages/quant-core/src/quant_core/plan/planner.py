@@ -39,7 +39,15 @@ import attrs
 from quant_core.config import OperatorConfig, QuantConfig
 from quant_core.plan import selectors
 from quant_core.plan.graph import GraphView, PlanNode
-from quant_core.plan.ops import FUSABLE_PRODUCERS, OpKind, OpPolicy, clip_bounds, policy_for, weight_channel_axis
+from quant_core.plan.ops import (
+    FUSABLE_PRODUCERS,
+    OpKind,
+    OpPolicy,
+    clip_bounds,
+    integer_kernel_reads,
+    policy_for,
+    weight_channel_axis,
+)
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec
 
 RESULT_CONCAT_REASON = (
@@ -398,7 +406,7 @@ class _Planner:
         ):
             # A slot also for a layer without a bias: algorithms (bias correction, AdaQuant)
             # may give it one, and the rule for storing it is decided here, once.
-            kernel = rule.integer_kernel and act_in.dtype.bits <= 8 and spec.dtype.bits <= 8
+            kernel = integer_kernel_reads(rule, act_in.dtype, spec.dtype)
             self.biases.append(BiasSlot(node.name, bias, bias_index, node.input(0), weight, cfg.bias, kernel))
         elif bias:
             self.notes.append(f"node {node.name!r}: bias {bias!r} kept float (not a constant or input float)")
