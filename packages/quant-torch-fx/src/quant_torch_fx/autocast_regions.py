@@ -82,7 +82,11 @@ def _inline(gm: GraphModule, call: Node) -> None:
     outputs = results if isinstance(results, tuple | list) else (results,)
     for user in list(call.users):
         if user.op == "call_function" and user.target is operator.getitem:
-            user.replace_all_uses_with(env.get(outputs[user.args[1]], outputs[user.args[1]]))
+            index = user.args[1]
+            assert isinstance(index, int)  # getitem of a region's results tuple
+            result = env.get(outputs[index], outputs[index])
+            assert isinstance(result, Node)
+            user.replace_all_uses_with(result)
             gm.graph.erase_node(user)
     if call.users:
         raise CaptureError(f"node {call.name!r}: an autocast region's result is used whole; expected item reads")
