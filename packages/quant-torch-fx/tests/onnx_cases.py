@@ -71,6 +71,20 @@ def _window_partition(x: torch.Tensor) -> torch.Tensor:
     return x.flip(1)
 
 
+def _grid_points(x: torch.Tensor) -> torch.Tensor:
+    """A YOLO head's anchor points: meshgrid of both indexings over the feature map."""
+    h, w = x.shape[2:]
+    sy, sx = torch.meshgrid(torch.arange(h) + 0.5, x[0, 0, 0, :w], indexing="ij")
+    gx, gy = torch.meshgrid(x[0, 0, 0, :w], torch.arange(h) * 2.0, indexing="xy")
+    return x + torch.stack((sx + gx, sy * gy), 0).sum(0)
+
+
+def _cumulative_positions(x: torch.Tensor) -> torch.Tensor:
+    """EdgeNeXt's positional encoding: cumulative sums of a bool mask, then of floats."""
+    mask = ~torch.zeros((x.shape[0], x.shape[2], x.shape[3]), dtype=torch.bool)
+    return x + mask.cumsum(1, dtype=torch.float32).unsqueeze(1) + x.cumsum(-1) + mask.cumsum(2).unsqueeze(1)
+
+
 def _attention(mask: str) -> Callable[..., torch.Tensor]:
     def fn(x: torch.Tensor) -> torch.Tensor:
         q, k, v = x.reshape(x.shape[0], 5, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
@@ -315,6 +329,8 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], int]] = {
         IMAGE,
         17,
     ),
+    "meshgrid_grid_points": (lambda: Lambda(_grid_points), IMAGE, 17),
+    "cumsum_of_a_mask": (lambda: Lambda(_cumulative_positions), IMAGE, 17),
 }
 """Op family -> (module factory, input shape, opset). Every module takes a batch dimension
 that the export keeps dynamic."""

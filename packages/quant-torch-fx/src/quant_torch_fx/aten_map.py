@@ -396,6 +396,8 @@ ATEN_OPS: dict[str, AtenOp] = {
         "full_like",
     ),
     **_float("Range", layout.arange, "arange"),
+    **_float("Expand", layout.meshgrid, "meshgrid", written_as=("Reshape",)),
+    **_float("CumSum", layout.cumsum, "cumsum", written_as=("Cast",)),
     **_float("Constant", layout.scalar_tensor, "scalar_tensor"),
 }
 """ATen op name -> :class:`AtenOp`: the one table from ATen to ONNX, for the planner

@@ -370,3 +370,38 @@ def arange(ctx: RuleContext, node: Node, op_type: str) -> Any:
 
 def scalar_tensor(ctx: RuleContext, node: Node, op_type: str) -> Any:
     return ctx.const(ctx.bind(node)["s"], "value", ctx.out_dtype())
+
+
+def meshgrid(ctx: RuleContext, node: Node, op_type: str) -> Any:
+    """``meshgrid``: each 1-D input reshaped onto its own axis, then Expand to the grid
+    (``indexing="xy"`` swaps the first two axes, as numpy does)."""
+    a = ctx.bind(node)
+    tensors = list(a["tensors"])
+    sizes = [ctx.shape(t)[0] for t in tensors]
+    axes = list(range(len(tensors)))
+    if a.get("indexing", "ij") == "xy" and len(tensors) > 1:
+        axes[0], axes[1] = 1, 0
+    grid = [0] * len(tensors)
+    for axis, size in zip(axes, sizes, strict=True):
+        grid[axis] = size
+    if any(not isinstance(s, int) for s in grid):
+        raise ctx.error("meshgrid of inputs whose length is only known at run time is not written")
+    dtype = ctx.out_dtype()
+    results = []
+    for axis, tensor in zip(axes, tensors, strict=True):
+        shape = [1] * len(tensors)
+        shape[axis] = grid[axis]
+        placed = ctx.add("Reshape", [ctx.tensor(tensor, dtype), ctx.ints(shape)])
+        results.append(ctx.add("Expand", [placed, ctx.ints(grid)]))
+    return results
+
+
+def cumsum(ctx: RuleContext, node: Node, op_type: str) -> Any:
+    """``cumsum``: CumSum over ``dim`` (a bool or narrower input cast to the output type first)."""
+    a = ctx.bind(node)
+    dtype = ctx.out_dtype()
+    source = ctx.tensor(a["self"])
+    if ctx.dtype(a["self"]) != dtype:
+        source = ctx.add("Cast", [source], to=onnx_type(dtype))
+    axis = ctx.const(np.array(int(a["dim"]), dtype=np.int64), "axis", torch.int64)
+    return ctx.add("CumSum", [source, axis])
