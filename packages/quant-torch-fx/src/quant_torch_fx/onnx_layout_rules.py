@@ -381,10 +381,11 @@ def meshgrid(ctx: RuleContext, node: Node, op_type: str) -> Any:
     axes = list(range(len(tensors)))
     if a.get("indexing", "ij") == "xy" and len(tensors) > 1:
         axes[0], axes[1] = 1, 0
-    grid = [0] * len(tensors)
+    known: list[int | None] = [None] * len(tensors)
     for axis, size in zip(axes, sizes, strict=True):
-        grid[axis] = size
-    if any(not isinstance(s, int) for s in grid):
+        known[axis] = size
+    grid = [s for s in known if isinstance(s, int)]
+    if len(grid) != len(known):
         raise ctx.error("meshgrid of inputs whose length is only known at run time is not written")
     dtype = ctx.out_dtype()
     results = []
