@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -278,6 +279,23 @@ def decouple_hard_sigmoids(
     return editor.finish(), changes
 
 
+def float_result_concats(model: onnx.ModelProto) -> tuple[str, ...]:
+    """Float Concats that read dequantized tensors and only write graph outputs: the
+    planner leaves them float (:data:`quant_core.plan.planner.RESULT_CONCAT_REASON`), and
+    the device hands their inputs to the CPU, which joins them."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    read = {name for node in graph.node for name in node.input}
+    dequantized = {out for node in graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    return tuple(
+        node.name
+        for node in graph.node
+        if node.op_type == "Concat"
+        and all(o in outputs and o not in read for o in node.output)
+        and all(i in dequantized for i in node.input if i)
+    )
+
+
 def _json_number(value: float) -> float | str:
     return value if np.isfinite(value) else str(value)
 
@@ -298,8 +316,9 @@ def legalize_model(
     from quant_core.onnx_qdq.model_io import check_model, load_model
 
     profile = load_profile(target)
-    selection = CpuSelection.parse(cpu)
     work = load_model(model)
+    result_concats = float_result_concats(work)
+    selection = CpuSelection.parse(cpu).including(glob.escape(name) for name in result_concats)
     converted = convert_for_target(work, profile, selection)
     costs = conversion_costs(work, profile, data, selection) if data is not None and converted.converted else {}
     decoupled, requantized = decouple_hard_sigmoids(converted.model, profile, selection)
@@ -311,7 +330,12 @@ def legalize_model(
     changes = [
         Change("conversion", c.node, c.op_type, " + ".join(c.result), _reason(c.rule)) for c in converted.converted
     ]
-    notes = (*converted.notes, *legalizer.notes)
+    kept = tuple(
+        f"node {name!r} (Concat) assembles the model's results in float (the planner leaves it so that each "
+        "input keeps its own scale): it runs on the CPU after the NPU, as the last partition"
+        for name in result_concats
+    )
+    notes = (*converted.notes, *legalizer.notes, *kept)
     return LegalizeResult(result, (*changes, *requantized, *legalizer.changes), remaining, notes, costs)
 
 

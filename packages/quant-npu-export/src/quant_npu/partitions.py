@@ -60,6 +60,10 @@ class CpuSelection:
                 return True
         return False
 
+    def including(self, entries: Iterable[str]) -> CpuSelection:
+        """This selection with ``entries`` added (kept once, in order)."""
+        return CpuSelection((*self.entries, *(e for e in entries if e not in self.entries)))
+
     def __bool__(self) -> bool:
         return bool(self.entries)
 
