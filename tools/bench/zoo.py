@@ -77,17 +77,7 @@ CI_SIZE = 64
 
 # (model, backend, stage) -> what fails and how to reproduce it. Only our two backends are listed:
 # PT2E is the peer, its failures are reported, never checked.
-EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {
-    ("edgenext_xx_small", "torch_fx", "onnxruntime"): (
-        "the exported file runs at batch 1 only (Add: 'Attempting to broadcast an axis by a dimension other "
-        "than 1', node by node too): EdgeNeXt builds its positional encoding from torch.zeros((B, H, W)); "
-        "export_onnx's tracer records that ATen factory call with the example's batch of 1 while the reshape "
-        "beside it follows the input's batch. quant-onnx's file (torch.onnx.export of the float model) runs. "
-        "Reproduction: tokens = y.reshape(b, c, h * w).permute(0, 2, 1); pos = conv(stack of "
-        "(~torch.zeros((b, h, w), dtype=torch.bool)).cumsum(1|2)).reshape(b, -1, tokens.shape[1]).permute(0, 2, 1); "
-        "export_onnx with a batch-1 example, run at batch 2"
-    ),
-}
+EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {}
 
 
 def _doc() -> str:
