@@ -168,6 +168,12 @@ class QuantConfig:
         algorithms: accuracy-recovery algorithms to run, in order.
         calibration: sample count and batch size.
         name: the preset name this config came from, if any (informational).
+        transformer_recipe: recognise LayerNorm, GELU, Softmax and residual blocks and
+            give their tensors the formats that serve them under this config's specs:
+            residual-stream tensors widened to 16 bits, LayerNorm/GELU internals float,
+            Softmax outputs on the fixed ``[0, 1]`` grid (``docs/transformers.md``). A CNN
+            without these blocks plans the same either way. ``false``: every tensor by
+            the op table only.
     """
 
     global_config: OperatorConfig = attrs.field(validator=_instance_of(OperatorConfig, "an OperatorConfig"))
@@ -179,6 +185,7 @@ class QuantConfig:
         factory=CalibrationConfig, validator=_instance_of(CalibrationConfig, "a CalibrationConfig")
     )
     name: str | None = attrs.field(default=None, validator=_optional_str)
+    transformer_recipe: bool = attrs.field(default=True, validator=_instance_of(bool, "true or false"))
 
     def is_excluded(self, node_name: str, op_type: str) -> bool:
         return any(op_type == pattern or fnmatch.fnmatchcase(node_name, pattern) for pattern in self.exclude)
