@@ -259,8 +259,45 @@ def _residual_source(graph: GraphView, tensor: str) -> str | None:
     return None
 
 
+def _branch_outputs(graph: GraphView, residual: set[str]) -> set[str]:
+    """The other inputs of the residual Adds (an attention or MLP branch's output) that only
+    residual Adds read: they join the stream's format (16 bits; no 8-bit kernel reads them)."""
+    adds = {graph.producer(t).name: graph.producer(t) for t in residual}  # type: ignore[union-attr]
+    found = set()
+    for add in adds.values():
+        assert add is not None
+        for tensor in add.inputs:
+            if (
+                tensor
+                and tensor not in residual
+                and graph.constant(tensor) is None
+                and graph.producer(tensor) is not None
+                and not graph.is_graph_output(tensor)
+                and all(c.name in adds for c in graph.consumers(tensor))
+            ):
+                found.add(tensor)
+    return found
+
+
 def _weighted_inputs(nodes: Iterable[PlanNode]) -> set[str]:
     return {name for node in nodes if node.op_type in WEIGHTED_OPS for name in node.inputs}
+
+
+def _linear_products(graph: GraphView) -> set[str]:
+    """Outputs of ``MatMul(x, W)`` whose only reader adds a constant bias: a linear layer on
+    a 3-D input as torch exports it. The layer's output is the Add's; quantizing the
+    product before the bias adds a rounding PT2E's ``linear`` never has (onnxruntime runs
+    the MatMul as ``MatMulIntegerToFloat``, still an integer kernel)."""
+    products = set()
+    for node in graph.nodes:
+        if node.op_type != "MatMul" or not node.standard or graph.constant(node.input(1)) is None:
+            continue
+        out = node.outputs[0]
+        bias = _sole_consumer(graph, out, "Add")
+        other = None if bias is None else _other_input(graph, bias, out)
+        if other is not None and graph.constant(other) is not None:
+            products.add(out)
+    return products
 
 
 def find_blocks(graph: GraphView) -> TransformerBlocks:
@@ -300,6 +337,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         elif node.op_type == "Softmax":
             softmaxes.append(node)
     residual = {source for norm in norms if (source := _residual_source(graph, norm.input)) is not None}
+    residual |= _branch_outputs(graph, residual)
     keep = _weighted_inputs(graph.nodes)
     internal = {t for block in (*norms, *gelus) for t in block.internal}
     # A norm output only data-movement reads (ViT's class-token Gather before the head):
@@ -311,6 +349,8 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         and all(c.op_type in _SELECTS for c in graph.consumers(norm.output))
         and not graph.is_graph_output(norm.output)
     }
+    if norms or gelus or softmaxes:
+        internal |= _linear_products(graph)
     internal -= keep | residual
     return TransformerBlocks(
         norms=tuple(b.name for b in norms),
