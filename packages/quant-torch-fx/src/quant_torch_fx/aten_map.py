@@ -250,6 +250,11 @@ ATEN_TO_ONNX: dict[str, _Translate] = {
     "upsample_trilinear3d": _resize("linear"),
     "upsample_bicubic2d": _resize("cubic"),
     "batch_norm": lambda node: ("BatchNormalization", [_arg(node, 0, "input")], {}),
+    "layer_norm": lambda node: (
+        "LayerNormalization",
+        [_arg(node, 0, "input"), _arg(node, 2, "weight"), _arg(node, 3, "bias")],
+        {},
+    ),
 }
 """ATen op name -> ``node -> (ONNX op type, inputs in ONNX order, attributes)``."""
 

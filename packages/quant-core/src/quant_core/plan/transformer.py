@@ -15,18 +15,18 @@ So, under any preset, :func:`find_blocks` marks
   and an ``Erf``/``Tanh`` GELU, and a GELU's input when only the GELU reads it): left
   float. These ops have no integer kernel anywhere; a quantize/dequantize pair between
   them only adds error. A tensor a Conv/Gemm/MatMul reads is never among them;
-- **Softmax outputs**: on the fixed grid ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`):
+- **attention Softmax outputs** (a MatMul reads them): on the fixed grid ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`):
   the values softmax can take, independent of calibration data.
 
-None of these blocks occurs in a plain CNN (no LayerNorm, Softmax or GELU), whose plan is
-unchanged by the recipe.
+None of these blocks occurs in a plain CNN (no LayerNorm, GELU or attention; a classifier's
+Softmax is not read by a MatMul), whose plan is unchanged by the recipe.
 
 Example (a residual Add feeding a LayerNorm, then a Softmax):
     >>> from quant_core.plan.graph import PlanGraph, PlanNode
     >>> nodes = [PlanNode("add", "Add", ("x", "y"), ("r",)),
     ...          PlanNode("ln", "LayerNormalization", ("r", "g", "b"), ("n",)),
-    ...          PlanNode("sm", "Softmax", ("n",), ("p",))]
-    >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y"), outputs=("p",)))
+    ...          PlanNode("sm", "Softmax", ("n",), ("p",)), PlanNode("av", "MatMul", ("p", "v"), ("o",))]
+    >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y", "v"), outputs=("o",)))
     >>> sorted(blocks.residual), sorted(blocks.softmax_outputs), blocks.summary()
     (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor at 16 bits, 0 block-internal tensors float, 1 Softmax output on the fixed [0, 1] grid')
 """
@@ -334,8 +334,8 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
             block = _gelu(graph, node)
             if block is not None:
                 gelus.append(block)
-        elif node.op_type == "Softmax":
-            softmaxes.append(node)
+        elif node.op_type == "Softmax" and any(c.op_type == "MatMul" for c in graph.consumers(node.outputs[0])):
+            softmaxes.append(node)  # attention: a classifier's output softmax keeps its own range
     residual = {source for norm in norms if (source := _residual_source(graph, norm.input)) is not None}
     residual |= _branch_outputs(graph, residual)
     keep = _weighted_inputs(graph.nodes)
