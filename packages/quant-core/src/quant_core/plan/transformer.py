@@ -15,6 +15,9 @@ So, under any preset, :func:`find_blocks` marks
   and an ``Erf``/``Tanh`` GELU, and a GELU's input when only the GELU reads it): left
   float. These ops have no integer kernel anywhere; a quantize/dequantize pair between
   them only adds error. A tensor a Conv/Gemm/MatMul reads is never among them;
+- **a layer's output that is a graph output** (the classifier's logits), and a linear
+  layer's product before its constant bias Add: float (no integer kernel reads them;
+  onnxruntime runs the layer with a float output, as PT2E leaves ``linear`` outputs float);
 - **attention Softmax outputs** (a MatMul reads them): on the fixed grid ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`):
   the values softmax can take, independent of calibration data.
 
@@ -260,8 +263,9 @@ def _residual_source(graph: GraphView, tensor: str) -> str | None:
 
 
 def _branch_outputs(graph: GraphView, residual: set[str]) -> set[str]:
-    """The other inputs of the residual Adds (an attention or MLP branch's output) that only
-    residual Adds read: they join the stream's format (16 bits; no 8-bit kernel reads them)."""
+    """The other inputs of the residual Adds (an attention or MLP branch's output, a
+    position embedding) that only residual Adds read: they join the stream's format (16
+    bits; no 8-bit kernel reads them)."""
     adds = {graph.producer(t).name: graph.producer(t) for t in residual}  # type: ignore[union-attr]
     found = set()
     for add in adds.values():
@@ -270,8 +274,7 @@ def _branch_outputs(graph: GraphView, residual: set[str]) -> set[str]:
             if (
                 tensor
                 and tensor not in residual
-                and graph.constant(tensor) is None
-                and graph.producer(tensor) is not None
+                and (graph.constant(tensor) is not None or graph.producer(tensor) is not None)
                 and not graph.is_graph_output(tensor)
                 and all(c.name in adds for c in graph.consumers(tensor))
             ):
@@ -298,6 +301,26 @@ def _linear_products(graph: GraphView) -> set[str]:
         if other is not None and graph.constant(other) is not None:
             products.add(out)
     return products
+
+
+def _head_outputs(graph: GraphView) -> set[str]:
+    """Graph outputs a Conv/Gemm/MatMul (or its bias Add) writes: the logits. Quantizing
+    them caps the output at 8 bits' resolution (~40 dB on Gaussian logits) while no
+    integer kernel reads them; onnxruntime runs the layer with a float output (QGemm,
+    MatMulIntegerToFloat), as PT2E leaves ``linear`` outputs float."""
+    heads = set()
+    for node in graph.nodes:
+        for out in node.outputs:
+            if not out or not graph.is_graph_output(out):
+                continue
+            layer = node
+            if node.op_type == "Add" and len(node.inputs) == 2:
+                data = [i for i in node.inputs if graph.constant(i) is None]
+                producer = graph.producer(data[0]) if len(data) == 1 else None
+                layer = producer if producer is not None else node
+            if layer.op_type in WEIGHTED_OPS:
+                heads.add(out)
+    return heads
 
 
 def find_blocks(graph: GraphView) -> TransformerBlocks:
@@ -350,7 +373,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         and not graph.is_graph_output(norm.output)
     }
     if norms or gelus or softmaxes:
-        internal |= _linear_products(graph)
+        internal |= _linear_products(graph) | _head_outputs(graph)
     internal -= keep | residual
     return TransformerBlocks(
         norms=tuple(b.name for b in norms),
