@@ -31,7 +31,7 @@ Example (a residual Add feeding a LayerNorm, then a Softmax):
     ...          PlanNode("sm", "Softmax", ("n",), ("p",)), PlanNode("av", "MatMul", ("p", "v"), ("o",))]
     >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y", "v"), outputs=("o",)))
     >>> sorted(blocks.residual), sorted(blocks.softmax_outputs), blocks.summary()
-    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor at 16 bits, 0 block-internal tensors float, 1 Softmax output on the fixed [0, 1] grid')
+    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor at 16 bits, 1 block-internal tensor float, 1 Softmax output on the fixed [0, 1] grid')
 """
 
 from __future__ import annotations
@@ -326,7 +326,8 @@ def _head_outputs(graph: GraphView) -> set[str]:
 def find_blocks(graph: GraphView) -> TransformerBlocks:
     """Recognise the transformer blocks of ``graph`` (see the module docstring).
 
-    Example (an ``Erf`` GELU between two MatMuls: its internals float, its output not):
+    Example (an ``Erf`` GELU between two MatMuls: its internals float, its output not; the
+    last layer writes the graph output, which stays float too):
         >>> import numpy as np
         >>> from quant_core.plan.graph import PlanGraph, PlanNode
         >>> c = {"w1": np.ones((4, 4), np.float32), "w2": np.ones((4, 4), np.float32), "s": np.float32(1.4142135),
@@ -337,7 +338,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         ...          PlanNode("fc2", "MatMul", ("g", "w2"), ("y",))]
         >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x",), outputs=("y",), constant=c.get))
         >>> blocks.gelus, sorted(blocks.float_tensors)
-        (('erf',), ['a', 'd', 'e', 'h', 'm'])
+        (('erf',), ['a', 'd', 'e', 'h', 'm', 'y'])
     """
     norms: list[_Block] = []
     gelus: list[_Block] = []
