@@ -304,23 +304,37 @@ def _linear_products(graph: GraphView) -> set[str]:
 
 
 def _head_outputs(graph: GraphView) -> set[str]:
-    """Graph outputs a Conv/Gemm/MatMul (or its bias Add) writes: the logits. Quantizing
-    them caps the output at 8 bits' resolution (~40 dB on Gaussian logits) while no
-    integer kernel reads them; onnxruntime runs the layer with a float output (QGemm,
-    MatMulIntegerToFloat), as PT2E leaves ``linear`` outputs float."""
-    heads = set()
-    for node in graph.nodes:
-        for out in node.outputs:
-            if not out or not graph.is_graph_output(out):
-                continue
-            layer = node
-            if node.op_type == "Add" and len(node.inputs) == 2:
-                data = [i for i in node.inputs if graph.constant(i) is None]
-                producer = graph.producer(data[0]) if len(data) == 1 else None
-                layer = producer if producer is not None else node
-            if layer.op_type in WEIGHTED_OPS:
-                heads.add(out)
-    return heads
+    """Graph outputs a Conv/Gemm/MatMul writes, possibly through element-wise arithmetic
+    on such outputs and constants (a bias Add, DeiT's two heads averaged): the logits.
+    Quantizing them caps the output at 8 bits' resolution (~40 dB on Gaussian logits)
+    while no integer kernel reads them; onnxruntime runs the layers with float outputs
+    (QGemm, MatMulIntegerToFloat), as PT2E leaves ``linear`` outputs float."""
+    memo: dict[str, bool] = {}
+
+    def is_logits(tensor: str, depth: int) -> bool:
+        if tensor not in memo:
+            producer = graph.producer(tensor)
+            memo[tensor] = False
+            if producer is not None and producer.op_type in WEIGHTED_OPS:
+                memo[tensor] = True
+            elif producer is not None and producer.op_type in _ELEMENTWISE - {"Pow"} and depth < 4:
+                data = [i for i in producer.inputs if i and graph.constant(i) is None]
+                memo[tensor] = bool(data) and all(is_logits(i, depth + 1) for i in data)
+        return memo[tensor]
+
+    heads = {out for node in graph.nodes for out in node.outputs if out and graph.is_graph_output(out)}
+    heads = {out for out in heads if is_logits(out, 0)}
+    return {t for t, logits in memo.items() if logits and _feeds(graph, t, heads)}
+
+
+def _feeds(graph: GraphView, tensor: str, heads: set[str]) -> bool:
+    """``tensor`` is one of ``heads`` or only element-wise arithmetic towards them reads it."""
+    if tensor in heads:
+        return True
+    consumers = graph.consumers(tensor)
+    return bool(consumers) and all(
+        c.op_type in _ELEMENTWISE and any(_feeds(graph, o, heads) for o in c.outputs if o) for c in consumers
+    )
 
 
 def find_blocks(graph: GraphView) -> TransformerBlocks:
