@@ -219,3 +219,17 @@ def test_fixed_range_validation_and_json() -> None:
     assert '"transformer_recipe": false' in config_to_json(config)
     with pytest.raises(ValueError, match="transformer_recipe"):
         QuantConfig(global_config=config.global_config, transformer_recipe="yes")  # type: ignore[arg-type]
+
+
+def test_logits_stay_float_their_inputs_do_not() -> None:
+    """DeiT's two heads averaged: the layer outputs, their sum and the halved sum are the
+    logits (float); the heads' input stays 8-bit. Without the recipe all are quantized."""
+    nodes = [n("add", "Add", ("x", "x2"), ("r",)), n("ln", "LayerNormalization", ("r", "g1", "beta1"), ("t",)),
+             n("head", "Gemm", ("t", "wq"), ("a",)), n("head_dist", "Gemm", ("t", "wk"), ("b",)),
+             n("sum", "Add", ("a", "b"), ("s",)), n("avg", "Div", ("s", "two"), ("y",))]  # fmt: skip
+    graph = PlanGraph(nodes, inputs=("x", "x2"), outputs=("y",), constant=CONSTANTS.get)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    assert [plan.group_of(t) for t in ("a", "b", "s", "y")] == [None] * 4
+    assert dtype_of(plan, "t") == "uint8" and dtype_of(plan, "r") == "uint16"
+    off = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
+    assert all(off.group_of(t) is not None for t in ("a", "b", "s", "y"))
