@@ -124,12 +124,12 @@ def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
     # Softmax output on the fixed [0, 1] grid.
     group = plan.group_of("p")
     assert group is not None and group.spec.observer == FixedRange(0.0, 1.0)
-    # GELU internals, its input (only the GELU reads it) and the linear products before a bias: float.
+    # GELU internals, its input (only the GELU reads it), the linear products before a bias, the scores: float.
     internals = {"erf": ["g_d", "g_e", "g_a", "hb"], "tanh": ["t_p", "t_c3", "t_s", "t_ks", "t_t", "t_a", "hb"],
                  "op": []}[gelu]  # fmt: skip
     if decomposed:
         internals += ["ln1_m", "ln1_d", "ln1_sq", "ln1_v", "ln1_ve", "ln1_s", "ln1_n", "ln1_ng"]
-    for tensor in [*internals, "op", "h", "f"]:
+    for tensor in [*internals, "op", "h", "f", "s"]:  # "s": the attention scores into the softmax
         assert plan.group_of(tensor) is None, tensor
     # The GELU output and the norm outputs feed MatMuls: 8 bits.
     assert dtype_of(plan, "ge") == dtype_of(plan, "n1") == dtype_of(plan, "n2") == "uint8"
@@ -233,3 +233,22 @@ def test_logits_stay_float_their_inputs_do_not() -> None:
     assert dtype_of(plan, "t") == "uint8" and dtype_of(plan, "r") == "uint16"
     off = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
     assert all(off.group_of(t) is not None for t in ("a", "b", "s", "y"))
+
+
+def test_swin_shapes_stage_start_and_biased_scores() -> None:
+    """A stage that starts with a Linear (Swin's patch merging): its output is the stream a
+    norm and the residual Add read (float, so the layer keeps an integer kernel with a float
+    output); attention scores plus a position bias into the softmax: float; the data-movement
+    copy of the stream the norm reads: 16 bits."""
+    nodes = [n("merge", "MatMul", ("x", "wq"), ("m",)), n("view", "Reshape", ("m", "shape"), ("mv",)),
+             n("ln", "LayerNormalization", ("mv", "g1", "beta1"), ("t",)),
+             n("q", "MatMul", ("t", "wk"), ("q",)), n("qk", "MatMul", ("q", "t"), ("s",)),
+             n("bias", "Add", ("s", "pos"), ("sb",)), n("softmax", "Softmax", ("sb",), ("p",)),
+             n("av", "MatMul", ("p", "t"), ("o",)), n("proj", "MatMul", ("o", "wv"), ("po",)),
+             n("res", "Add", ("mv", "po"), ("r",)), n("ln2", "LayerNormalization", ("r", "g2", "beta2"), ("y",))]  # fmt: skip
+    graph = PlanGraph(nodes, inputs=("x", "pos"), outputs=("y",), constant={**CONSTANTS, "shape": np.ones(2)}.get)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    assert plan.group_of("m") is None and dtype_of(plan, "mv") == "uint16"
+    assert plan.group_of("s") is None and plan.group_of("sb") is None
+    assert dtype_of(plan, "r") == "uint16" and dtype_of(plan, "t") == "uint8"
+    assert plan.group_of("p").spec.observer == FixedRange(0.0, 1.0)  # type: ignore[union-attr]

@@ -18,6 +18,8 @@ So, under any preset, :func:`find_blocks` marks
 - **a layer's output that is a graph output** (the classifier's logits), and a linear
   layer's product before its constant bias Add: float (no integer kernel reads them;
   onnxruntime runs the layer with a float output, as PT2E leaves ``linear`` outputs float);
+- **attention scores** (from the ``Q.K^T`` MatMul through bias/mask Adds into the
+  softmax): float (no integer kernel reads them; the MatMul runs with a float output);
 - **attention Softmax outputs** (a MatMul reads them): on the fixed grid ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`):
   the values softmax can take, independent of calibration data.
 
@@ -48,6 +50,9 @@ from quant_core.spec import QuantSpec
 
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 """Ops whose data inputs must stay quantized (an integer kernel reads them)."""
+FLOAT_OUTPUT_KERNELS = frozenset({"Gemm", "MatMul"})
+"""Layers onnxruntime still runs as integer kernels with a float output (QGemm,
+MatMulIntegerToFloat); a Conv without a quantized output runs float."""
 
 _MOVEMENT = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 _SELECTS = _MOVEMENT | {"Gather", "Slice", "Split"}
@@ -262,14 +267,53 @@ def _residual_source(graph: GraphView, tensor: str) -> str | None:
     return None
 
 
+def _shortcuts(graph: GraphView, norms: list[_Block], residual: set[str]) -> set[str]:
+    """Norm inputs that a residual Add also reads, whatever produces them (Swin's patch-merging
+    Linear starts each stage's stream), with the data-movement steps back to their producer."""
+    residual_adds = {p.name for t in residual if (p := graph.producer(t)) is not None}
+    found = set()
+    for norm in norms:
+        chain, tensor = [norm.input], norm.input
+        for _ in range(8):
+            producer = graph.producer(tensor)
+            if producer is None or producer.op_type not in _MOVEMENT:
+                break
+            tensor = producer.input(0)
+            chain.append(tensor)
+        if any(c.name in residual_adds for t in chain for c in graph.consumers(t)):
+            found.update(chain)
+    return found - residual
+
+
+def _scores(graph: GraphView, tensor: str, depth: int = 0) -> set[str]:
+    """The attention scores into a softmax: from the ``Q.K^T`` MatMul's output through the
+    bias and mask Adds and data movement, each read on that path only. Float: softmax has
+    no integer kernel, and the MatMul runs as ``MatMulIntegerToFloat`` (PT2E keeps the
+    whole attention float)."""
+    producer = graph.producer(tensor)
+    if producer is None or depth > 6 or len(graph.consumers(tensor)) != 1 or graph.is_graph_output(tensor):
+        return set()
+    if producer.op_type == "MatMul":
+        return {tensor}
+    if producer.op_type not in _MOVEMENT | {"Add", "Mul", "Div", "Sub"}:
+        return set()
+    data = [i for i in producer.inputs if i and graph.constant(i) is None]
+    data = data[:1] if producer.op_type in _MOVEMENT else data
+    for candidate in data:
+        path = _scores(graph, candidate, depth + 1)
+        if path:
+            return path | {tensor}
+    return set()
+
+
 def _branch_outputs(graph: GraphView, residual: set[str]) -> set[str]:
     """The other inputs of the residual Adds (an attention or MLP branch's output, a
     position embedding) that only residual Adds read: they join the stream's format (16
     bits; no 8-bit kernel reads them)."""
-    adds = {graph.producer(t).name: graph.producer(t) for t in residual}  # type: ignore[union-attr]
+    producers = (graph.producer(t) for t in residual)
+    adds = {p.name: p for p in producers if p is not None and p.op_type == "Add"}
     found = set()
     for add in adds.values():
-        assert add is not None
         for tensor in add.inputs:
             if (
                 tensor
@@ -304,7 +348,7 @@ def _linear_products(graph: GraphView) -> set[str]:
 
 
 def _head_outputs(graph: GraphView) -> set[str]:
-    """Graph outputs a Conv/Gemm/MatMul writes, possibly through element-wise arithmetic
+    """Graph outputs a Gemm/MatMul writes, possibly through element-wise arithmetic
     on such outputs and constants (a bias Add, DeiT's two heads averaged): the logits.
     Quantizing them caps the output at 8 bits' resolution (~40 dB on Gaussian logits)
     while no integer kernel reads them; onnxruntime runs the layers with float outputs
@@ -315,7 +359,7 @@ def _head_outputs(graph: GraphView) -> set[str]:
         if tensor not in memo:
             producer = graph.producer(tensor)
             memo[tensor] = False
-            if producer is not None and producer.op_type in WEIGHTED_OPS:
+            if producer is not None and producer.op_type in FLOAT_OUTPUT_KERNELS:
                 memo[tensor] = True
             elif producer is not None and producer.op_type in _ELEMENTWISE - {"Pow"} and depth < 4:
                 data = [i for i in producer.inputs if i and graph.constant(i) is None]
@@ -375,9 +419,16 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         elif node.op_type == "Softmax" and any(c.op_type == "MatMul" for c in graph.consumers(node.outputs[0])):
             softmaxes.append(node)  # attention: a classifier's output softmax keeps its own range
     residual = {source for norm in norms if (source := _residual_source(graph, norm.input)) is not None}
+    residual |= _shortcuts(graph, norms, residual)
     residual |= _branch_outputs(graph, residual)
+    # A stream tensor a layer writes: float for a Gemm/MatMul, which keeps an integer kernel
+    # with a float output; a Conv's stays at the preset's format (its kernel needs an 8-bit
+    # output). A 16-bit quantize after either would leave the layer float on onnxruntime.
+    written = {t for t in residual if (p := graph.producer(t)) is not None and p.op_type in WEIGHTED_OPS}
+    residual -= written
+    written = {t for t in written if graph.producer(t).op_type in FLOAT_OUTPUT_KERNELS}  # type: ignore[union-attr]
     keep = _weighted_inputs(graph.nodes)
-    internal = {t for block in (*norms, *gelus) for t in block.internal}
+    internal = {t for block in (*norms, *gelus) for t in block.internal} | written
     # A norm output only data-movement reads (ViT's class-token Gather before the head):
     # quantized where a layer reads it, on the range of what that layer reads.
     internal |= {
@@ -387,6 +438,8 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         and all(c.op_type in _SELECTS for c in graph.consumers(norm.output))
         and not graph.is_graph_output(norm.output)
     }
+    for softmax in softmaxes:
+        internal |= _scores(graph, softmax.input(0))
     if norms or gelus or softmaxes:
         internal |= _linear_products(graph) | _head_outputs(graph)
     internal -= keep | residual
