@@ -112,9 +112,12 @@ def dtype_of(plan, tensor: str) -> str | None:
 def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
     graph = block(decomposed, gelu)
     plan = plan_quantization(graph, get_preset("a8w8"))
-    # Residual stream (x + attention, + MLP) and the branch outputs into it: 16 bits.
-    for tensor in ("r1", "r2", "ob", "fb"):
+    # Residual stream (x + attention, + MLP, and x itself, which ln1 and res1 read): 16 bits.
+    for tensor in ("x", "r1", "r2"):
         assert dtype_of(plan, tensor) == "uint16", tensor
+    # The branch outputs into it, a Linear's output (MatMul + bias Add): float, so the layer
+    # keeps an integer kernel with a float output.
+    assert plan.group_of("ob") is None and plan.group_of("fb") is None
     # Every MatMul input (both inputs of Q.K^T and attn.V, every linear layer's) quantized, 8 bits.
     for node in graph.nodes:
         if node.op_type == "MatMul":

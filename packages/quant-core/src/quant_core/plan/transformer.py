@@ -267,6 +267,18 @@ def _residual_source(graph: GraphView, tensor: str) -> str | None:
     return None
 
 
+def _layer_writing(graph: GraphView, tensor: str) -> PlanNode | None:
+    """The Conv/Gemm/MatMul whose output ``tensor`` is, directly or after its constant bias
+    Add (a Linear as torch exports it: ``MatMul`` then ``Add``); else ``None``."""
+    producer = graph.producer(tensor)
+    if producer is not None and producer.op_type == "Add" and len(producer.inputs) == 2:
+        data = [i for i in producer.inputs if graph.constant(i) is None]
+        inner = graph.producer(data[0]) if len(data) == 1 else None
+        if inner is not None and inner.op_type == "MatMul" and len(graph.consumers(data[0])) == 1:
+            producer = inner
+    return producer if producer is not None and producer.op_type in WEIGHTED_OPS else None
+
+
 def _shortcuts(graph: GraphView, norms: list[_Block], residual: set[str]) -> set[str]:
     """Norm inputs that a residual Add also reads, whatever produces them (Swin's patch-merging
     Linear starts each stage's stream), with the data-movement steps back to their producer."""
@@ -421,12 +433,13 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
     residual = {source for norm in norms if (source := _residual_source(graph, norm.input)) is not None}
     residual |= _shortcuts(graph, norms, residual)
     residual |= _branch_outputs(graph, residual)
-    # A stream tensor a layer writes: float for a Gemm/MatMul, which keeps an integer kernel
-    # with a float output; a Conv's stays at the preset's format (its kernel needs an 8-bit
-    # output). A 16-bit quantize after either would leave the layer float on onnxruntime.
-    written = {t for t in residual if (p := graph.producer(t)) is not None and p.op_type in WEIGHTED_OPS}
-    residual -= written
-    written = {t for t in written if graph.producer(t).op_type in FLOAT_OUTPUT_KERNELS}  # type: ignore[union-attr]
+    # A stream tensor a layer writes (a branch's last Linear, Swin's patch merging): float
+    # for a Gemm/MatMul, which keeps an integer kernel with a float output; a Conv's stays at
+    # the preset's format (its kernel needs an 8-bit output). A 16-bit quantize after either
+    # would leave the layer float on onnxruntime.
+    layers = {t: layer for t in residual if (layer := _layer_writing(graph, t)) is not None}
+    residual -= set(layers)
+    written = {t for t, layer in layers.items() if layer.op_type in FLOAT_OUTPUT_KERNELS}
     keep = _weighted_inputs(graph.nodes)
     internal = {t for block in (*norms, *gelus) for t in block.internal} | written
     # A norm output only data-movement reads (ViT's class-token Gather before the head):
