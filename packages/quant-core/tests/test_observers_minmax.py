@@ -164,7 +164,9 @@ def test_invalid_use_raises_clear_errors() -> None:
 
 def test_from_state_dict_rejects_unknown_kind() -> None:
     state = MinMaxObserver(per_tensor()).state_dict()
-    with pytest.raises(ValueError, match="kind: 'nope' is not a known observer; allowed: histogram, minmax"):
+    with pytest.raises(
+        ValueError, match="kind: 'nope' is not a known observer; allowed: fixed_range, histogram, minmax"
+    ):
         Observer.from_state_dict({**state, "kind": "nope"})
 
 

@@ -27,6 +27,7 @@ from quant_core.dtypes import DType
 from quant_core.observer_config import (
     MSE,
     Entropy,
+    FixedRange,
     MinMax,
     MovingAverageMinMax,
     ObserverConfig,
@@ -69,6 +70,7 @@ __all__ = [
     "CalibrationConfig",
     "DType",
     "Entropy",
+    "FixedRange",
     "Granularity",
     "MinMax",
     "MixedPrecisionConfig",

@@ -177,6 +177,12 @@ class QuantConfig:
             float graph before calibration, so that calibration and AdaRound see the
             function an NPU computes (e.g. ``("silu", "sigmoid", "hard_sigmoid")``: Sigmoid
             and SiLU become the device's HardSigmoid). Empty: the graph is left as it is.
+        transformer_recipe: recognise LayerNorm, GELU, Softmax and residual blocks and
+            give their tensors the formats that serve them under this config's specs:
+            residual-stream tensors widened to 16 bits, LayerNorm/GELU internals float,
+            Softmax outputs on the fixed ``[0, 1]`` grid (``docs/transformers.md``). A CNN
+            without these blocks plans the same either way. ``false``: every tensor by
+            the op table only.
     """
 
     global_config: OperatorConfig = attrs.field(validator=_instance_of(OperatorConfig, "an OperatorConfig"))
@@ -189,6 +195,7 @@ class QuantConfig:
     )
     name: str | None = attrs.field(default=None, validator=_optional_str)
     npu_conversions: tuple[str, ...] = attrs.field(default=(), converter=_npu_conversions)
+    transformer_recipe: bool = attrs.field(default=True, validator=_instance_of(bool, "true or false"))
 
     def is_excluded(self, node_name: str, op_type: str) -> bool:
         return any(op_type == pattern or fnmatch.fnmatchcase(node_name, pattern) for pattern in self.exclude)

@@ -170,7 +170,37 @@ class PowerOfTwoMSE:
         _check(isinstance(value, int) and 0 <= value <= 16, attribute.name, value, "0 <= value <= 16")
 
 
-ObserverConfig = MinMax | MovingAverageMinMax | Percentile | Entropy | MSE | PowerOfTwoMSE
+@attrs.frozen
+class FixedRange:
+    """A range an op guarantees by construction (softmax: ``[0, 1]``), whatever the
+    calibration data holds: the tensor is still observed (for reports), its qparams come
+    from ``[min_val, max_val]`` only. Per tensor; the planner's transformer recipe puts
+    Softmax outputs on it (``docs/transformers.md``).
+
+    Args:
+        min_val: lower end (<= 0, so that zero is representable).
+        max_val: upper end (> min_val, >= 0).
+
+    Example:
+        >>> FixedRange(0.0, 1.0).max_val
+        1.0
+        >>> FixedRange(0.5, 1.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: min_val: 0.5 is out of range; allowed: min_val <= 0 <= max_val, min_val < max_val
+    """
+
+    method: ClassVar[str] = "fixed_range"
+    min_val: float = attrs.field(default=0.0, converter=float)
+    max_val: float = attrs.field(default=1.0, converter=float)
+
+    def __attrs_post_init__(self) -> None:
+        allowed = "min_val <= 0 <= max_val, min_val < max_val"
+        _check(self.min_val <= 0.0 and self.min_val < self.max_val, "min_val", self.min_val, allowed)
+        _check(self.max_val >= 0.0, "max_val", self.max_val, allowed)
+
+
+ObserverConfig = MinMax | MovingAverageMinMax | Percentile | Entropy | MSE | PowerOfTwoMSE | FixedRange
 
 OBSERVER_CONFIGS: dict[str, type] = {
     cls.method: cls
@@ -181,6 +211,7 @@ OBSERVER_CONFIGS: dict[str, type] = {
         Entropy,
         MSE,
         PowerOfTwoMSE,
+        FixedRange,
     )
 }
 

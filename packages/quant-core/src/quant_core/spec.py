@@ -171,6 +171,8 @@ class QuantSpec:
         if self.narrow_range and not self.symmetric:
             raise ValueError("narrow_range: true needs symmetric: true; allowed with symmetric: false: false")
         method = self.observer.method
+        if axis is not None and method == "fixed_range":
+            raise ValueError("observer.method: 'fixed_range' is one range per tensor; allowed per_channel_axis: null")
         if axis is not None and method in HISTOGRAM_METHODS:
             raise ValueError(
                 f"observer.method: {method!r} keeps a per-tensor histogram; allowed with "

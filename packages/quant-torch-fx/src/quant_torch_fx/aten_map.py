@@ -342,9 +342,20 @@ ATEN_OPS: dict[str, AtenOp] = {
         lambda node: ("BatchNormalization", [_arg(node, 0, "input")], {}),
         rules.batch_norm,
     ),
+    # the planner's transformer recipe recognises LayerNormalization (its input and output)
+    **_ops(
+        ("layer_norm",),
+        "LayerNormalization",
+        lambda node: (
+            "LayerNormalization",
+            [_arg(node, 0, "input"), _arg(node, 2, "weight"), _arg(node, 3, "bias")],
+            {},
+        ),
+        rules.layer_norm,
+    ),
     # ops the planner keeps float (no entry in its table): written as torch computes them
     **_float("BatchNormalization", rules.batch_norm, "_native_batch_norm_legit_no_training"),
-    **_float("LayerNormalization", rules.layer_norm, "layer_norm", "native_layer_norm"),
+    **_float("LayerNormalization", rules.layer_norm, "native_layer_norm"),
     **_float("InstanceNormalization", rules.group_norm, "group_norm", written_as=("Mul", "Add")),
     **_float(
         "MatMul",

@@ -19,10 +19,11 @@ from quant_core.observers.base import Observer, StateDict
 from quant_core.observers.factory import make_observer
 from quant_core.observers.grid import HistogramGrid
 from quant_core.observers.histogram import HistogramObserver
-from quant_core.observers.minmax import MinMaxObserver, MovingAverageMinMaxObserver
+from quant_core.observers.minmax import FixedRangeObserver, MinMaxObserver, MovingAverageMinMaxObserver
 from quant_core.observers.snapshot import Histogram
 
 __all__ = [
+    "FixedRangeObserver",
     "Histogram",
     "HistogramGrid",
     "HistogramObserver",

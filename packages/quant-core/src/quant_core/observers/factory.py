@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from quant_core.observer_config import HISTOGRAM_METHODS, MovingAverageMinMax
+from quant_core.observer_config import HISTOGRAM_METHODS, FixedRange, MovingAverageMinMax
 from quant_core.observers.base import Observer
 from quant_core.observers.histogram import HistogramObserver
-from quant_core.observers.minmax import MinMaxObserver, MovingAverageMinMaxObserver
+from quant_core.observers.minmax import FixedRangeObserver, MinMaxObserver, MovingAverageMinMaxObserver
 from quant_core.spec import QuantSpec
 
 
 def make_observer(spec: QuantSpec) -> Observer:
     """A fresh observer for ``spec``: dynamic specs and ``minmax`` get a
     :class:`MinMaxObserver` (per channel when the spec is), ``moving_average`` a
-    :class:`MovingAverageMinMaxObserver`, histogram methods a :class:`HistogramObserver`.
+    :class:`MovingAverageMinMaxObserver`, ``fixed_range`` a :class:`FixedRangeObserver`,
+    histogram methods a :class:`HistogramObserver`.
 
     Example:
         >>> from quant_core.observer_config import Entropy
@@ -29,6 +30,8 @@ def make_observer(spec: QuantSpec) -> Observer:
         return MinMaxObserver(spec)
     if isinstance(spec.observer, MovingAverageMinMax):
         return MovingAverageMinMaxObserver(spec)
+    if isinstance(spec.observer, FixedRange):
+        return FixedRangeObserver(spec)
     if spec.observer.method in HISTOGRAM_METHODS:
         return HistogramObserver(spec)
     return MinMaxObserver(spec)

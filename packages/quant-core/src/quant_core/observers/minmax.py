@@ -12,7 +12,7 @@ import abc
 
 import numpy as np
 
-from quant_core.observer_config import MinMax, MovingAverageMinMax
+from quant_core.observer_config import FixedRange, MinMax, MovingAverageMinMax
 from quant_core.observers._input import as_float_array, check_finite_range, min_max
 from quant_core.observers.base import Observer, StateDict
 from quant_core.spec import QuantSpec
@@ -192,3 +192,33 @@ class MovingAverageMinMaxObserver(_RangeObserver):
     def _load_state(self, state: StateDict) -> None:
         super()._load_state(state)
         self.num_batches = int(state["num_batches"])
+
+
+class FixedRangeObserver(MinMaxObserver):
+    """The range of a :class:`~quant_core.observer_config.FixedRange` spec, whatever was
+    observed (the observed min and max are still kept, and merge, as a min-max
+    observer's). Per tensor only.
+
+    Example:
+        >>> import numpy as np
+        >>> from quant_core.spec import QuantSpec
+        >>> obs = FixedRangeObserver(QuantSpec(dtype="uint8", symmetric=False, observer=FixedRange(0.0, 1.0)))
+        >>> obs.update(np.array([0.01, 0.2], np.float32))
+        >>> [float(v) for v in obs.range()], round(float(obs.qparams().scale), 6), int(obs.qparams().zero_point)
+        ([0.0, 1.0], 0.003922, 0)
+    """
+
+    kind = "fixed_range"
+
+    def __init__(self, spec: QuantSpec) -> None:
+        _RangeObserver.__init__(self, spec)
+        if not isinstance(spec.observer, FixedRange):
+            raise ValueError(
+                f"observer.method: {spec.observer.method!r} is not allowed for FixedRangeObserver; allowed: fixed_range"
+            )
+
+    def range(self, spec: QuantSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
+        super().range(spec)  # raises before the first update, like every observer
+        bounds = self.spec.observer
+        assert isinstance(bounds, FixedRange)
+        return np.array(bounds.min_val, np.float64), np.array(bounds.max_val, np.float64)

@@ -13,6 +13,10 @@ and returns a :class:`QuantPlan`:
   facts the bias rule (:mod:`quant_core.bias`) needs;
 - every node left in float, with the reason.
 
+Under ``config.transformer_recipe`` (the default) the recognised transformer blocks
+(:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors widened to
+16 bits, LayerNorm/GELU internals float, Softmax outputs on the fixed ``[0, 1]`` grid.
+
 Nothing is computed from data here: a backend's calibration turns each group's
 observations into qparams, so the same graph, config and data give the same scales on
 every backend.
@@ -48,6 +52,7 @@ from quant_core.plan.ops import (
     policy_for,
     weight_channel_axis,
 )
+from quant_core.plan.transformer import TransformerBlocks, find_blocks, softmax_spec, widened
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec
 
 RESULT_CONCAT_REASON = (
@@ -308,8 +313,17 @@ class _Planner:
         self.floating: list[FloatNode] = []
         self.notes: list[str] = []
         self.layer_inputs: list[tuple[str, str, QuantSpec]] = []  # (weighted node, input, its spec)
+        self.blocks = find_blocks(graph) if config.transformer_recipe else TransformerBlocks()
+        if self.blocks.summary():
+            self.notes.append(f"transformer recipe: {self.blocks.summary()}")
 
     def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
+        if tensor in self.blocks.float_tensors:
+            return  # read by no integer kernel (never a Conv/Gemm/MatMul input)
+        if tensor in self.blocks.residual:
+            spec = widened(spec)
+        elif tensor in self.blocks.softmax_outputs:
+            spec = softmax_spec(spec)
         self.groups.add(tensor)
         if tensor not in self.specs:
             self.order.append(tensor)

@@ -1,0 +1,466 @@
+"""The transformer recipe: recognise normalisation, GELU, Softmax and residual blocks in a
+graph, and say which of their tensors need another format than the preset's.
+
+Measured on random-weight timm ViT-Tiny (96 px, a8w8, quant-onnx; ``docs/transformers.md``):
+the residual stream (the Add outputs a LayerNorm reads) at 8 bits alone costs ~13 dB of
+output SQNR (24 dB -> 33-34 dB with it at 16 bits); every other tensor class costs < 1 dB.
+So, under any preset, :func:`find_blocks` marks
+
+- **residual-stream tensors** (an Add output a recognised norm reads, possibly through
+  data-movement ops): quantized with the preset's activation format widened to 16 bits
+  (:func:`widened`). No integer kernel reads them on onnxruntime (LayerNorm, the next
+  residual Add at mixed widths run in float); a weighted op that reads one directly gets
+  its own 8-bit quantize/dequantize (the planner's input requantization);
+- **block internals** (inside a decomposed LayerNorm ``ReduceMean/Sub/Pow/Sqrt/Div``
+  and an ``Erf``/``Tanh`` GELU, and a GELU's input when only the GELU reads it): left
+  float. These ops have no integer kernel anywhere; a quantize/dequantize pair between
+  them only adds error. A tensor a Conv/Gemm/MatMul reads is never among them;
+- **a layer's output that is a graph output** (the classifier's logits), and a linear
+  layer's product before its constant bias Add: float (no integer kernel reads them;
+  onnxruntime runs the layer with a float output, as PT2E leaves ``linear`` outputs float);
+- **attention scores** (from the ``Q.K^T`` MatMul through bias/mask Adds into the
+  softmax): float (no integer kernel reads them; the MatMul runs with a float output);
+- **attention Softmax outputs** (a MatMul reads them): on the fixed grid ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`):
+  the values softmax can take, independent of calibration data.
+
+None of these blocks occurs in a plain CNN (no LayerNorm, GELU or attention; a classifier's
+Softmax is not read by a MatMul), whose plan is unchanged by the recipe.
+
+Example (a residual Add feeding a LayerNorm, then a Softmax):
+    >>> from quant_core.plan.graph import PlanGraph, PlanNode
+    >>> nodes = [PlanNode("add", "Add", ("x", "y"), ("r",)),
+    ...          PlanNode("ln", "LayerNormalization", ("r", "g", "b"), ("n",)),
+    ...          PlanNode("sm", "Softmax", ("n",), ("p",)), PlanNode("av", "MatMul", ("p", "v"), ("o",))]
+    >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y", "v"), outputs=("o",)))
+    >>> sorted(blocks.residual), sorted(blocks.softmax_outputs), blocks.summary()
+    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor at 16 bits, 1 block-internal tensor float, 1 Softmax output on the fixed [0, 1] grid')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+import numpy as np
+
+from quant_core.dtypes import DType
+from quant_core.observer_config import FixedRange
+from quant_core.plan.graph import GraphView, PlanNode
+from quant_core.spec import QuantSpec
+
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+"""Ops whose data inputs must stay quantized (an integer kernel reads them)."""
+FLOAT_OUTPUT_KERNELS = frozenset({"Gemm", "MatMul"})
+"""Layers onnxruntime still runs as integer kernels with a float output (QGemm,
+MatMulIntegerToFloat); a Conv without a quantized output runs float."""
+
+_MOVEMENT = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+_SELECTS = _MOVEMENT | {"Gather", "Slice", "Split"}
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
+_GELU_CORE = frozenset({"Erf", "Tanh"})
+_MAX_GELU_NODES = 8
+SOFTMAX_GRID = FixedRange(min_val=0.0, max_val=1.0)
+"""The range of every softmax output."""
+
+
+@attrs.frozen
+class TransformerBlocks:
+    """What :func:`find_blocks` recognised.
+
+    Attributes:
+        norms: names of the recognised normalisation nodes (a decomposed LayerNorm by its
+            first ReduceMean).
+        gelus: names of the recognised GELU nodes (an ``Erf``/``Tanh`` form by that node).
+        softmaxes: names of the Softmax nodes.
+        residual: residual-stream tensors (16 bits).
+        float_tensors: block-internal tensors left float.
+        softmax_outputs: Softmax outputs (fixed ``[0, 1]`` grid).
+
+    Example:
+        >>> TransformerBlocks().summary()
+        ''
+    """
+
+    norms: tuple[str, ...] = ()
+    gelus: tuple[str, ...] = ()
+    softmaxes: tuple[str, ...] = ()
+    residual: frozenset[str] = frozenset()
+    float_tensors: frozenset[str] = frozenset()
+    softmax_outputs: frozenset[str] = frozenset()
+
+    def summary(self) -> str:
+        """One line for the report; ``""`` when nothing was recognised."""
+        if not (self.norms or self.gelus or self.softmaxes):
+            return ""
+        return (
+            f"{len(self.norms)} LayerNorm, {len(self.gelus)} GELU, {len(self.softmaxes)} Softmax; "
+            f"{len(self.residual)} residual-stream tensor{'s' * (len(self.residual) != 1)} at 16 bits, "
+            f"{len(self.float_tensors)} block-internal tensor{'s' * (len(self.float_tensors) != 1)} float, "
+            f"{len(self.softmax_outputs)} Softmax output{'s' * (len(self.softmax_outputs) != 1)} "
+            "on the fixed [0, 1] grid"
+        )
+
+
+def widened(spec: QuantSpec) -> QuantSpec:
+    """``spec`` with a 16-bit integer format of the same signedness when it has fewer bits
+    (a residual-stream tensor's format); other specs unchanged.
+
+    Example:
+        >>> widened(QuantSpec(dtype="uint8", symmetric=False)).dtype.value
+        'uint16'
+        >>> widened(QuantSpec(dtype="int16")).dtype.value
+        'int16'
+    """
+    if not spec.is_quantized or spec.dtype.bits >= 16:
+        return spec
+    return spec.evolve(dtype=DType.INT16 if spec.dtype.signed else DType.UINT16)
+
+
+def softmax_spec(spec: QuantSpec) -> QuantSpec:
+    """``spec`` on the fixed softmax grid ``[0, 1]`` (float specs unchanged).
+
+    Example:
+        >>> softmax_spec(QuantSpec(dtype="uint8", symmetric=False)).observer
+        FixedRange(min_val=0.0, max_val=1.0)
+    """
+    return spec.evolve(observer=SOFTMAX_GRID) if spec.is_quantized else spec
+
+
+def _constant_value(graph: GraphView, tensor: str) -> float | None:
+    value = graph.constant(tensor) if tensor else None
+    if value is None or np.size(value) != 1:
+        return None
+    return float(np.asarray(value).reshape(-1)[0])
+
+
+def _other_input(graph: GraphView, node: PlanNode, known: str) -> str | None:
+    """The input of binary ``node`` that is not ``known`` (``None``: no such single input)."""
+    if len(node.inputs) != 2 or known not in node.inputs:
+        return None
+    a, b = node.inputs
+    return b if a == known else a
+
+
+def _sole_consumer(graph: GraphView, tensor: str, op_type: str) -> PlanNode | None:
+    consumers = graph.consumers(tensor)
+    if len(consumers) != 1 or consumers[0].op_type != op_type or graph.is_graph_output(tensor):
+        return None
+    return consumers[0]
+
+
+def _with_constant(graph: GraphView, node: PlanNode | None, op_type: str) -> tuple[str, float] | None:
+    """``(activation input, constant)`` of a binary ``op_type`` node with one scalar constant input."""
+    if node is None or node.op_type != op_type or len(node.inputs) != 2:
+        return None
+    for data, const in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+        value = _constant_value(graph, const)
+        if value is not None and graph.constant(data) is None:
+            return data, value
+    return None
+
+
+@attrs.frozen
+class _Block:
+    name: str
+    input: str
+    output: str
+    internal: tuple[str, ...]
+
+
+def _decomposed_layernorm(graph: GraphView, mean: PlanNode) -> _Block | None:
+    """``ReduceMean(x) -> Sub(x, m) -> Pow(d, 2) | Mul(d, d) -> ReduceMean -> Add(eps) -> Sqrt
+    -> Div(d, s) [-> Mul(gamma)] [-> Add(beta)]``."""
+    x = mean.input(0)
+    internal = [mean.outputs[0]]
+    sub = _sole_consumer(graph, mean.outputs[0], "Sub")
+    if sub is None or sub.inputs != (x, mean.outputs[0]):
+        return None
+    d = sub.outputs[0]
+    internal.append(d)
+    square = next((c for c in graph.consumers(d) if c.op_type in ("Pow", "Mul") and c.outputs), None)
+    if square is None or not (square.inputs == (d, d) or _constant_value(graph, square.input(1)) == 2.0):
+        return None
+    chain = [square]
+    for op_type in ("ReduceMean", "Add", "Sqrt", "Div"):
+        nxt = _sole_consumer(graph, chain[-1].outputs[0], op_type)
+        if nxt is None:
+            return None
+        chain.append(nxt)
+    div = chain[-1]
+    if div.inputs != (d, chain[-2].outputs[0]) or {c.name for c in graph.consumers(d)} != {square.name, div.name}:
+        return None
+    internal += [n.outputs[0] for n in chain[:-1]]
+    out = div.outputs[0]
+    for op_type in ("Mul", "Add"):  # the affine part, when the exporter did not fold it
+        consumers = graph.consumers(out)
+        if (
+            len(consumers) == 1
+            and consumers[0].op_type == op_type
+            and any(graph.constant(i) is not None for i in consumers[0].inputs)
+            and not graph.is_graph_output(out)
+        ):
+            internal.append(out)
+            out = consumers[0].outputs[0]
+    return _Block(mean.name, x, out, tuple(internal))
+
+
+def _gelu(graph: GraphView, core: PlanNode) -> _Block | None:
+    """``0.5 * x * (1 + erf(x / sqrt(2)))`` or ``... (1 + tanh(c * (x + 0.044715 x^3)))``,
+    in either order of the two Muls."""
+    one = _sole_consumer(graph, core.outputs[0], "Add")
+    plus = _with_constant(graph, one, "Add")
+    if one is None or plus is None or plus[1] != 1.0:
+        return None
+    mul = _sole_consumer(graph, one.outputs[0], "Mul")
+    other = None if mul is None else _other_input(graph, mul, one.outputs[0])
+    if mul is None or other is None:
+        return None
+    internal = [core.outputs[0], one.outputs[0]]
+    region = {core.name, one.name, mul.name}
+    half = _with_constant(graph, graph.producer(other), "Mul")
+    if half is not None and half[1] == 0.5 and _sole_consumer(graph, other, "Mul") is not None:
+        x, out = half[0], mul.outputs[0]
+        internal.append(other)
+        region.add(graph.producer(other).name)  # type: ignore[union-attr]
+    else:
+        last = _sole_consumer(graph, mul.outputs[0], "Mul")
+        scaled = _with_constant(graph, last, "Mul")
+        if last is None or scaled is None or scaled[1] != 0.5:
+            return None
+        x, out = other, last.outputs[0]
+        internal.append(mul.outputs[0])
+        region.add(last.name)
+    # Backwards from the core to x: element-wise ops on x and constants only.
+    stack, seen = [core.input(0)], set()
+    while stack:
+        tensor = stack.pop()
+        if tensor == x or tensor in seen or graph.constant(tensor) is not None:
+            continue
+        seen.add(tensor)
+        producer = graph.producer(tensor)
+        if producer is None or producer.op_type not in _ELEMENTWISE or len(region) >= _MAX_GELU_NODES:
+            return None
+        region.add(producer.name)
+        internal.append(tensor)
+        stack.extend(producer.inputs)
+    if not seen:
+        return None
+    # A GELU's internals are read inside it only.
+    if any(c.name not in region for t in internal for c in graph.consumers(t)):
+        return None
+    if {c.name for c in graph.consumers(x)} <= region and not graph.is_graph_output(x):
+        internal.append(x)  # only the GELU reads its input: no integer kernel does
+    return _Block(core.name, x, out, tuple(internal))
+
+
+def _residual_source(graph: GraphView, tensor: str) -> str | None:
+    """The Add output that ``tensor`` is, or reaches through data-movement ops."""
+    for _ in range(8):
+        producer = graph.producer(tensor)
+        if producer is None:
+            return None
+        if producer.op_type == "Add":
+            return tensor
+        if producer.op_type not in _MOVEMENT:
+            return None
+        tensor = producer.input(0)
+    return None
+
+
+def _layer_writing(graph: GraphView, tensor: str) -> PlanNode | None:
+    """The Conv/Gemm/MatMul whose output ``tensor`` is, directly or after its constant bias
+    Add (a Linear as torch exports it: ``MatMul`` then ``Add``); else ``None``."""
+    producer = graph.producer(tensor)
+    if producer is not None and producer.op_type == "Add" and len(producer.inputs) == 2:
+        data = [i for i in producer.inputs if graph.constant(i) is None]
+        inner = graph.producer(data[0]) if len(data) == 1 else None
+        if inner is not None and inner.op_type == "MatMul" and len(graph.consumers(data[0])) == 1:
+            producer = inner
+    return producer if producer is not None and producer.op_type in WEIGHTED_OPS else None
+
+
+def _shortcuts(graph: GraphView, norms: list[_Block], residual: set[str]) -> set[str]:
+    """Norm inputs that a residual Add also reads, whatever produces them (Swin's patch-merging
+    Linear starts each stage's stream), with the data-movement steps back to their producer."""
+    residual_adds = {p.name for t in residual if (p := graph.producer(t)) is not None}
+    found = set()
+    for norm in norms:
+        chain, tensor = [norm.input], norm.input
+        for _ in range(8):
+            producer = graph.producer(tensor)
+            if producer is None or producer.op_type not in _MOVEMENT:
+                break
+            tensor = producer.input(0)
+            chain.append(tensor)
+        if any(c.name in residual_adds for t in chain for c in graph.consumers(t)):
+            found.update(chain)
+    return found - residual
+
+
+def _scores(graph: GraphView, tensor: str, depth: int = 0) -> set[str]:
+    """The attention scores into a softmax: from the ``Q.K^T`` MatMul's output through the
+    bias and mask Adds and data movement, each read on that path only. Float: softmax has
+    no integer kernel, and the MatMul runs as ``MatMulIntegerToFloat`` (PT2E keeps the
+    whole attention float)."""
+    producer = graph.producer(tensor)
+    if producer is None or depth > 6 or len(graph.consumers(tensor)) != 1 or graph.is_graph_output(tensor):
+        return set()
+    if producer.op_type == "MatMul":
+        return {tensor}
+    if producer.op_type not in _MOVEMENT | {"Add", "Mul", "Div", "Sub"}:
+        return set()
+    data = [i for i in producer.inputs if i and graph.constant(i) is None]
+    data = data[:1] if producer.op_type in _MOVEMENT else data
+    for candidate in data:
+        path = _scores(graph, candidate, depth + 1)
+        if path:
+            return path | {tensor}
+    return set()
+
+
+def _branch_outputs(graph: GraphView, residual: set[str]) -> set[str]:
+    """The other inputs of the residual Adds (an attention or MLP branch's output, a
+    position embedding) that only residual Adds read: they join the stream's format (16
+    bits; no 8-bit kernel reads them)."""
+    producers = (graph.producer(t) for t in residual)
+    adds = {p.name: p for p in producers if p is not None and p.op_type == "Add"}
+    found = set()
+    for add in adds.values():
+        for tensor in add.inputs:
+            if (
+                tensor
+                and tensor not in residual
+                and (graph.constant(tensor) is not None or graph.producer(tensor) is not None)
+                and not graph.is_graph_output(tensor)
+                and all(c.name in adds for c in graph.consumers(tensor))
+            ):
+                found.add(tensor)
+    return found
+
+
+def _weighted_inputs(nodes: Iterable[PlanNode]) -> set[str]:
+    return {name for node in nodes if node.op_type in WEIGHTED_OPS for name in node.inputs}
+
+
+def _linear_products(graph: GraphView) -> set[str]:
+    """Outputs of ``MatMul(x, W)`` whose only reader adds a constant bias: a linear layer on
+    a 3-D input as torch exports it. The layer's output is the Add's; quantizing the
+    product before the bias adds a rounding PT2E's ``linear`` never has (onnxruntime runs
+    the MatMul as ``MatMulIntegerToFloat``, still an integer kernel)."""
+    products = set()
+    for node in graph.nodes:
+        if node.op_type != "MatMul" or not node.standard or graph.constant(node.input(1)) is None:
+            continue
+        out = node.outputs[0]
+        bias = _sole_consumer(graph, out, "Add")
+        other = None if bias is None else _other_input(graph, bias, out)
+        if other is not None and graph.constant(other) is not None:
+            products.add(out)
+    return products
+
+
+def _head_outputs(graph: GraphView) -> set[str]:
+    """Graph outputs a Gemm/MatMul writes, possibly through element-wise arithmetic
+    on such outputs and constants (a bias Add, DeiT's two heads averaged): the logits.
+    Quantizing them caps the output at 8 bits' resolution (~40 dB on Gaussian logits)
+    while no integer kernel reads them; onnxruntime runs the layers with float outputs
+    (QGemm, MatMulIntegerToFloat), as PT2E leaves ``linear`` outputs float."""
+    memo: dict[str, bool] = {}
+
+    def is_logits(tensor: str, depth: int) -> bool:
+        if tensor not in memo:
+            producer = graph.producer(tensor)
+            memo[tensor] = False
+            if producer is not None and producer.op_type in FLOAT_OUTPUT_KERNELS:
+                memo[tensor] = True
+            elif producer is not None and producer.op_type in _ELEMENTWISE - {"Pow"} and depth < 4:
+                data = [i for i in producer.inputs if i and graph.constant(i) is None]
+                memo[tensor] = bool(data) and all(is_logits(i, depth + 1) for i in data)
+        return memo[tensor]
+
+    heads = {out for node in graph.nodes for out in node.outputs if out and graph.is_graph_output(out)}
+    heads = {out for out in heads if is_logits(out, 0)}
+    return {t for t, logits in memo.items() if logits and _feeds(graph, t, heads)}
+
+
+def _feeds(graph: GraphView, tensor: str, heads: set[str]) -> bool:
+    """``tensor`` is one of ``heads`` or only element-wise arithmetic towards them reads it."""
+    if tensor in heads:
+        return True
+    consumers = graph.consumers(tensor)
+    return bool(consumers) and all(
+        c.op_type in _ELEMENTWISE and any(_feeds(graph, o, heads) for o in c.outputs if o) for c in consumers
+    )
+
+
+def find_blocks(graph: GraphView) -> TransformerBlocks:
+    """Recognise the transformer blocks of ``graph`` (see the module docstring).
+
+    Example (an ``Erf`` GELU between two MatMuls: its internals float, its output not; the
+    last layer writes the graph output, which stays float too):
+        >>> import numpy as np
+        >>> from quant_core.plan.graph import PlanGraph, PlanNode
+        >>> c = {"w1": np.ones((4, 4), np.float32), "w2": np.ones((4, 4), np.float32), "s": np.float32(1.4142135),
+        ...      "one": np.float32(1.0), "half": np.float32(0.5)}
+        >>> nodes = [PlanNode("fc1", "MatMul", ("x", "w1"), ("h",)), PlanNode("div", "Div", ("h", "s"), ("d",)),
+        ...          PlanNode("erf", "Erf", ("d",), ("e",)), PlanNode("add", "Add", ("e", "one"), ("a",)),
+        ...          PlanNode("mul", "Mul", ("h", "a"), ("m",)), PlanNode("half", "Mul", ("m", "half"), ("g",)),
+        ...          PlanNode("fc2", "MatMul", ("g", "w2"), ("y",))]
+        >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x",), outputs=("y",), constant=c.get))
+        >>> blocks.gelus, sorted(blocks.float_tensors)
+        (('erf',), ['a', 'd', 'e', 'h', 'm', 'y'])
+    """
+    norms: list[_Block] = []
+    gelus: list[_Block] = []
+    softmaxes: list[PlanNode] = []
+    for node in graph.nodes:
+        if not node.standard or not node.outputs or not node.outputs[0]:
+            continue
+        if node.op_type == "LayerNormalization":
+            norms.append(_Block(node.name, node.input(0), node.outputs[0], ()))
+        elif node.op_type == "ReduceMean":
+            block = _decomposed_layernorm(graph, node)
+            if block is not None:
+                norms.append(block)
+        elif node.op_type == "Gelu":
+            gelus.append(_Block(node.name, node.input(0), node.outputs[0], ()))
+        elif node.op_type in _GELU_CORE:
+            block = _gelu(graph, node)
+            if block is not None:
+                gelus.append(block)
+        elif node.op_type == "Softmax" and any(c.op_type == "MatMul" for c in graph.consumers(node.outputs[0])):
+            softmaxes.append(node)  # attention: a classifier's output softmax keeps its own range
+    residual = {source for norm in norms if (source := _residual_source(graph, norm.input)) is not None}
+    residual |= _shortcuts(graph, norms, residual)
+    residual |= _branch_outputs(graph, residual)
+    # A stream tensor a layer writes (a branch's last Linear, Swin's patch merging): float
+    # for a Gemm/MatMul, which keeps an integer kernel with a float output; a Conv's stays at
+    # the preset's format (its kernel needs an 8-bit output). A 16-bit quantize after either
+    # would leave the layer float on onnxruntime.
+    layers = {t: layer for t in residual if (layer := _layer_writing(graph, t)) is not None}
+    residual -= set(layers)
+    written = {t for t, layer in layers.items() if layer.op_type in FLOAT_OUTPUT_KERNELS}
+    keep = _weighted_inputs(graph.nodes)
+    internal = {t for block in (*norms, *gelus) for t in block.internal} | written
+    # A norm output only data-movement reads (ViT's class-token Gather before the head):
+    # quantized where a layer reads it, on the range of what that layer reads.
+    internal |= {
+        norm.output
+        for norm in norms
+        if graph.consumers(norm.output)
+        and all(c.op_type in _SELECTS for c in graph.consumers(norm.output))
+        and not graph.is_graph_output(norm.output)
+    }
+    for softmax in softmaxes:
+        internal |= _scores(graph, softmax.input(0))
+    if norms or gelus or softmaxes:
+        internal |= _linear_products(graph) | _head_outputs(graph)
+    internal -= keep | residual
+    return TransformerBlocks(
+        norms=tuple(b.name for b in norms),
+        gelus=tuple(b.name for b in gelus),
+        softmaxes=tuple(n.name for n in softmaxes),
+        residual=frozenset(residual),
+        float_tensors=frozenset(internal),
+        softmax_outputs=frozenset(n.outputs[0] for n in softmaxes),
+    )

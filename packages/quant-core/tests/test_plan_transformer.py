@@ -1,0 +1,257 @@
+"""The planner's transformer recipe (quant_core.plan.transformer): which blocks it
+recognises and which format each of their tensors gets under the existing presets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quant_core.config import QuantConfig
+from quant_core.dtypes import DType
+from quant_core.observer_config import FixedRange, MinMax
+from quant_core.observers import FixedRangeObserver, make_observer
+from quant_core.plan import PlanGraph, PlanNode, plan_quantization
+from quant_core.plan.transformer import find_blocks, widened
+from quant_core.presets import get_preset
+from quant_core.qparams import qparams_from_range
+from quant_core.serialization import config_from_json, config_to_json
+from quant_core.spec import QuantSpec
+
+D = 4
+RNG = np.random.default_rng(0)
+CONSTANTS: dict[str, np.ndarray] = {
+    **{w: RNG.standard_normal((D, D)).astype(np.float32) for w in ("wq", "wk", "wv", "wo", "w1", "w2")},
+    **{b: RNG.standard_normal(D).astype(np.float32) for b in ("bo", "b1", "b2", "g1", "g2", "beta1", "beta2")},
+    "scale": np.float32(0.5),
+    "sqrt2": np.float32(np.sqrt(2.0)),
+    "one": np.float32(1.0),
+    "half": np.float32(0.5),
+    "eps": np.float32(1e-5),
+    "two": np.float32(2.0),
+    "c3": np.float32(0.044715),
+    "k": np.float32(np.sqrt(2.0 / np.pi)),
+}
+
+
+def n(name: str, op: str, inputs: tuple[str, ...], outputs: tuple[str, ...], **attrs: object) -> PlanNode:
+    return PlanNode(name, op, inputs, outputs, attrs)
+
+
+def erf_gelu(x: str, out: str, half_first: bool = False) -> list[PlanNode]:
+    core = [n("g_div", "Div", (x, "sqrt2"), ("g_d",)), n("g_erf", "Erf", ("g_d",), ("g_e",)),
+            n("g_add", "Add", ("g_e", "one"), ("g_a",))]  # fmt: skip
+    if half_first:
+        return [*core, n("g_half", "Mul", (x, "half"), ("g_h",)), n("g_mul", "Mul", ("g_h", "g_a"), (out,))]
+    return [*core, n("g_mul", "Mul", (x, "g_a"), ("g_m",)), n("g_half", "Mul", ("g_m", "half"), (out,))]
+
+
+def tanh_gelu(x: str, out: str) -> list[PlanNode]:
+    return [n("t_pow", "Pow", (x, "c3_exp"), ("t_p",)), n("t_c", "Mul", ("t_p", "c3"), ("t_c3",)),
+            n("t_in", "Add", (x, "t_c3"), ("t_s",)), n("t_k", "Mul", ("t_s", "k"), ("t_ks",)),
+            n("t_tanh", "Tanh", ("t_ks",), ("t_t",)), n("t_one", "Add", ("t_t", "one"), ("t_a",)),
+            n("t_mul", "Mul", (x, "t_a"), ("t_m",)), n("t_half", "Mul", ("t_m", "half"), (out,))]  # fmt: skip
+
+
+def decomposed_ln(x: str, out: str, gamma: str, beta: str, p: str) -> list[PlanNode]:
+    return [n(f"{p}_mean", "ReduceMean", (x,), (f"{p}_m",), axes=(-1,)), n(f"{p}_sub", "Sub", (x, f"{p}_m"), (f"{p}_d",)),
+            n(f"{p}_pow", "Pow", (f"{p}_d", "two"), (f"{p}_sq",)),
+            n(f"{p}_var", "ReduceMean", (f"{p}_sq",), (f"{p}_v",), axes=(-1,)),
+            n(f"{p}_eps", "Add", (f"{p}_v", "eps"), (f"{p}_ve",)), n(f"{p}_sqrt", "Sqrt", (f"{p}_ve",), (f"{p}_s",)),
+            n(f"{p}_div", "Div", (f"{p}_d", f"{p}_s"), (f"{p}_n",)), n(f"{p}_g", "Mul", (f"{p}_n", gamma), (f"{p}_ng",)),
+            n(f"{p}_b", "Add", (f"{p}_ng", beta), (out,))]  # fmt: skip
+
+
+def layer_norm(x: str, out: str, gamma: str, beta: str, p: str, decomposed: bool) -> list[PlanNode]:
+    if decomposed:
+        return decomposed_ln(x, out, gamma, beta, p)
+    return [n(f"{p}_ln", "LayerNormalization", (x, gamma, beta), (out,))]
+
+
+def block(decomposed: bool = False, gelu: str = "erf") -> PlanGraph:
+    """A pre-norm transformer block: x + attn(ln1(x)), then + mlp(ln2(.)), then a final norm."""
+    nodes = [
+        *layer_norm("x", "n1", "g1", "beta1", "ln1", decomposed),
+        n("q", "MatMul", ("n1", "wq"), ("q",)), n("k", "MatMul", ("n1", "wk"), ("k",)),
+        n("v", "MatMul", ("n1", "wv"), ("v",)), n("kt", "Transpose", ("k",), ("kt",), perm=(1, 0)),
+        n("qs", "Mul", ("q", "scale"), ("qs",)), n("qk", "MatMul", ("qs", "kt"), ("s",)),
+        n("softmax", "Softmax", ("s",), ("p",), axis=-1), n("av", "MatMul", ("p", "v"), ("o",)),
+        n("proj", "MatMul", ("o", "wo"), ("op",)), n("proj_bias", "Add", ("op", "bo"), ("ob",)),
+        n("res1", "Add", ("x", "ob"), ("r1",)),
+        *layer_norm("r1", "n2", "g2", "beta2", "ln2", decomposed),
+        n("fc1", "MatMul", ("n2", "w1"), ("h",)), n("fc1_bias", "Add", ("h", "b1"), ("hb",)),
+        *(erf_gelu("hb", "ge") if gelu == "erf" else tanh_gelu("hb", "ge") if gelu == "tanh"
+          else [n("gelu", "Gelu", ("hb",), ("ge",))]),
+        n("fc2", "MatMul", ("ge", "w2"), ("f",)), n("fc2_bias", "Add", ("f", "b2"), ("fb",)),
+        n("res2", "Add", ("r1", "fb"), ("r2",)),
+        *layer_norm("r2", "y", "g1", "beta1", "ln_f", decomposed),
+    ]  # fmt: skip
+    constants = {**CONSTANTS, "c3_exp": np.float32(3.0)}
+    return PlanGraph(nodes, inputs=("x",), outputs=("y",), constant=constants.get)
+
+
+def cnn() -> PlanGraph:
+    w = RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    nodes = [n("conv", "Conv", ("x", "w"), ("c",)), n("relu", "Relu", ("c",), ("r",)),
+             n("conv2", "Conv", ("r", "w"), ("c2",)), n("add", "Add", ("r", "c2"), ("a",)),
+             n("gap", "GlobalAveragePool", ("a",), ("g",)), n("flat", "Flatten", ("g",), ("f",)),
+             n("fc", "MatMul", ("f", "wf"), ("y0",)), n("bias", "Add", ("y0", "bf"), ("y1",)),
+             n("softmax", "Softmax", ("y1",), ("y",))]  # fmt: skip
+    consts = {"w": w, "wf": np.ones((4, 3), np.float32), "bf": np.zeros(3, np.float32)}
+    return PlanGraph(nodes, inputs=("x",), outputs=("y",), constant=consts.get)
+
+
+def dtype_of(plan, tensor: str) -> str | None:
+    group = plan.group_of(tensor)
+    return None if group is None else group.spec.dtype.value
+
+
+@pytest.mark.parametrize("decomposed", [False, True])
+@pytest.mark.parametrize("gelu", ["erf", "tanh", "op"])
+def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
+    graph = block(decomposed, gelu)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    # Residual stream (x + attention, + MLP, and x itself, which ln1 and res1 read): 16 bits.
+    for tensor in ("x", "r1", "r2"):
+        assert dtype_of(plan, tensor) == "uint16", tensor
+    # The branch outputs into it, a Linear's output (MatMul + bias Add): float, so the layer
+    # keeps an integer kernel with a float output.
+    assert plan.group_of("ob") is None and plan.group_of("fb") is None
+    # Every MatMul input (both inputs of Q.K^T and attn.V, every linear layer's) quantized, 8 bits.
+    for node in graph.nodes:
+        if node.op_type == "MatMul":
+            data = [t for t in node.inputs if graph.constant(t) is None]
+            assert data and all(dtype_of(plan, t) == "uint8" for t in data), (node.name, data)
+    assert {t for node in graph.nodes if node.op_type == "MatMul" for t in node.inputs} >= {"qs", "kt", "p", "v"}
+    # Softmax output on the fixed [0, 1] grid.
+    group = plan.group_of("p")
+    assert group is not None and group.spec.observer == FixedRange(0.0, 1.0)
+    # GELU internals, its input (only the GELU reads it), the linear products before a bias, the scores: float.
+    internals = {"erf": ["g_d", "g_e", "g_a", "hb"], "tanh": ["t_p", "t_c3", "t_s", "t_ks", "t_t", "t_a", "hb"],
+                 "op": []}[gelu]  # fmt: skip
+    if decomposed:
+        internals += ["ln1_m", "ln1_d", "ln1_sq", "ln1_v", "ln1_ve", "ln1_s", "ln1_n", "ln1_ng"]
+    for tensor in [*internals, "op", "h", "f", "s"]:  # "s": the attention scores into the softmax
+        assert plan.group_of(tensor) is None, tensor
+    # The GELU output and the norm outputs feed MatMuls: 8 bits.
+    assert dtype_of(plan, "ge") == dtype_of(plan, "n1") == dtype_of(plan, "n2") == "uint8"
+    assert any(note.startswith("transformer recipe: 3 LayerNorm, 1 GELU, 1 Softmax") for note in plan.notes)
+
+
+def test_recipe_off_plans_by_the_op_table() -> None:
+    graph = block()
+    plan = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
+    assert dtype_of(plan, "r1") == "uint8"
+    assert plan.group_of("g_e") is not None and plan.group_of("op") is not None
+    assert plan.group_of("p").spec.observer == MinMax()  # type: ignore[union-attr]
+    assert not any("transformer recipe" in note for note in plan.notes)
+
+
+def test_xint8_widens_to_int16_power_of_two() -> None:
+    plan = plan_quantization(block(), get_preset("xint8"))
+    spec = plan.group_of("r1").spec  # type: ignore[union-attr]
+    assert spec.dtype is DType.INT16 and spec.scale_type.value == "power_of_two"
+    assert dtype_of(plan, "n1") == "int8"
+
+
+def test_a16w8_is_already_wide() -> None:
+    plan = plan_quantization(block(), get_preset("a16w8"))
+    assert dtype_of(plan, "r1") == dtype_of(plan, "n1") == "uint16"
+
+
+def test_a_layer_reading_the_residual_stream_gets_its_own_8_bit_input() -> None:
+    nodes = [n("add", "Add", ("x", "x2"), ("r",)), n("ln", "LayerNormalization", ("r", "g1", "beta1"), ("y",)),
+             n("fc", "MatMul", ("r", "wq"), ("z",))]  # fmt: skip
+    graph = PlanGraph(nodes, inputs=("x", "x2"), outputs=("y", "z"), constant=CONSTANTS.get)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    assert dtype_of(plan, "r") == "uint16"
+    requant = plan.requant_of("fc", "r")
+    assert requant is not None and requant.spec.dtype is DType.UINT8
+
+
+def test_cnn_plan_is_unchanged() -> None:
+    """No LayerNorm, GELU or attention: identical plans with the recipe on and off (a
+    classifier's Softmax is not an attention softmax: no MatMul reads it)."""
+    on = plan_quantization(cnn(), get_preset("a8w8"))
+    off = plan_quantization(cnn(), get_preset("a8w8").evolve(transformer_recipe=False))
+    assert on == off
+    assert find_blocks(cnn()).residual == frozenset() and find_blocks(cnn()).float_tensors == frozenset()
+
+
+def test_gelu_with_an_outside_reader_is_not_a_gelu() -> None:
+    nodes = [*erf_gelu("x", "y"), n("tap", "Relu", ("g_e",), ("t",))]
+    graph = PlanGraph(nodes, inputs=("x",), outputs=("y", "t"), constant=CONSTANTS.get)
+    assert find_blocks(graph).gelus == ()
+
+
+def test_half_first_gelu_is_recognised() -> None:
+    graph = PlanGraph(erf_gelu("x", "y", half_first=True), inputs=("x",), outputs=("y",), constant=CONSTANTS.get)
+    blocks = find_blocks(graph)
+    assert blocks.gelus == ("g_erf",) and {"g_d", "g_e", "g_a", "g_h"} <= blocks.float_tensors
+
+
+@given(st.sampled_from([d for d in DType if d.is_integer]), st.booleans())
+def test_widened_keeps_signedness_and_never_narrows(dtype: DType, symmetric: bool) -> None:
+    spec = QuantSpec(dtype=dtype, symmetric=symmetric or dtype.signed)
+    wide = widened(spec)
+    assert wide.dtype.bits == max(16, dtype.bits) and wide.dtype.signed == dtype.signed
+    assert wide.evolve(dtype=dtype) == spec
+
+
+@given(
+    st.lists(st.floats(-50, 50, allow_nan=False, width=32), min_size=1, max_size=20),
+    st.floats(-4, 0), st.floats(0.01, 4),
+    st.sampled_from([("uint8", False), ("int8", True), ("uint16", False)]),
+)  # fmt: skip
+def test_fixed_range_ignores_the_data(values: list[float], lo: float, hi: float, fmt: tuple[str, bool]) -> None:
+    spec = QuantSpec(dtype=fmt[0], symmetric=fmt[1], observer=FixedRange(lo, hi))
+    obs = make_observer(spec)
+    assert isinstance(obs, FixedRangeObserver)
+    obs.update(np.array(values, np.float32))
+    assert obs.qparams() == qparams_from_range(lo, hi, spec)
+
+
+def test_fixed_range_validation_and_json() -> None:
+    with pytest.raises(ValueError, match="per_channel_axis: null"):
+        QuantSpec(dtype="int8", per_channel_axis=0, observer=FixedRange())
+    with pytest.raises(ValueError, match="min_val"):
+        FixedRange(0.5, 1.0)
+    config = get_preset("a8w8").evolve(transformer_recipe=False)
+    assert config_from_json(config_to_json(config)) == config
+    assert '"transformer_recipe": false' in config_to_json(config)
+    with pytest.raises(ValueError, match="transformer_recipe"):
+        QuantConfig(global_config=config.global_config, transformer_recipe="yes")  # type: ignore[arg-type]
+
+
+def test_logits_stay_float_their_inputs_do_not() -> None:
+    """DeiT's two heads averaged: the layer outputs, their sum and the halved sum are the
+    logits (float); the heads' input stays 8-bit. Without the recipe all are quantized."""
+    nodes = [n("add", "Add", ("x", "x2"), ("r",)), n("ln", "LayerNormalization", ("r", "g1", "beta1"), ("t",)),
+             n("head", "Gemm", ("t", "wq"), ("a",)), n("head_dist", "Gemm", ("t", "wk"), ("b",)),
+             n("sum", "Add", ("a", "b"), ("s",)), n("avg", "Div", ("s", "two"), ("y",))]  # fmt: skip
+    graph = PlanGraph(nodes, inputs=("x", "x2"), outputs=("y",), constant=CONSTANTS.get)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    assert [plan.group_of(t) for t in ("a", "b", "s", "y")] == [None] * 4
+    assert dtype_of(plan, "t") == "uint8" and dtype_of(plan, "r") == "uint16"
+    off = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
+    assert all(off.group_of(t) is not None for t in ("a", "b", "s", "y"))
+
+
+def test_swin_shapes_stage_start_and_biased_scores() -> None:
+    """A stage that starts with a Linear (Swin's patch merging): its output is the stream a
+    norm and the residual Add read (float, so the layer keeps an integer kernel with a float
+    output); attention scores plus a position bias into the softmax: float; the data-movement
+    copy of the stream the norm reads: 16 bits."""
+    nodes = [n("merge", "MatMul", ("x", "wq"), ("m",)), n("view", "Reshape", ("m", "shape"), ("mv",)),
+             n("ln", "LayerNormalization", ("mv", "g1", "beta1"), ("t",)),
+             n("q", "MatMul", ("t", "wk"), ("q",)), n("qk", "MatMul", ("q", "t"), ("s",)),
+             n("bias", "Add", ("s", "pos"), ("sb",)), n("softmax", "Softmax", ("sb",), ("p",)),
+             n("av", "MatMul", ("p", "t"), ("o",)), n("proj", "MatMul", ("o", "wv"), ("po",)),
+             n("res", "Add", ("mv", "po"), ("r",)), n("ln2", "LayerNormalization", ("r", "g2", "beta2"), ("y",))]  # fmt: skip
+    graph = PlanGraph(nodes, inputs=("x", "pos"), outputs=("y",), constant={**CONSTANTS, "shape": np.ones(2)}.get)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    assert plan.group_of("m") is None and dtype_of(plan, "mv") == "uint16"
+    assert plan.group_of("s") is None and plan.group_of("sb") is None
+    assert dtype_of(plan, "r") == "uint16" and dtype_of(plan, "t") == "uint8"
+    assert plan.group_of("p").spec.observer == FixedRange(0.0, 1.0)  # type: ignore[union-attr]
