@@ -30,6 +30,7 @@ nox.options.sessions = [
     "npu_alone",
     "npu_torch",
     "integration",
+    "zoo",
     "packaging",
     "lint",
     "layering",
@@ -160,6 +161,22 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session
+def zoo(session: nox.Session) -> None:
+    """The model zoo's CI subset at 64 px (tools/bench/zoo.py --check): a CNN, hard-swish + SE,
+    SiLU + SE, ViT, MobileViT, ASPP and LR-ASPP segmentation, a YOLOv8-style detector and a
+    ConvTranspose decoder, with random weights and 16 calibration samples, through both backends
+    (and torchao PT2E, reported only), plus the models of the tool's EXPECTED_FAILURES. Fails when
+    a model stops running end to end on one of our backends, or when a listed failure starts to
+    pass. Coverage and fidelity are the full run's job (`python -m tools.bench.zoo`). timm and
+    torchao come without their dependencies: timm's torchvision imports are served by tools/zoo_shims."""
+    session.install(TORCH)
+    session.install(CORE, f"{ALGOS}[torch]", f"{ONNX}[images]", TORCH_FX, NPU)
+    session.install("--no-deps", "timm==1.0.31", "torchao==0.18.0")
+    _assert_absent(session, "torchvision")
+    session.run("python", "-m", "tools.bench.zoo", "--check", "--quick", "--no-measures", *session.posargs)
+
+
+@nox.session
 def packaging(session: nox.Session) -> None:
     """Wheels built with `hatch build` for every distribution, installed one at a time
     from the top level down (each pulling what it needs from the others' wheels), make one
@@ -216,7 +233,7 @@ def typecheck(session: nox.Session) -> None:
     """mypy: strict for quant_core, standard for every package above it (onnx's own type
     hints are used; the torch backend is checked against torch's annotations, onnxruntime
     is left untyped)."""
-    session.install("mypy>=1.8", "numpy>=1.24", "attrs>=23.1", "tqdm>=4.60", "onnx>=1.16")
+    session.install("mypy>=1.8", "numpy>=1.24", "attrs>=23.1", "tqdm>=4.60", "onnx>=1.16", "types-protobuf")
     env = {"MYPYPATH": ":".join(ALL_SOURCES)}
     session.run("mypy", "--strict", f"{CORE}/src/quant_core", env=env)
     for package in (ALGOS, ONNX, NPU):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
+import json
 import os
 import sys
 import time
@@ -58,6 +59,7 @@ def export_onnx(
     input_shape: tuple[int, ...],
     opset: int = OPSET,
     require_bn: bool = True,
+    output_name: str = OUTPUT_NAME,
 ) -> dict:
     """Export ``model`` (switched to eval) with the TorchScript exporter, BN unfused.
 
@@ -76,8 +78,8 @@ def export_onnx(
             dynamo=False,
             opset_version=opset,
             input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: BATCH_AXIS}, OUTPUT_NAME: {0: BATCH_AXIS}},
+            output_names=[output_name],
+            dynamic_axes={INPUT_NAME: {0: BATCH_AXIS}, output_name: {0: BATCH_AXIS}},
             do_constant_folding=False,  # keeps BatchNormalization nodes (no Conv+BN fusion)
             export_params=True,
             keep_initializers_as_inputs=False,
@@ -146,7 +148,7 @@ def ort_session(path: str | os.PathLike, optimize: bool = True, threads: int = 2
 def ort_predict(sess, x: np.ndarray, batch_size: int = 500) -> np.ndarray:
     outs = []
     for i in range(0, len(x), batch_size):
-        outs.append(sess.run([OUTPUT_NAME], {INPUT_NAME: x[i : i + batch_size]})[0])
+        outs.append(sess.run(None, {INPUT_NAME: x[i : i + batch_size]})[0])
     return np.concatenate(outs)
 
 
@@ -192,9 +194,33 @@ def verify_onnx(
     # dynamic batch axis really works
     sess = ort_session(path)
     for bs in (1, 3):
-        o = sess.run([OUTPUT_NAME], {INPUT_NAME: x[:bs]})[0]
+        o = sess.run(None, {INPUT_NAME: x[:bs]})[0]
         assert o.shape[0] == bs, o.shape
     return res
+
+
+def update_manifest(json_path: str | os.PathLike, name: str, entry: dict, common: dict | None = None) -> None:
+    """Merge ``entry`` as ``models[name]`` (and the ``common`` top-level keys) into the JSON registry.
+
+    The file is re-read right before writing, so separate training runs merge their entries, and
+    replaced atomically.
+    """
+    json_path = Path(json_path)
+    manifest = json.loads(json_path.read_text()) if json_path.exists() else {}
+    manifest.update(common or {})
+    manifest.setdefault("models", {})[name] = entry
+    manifest["models"] = dict(sorted(manifest["models"].items()))
+    tmp = json_path.with_suffix(f".json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, json_path)
+
+
+def exit_status(failures: list[str], no_check: bool) -> int:
+    """1 (after one line on stderr) when a training script missed a target or a check, unless ``no_check``."""
+    if failures and not no_check:
+        print("CHECK FAILED: " + "; ".join(failures), file=sys.stderr)
+        return 1
+    return 0
 
 
 def export_resnet18_224(out: str | os.PathLike, seed: int = 0, verify: bool = True) -> dict:
@@ -231,8 +257,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(min(2, torch.get_num_threads()))
     if not args.resnet18_224 and not args.summary:
         p.error("nothing to do (use --resnet18-224 OUT.onnx or --summary FILE.onnx)")
-    import json
-
     if args.resnet18_224:
         s = export_resnet18_224(args.resnet18_224, seed=args.seed, verify=not args.no_verify)
         print(json.dumps(s, indent=2))

@@ -15,12 +15,17 @@ For each model and config (``xint8``, ``xint8 + CLE + AdaRound``), one run:
 * simulator throughput: 10,000 Fashion-MNIST images through the MobileNetV2-shape model in a
   fresh subprocess, beside onnxruntime running the same QDQ model node by node;
 * a ``check`` row per shipped preset (Fashion-MNIST ResNet-18, algorithms off): the rules
-  its output breaks and whether ``legalize`` fixes them all.
+  its output breaks and whether ``legalize`` fixes them all;
+* the NPU path of detectors and segmenters (issue 26, :mod:`tools.bench.npu_path`): each
+  step's accuracy (output SQNR against float, IoU), the conversions ``legalize`` makes and
+  what they cost, the CPU-partition alternative, and legalize + simulate time. Models:
+  ``--models yolo_silu se_decoder`` (``tools/npu_models.py``), more from ``--zoo MODULE``.
 
 Example:
     $ python -m tools.bench.npu                                   # everything (~25 min on 2 cores)
     $ python -m tools.bench.npu --models fmnist_mobilenetv2 --rows xint8 --no-presets
     $ nice -n 10 python -m tools.bench.npu --models efficientnet_lite0 --rows xint8_cle_adaround --resume
+    $ python -m tools.bench.npu --models yolo_silu se_decoder --path-rows xint8 "xint8 + conv" --no-presets
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: make `tools.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.bench import common
+from tools.bench import common, npu_path
 from tools.bench.models import EVAL_LEVEL, MODELS, NUM_CALIB, evaluate, load_data, reference_predictions
 
 WORK_DIR = common.CACHE_DIR / "bench" / "npu"
@@ -340,7 +345,15 @@ def tables(results: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(DEFAULT_MODELS))
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list(DEFAULT_MODELS),
+        help=f"classifiers ({', '.join(DEFAULT_MODELS)}) and NPU-path models ({', '.join(npu_path.PATH_MODELS)}, "
+        "or a --zoo module's)",
+    )
+    parser.add_argument("--path-rows", nargs="+", default=list(npu_path.ROWS), choices=list(npu_path.ROWS))
+    parser.add_argument("--zoo", help="a module whose npu_bench_models() adds NPU-path models (name -> PathModel)")
     parser.add_argument("--rows", nargs="+", default=list(ROW_LABELS), choices=list(ROW_LABELS))
     parser.add_argument("--num-calib", type=int, default=NUM_CALIB)
     parser.add_argument("--num-eval", type=int, default=None)
@@ -358,6 +371,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def path_models(args: argparse.Namespace) -> dict[str, Callable[[], npu_path.PathModel]]:
+    """The NPU-path registry, with the ``--zoo`` module's models; unknown ``--models`` fail in one line."""
+    known = dict(npu_path.PATH_MODELS)
+    if args.zoo:
+        known.update(npu_path.load_zoo(args.zoo))
+    unknown = [m for m in args.models if m not in known and m not in DEFAULT_MODELS]
+    if unknown:
+        raise SystemExit(f"--models: {unknown[0]!r} is not known; allowed: {', '.join([*DEFAULT_MODELS, *known])}")
+    return known
+
+
+def run_paths(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
+    known = path_models(args)
+    paths = results.setdefault("path", {})
+    for name in [m for m in args.models if m in known]:
+        print(f"== {name} (NPU path)", flush=True)
+        paths[name] = npu_path.run_path(known[name](), args.path_rows, quiet=not args.verbose)
+        save()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     common.use_checkout_packages()
@@ -366,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         common.write_json(args.results, results)
+
+    run_paths(args, results, save)
+    args.models = [m for m in args.models if m in DEFAULT_MODELS]
 
     # AdaRound on EfficientNet-Lite0 takes ~7 minutes: every other row first
     order = [(m, r) for r in args.rows for m in args.models if (m, r) != ("efficientnet_lite0", "xint8_cle_adaround")]
@@ -385,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         presets(args, results)
         save()
     print("\n" + tables(results))
+    if results.get("path"):
+        print("\n" + npu_path.tables(results["path"]))
     print(f"results: {args.results}")
     return 0
 

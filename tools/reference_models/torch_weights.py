@@ -1,10 +1,11 @@
-"""The trained Fashion-MNIST reference models as torch modules: the definitions of
-:mod:`tools.reference_models.nets` with the weights of the committed ONNX files
-(``tools/models/*.onnx``; exported unfolded by ``tools/train_reference.py``, so every
-initializer is named after its ``state_dict`` key).
+"""The trained reference models as torch modules: the definitions of
+:mod:`tools.reference_models.nets`, :mod:`~tools.reference_models.transformer_nets` and
+:mod:`~tools.reference_models.conv_nets` with the weights of the committed ONNX files
+(``tools/models/*.onnx``; exported unfolded by ``tools/train_reference.py`` and
+``tools/train_models.py``, so every initializer is named after its ``state_dict`` key).
 
 Example:
-    >>> model = load_reference_model("fmnist_resnet18")  # doctest: +SKIP
+    >>> model = load_reference_model("fmnist_resnet18")
     >>> model.training
     False
 """
@@ -16,24 +17,31 @@ from pathlib import Path
 import numpy as np
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+# name -> (module of tools.reference_models, builder, keyword arguments)
 ARCHITECTURES = {
-    "fmnist_resnet18": ("resnet18_shape", {"num_classes": 10, "width": 16, "in_ch": 1}),
-    "fmnist_mobilenetv2": ("mobilenetv2_shape", {"num_classes": 10, "width_mult": 0.5, "in_ch": 1}),
+    "fmnist_resnet18": ("nets", "resnet18_shape", {"num_classes": 10, "width": 16, "in_ch": 1}),
+    "fmnist_mobilenetv2": ("nets", "mobilenetv2_shape", {"num_classes": 10, "width_mult": 0.5, "in_ch": 1}),
+    "fmnist_hardswish_se": ("conv_nets", "fmnist_hardswish_se", {}),
+    "fmnist_deit": ("transformer_nets", "fmnist_deit", {}),
+    "fmnist_deit_decomposed": ("transformer_nets", "fmnist_deit", {"norm": "decomposed", "gelu": "tanh"}),
+    "ocr_ctc": ("transformer_nets", "ocr_ctc", {}),
+    "fmnist_yolo": ("conv_nets", "fmnist_yolo", {}),
+    "text_seg": ("conv_nets", "text_seg", {}),
 }
 
 
 def load_reference_model(name: str, models_dir: Path = MODELS_DIR):  # -> torch.nn.Module
-    """``name`` (``fmnist_resnet18`` or ``fmnist_mobilenetv2``) in eval mode with its trained weights."""
+    """``name`` (a key of :data:`ARCHITECTURES`) in eval mode with its trained weights."""
+    import importlib
+
     import onnx
     import torch
     from onnx import numpy_helper
 
-    from tools.reference_models import nets
-
     if name not in ARCHITECTURES:
         raise ValueError(f"model: {name!r} is not known; allowed: {', '.join(ARCHITECTURES)}")
-    builder, kwargs = ARCHITECTURES[name]
-    model = getattr(nets, builder)(**kwargs)
+    module, builder, kwargs = ARCHITECTURES[name]
+    model = getattr(importlib.import_module(f"tools.reference_models.{module}"), builder)(**kwargs)
     proto = onnx.load(str(models_dir / f"{name}.onnx"))
     weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     # The exporter deduplicates equal tensors behind Identity nodes (equal BN biases).

@@ -82,11 +82,25 @@ def _quantized_input_conv(bias: bool):  # type: ignore[no-untyped-def]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
-        helper.make_node("Conv", conv_inputs, ["y"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", conv_inputs, ["c"], name="conv", pads=[1, 1, 1, 1]),
+        *_requantized("c", "y"),
     ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5, 5])
-    return _model(nodes, [x], [y], inits)
+    return _model(nodes, [x], [y], [*inits, *_requantize_params()])
+
+
+def _requantized(tensor: str, output: str) -> list:  # type: ignore[type-arg]
+    """``tensor`` through a QuantizeLinear and DequantizeLinear into ``output``: the QDQ unit
+    onnxruntime's WeightBiasQuantization completes needs the QuantizeLinear."""
+    return [
+        helper.make_node("QuantizeLinear", [tensor, "s_out", "z_out"], [f"{tensor}_q"], name=f"{tensor}_q"),
+        helper.make_node("DequantizeLinear", [f"{tensor}_q", "s_out", "z_out"], [output], name=f"{tensor}_dq"),
+    ]
+
+
+def _requantize_params() -> list:  # type: ignore[type-arg]
+    return [_init("s_out", np.float32(0.1)), _init("z_out", np.uint8(128))]
 
 
 @pytest.mark.skipif(not HAS_ONNX, reason="needs onnx")
@@ -104,26 +118,45 @@ def test_float_weight_conv_reads_a_per_channel_dequantize_with_the_same_values()
 
 
 @pytest.mark.skipif(not HAS_ONNX, reason="needs onnx")
-def test_float_weight_gemm_gets_its_bias_as_exact_int32_codes() -> None:
+def _quantized_input_gemm(*, quantized_weight: bool, requantized: bool, bits: int = 16):  # type: ignore[no-untyped-def]
+    """x -> Q (uint8 or uint16) -> DQ -> Gemm(float or DQ-of-int8 weight, float bias) [-> Q -> DQ] -> y."""
     rng = np.random.default_rng(2)
     inits = [
         _init("s", np.float32(0.05)),
-        _init("z", np.uint8(128)),
-        _init("w", rng.normal(size=(3, 4)).astype(np.float32)),
+        _init("z", np.uint16(32768) if bits == 16 else np.uint8(128)),
         _init("b", rng.normal(size=4).astype(np.float32)),
+        *_requantize_params(),
     ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
-        helper.make_node("Gemm", ["xd", "w", "b"], ["y"], name="gemm"),
     ]
-    model = _model(
+    if quantized_weight:
+        inits += [
+            _init("w_codes", rng.integers(-127, 128, size=(3, 4)).astype(np.int8)),
+            _init("w_scale", np.float32(0.02)),
+            _init("w_zero", np.int8(0)),
+        ]
+        nodes.append(helper.make_node("DequantizeLinear", ["w_codes", "w_scale", "w_zero"], ["w"], name="w_dq"))
+    else:
+        inits.append(_init("w", rng.normal(size=(3, 4)).astype(np.float32)))
+    nodes.append(helper.make_node("Gemm", ["xd", "w", "b"], ["g" if requantized else "y"], name="gemm"))
+    if requantized:
+        nodes += _requantized("g", "y")
+    return _model(
         nodes,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
         inits,
+        opset=21,
     )
-    x = rng.normal(size=(2, 3)).astype(np.float32)
+
+
+@pytest.mark.skipif(not HAS_ONNX, reason="needs onnx")
+@pytest.mark.parametrize("quantized_weight", [False, True], ids=["float weight", "quantized weight"])
+def test_a_float_bias_of_a_requantized_gemm_is_stored_as_exact_int32_codes(quantized_weight: bool) -> None:
+    model = _quantized_input_gemm(quantized_weight=quantized_weight, requantized=True)
+    x = np.random.default_rng(4).normal(size=(2, 3)).astype(np.float32)
     before = ReferenceEvaluator(model).run(None, {"x": x})[0]
     finished = finish_for_onnxruntime(model).model
     gemm = next(n for n in finished.graph.node if n.op_type == "Gemm")
@@ -132,6 +165,28 @@ def test_float_weight_gemm_gets_its_bias_as_exact_int32_codes() -> None:
     assert bias_dq.op_type == "DequantizeLinear" and codes.data_type == TensorProto.INT32
     onnx.checker.check_model(finished)
     np.testing.assert_array_equal(ReferenceEvaluator(finished).run(None, {"x": x})[0], before)
+
+
+@pytest.mark.skipif(not HAS_ONNX, reason="needs onnx")
+@pytest.mark.parametrize("quantized_weight", [False, True], ids=["float weight", "quantized weight"])
+def test_a_float_head_writing_a_graph_output_keeps_its_float_bias(quantized_weight: bool) -> None:
+    # onnxruntime 1.32 completes only units with a QuantizeLinear after the node; a float
+    # head runs as written, and its bias stays the float tensor quant_info.json can hold.
+    model = _quantized_input_gemm(quantized_weight=quantized_weight, requantized=False)
+    bias = next(t for t in model.graph.initializer if t.name == "b").SerializeToString()
+    finished = finish_for_onnxruntime(model).model
+    assert next(n for n in finished.graph.node if n.op_type == "Gemm").input[2] == "b"
+    assert next(t for t in finished.graph.initializer if t.name == "b").SerializeToString() == bias
+    assert not any(t.data_type == TensorProto.INT32 for t in finished.graph.initializer)
+
+
+@pytest.mark.skipif(not HAS_ONNX, reason="needs onnx")
+def test_a_float_bias_an_integer_kernel_reads_is_left_to_the_product_rule() -> None:
+    # uint8 input, int8 weight: QGemm takes the unit and reads its bias at input x weight
+    # scale, which onnxruntime's own int32 bias is; per-element exact scales would be misread.
+    model = _quantized_input_gemm(quantized_weight=True, requantized=True, bits=8)
+    finished = finish_for_onnxruntime(model).model
+    assert next(n for n in finished.graph.node if n.op_type == "Gemm").input[2] == "b"
 
 
 def _matmul(activation_zero_point: np.ndarray, weight_scale: np.ndarray, axis: int | None):  # type: ignore[no-untyped-def]

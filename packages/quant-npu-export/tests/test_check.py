@@ -132,7 +132,9 @@ def test_hard_sigmoid_rules() -> None:
     assert rules(model(4, 6), target) == {"hard_sigmoid": 1}
     assert rules(model(0, 15), target) == {"hard_sigmoid": 1}  # shift 14 + 0 - 15 < 0
     assert rules(model(4, 7, alpha=0.2), target) == {"unsupported_attribute": 1}
-    assert rules(model(4, 7)) == {"unsupported_op": 1}  # not in the XINT8 op table
+    assert rules(model(4, 7)) == {}  # in the DPU tables and Quark's NPU rules
+    without = NPUProfile(ops=NPUProfile().ops - {"HardSigmoid"})
+    assert rules(model(4, 7), without) == {"unsupported_op": 1}
 
 
 def test_activation_net_violations() -> None:

@@ -24,8 +24,13 @@ def test_default_profile_follows_the_target_rules() -> None:
     assert (p.hard_sigmoid_multiplier, p.hard_sigmoid_shift) == (2731, 14)
     assert p.hard_sigmoid_input_range == (0, 15) and p.hard_sigmoid_output_min == 7
     assert p.leaky_relu_alpha_bits == 8
-    assert {"HardSigmoid", "Sigmoid", "ConvTranspose"}.isdisjoint(p.ops)
-    assert {"Conv", "Gemm", "Add", "Concat", "HardSwish", "Softmax", "Tanh"} <= p.ops
+    assert "Sigmoid" not in p.ops and "Sigmoid" not in p.accepted_ops  # Quark converts it to HardSigmoid
+    assert {"Conv", "ConvTranspose", "Gemm", "Add", "Concat", "HardSigmoid", "HardSwish", "Softmax", "Tanh"} <= p.ops
+    assert {"DepthToSpace", "SpaceToDepth"} <= p.layout_ops and p.resize_modes == {"nearest", "linear"}
+    assert p.conversions == (
+        "silu", "sigmoid", "hard_sigmoid", "hard_swish", "conv_transpose", "reduce_mean", "global_pool", "split"
+    )  # fmt: skip
+    assert p.conv_transpose_kernel_range == (1, 16) and p.conv_transpose_pad_min == 1
 
 
 def test_builtin_profiles_differ_where_sources_disagree() -> None:
@@ -34,6 +39,7 @@ def test_builtin_profiles_differ_where_sources_disagree() -> None:
     dpu = get_profile("dpu")
     assert (dpu.weight_qmin, dpu.shift_bias_max, dpu.add_shift_read_max) == (-128, 16, 15)
     assert dpu.weight_rounding is RoundMode.HALF_AWAY
+    assert "PRelu" in dpu.ops and "PRelu" not in get_profile("xint8").ops  # Vitis AI 6.2: no INT8 PRelu
 
 
 def test_json_round_trip_and_base(tmp_path) -> None:
@@ -58,6 +64,8 @@ def test_json_round_trip_and_base(tmp_path) -> None:
         ({"shift_bias_max": "15"}, "shift_bias_max: '15' is not allowed; allowed: a int"),
         ({"average_pool_factors": {"3by3": [1, 2]}}, "average_pool_factors: key '3by3'"),
         ({"base": "npu9"}, "target: 'npu9' is not a known profile"),
+        ({"conversions": ["swish"]}, "conversions: 'swish' is not allowed; allowed: silu, sigmoid"),
+        ({"resize_modes": ["cubic"]}, "resize_modes: 'cubic' is not allowed; allowed: nearest, linear"),
     ],
 )
 def test_bad_fields_are_named(fields: dict, message: str) -> None:

@@ -28,7 +28,9 @@ def _concat_model():
     x = b.input("x", ["N", 3, 4, 4])
     left = b.conv(x, 3, 4)
     right = b.node("Mul", [x, b.const(np.array(5.0, np.float32))])
-    return b.model([b.node("Concat", [left, right], axis=1)], rank=4), left, right
+    joined = b.node("Concat", [left, right], axis=1)
+    # Read inside the graph: a Concat that only writes the result stays float (planner).
+    return b.model([b.node("Relu", [joined])], rank=4), left, right
 
 
 def test_minmax_ranges_match_numpy_over_every_batch_size() -> None:

@@ -336,7 +336,7 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path) -> None:
     os.close(read_end)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "quant_onnx.cli.main", "inspect", str(path)],
+            [sys.executable, "-m", "quant_onnx.cli", "inspect", str(path)],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,

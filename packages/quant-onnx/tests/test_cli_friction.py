@@ -262,7 +262,9 @@ def test_reference_model_input_shapes_are_documented() -> None:
     for name, entry in meta.items():
         model = onnx.load(str(REPO / "tools" / "models" / entry["onnx"]), load_external_data=False)
         dims = [d.dim_value or d.dim_param for d in model.graph.input[0].type.tensor_type.shape.dim]
-        assert dims[1:] == [1, data.IMAGE_SIZE, data.IMAGE_SIZE] == entry["input_shape"][1:], name
+        assert dims[1:] == entry["input_shape"][1:], name
+        if "task" not in entry:  # the Fashion-MNIST CNNs; the task models have their own inputs
+            assert dims[1:] == [1, data.IMAGE_SIZE, data.IMAGE_SIZE], name
         assert f"`{name}.onnx`" in readme
     assert f"(N, 1, {data.IMAGE_SIZE}, {data.IMAGE_SIZE})" in readme
     assert f"{data.MEAN:.4f}" in readme and f"{data.STD:.4f}" in readme

@@ -31,7 +31,7 @@ def _random_data(model: onnx.ModelProto, n: int) -> dict[str, np.ndarray]:
 def _quantized_ops(model: onnx.ModelProto, preset: str, tmp_path) -> list[str]:
     quantizer = ModelQuantizer(preset, quiet=True)
     prepared = quantizer.prepare(model)
-    quantized = quantizer.write(quantizer.calibrate(prepared, _random_data(prepared.model, 8), batch_size=4))
+    quantized = quantizer.write(quantizer.calibrate(prepared, _random_data(prepared.model, 8), batch_size=4)).model
     return optimized_op_types(quantized, tmp_path)
 
 

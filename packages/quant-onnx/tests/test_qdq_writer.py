@@ -191,7 +191,7 @@ def test_int16_activations_raise_the_opset_and_beat_8_bit() -> None:
     for preset in ("a8w8", "a16w8"):
         quantizer = ModelQuantizer(preset, quiet=True)
         prepared = quantizer.prepare(model)
-        quantized = quantizer.write(quantizer.calibrate(prepared, x))
+        quantized = quantizer.write(quantizer.calibrate(prepared, x)).model
         results[preset] = sqnr_db(ort_run(model, x)[0], ort_run(quantized, x)[0])
         if preset == "a16w8":
             assert quantized.opset_import[0].version >= 21
@@ -254,7 +254,7 @@ def test_int4_weights_use_opset_21_int4_initializers() -> None:
     model = small_cnn()
     x = random_inputs(model, 16)
     quantizer = ModelQuantizer("w4a8", quiet=True)
-    quantized = quantizer.write(quantizer.calibrate(quantizer.prepare(model), x))
+    quantized = quantizer.write(quantizer.calibrate(quantizer.prepare(model), x)).model
     assert quantized.opset_import[0].version >= 21
     int4 = [t for t in quantized.graph.initializer if t.data_type == onnx.TensorProto.INT4]
     assert len(int4) == 2 * 7  # weight codes and zero points of 6 convs + 1 gemm
@@ -311,7 +311,7 @@ def test_float_weights_stay_float_in_the_default_onnxruntime_session(preset: str
     config = config.evolve(global_config=attrs.evolve(config.global_config, weight=None))
     x = random_inputs(model, 16)
     quantizer = ModelQuantizer(config, quiet=True)
-    quantized = quantizer.write(quantizer.calibrate(quantizer.prepare(model), x))
+    quantized = quantizer.write(quantizer.calibrate(quantizer.prepare(model), x)).model
     producers, _consumers, inits = _index(quantized)
     floats = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     nodes = {n.name: n for n in quantized.graph.node}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import export_models
 import numpy as np
 import onnx
 import pytest
@@ -12,8 +14,11 @@ from models import conv_bn_net, images
 from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+import quant_torch_fx.export
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.export import onnx_model
+from quant_torch_fx.export_fidelity import node_by_node, reference_runner
+from quant_torch_fx.export_form import export_form
 from quant_torch_fx.prepare import activation_quantizers
 
 EXAMPLE = torch.randn(1, 3, 8, 8)
@@ -101,7 +106,7 @@ def test_export_writes_atomically_and_nothing_on_failure(frozen, tmp_path: Path,
     def broken(*_args, **_kwargs):
         raise RuntimeError("exporter failed")
 
-    monkeypatch.setattr(torch.onnx, "export", broken)
+    monkeypatch.setattr(quant_torch_fx.export, "emit_onnx", broken)
     with pytest.raises(RuntimeError, match="exporter failed"):
         q.export_onnx(model, EXAMPLE, tmp_path / "other.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
@@ -216,3 +221,222 @@ def test_a16w8_linear_over_tokens_reads_its_weight_in_the_form_matmulnbits_refus
     assert not any(n.op_type == "Transpose" for n in proto.graph.node)
     x = torch.randn(3, 4, 16)
     _assert_within_one_output_step(proto, frozen, x)
+
+
+# --- the emitter: model families, naming, determinism, errors ---------------------------------------
+def _frozen_family(family: str, preset: str = "a8w8") -> torch.nn.Module:
+    calibration = export_models.images(4)
+    q = ModelQuantizer(preset, quiet=True)
+    return q.freeze(q.quantize_model(export_models.build(family), calibration[0][:1], calibration))
+
+
+@pytest.mark.parametrize("family", ["resnet", "mobilenetv3", "vit", "swin"])
+def test_model_families_compute_the_frozen_model_node_by_node(family: str) -> None:
+    frozen = _frozen_family(family)
+    proto = onnx_model(frozen, (export_models.images(1, batch=1)[0],), opset=19)
+    onnx.checker.check_model(proto, full_check=True)
+    x = export_models.images(1, batch=3, seed=9)[0]
+    fidelity = node_by_node(proto, frozen, (x,), reference_runner)
+    assert not fidelity.unmatched and len(fidelity.chain) >= 13
+    assert max(fidelity.isolated.values()) <= 1  # each quantized tensor from the frozen model's own inputs
+    assert max(fidelity.chain.values()) <= 1  # and end to end
+    with torch.no_grad():
+        expected = frozen(x).numpy()
+    assert np.array_equal(fidelity.output.argmax(-1), expected.argmax(-1))
+
+
+def test_linear_over_tokens_is_a_matmul_reading_its_int8_codes_behind_a_dequantize() -> None:
+    frozen = _frozen_family("vit")
+    proto = onnx_model(frozen, (export_models.images(1, batch=1)[0],))
+    inits = _inits(proto)
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    readers = {name: [n for n in proto.graph.node if name in n.input] for n in proto.graph.node for name in n.output}
+    weighted = []
+    for node in proto.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in producers:
+            continue
+        dq = producers[node.input[1]]
+        if dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
+            continue  # attention's activation x activation MatMuls
+        weighted.append(node)
+        codes = inits[dq.input[0]]
+        assert codes.data_type == TensorProto.INT8 and {a.name: a.i for a in dq.attribute} == {"axis": 1}
+        (add,) = readers[node.output[0]]  # the bias: int32 at input scale x weight scale
+        bias_dq = producers[add.input[1]]
+        assert add.op_type == "Add" and inits[bias_dq.input[0]].data_type == TensorProto.INT32
+        x_scale = numpy_helper.to_array(inits[producers[node.input[0]].input[1]])
+        w_scale = numpy_helper.to_array(inits[dq.input[1]])
+        np.testing.assert_array_equal(
+            numpy_helper.to_array(inits[bias_dq.input[1]]), (x_scale * w_scale).astype(np.float32)
+        )
+    assert len(weighted) == 8  # two blocks: qkv, proj, fc1, fc2
+    assert list(inits["blocks.0.fc1.weight"].dims) == [16, 32]  # stored [in, out] under its state_dict name
+    weight_dqs = {
+        n.output[0] for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.input[0].endswith("weight")
+    }
+    assert not [n for n in proto.graph.node if n.op_type == "Transpose" and n.input[0] in weight_dqs]
+    (head,) = [n for n in proto.graph.node if n.op_type == "Gemm"]  # the 2-D head
+    assert {a.name: a.i for a in head.attribute} == {"transB": 1}
+
+
+def test_the_same_model_gives_the_same_bytes_with_names_from_the_model() -> None:
+    frozen = _frozen_family("swin")
+    example = (export_models.images(1, batch=1)[0],)
+    first = onnx_model(frozen, example).SerializeToString()
+    assert onnx_model(copy.deepcopy(frozen), example).SerializeToString() == first
+    proto = onnx.load_from_string(first)
+    names = {t.name for t in proto.graph.initializer}
+    assert {"patch.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.2.bias_encoded"} <= names  # state_dict paths
+    assert {"conv2d", "layer_norm", "roll", "linear"} <= {n.name for n in proto.graph.node}  # FX node names
+
+
+class _CumulativeHead(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, 1)
+
+
+def test_an_op_without_translation_names_its_node_op_and_module() -> None:
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), _CumulativeHead()).eval()
+    q = ModelQuantizer("a8w8", quiet=True)
+    frozen = q.freeze(q.quantize_model(net, EXAMPLE, images(1)))
+    with pytest.raises(
+        ValueError, match=r"^export: node 'cumsum' \(aten\.cumsum\.default in module '1'\): no ONNX"
+    ) as info:
+        onnx_model(frozen, (EXAMPLE,))
+    assert "\n" not in str(info.value)
+
+
+class _Regions(torch.nn.Module):
+    """Two quantized regions and float Python between them (pooling, a scale, a concat)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.backbone(x)
+        pooled = torch.cat([features.mean((2, 3)), features.amax((2, 3)) * 0.5], 1)
+        return self.head(pooled)
+
+
+def test_a_model_quantized_by_regions_exports_with_the_python_around_them() -> None:
+    torch.manual_seed(0)
+    q = ModelQuantizer("a8w8", regions=["backbone", "head"], quiet=True)
+    frozen = q.freeze(q.quantize_model(_Regions().eval(), EXAMPLE, images(3)))
+    proto = onnx_model(frozen, (EXAMPLE,), opset=19)
+    assert {"ReduceMean", "ReduceMax", "Concat", "Gemm", "Conv"} <= {n.op_type for n in proto.graph.node}
+    x = images(1, batch=5, seed=11)[0]
+    fidelity = node_by_node(proto, frozen, (x,), reference_runner)
+    assert max(fidelity.chain.values()) <= 1 and max(fidelity.isolated.values()) <= 1
+
+
+class _TwoInTwoOut(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 + 2, 3)
+
+    def forward(self, image: torch.Tensor, extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = torch.relu(self.conv(image))
+        pooled = features.mean((2, 3))
+        return self.fc(torch.cat([pooled, extra], 1)), features
+
+
+def test_multi_input_multi_output_models_export_with_their_names() -> None:
+    torch.manual_seed(0)
+    example = (torch.randn(1, 3, 8, 8), torch.randn(1, 2))
+    data = [(torch.randn(8, 3, 8, 8), torch.randn(8, 2)) for _ in range(3)]
+    q = ModelQuantizer("a8w8", quiet=True)
+    frozen = q.freeze(q.quantize_model(_TwoInTwoOut().eval(), example, data))
+    default = onnx_model(frozen, example, opset=19)
+    assert [i.name for i in default.graph.input] == ["input_0", "input_1"]
+    assert [o.name for o in default.graph.output] == ["output_0", "output_1"]
+    named = onnx_model(frozen, example, opset=19, input_names=["image", "extra"], output_names=["logits", "features"])
+    assert [o.name for o in named.graph.output] == ["logits", "features"]
+    inputs = (torch.randn(5, 3, 8, 8), torch.randn(5, 2))
+    got = ReferenceEvaluator(named).run(None, {"image": inputs[0].numpy(), "extra": inputs[1].numpy()})
+    with torch.no_grad():
+        expected = frozen(*inputs)
+    steps = [fq.current_qparams().scale for key, fq in activation_quantizers(frozen) if key in ("linear", "relu")]
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == tuple(e.shape)
+        assert np.max(np.abs(g - e.numpy())) <= float(max(steps)) * (1 + 1e-6)
+
+
+def test_int4_weights_export_at_opset_21() -> None:
+    frozen = _frozen_family("resnet", "w4a8")
+    proto = onnx_model(frozen, (export_models.images(1, batch=1)[0],))
+    onnx.checker.check_model(proto, full_check=True)
+    assert proto.opset_import[0].version == 21 and proto.ir_version >= 10
+    weights = [t for t in proto.graph.initializer if t.name.endswith("weight_folded") or t.name == "fc.weight"]
+    assert weights and {t.data_type for t in weights} == {TensorProto.INT4}
+    x = export_models.images(1, batch=3, seed=9)[0]
+    fidelity = node_by_node(proto, frozen, (x,), reference_runner)
+    assert max(fidelity.isolated.values()) <= 1 and max(fidelity.chain.values()) <= 1
+
+
+def test_a_fixed_batch_is_written_as_such() -> None:
+    frozen = _frozen_family("resnet")
+    proto = onnx_model(frozen, (export_models.images(1, batch=2)[0],), dynamic_batch=False)
+    dims = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [2, 3, 16, 16]
+
+
+def test_an_excluded_layer_leaves_onnxruntime_nothing_to_quantize() -> None:
+    # WeightBiasQuantization would quantize the float weight of a layer that reads a
+    # per-tensor DequantizeLinear and feeds a QuantizeLinear: a multi-channel Conv reads a
+    # per-channel DequantizeLinear, a Gemm gets its float bias as exact int32 codes. A float
+    # head writing the graph output is no such unit and stays as it is.
+    calibration = export_models.images(3)
+    q = ModelQuantizer("a8w8", exclude_modules=["project.0", "head.0", "head.3"], quiet=True)
+    frozen = q.freeze(q.quantize_model(export_models.build("mobilenetv3"), calibration[0][:1], calibration))
+    proto = onnx_model(frozen, (calibration[0][:1],), opset=19)
+    inits = _inits(proto)
+    producers = {out: n for n in proto.graph.node for out in n.output}
+    (project,) = [n for n in proto.graph.node if n.op_type == "Conv" and n.input[1] in inits]
+    reader = producers[project.input[0]]
+    assert reader.op_type == "DequantizeLinear" and {a.name: a.i for a in reader.attribute} == {"axis": 1}
+    assert list(inits[reader.input[1]].dims) == [8]
+    hidden, head = [n for n in proto.graph.node if n.op_type == "Gemm"]
+    for gemm in (hidden, head):
+        assert inits[gemm.input[1]].data_type == TensorProto.FLOAT
+        assert producers[gemm.input[0]].op_type == "DequantizeLinear"
+    bias = producers[hidden.input[2]]
+    assert bias.op_type == "DequantizeLinear" and inits[bias.input[0]].data_type == TensorProto.INT32
+    assert inits[head.input[2]].data_type == TensorProto.FLOAT  # writes the output: left as it is
+    x = export_models.images(1, batch=5, seed=11)[0]
+    fidelity = node_by_node(proto, frozen, (x,), reference_runner)
+    assert max(fidelity.chain.values()) <= 1
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(got, frozen(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["mobilenetv3", "swin"])
+@pytest.mark.parametrize("preset", ["a8w8", "a16w8", "w4a8"])
+def test_the_export_form_computes_the_frozen_model_bit_for_bit(family: str, preset: str) -> None:
+    frozen = _frozen_family(family, preset)
+    form = export_form(frozen, "x86_uint8")
+    x = export_models.images(1, batch=3, seed=9)[0]
+    with torch.no_grad():
+        assert torch.equal(form.model(x), frozen(x))
+
+
+class _FixedBatch(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU())
+        self.fc = torch.nn.Linear(4 * 64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).reshape(2, -1))  # Python around the region fixes the batch at 2
+
+
+def test_python_that_fixes_the_batch_size_exports_that_batch_size_with_a_warning() -> None:
+    q = ModelQuantizer("a8w8", regions=["body"], quiet=True)
+    example = torch.randn(2, 3, 8, 8)
+    frozen = q.freeze(q.quantize_model(_FixedBatch().eval(), example, [torch.randn(2, 3, 8, 8) for _ in range(3)]))
+    with pytest.warns(UserWarning, match=r"^export: the model fixes its batch size .* batches of 2 only"):
+        proto = onnx_model(frozen, (example,))
+    assert [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim] == [2, 3, 8, 8]

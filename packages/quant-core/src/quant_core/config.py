@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from quant_core.algorithm_config import AlgorithmConfig
+from quant_core.conversions import parse_conversions
 from quant_core.spec import QuantSpec
 
 
@@ -124,6 +125,10 @@ def _algorithms(value: Any) -> tuple[AlgorithmConfig, ...]:
     return items
 
 
+def _npu_conversions(value: Any) -> tuple[str, ...]:
+    return parse_conversions(value)
+
+
 @attrs.frozen
 class CalibrationConfig:
     """How much calibration data to use and in what batches.
@@ -168,6 +173,10 @@ class QuantConfig:
         algorithms: accuracy-recovery algorithms to run, in order.
         calibration: sample count and batch size.
         name: the preset name this config came from, if any (informational).
+        npu_conversions: conversions (:data:`quant_core.conversions.RULES`) applied to the
+            float graph before calibration, so that calibration and AdaRound see the
+            function an NPU computes (e.g. ``("silu", "sigmoid", "hard_sigmoid")``: Sigmoid
+            and SiLU become the device's HardSigmoid). Empty: the graph is left as it is.
     """
 
     global_config: OperatorConfig = attrs.field(validator=_instance_of(OperatorConfig, "an OperatorConfig"))
@@ -179,6 +188,7 @@ class QuantConfig:
         factory=CalibrationConfig, validator=_instance_of(CalibrationConfig, "a CalibrationConfig")
     )
     name: str | None = attrs.field(default=None, validator=_optional_str)
+    npu_conversions: tuple[str, ...] = attrs.field(default=(), converter=_npu_conversions)
 
     def is_excluded(self, node_name: str, op_type: str) -> bool:
         return any(op_type == pattern or fnmatch.fnmatchcase(node_name, pattern) for pattern in self.exclude)

@@ -25,10 +25,26 @@ import attrs
 import numpy as np
 
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError
 from quant_core.qparams import QParams, quantize
 
 ActivationEncoding = Literal["x86_uint8", "as_spec"]
 ACTIVATION_ENCODINGS: tuple[str, ...] = ("x86_uint8", "as_spec")
+
+
+def check_activation_encoding(value: str) -> None:
+    """Refuse an activation encoding that is not one of :data:`ACTIVATION_ENCODINGS`
+    (both backends' writers ask).
+
+    Example:
+        >>> check_activation_encoding("x86_int8")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: activation_encoding: 'x86_int8' is not allowed; allowed: x86_uint8, as_spec
+    """
+    if value not in ACTIVATION_ENCODINGS:
+        raise ConfigError(f"activation_encoding: {value!r} is not allowed; allowed: {', '.join(ACTIVATION_ENCODINGS)}")
+
 
 # QuantizeLinear/DequantizeLinear accept these formats from this default-domain opset on.
 _OPSET_FOR_DTYPE = {DType.INT4: 21, DType.UINT4: 21, DType.INT16: 21, DType.UINT16: 21}

@@ -17,12 +17,10 @@ from fractions import Fraction
 
 import numpy as np
 
+from quant_core import conversions
 from quant_core.qparams import round_values
 from quant_core.spec import RoundMode
 from quant_npu.profile import NPUProfile
-
-HARD_SIGMOID_ALPHA = 1.0 / 6.0
-HARD_SIGMOID_BETA = 0.5
 
 
 def _round_half_even(value: Fraction) -> int:
@@ -80,11 +78,14 @@ def device_leaky_relu_alpha(alpha: float, profile: NPUProfile) -> float:
 
 
 def is_device_hard_sigmoid(alpha: float, beta: float) -> bool:
-    """Whether HardSigmoid's ``alpha``/``beta`` are the ``x/6 + 1/2`` the device implements
-    (torch's hardsigmoid; float32 attributes).
+    """Whether a HardSigmoid is the one the device implements: ``x/6 + 1/2`` (torch's
+    hardsigmoid, which the device computes with its constants) or those constants
+    themselves (``2731 / 2**14``, ``3 * 2731 / 2**14``, what ``legalize`` writes).
 
     Example:
-        >>> is_device_hard_sigmoid(0.16666667, 0.5), is_device_hard_sigmoid(0.2, 0.5)
-        (True, False)
+        >>> is_device_hard_sigmoid(0.16666667, 0.5), is_device_hard_sigmoid(2731 / 16384, 8193 / 16384)
+        (True, True)
+        >>> is_device_hard_sigmoid(0.2, 0.5)
+        False
     """
-    return abs(alpha - HARD_SIGMOID_ALPHA) < 1e-6 and abs(beta - HARD_SIGMOID_BETA) < 1e-6
+    return conversions.is_nominal_hard_sigmoid(alpha, beta) or conversions.is_device_hard_sigmoid(alpha, beta)

@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 import numpy as np
 import onnx
 
+from quant_core.conversions import RULES
 from quant_core.onnx_qdq.graph import float_attribute, int_attribute, int_list, node_attribute, node_label
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
+from quant_npu.conversions import applicable_matches, conv_transpose_issues
 from quant_npu.formats import activation_issues, bias_issues, weight_issues
+from quant_npu.partitions import CpuSelection, Partition, cpu_steps, partitions
 from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish, plan, step_label
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.shifts import (
@@ -56,6 +60,7 @@ class CheckResult:
     target: str
     violations: tuple[Violation, ...]
     quantized: bool = True
+    partitions: tuple[Partition, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -75,18 +80,21 @@ class CheckResult:
             "quantized": self.quantized,
             "counts": dict(sorted(self.counts().items())),
             "violations": [v.to_dict() for v in self.violations],
+            "partitions": [p.to_dict() for p in self.partitions],
         }
 
     def format_text(self) -> str:
+        kept = [p.line for p in self.partitions]
         if self.ok:
-            return f"ok: the model meets every rule of target '{self.target}'"
+            tail = f" ({len(kept)} CPU partition(s))" if kept else ""
+            return "\n".join([*kept, f"ok: the model meets every rule of target '{self.target}'{tail}"])
         if not self.quantized:  # every node would be listed: say the one thing to do instead
             return (
                 f"the model is not quantized (no QuantizeLinear or DequantizeLinear), so every node breaks target "
                 f"'{self.target}' ({len(self.violations)} violation(s); --json lists them): quantize it first, "
                 "e.g. quant-onnx quantize MODEL OUTPUT --preset xint8 --calib-data DATA"
             )
-        lines = [v.line for v in self.violations]
+        lines = [*kept, *(v.line for v in self.violations)]
         fixable = len(self.violations) - len(self.unfixable())
         lines.append(
             f"{len(self.violations)} violation(s) of target '{self.target}' ({fixable} fixable by legalize): "
@@ -96,12 +104,14 @@ class CheckResult:
 
 
 class _Checker:
-    def __init__(self, qdq: QDQGraph, profile: NPUProfile) -> None:
+    def __init__(self, qdq: QDQGraph, profile: NPUProfile, cpu: CpuSelection) -> None:
         self.qdq = qdq
         self.profile = profile
+        self.cpu = cpu
         self.steps = plan(qdq, profile)
         self.found: list[Violation] = []
         self.seen_tensors: set[str] = set()
+        self.conversions = planned_conversions(qdq, profile, cpu)
 
     # ------------------------------------------------------------------ helpers
     def add(self, node: str, op_type: str, rule: str, message: str, fixable: bool = True) -> None:
@@ -125,14 +135,20 @@ class _Checker:
 
     # ------------------------------------------------------------------ rules
     def run(self) -> list[Violation]:
+        on_cpu = {id(s) for s in cpu_steps(self.qdq, self.steps, self.cpu)}
         for step in self.steps:
-            self.check_step(step)
+            if id(step) not in on_cpu:
+                self.check_step(step)
         return self.found
 
     def check_step(self, step: Step) -> None:
         op = step.op_type
+        rule = self.conversions.get(step.name)
         if op not in self.profile.accepted_ops:
-            self.step_add(step, "unsupported_op", f"{op} is not in target '{self.profile.name}'", fixable=False)
+            message = f"{op} is not in target '{self.profile.name}'"
+            if rule is not None:
+                message += f"; legalize converts it ({rule}: {RULES[rule].becomes})"
+            self.step_add(step, "unsupported_op", message, fixable=rule is not None)
         floats = self.float_inputs(step)
         if floats:
             self.step_add(step, "not_quantized", f"reads float tensor {floats[0]!r}", fixable=False)
@@ -148,8 +164,11 @@ class _Checker:
             self.check_mul(step)
         elif op in ("HardSigmoid", "HardSwish"):
             self.check_hard_sigmoid(step)
-        if op in self.profile.shared_position_ops or op in self.profile.layout_ops or op == "Resize":
+        shares = op in self.profile.shared_position_ops or op in self.profile.layout_ops or op == "Resize"
+        if shares and step.output is not None:  # a float output shares no position (not_quantized says why)
             self.check_shared(step)
+        if op == "PRelu":
+            self.check_prelu(step)
         if op in ("MaxPool", "AveragePool"):
             kernel = int_list(step.node, "kernel_shape")
             if kernel and max(kernel) > self.profile.pool_kernel_max:
@@ -161,6 +180,7 @@ class _Checker:
             if text not in self.profile.resize_modes:
                 allowed = ", ".join(sorted(self.profile.resize_modes))
                 self.step_add(step, "unsupported_attribute", f"Resize mode {text!r}; allowed: {allowed}", False)
+            self.check_resize_scales(step)
         for node in step.nodes:
             if node.op_type == "LeakyRelu":
                 self.check_leaky_relu(step, node)
@@ -209,6 +229,11 @@ class _Checker:
             self.step_add(step, rule, message)
         if node.op_type == "Conv" and weight.codes is not None:
             self.check_conv_limits(step, weight.codes.shape)
+        if node.op_type == "ConvTranspose" and weight.codes is not None:
+            conversion = self.conversions.get(step.name)
+            for issue in conv_transpose_issues(node, weight.codes.shape, self.profile):
+                text = issue if conversion is None else f"{issue}; legalize converts it ({conversion})"
+                self.step_add(step, "engine_limit", f"transposed conv {text}", fixable=conversion is not None)
         ipos, wpos, opos = self.pos(step.data_inputs[0]), weight.position, self.pos(step.output)
         if wpos is None and weight.fix_pos is not None:
             wpos = int(weight.fix_pos.max())  # per-channel: the channel with the largest shift
@@ -252,6 +277,26 @@ class _Checker:
             self.step_add(step, "engine_limit", f"{kind} kernel {kernel}; allowed: {list(k_range)}", fixable=False)
         if strides and not (s_range[0] <= min(strides) and max(strides) <= s_range[1]):
             self.step_add(step, "engine_limit", f"{kind} stride {strides}; allowed: {list(s_range)}", fixable=False)
+
+    def check_prelu(self, step: Step) -> None:
+        key = step.data_inputs[1] if len(step.data_inputs) > 1 else None
+        slope = self.qdq.tensors.get(key) if key else None
+        if slope is None or not slope.is_constant:
+            what = "a float constant" if self.qdq.constant(step.node.input[1]) is not None else "not a constant"
+            self.step_add(step, "weight_format", f"slope is {what}; allowed: int8 codes at one fix position")
+            return
+        for rule, message in weight_issues(slope, self.profile):
+            self.step_add(step, rule, message)
+
+    def check_resize_scales(self, step: Step) -> None:
+        scales = resize_scales(self.qdq, step.node)
+        if scales is None:
+            return
+        lo, hi = self.profile.resize_scale_range
+        spatial = scales[2:]
+        if any(s != int(s) or not lo <= s <= hi for s in spatial):
+            shown = [float(s) for s in spatial]
+            self.step_add(step, "engine_limit", f"Resize scales {shown}; allowed: integers in [{lo}, {hi}]", False)
 
     def check_add(self, step: Step) -> None:
         positions = [self.pos(k) for k in step.data_inputs if k is not None]
@@ -341,16 +386,46 @@ class _Checker:
             )
 
 
-def check(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None = None) -> CheckResult:
+def resize_scales(qdq: QDQGraph, node: onnx.NodeProto) -> list[float] | None:
+    """A Resize's scale per axis, from its constant ``scales`` or ``sizes`` and its input's
+    shape; None when they are not known before run time."""
+    scales = qdq.constant_input(node, 2)
+    if scales is not None and scales.size:
+        return [float(s) for s in scales.reshape(-1)]
+    sizes = qdq.constant_input(node, 3)
+    key = qdq.dequantized.get(node.input[0]) if node.input else None
+    source = qdq.tensors[key].float_name if key in qdq.tensors else None
+    shape = qdq.index.shape(source or node.input[0]) if node.input else None
+    if sizes is None or shape is None or not all(isinstance(d, int) and d for d in shape):
+        return None
+    return [float(o) / float(i) for o, i in zip(sizes.reshape(-1), shape, strict=False)]  # type: ignore[arg-type]
+
+
+def planned_conversions(qdq: QDQGraph, profile: NPUProfile, cpu: CpuSelection | None = None) -> dict[str, str]:
+    """Node name -> the conversion ``legalize`` applies to it under ``profile``."""
+    return {m.node: m.rule for m in applicable_matches(qdq, profile, cpu or CpuSelection())}
+
+
+def check(
+    model: ModelSource,
+    target: str | os.PathLike[str] | NPUProfile | None = None,
+    *,
+    cpu: CpuSelection | Iterable[str] | str | None = None,
+) -> CheckResult:
     """Every rule of ``target`` (a profile, a built-in name or a ``.json`` file; default
-    ``xint8``) that ``model`` (a path or ModelProto, never modified) breaks."""
+    ``xint8``) that ``model`` (a path or ModelProto, never modified) breaks. Nodes ``cpu``
+    selects (op types or node-name globs) run on the CPU: no rule applies to them, and the
+    result lists the partitions they make."""
     from quant_core.onnx_qdq.model_io import load_model
 
-    return check_loaded(load_model(model), load_profile(target))
+    return check_loaded(load_model(model), load_profile(target), CpuSelection.parse(cpu))
 
 
-def check_loaded(model: onnx.ModelProto, profile: NPUProfile) -> CheckResult:
+def check_loaded(model: onnx.ModelProto, profile: NPUProfile, cpu: CpuSelection | None = None) -> CheckResult:
     """:func:`check` of an already loaded and validated model."""
+    selection = cpu or CpuSelection()
     qdq = QDQGraph(model)
     quantized = bool(qdq.quantizers or qdq.dequantizers)
-    return CheckResult(profile.name, tuple(_Checker(qdq, profile).run()), quantized)
+    checker = _Checker(qdq, profile, selection)
+    found = tuple(checker.run())
+    return CheckResult(profile.name, found, quantized, tuple(partitions(qdq, checker.steps, selection)))

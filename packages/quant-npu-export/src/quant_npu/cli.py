@@ -35,6 +35,13 @@ class _Parser(argparse.ArgumentParser):
 
 def _target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="profile: a built-in name (xint8, xint8_int32_bias, dpu) or a .json file")
+    parser.add_argument(
+        "--cpu",
+        default="",
+        help="op types or node-name globs to keep on the CPU in float, comma-separated (e.g. Sigmoid,head/*; "
+        "Sigmoid@output: only those writing a graph output): never converted, no rule applies, the partitions "
+        "they make are listed",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("output")
     _target(g)
     g.add_argument("--report", help="also write the changes and what remains as JSON here")
+    g.add_argument(
+        "--data", help="model inputs (.npy or .npz, first axis = samples): measure each conversion's output SQNR"
+    )
     g.add_argument("--json", action="store_true", help="print JSON")
 
     s = sub.add_parser("simulate", help="run the model with the NPU's integer arithmetic")
@@ -75,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> int:
     from quant_npu.check import check
 
-    result = check(args.model, args.target)
+    result = check(args.model, args.target, cpu=args.cpu)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_text())
     return EXIT_OK if result.ok else EXIT_VIOLATIONS
 
@@ -85,7 +95,8 @@ def _legalize(args: argparse.Namespace) -> int:
     from quant_npu.legalize import legalize
 
     check_output_paths(args.output, args.report, input_path=args.model)
-    result = legalize(args.model, args.output, args.target, report_path=args.report)
+    data = _load_data(args.data) if args.data else None
+    result = legalize(args.model, args.output, args.target, report_path=args.report, cpu=args.cpu, data=data)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_text())
     return EXIT_OK if result.remaining.ok else EXIT_VIOLATIONS
 
@@ -114,7 +125,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"--out: '{out}' is not allowed; allowed: a .npy or .npz file")
     check_output_path(out, what="--out")
     data = _load_data(args.data)
-    simulator = NPUSimulator(args.model, args.target, args.rounding)
+    simulator = NPUSimulator(args.model, args.target, args.rounding, cpu=args.cpu)
     if out.suffix == ".npy" and len(simulator.program.outputs) != 1:
         raise ValueError(f"--out: the model has {len(simulator.program.outputs)} outputs; allowed: a .npz file")
     outputs = simulator.run(data, batch_size=args.batch_size, quiet=args.quiet, integer=args.integer)

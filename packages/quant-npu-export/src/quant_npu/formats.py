@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
 from quant_core.onnx_qdq.reader import QuantTensor
 from quant_npu.profile import BiasFormat, NPUProfile
@@ -75,3 +76,19 @@ def bias_issues(tensor: QuantTensor | None, accumulator_pos: int | None, profile
     ):
         issues.append(("bias_format", f"{tensor.key}: position {tensor.position}; allowed: {accumulator_pos}"))
     return issues
+
+
+def storage(tensor: QuantTensor, profile: NPUProfile) -> tuple[int, int]:
+    """``(elem_type, zero_point)`` a device activation is stored with: the tensor's own
+    signed type at its width, uint8 at 128 where the profile accepts that encoding, else int8.
+
+    Example:
+        >>> t = QuantTensor("a", np.array(1.0, np.float32), np.array(0), onnx.TensorProto.UINT16, None)
+        >>> storage(t, NPUProfile())
+        (2, 128)
+    """
+    bits = profile.activation_bits
+    if not tensor.signed and profile.accept_uint8_offset and bits == 8:
+        return onnx.TensorProto.UINT8, 128
+    signed = {8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16}[bits]
+    return signed, 0

@@ -28,7 +28,9 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -39,11 +41,14 @@ from quant_core.onnx_qdq.graph import float_attribute, node_label
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_npu.approximations import device_leaky_relu_alpha
 from quant_npu.check import CheckResult, check_loaded
-from quant_npu.formats import activation_issues
+from quant_npu.conversions import conversion_costs, convert_for_target
+from quant_npu.formats import activation_issues, storage
 from quant_npu.parameters import ParameterLegalizer, legalize_operand
-from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, plan
-from quant_npu.positions import PositionSolver, representable_range
+from quant_npu.partitions import CpuSelection, writes_output
+from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, plan
+from quant_npu.positions import PositionSolver, covering_position, representable_range
 from quant_npu.profile import NPUProfile, load_profile
+from quant_npu.rewrite import quantize_real
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
 
@@ -80,6 +85,9 @@ class LegalizeResult:
     changes: tuple[Change, ...]
     remaining: CheckResult
     notes: tuple[str, ...] = ()
+    costs: Mapping[str, float] = attrs.field(factory=dict)
+    """Per conversion rule (and ``"all"``): output SQNR (dB) of the converted QDQ model
+    against the unconverted one on the data ``legalize`` was given; empty without data."""
 
     def to_dict(self) -> dict[str, Any]:
         kinds: dict[str, int] = {}
@@ -90,35 +98,26 @@ class LegalizeResult:
             "ok": self.remaining.ok,
             "changes_by_kind": kinds,
             "changes": [c.to_dict() for c in self.changes],
+            "conversion_sqnr_db": {k: _json_number(v) for k, v in self.costs.items()},
+            "partitions": [p.to_dict() for p in self.remaining.partitions],
             "remaining": self.remaining.to_dict(),
             "notes": list(self.notes),
         }
 
     def format_text(self) -> str:
         lines = [c.line for c in self.changes] + [f"note: {n}" for n in self.notes]
+        for rule, value in self.costs.items():
+            what = "every conversion" if rule == "all" else f"conversion {rule}"
+            lines.append(f"cost: {what}: output SQNR {value:.1f} dB against the unconverted model")
         lines.append(f"{len(self.changes)} change(s)")
         if self.remaining.ok:
-            lines.append(f"ok: the legalised model meets every rule of target '{self.remaining.target}'")
+            lines.extend(p.line for p in self.remaining.partitions)
+            tail = f" ({len(self.remaining.partitions)} CPU partition(s))" if self.remaining.partitions else ""
+            lines.append(f"ok: the legalised model meets every rule of target '{self.remaining.target}'{tail}")
         else:
             lines.append("not fixed:")
             lines.append(self.remaining.format_text())
         return "\n".join(lines)
-
-
-def storage(tensor: QuantTensor, profile: NPUProfile) -> tuple[int, int]:
-    """``(elem_type, zero_point)`` a device activation is stored with: the tensor's own
-    signed type at its width, uint8 at 128 where the profile accepts that encoding, else int8.
-
-    Example:
-        >>> t = QuantTensor("a", np.array(1.0, np.float32), np.array(0), onnx.TensorProto.UINT16, None)
-        >>> storage(t, NPUProfile())
-        (2, 128)
-    """
-    bits = profile.activation_bits
-    if not tensor.signed and profile.accept_uint8_offset and bits == 8:
-        return onnx.TensorProto.UINT8, 128
-    signed = {8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16}[bits]
-    return signed, 0
 
 
 class _Legalizer:
@@ -161,6 +160,8 @@ class _Legalizer:
         for step in self.steps:
             if step.op_type in WEIGHTED_OPS:
                 parameters.legalize(step)
+            elif step.op_type == "PRelu":
+                self.prelu_slope(step)
         self.changes.extend(Change(c.kind, c.target, c.before, c.after, c.reason) for c in parameters.changes)
         self.notes.extend(parameters.notes)
         self.unfuse_quantization()
@@ -182,6 +183,18 @@ class _Legalizer:
         else:
             return
         self.changes.append(Change("clamp", key, "saturation", op, "an asymmetric quantizer clamped there"))
+
+    def prelu_slope(self, step: Step) -> None:
+        """A float PRelu slope becomes int8 codes at the finest position covering it (the
+        DPU's ``prelu_in`` codes; a quantized slope is positioned like any constant operand)."""
+        slope = self.qdq.constant(step.node.input[1]) if len(step.node.input) > 1 else None
+        if slope is None or (len(step.data_inputs) > 1 and step.data_inputs[1] is not None):
+            return
+        real = np.asarray(slope, np.float64)
+        position = covering_position(float(real.min(initial=0.0)), float(real.max(initial=0.0)))
+        codes, _clipped = quantize_real(real, position, -128, 127, self.profile.weight_rounding)
+        self.editor.quantize_input(step.node, 1, codes.astype(np.int8), position)
+        self.changes.append(Change("constant", step.name, "float slope", f"int8@{position}", "PRelu slope format"))
 
     def leaky_relu_alphas(self) -> None:
         for step in self.steps:
@@ -213,19 +226,124 @@ class _Legalizer:
             )
 
 
-def legalize_model(model: ModelSource, target: str | os.PathLike[str] | NPUProfile | None = None) -> LegalizeResult:
+def decouple_hard_sigmoids(
+    model: onnx.ModelProto, profile: NPUProfile, cpu: CpuSelection | None = None
+) -> tuple[onnx.ModelProto, list[Change]]:
+    """A HardSigmoid's output must sit at position >= ``hard_sigmoid_output_min`` (the
+    device clamps at 1 by saturating there), but a Concat, pool or layout op reading it
+    shares one position with its other inputs (a detector's ``concat([boxes, sigmoid(cls)])``
+    would push the boxes to 2**-7 and saturate them). Such a reader gets the value through a
+    Relu of its own (exact on a hardsigmoid's non-negative output), which requantizes it to
+    the group's position. A reader that shares nothing is left alone: one whose output is
+    not quantized (the planner keeps a Concat that only writes graph outputs in float) or
+    one ``cpu`` keeps on the CPU."""
+    from quant_npu.rewrite import ModelEditor
+
+    qdq = QDQGraph(model)
+    selection = cpu or CpuSelection()
+    shared = profile.shared_position_ops | profile.layout_ops | {"Resize"}
+    quantized_output = {id(cn.node) for cn in qdq.compute_nodes if cn.output is not None}
+
+    def shares_position(reader: onnx.NodeProto) -> bool:
+        on_cpu = selection.selects(reader.name, reader.op_type, writes_output(qdq, reader))
+        return reader.op_type in shared and id(reader) in quantized_output and not on_cpu
+
+    found = []
+    for cn in qdq.compute_nodes:
+        if cn.op_type != "HardSigmoid" or cn.output is None:
+            continue
+        readers = [r for r in qdq.readers(cn.output) if shares_position(r)]
+        if readers:
+            found.append((cn, readers))
+    if not found:
+        return model, []
+    editor = ModelEditor(model)
+    changes = []
+    for cn, readers in found:
+        assert cn.output is not None
+        tensor = qdq.tensors[cn.output]
+        elem_type, zero_point = storage(tensor, profile)
+        dq = qdq.dequantizers[cn.output][0]
+        relu_out = editor.names.unique_name(f"{cn.node.output[0]}_requantized")
+        relu_name = editor.names.unique_name(f"{cn.name}_requantize")
+        editor.graph.node.append(onnx.helper.make_node("Relu", [dq.output[0]], [relu_out], name=relu_name))
+        read = editor.quantize_tensor(relu_out, profile.hard_sigmoid_output_min, zero_point, elem_type)
+        sources = {d.output[0] for d in qdq.dequantizers[cn.output]}
+        for reader in readers:
+            for i, name in enumerate(reader.input):
+                if name in sources:
+                    reader.input[i] = read
+            changes.append(
+                Change("requantize", cn.name, "shared position", relu_name, f"HardSigmoid read by {reader.op_type}")
+            )
+    return editor.finish(), changes
+
+
+def float_result_concats(model: onnx.ModelProto) -> tuple[str, ...]:
+    """Float Concats that read dequantized tensors and only write graph outputs: the
+    planner leaves them float (:data:`quant_core.plan.planner.RESULT_CONCAT_REASON`), and
+    the device hands their inputs to the CPU, which joins them."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    read = {name for node in graph.node for name in node.input}
+    dequantized = {out for node in graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    return tuple(
+        node.name
+        for node in graph.node
+        if node.op_type == "Concat"
+        and all(o in outputs and o not in read for o in node.output)
+        and all(i in dequantized for i in node.input if i)
+    )
+
+
+def _json_number(value: float) -> float | str:
+    return value if np.isfinite(value) else str(value)
+
+
+def legalize_model(
+    model: ModelSource,
+    target: str | os.PathLike[str] | NPUProfile | None = None,
+    *,
+    cpu: CpuSelection | Iterable[str] | str | None = None,
+    data: np.ndarray | Mapping[str, np.ndarray] | None = None,
+) -> LegalizeResult:
     """Legalise ``model`` (path or ModelProto, never modified) for ``target`` (a profile,
-    built-in name or ``.json`` file; default ``xint8``)."""
+    built-in name or ``.json`` file; default ``xint8``). First the profile's conversions
+    (:mod:`quant_npu.conversions`) replace what the target cannot run, except on nodes
+    ``cpu`` keeps on the CPU (op types or node-name globs: the result names the partitions
+    they make); then positions, formats and parameters are fixed. With ``data`` (model
+    inputs, first axis = samples) each conversion's cost is measured (:attr:`LegalizeResult.costs`)."""
     from quant_core.onnx_qdq.model_io import check_model, load_model
 
     profile = load_profile(target)
     work = load_model(model)
-    legalizer = _Legalizer(work, profile)
+    result_concats = float_result_concats(work)
+    selection = CpuSelection.parse(cpu).including(glob.escape(name) for name in result_concats)
+    converted = convert_for_target(work, profile, selection)
+    costs = conversion_costs(work, profile, data, selection) if data is not None and converted.converted else {}
+    decoupled, requantized = decouple_hard_sigmoids(converted.model, profile, selection)
+    legalizer = _Legalizer(decoupled, profile)
     legalizer.run()
     result = legalizer.editor.finish()
     check_model(result, "<legalised model>")
-    remaining = check_loaded(result, profile)
-    return LegalizeResult(result, tuple(legalizer.changes), remaining, tuple(legalizer.notes))
+    remaining = check_loaded(result, profile, selection)
+    changes = [
+        Change("conversion", c.node, c.op_type, " + ".join(c.result), _reason(c.rule)) for c in converted.converted
+    ]
+    kept = tuple(
+        f"node {name!r} (Concat) assembles the model's results in float (the planner leaves it so that each "
+        "input keeps its own scale): it runs on the CPU after the NPU, as the last partition"
+        for name in result_concats
+    )
+    notes = (*converted.notes, *legalizer.notes, *kept)
+    return LegalizeResult(result, (*changes, *requantized, *legalizer.changes), remaining, notes, costs)
+
+
+def _reason(rule: str) -> str:
+    from quant_core.conversions import RULES
+
+    kind = "exact" if RULES[rule].exact else "approximation"
+    return f"{rule}: {kind}, {RULES[rule].source.split(';')[0]}"
 
 
 def legalize(
@@ -234,12 +352,14 @@ def legalize(
     target: str | os.PathLike[str] | NPUProfile | None = None,
     *,
     report_path: str | os.PathLike[str] | None = None,
+    cpu: CpuSelection | Iterable[str] | str | None = None,
+    data: np.ndarray | Mapping[str, np.ndarray] | None = None,
 ) -> LegalizeResult:
     """:func:`legalize_model` and write the result to ``model_out`` (atomically; never over
     the input) and, when given, a JSON report."""
     from quant_core.onnx_qdq.model_io import save_model
 
-    result = legalize_model(model_in, target)
+    result = legalize_model(model_in, target, cpu=cpu, data=data)
     save_model(result.model, model_out, input_path=model_in)
     if report_path is not None:
         import json

@@ -37,7 +37,7 @@ from quant_core.onnx_qdq.graph import node_label
 from quant_core.onnx_qdq.reader import ComputeNode, QDQGraph
 from quant_npu.profile import NPUProfile
 
-WEIGHTED_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 ADD_OPS = frozenset({"Add", "Sub"})
 COMMUTING_ACTIVATIONS = frozenset({"Relu", "Clip"})
 """Fused activations that give the same integers whether applied before or after rounding."""

@@ -29,6 +29,13 @@ from typing import Any
 
 import attrs
 
+from quant_core.conversions import (
+    GLOBAL_POOL_MAX_ELEMENTS,
+    HARD_SIGMOID_MULTIPLIER,
+    HARD_SIGMOID_SHIFT,
+    NPU_CONVERSIONS,
+    parse_conversions,
+)
 from quant_core.spec import RoundMode, parse_enum
 
 
@@ -70,6 +77,10 @@ def _factors(value: Mapping[str, Iterable[int]]) -> Mapping[str, tuple[int, int]
     return factors
 
 
+def _conversions(value: Any) -> tuple[str, ...]:
+    return parse_conversions(value, "conversions")
+
+
 def _activation_rounding(value: Any) -> RoundMode:
     return parse_enum(RoundMode, value, "activation_rounding")
 
@@ -98,7 +109,9 @@ _XINT8_OPS = frozenset(
         "LeakyRelu",
         "Relu",
         "Clip",
+        "HardSigmoid",
         "HardSwish",
+        "ConvTranspose",
         "Resize",
         "Slice",
         "Pad",
@@ -106,10 +119,13 @@ _XINT8_OPS = frozenset(
         "Tanh",
     }
 )
-_LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"})
+_LAYOUT_OPS = frozenset(
+    {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "DepthToSpace", "SpaceToDepth"}
+)
 _ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu"})
 _FUSIONS: Mapping[str, frozenset[str]] = {
     "Conv": _ACTIVATIONS,
+    "ConvTranspose": _ACTIVATIONS,
     "Gemm": _ACTIVATIONS,
     "MatMul": _ACTIVATIONS,
     "Add": frozenset({"Relu"}),
@@ -129,7 +145,11 @@ class NPUProfile:
         layout_ops: ops that only move data; their input and output share a position.
         fusions: producer op -> activations the NPU applies to its unrounded result.
         shared_position_ops: ops whose inputs and output take one position (the minimum).
-        resize_modes: Resize interpolation modes the NPU runs (output keeps the input's position).
+        resize_modes: Resize interpolation modes the NPU runs (``nearest``, ``linear``); the
+            output keeps the input's position.
+        resize_scale_range: allowed upsampling factor of each spatial axis (integers only).
+        resize_weight_bits: a linear Resize's interpolation weights are multiples of
+            ``2**-bits`` (exact for power-of-two factors up to ``2**(bits - 1)``).
         add_inputs_share_position: Add/Sub inputs must share one position (some DPUs).
         activation_bits: width of activations (symmetric, signed).
         accept_uint8_offset: uint8 at zero point 128 counts as int8 (the x86 QDQ encoding).
@@ -155,6 +175,12 @@ class NPUProfile:
         hard_swish_sigmoid_position: position of the rounded hardsigmoid inside HardSwish.
         conv_kernel_range, conv_stride_range, depthwise_kernel_range, depthwise_stride_range,
             pool_kernel_max: engine limits.
+        conv_transpose_kernel_range, conv_transpose_stride_range: ConvTranspose engine limits.
+        conv_transpose_pad_min: lower bound of the device's own ConvTranspose padding
+            (``dilation * (kernel - 1) - pad``, at most ``kernel - 1``).
+        conversions: :mod:`quant_core.conversions` rules ``legalize`` applies to nodes the
+            target cannot run as they are (``hard_sigmoid``: to every nominal HardSigmoid,
+            so the QDQ model computes the device's constants).
 
     Example:
         >>> NPUProfile(weight_qmin=-100)
@@ -169,7 +195,9 @@ class NPUProfile:
     layout_ops: frozenset[str] = attrs.field(default=_LAYOUT_OPS, converter=_names)
     fusions: Mapping[str, frozenset[str]] = attrs.field(factory=lambda: dict(_FUSIONS), converter=_fusions)
     shared_position_ops: frozenset[str] = attrs.field(default=_SHARED_POSITION_OPS, converter=_names)
-    resize_modes: frozenset[str] = attrs.field(default=frozenset({"nearest"}), converter=_names)
+    resize_modes: frozenset[str] = attrs.field(default=frozenset({"nearest", "linear"}), converter=_names)
+    resize_scale_range: Range = attrs.field(default=(1, 8), converter=_range)
+    resize_weight_bits: int = 8
     add_inputs_share_position: bool = False
     activation_bits: int = 8
     accept_uint8_offset: bool = True
@@ -192,10 +220,10 @@ class NPUProfile:
     average_pool_factors: Mapping[str, tuple[int, int]] = attrs.field(
         factory=lambda: dict(_AVERAGE_POOL_FACTORS), converter=_factors
     )
-    global_pool_max_elements: int = 512
+    global_pool_max_elements: int = GLOBAL_POOL_MAX_ELEMENTS
     leaky_relu_alpha_bits: int = 8
-    hard_sigmoid_multiplier: int = 2731
-    hard_sigmoid_shift: int = 14
+    hard_sigmoid_multiplier: int = HARD_SIGMOID_MULTIPLIER
+    hard_sigmoid_shift: int = HARD_SIGMOID_SHIFT
     hard_sigmoid_input_range: Range = attrs.field(default=(0, 15), converter=_range)
     hard_sigmoid_output_min: int = 7
     hard_sigmoid_shift_range: Range = attrs.field(default=(0, 31), converter=_range)
@@ -205,6 +233,13 @@ class NPUProfile:
     depthwise_kernel_range: Range = attrs.field(default=(1, 9), converter=_range)
     depthwise_stride_range: Range = attrs.field(default=(1, 2), converter=_range)
     pool_kernel_max: int = 32
+    conv_transpose_kernel_range: Range = attrs.field(default=(1, 16), converter=_range)
+    conv_transpose_stride_range: Range = attrs.field(default=(1, 16), converter=_range)
+    conv_transpose_pad_min: int = 1
+    conversions: tuple[str, ...] = attrs.field(
+        default=(*NPU_CONVERSIONS, "hard_swish", "conv_transpose", "reduce_mean", "global_pool", "split"),
+        converter=_conversions,
+    )
 
     @weight_qmin.validator
     def _check_weight_qmin(self, _attribute: object, value: int) -> None:
@@ -221,7 +256,10 @@ class NPUProfile:
                 raise ValueError(f"{field.name}: {list(value)} is not allowed; allowed: [lo, hi] with lo <= hi")
         if self.activation_bits not in (8, 16):
             raise ValueError(f"activation_bits: {self.activation_bits!r} is not allowed; allowed: 8, 16")
-        for name in ("global_pool_max_elements", "pool_kernel_max", "hard_sigmoid_multiplier"):
+        unknown = sorted(self.resize_modes - {"nearest", "linear"})
+        if unknown:
+            raise ValueError(f"resize_modes: {unknown[0]!r} is not allowed; allowed: nearest, linear")
+        for name in ("global_pool_max_elements", "pool_kernel_max", "hard_sigmoid_multiplier", "resize_weight_bits"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed; allowed: an integer >= 1")
 
@@ -300,8 +338,10 @@ class NPUProfile:
 
 def _dpu() -> NPUProfile:
     # Vitis AI DPU (DPUCZDX8G) as the older Vitis AI / Olive refinement states it:
-    # full int8 weight range, shift_bias up to 16, wider Add shifts, half-away parameters.
+    # full int8 weight range, shift_bias up to 16, wider Add shifts, half-away parameters;
+    # PReLU in the conv engine and the VART reference runner (slopes int8 at a shift).
     return NPUProfile(
+        ops=_XINT8_OPS | {"PRelu"},
         name="dpu",
         description="Vitis AI DPU rules (Vitis AI quantizer and the older Quark/Olive refinement)",
         weight_qmin=-128,

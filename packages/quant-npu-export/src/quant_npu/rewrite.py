@@ -116,15 +116,41 @@ class ModelEditor:
             dq.input[0] = name
             self._use(dq, self.qparams(base, position, 0, elem_type))
 
+    def dequantized_constant(
+        self, base: str, codes: np.ndarray, params: tuple[str, str], axis: int | None = None
+    ) -> str:
+        """``codes`` behind a new DequantizeLinear reading ``params`` (scale, zero point);
+        returns its output."""
+        name = self.initializer(f"{base}_npu", codes)
+        output = self.names.unique_name(f"{base}_npu_DequantizeLinear_Output")
+        dq_name = self.names.unique_name(f"{base}_npu_DequantizeLinear")
+        node = helper.make_node("DequantizeLinear", [name, *params], [output], name=dq_name)
+        if axis is not None:
+            node.attribute.append(helper.make_attribute("axis", axis))
+        self.graph.node.append(node)
+        return output
+
     def quantize_input(self, node: onnx.NodeProto, index: int, codes: np.ndarray, position: int) -> None:
         """Replace ``node``'s float constant input ``index`` by ``codes`` behind a new DequantizeLinear."""
         base = node.input[index]
-        name = self.initializer(f"{base}_npu", codes)
         params = self.qparams(base, position, 0, helper.np_dtype_to_tensor_dtype(codes.dtype))
-        output = self.names.unique_name(f"{base}_npu_DequantizeLinear_Output")
-        dq_name = self.names.unique_name(f"{base}_npu_DequantizeLinear")
-        self.graph.node.append(helper.make_node("DequantizeLinear", [name, *params], [output], name=dq_name))
-        node.input[index] = output
+        node.input[index] = self.dequantized_constant(base, codes, params)
+
+    def quantize_tensor(self, tensor: str, position: int, zero_point: int, elem_type: int) -> str:
+        """A QuantizeLinear/DequantizeLinear pair on float ``tensor`` at ``position``;
+        returns the DequantizeLinear's output (what readers of the tensor read)."""
+        params = self.qparams(tensor, position, zero_point, elem_type)
+        codes = self.names.unique_name(f"{tensor}_QuantizeLinear_Output")
+        output = self.names.unique_name(f"{tensor}_DequantizeLinear_Output")
+        self.graph.node.append(
+            helper.make_node("QuantizeLinear", [tensor, *params], [codes], name=self.names.unique_name(f"{tensor}_Q"))
+        )
+        self.graph.node.append(
+            helper.make_node(
+                "DequantizeLinear", [codes, *params], [output], name=self.names.unique_name(f"{tensor}_DQ")
+            )
+        )
+        return output
 
     def insert_clamp(self, qdq: QDQGraph, key: str, lo: float, hi: float | None) -> str:
         """A Clip(lo, hi) (``hi`` None: a Relu, ``lo`` must then be 0) between ``key``'s

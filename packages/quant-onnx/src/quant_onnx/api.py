@@ -219,6 +219,8 @@ class ModelQuantizer:
         loaded = load_model(model)
         check_float32(loaded, source_label(model))
         options = self.preprocess_options
+        if self.config.npu_conversions and not options.npu_conversions:
+            options = attrs.evolve(options, npu_conversions=self.config.npu_conversions)
         needed = self.required_opset()
         if opset_version(loaded) < needed and (options.target_opset or 0) < needed:
             options = attrs.evolve(options, target_opset=needed)

@@ -1,15 +1,20 @@
-"""ATen operators in the planner's vocabulary (ONNX operator names).
+"""ATen operators in ONNX terms: one table, :data:`ATEN_OPS`, read by the planner and by
+the exporter, so that the op a plan talks about is the op the file holds.
 
-:func:`plan_node_for` turns one node of a ``torch.export`` graph into the
-:class:`~quant_core.plan.PlanNode` that the ONNX exporter would write for it: the same op
-type (``conv2d`` -> ``Conv``, ``linear`` -> ``Gemm`` with ``transB=1``, ``hardtanh`` ->
-``Clip``...), its tensor inputs in ONNX order and the attributes the planner reads. This
-is a translation table only; what each op type means for quantization (shared scales,
-fusions, weights) is :mod:`quant_core.plan`'s, so one config means the same thing on
-both backends.
+Each entry (:class:`AtenOp`) gives
 
-Ops without an entry become non-standard nodes (``standard=False``): the planner keeps
-them float and reports them.
+- the planner's view: :func:`plan_node_for` turns one node of a ``torch.export`` graph into
+  the :class:`~quant_core.plan.PlanNode` the ONNX file holds for it: the same op type
+  (``conv2d`` -> ``Conv``, ``linear`` -> ``Gemm`` with ``transB=1``, ``hardtanh`` ->
+  ``Clip``...), its tensor inputs in ONNX order and the attributes the planner reads;
+- the exporter's rule (:mod:`quant_torch_fx.onnx_rules`,
+  :mod:`quant_torch_fx.onnx_layout_rules`): how :mod:`quant_torch_fx.onnx_emit` writes the
+  node, which must write the planned op (or the ops ``written_as`` lists).
+
+This is a translation table only; what each op type means for quantization (shared scales,
+fusions, weights) is :mod:`quant_core.plan`'s, so one config means the same thing on both
+backends. Ops without a planner view become non-standard nodes (``standard=False``): the
+planner keeps them float and reports them; ops without a rule cannot be exported.
 
 Example:
     >>> import torch
@@ -32,6 +37,8 @@ import torch
 from torch.fx import Node
 
 from quant_core.plan import PlanNode
+from quant_torch_fx import onnx_layout_rules as layout
+from quant_torch_fx import onnx_rules as rules
 
 _Translate = Callable[[Node], tuple[str, list[Any], dict[str, Any]]]
 
@@ -149,6 +156,15 @@ def _convolution(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     return op, inputs, {"group": int(groups) if isinstance(groups, int) else 1}
 
 
+def _mean(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
+    """``mean(x, dim, keepdim)`` with ONNX's ``axes``/``keepdims`` where the dims are given."""
+    dims = _arg(node, 1, "dim", None)
+    attributes: dict[str, Any] = {"keepdims": int(bool(_arg(node, 2, "keepdim", False)))}
+    if isinstance(dims, list | tuple) and all(isinstance(d, int) for d in dims):
+        attributes["axes"] = tuple(dims)
+    return "ReduceMean", [_arg(node, 0, "self")], attributes
+
+
 def _matmul(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     return "MatMul", [_arg(node, 0, "self"), _arg(node, 1, "other")], {}
 
@@ -162,100 +178,232 @@ def _linear(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     return "Gemm", [_arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias")], {"transB": 1}
 
 
-ATEN_TO_ONNX: dict[str, _Translate] = {
-    # weighted
-    **{name: _weighted("Conv", _conv_attributes) for name in ("conv1d", "conv2d", "conv3d")},
-    **{
-        name: _weighted("ConvTranspose", _conv_transpose_attributes)
-        for name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
-    },
-    "convolution": _convolution,
-    "linear": _linear,
-    "matmul": _matmul,
-    "mm": _matmul,
-    "bmm": _matmul,
-    # element-wise
-    **{name: _binary("Add") for name in ("add", "add_")},
-    **{name: _binary("Mul") for name in ("mul", "mul_")},
-    **{name: _binary("Sub") for name in ("sub", "sub_")},
-    "rsub": _rsub,
-    **{name: _binary("Div") for name in ("div", "div_")},
-    **{name: _first("Relu") for name in ("relu", "relu_")},
-    **{name: _hardtanh for name in ("hardtanh", "hardtanh_")},
-    "relu6": lambda node: ("Clip", [_arg(node, 0, "self")], {"min": 0.0, "max": 6.0}),
-    **{name: _clamp for name in ("clamp", "clamp_", "clip", "clip_")},
-    **{name: _clamp_bound("min") for name in ("clamp_min", "clamp_min_")},
-    **{name: _clamp_bound("max") for name in ("clamp_max", "clamp_max_")},
-    **{name: _first("Sigmoid") for name in ("sigmoid", "sigmoid_")},
-    **{name: _first("HardSwish") for name in ("hardswish", "hardswish_")},
-    **{name: _first("HardSigmoid") for name in ("hardsigmoid", "hardsigmoid_")},
-    **{name: _first("Tanh") for name in ("tanh", "tanh_")},
-    **{name: _first("LeakyRelu") for name in ("leaky_relu", "leaky_relu_")},
-    "prelu": lambda node: ("PRelu", [_arg(node, 0, "self"), _arg(node, 1, "weight")], {}),
-    "_prelu_kernel": lambda node: ("PRelu", [_arg(node, 0, "self"), _arg(node, 1, "weight")], {}),
-    "gelu": _first("Gelu"),
-    "softmax": _first("Softmax"),
-    "_softmax": _first("Softmax"),
-    "sqrt": _first("Sqrt"),
-    "erf": _first("Erf"),
-    "pow": _first("Pow"),
-    # pooling and reductions
-    "max_pool1d": _first("MaxPool"),
-    "max_pool2d": _first("MaxPool"),
-    "max_pool3d": _first("MaxPool"),
-    "max_pool2d_with_indices": _first("MaxPool"),
-    # (values, indices) like max_pool2d_with_indices: MaxPool's policy reads output 0 only
-    **{f"adaptive_max_pool{d}d": _first("MaxPool") for d in (1, 2, 3)},
-    "avg_pool1d": _first("AveragePool"),
-    "avg_pool2d": _first("AveragePool"),
-    "avg_pool3d": _first("AveragePool"),
-    "adaptive_avg_pool1d": _adaptive_avg_pool,
-    "adaptive_avg_pool2d": _adaptive_avg_pool,
-    "adaptive_avg_pool3d": _adaptive_avg_pool,
-    "mean": _first("ReduceMean"),
-    "amax": _first("ReduceMax"),
-    "amin": _first("ReduceMin"),
-    # data movement
-    "cat": _concat,
-    "concat": _concat,
-    "view": _first("Reshape"),
-    "reshape": _first("Reshape"),
-    "_unsafe_view": _first("Reshape"),
-    "flatten": _first("Flatten"),
-    "permute": _first("Transpose"),
-    "transpose": _first("Transpose"),
-    "t": _first("Transpose"),
-    "squeeze": _first("Squeeze"),
-    "unsqueeze": _first("Unsqueeze"),
-    "slice": _first("Slice"),
-    "narrow": _first("Slice"),
-    "select": _first("Gather"),
-    "index_select": _first("Gather"),
-    "split": _first("Split"),
-    "split_with_sizes": _first("Split"),
-    "chunk": _first("Split"),
-    "unbind": _first("Split"),
-    "expand": _first("Expand"),
-    "expand_as": _first("Expand"),
-    "repeat": _first("Tile"),
-    "pixel_shuffle": _first("DepthToSpace"),
-    "pixel_unshuffle": _first("SpaceToDepth"),
-    "pad": _pad,
-    "constant_pad_nd": _constant_pad,
-    "upsample_nearest1d": _resize("nearest"),
-    "upsample_nearest2d": _resize("nearest"),
-    "upsample_nearest3d": _resize("nearest"),
-    "upsample_linear1d": _resize("linear"),
-    "upsample_bilinear2d": _resize("linear"),
-    "upsample_trilinear3d": _resize("linear"),
-    "upsample_bicubic2d": _resize("cubic"),
-    "batch_norm": lambda node: ("BatchNormalization", [_arg(node, 0, "input")], {}),
-}
-"""ATen op name -> ``node -> (ONNX op type, inputs in ONNX order, attributes)``."""
+_PLAIN_UNARY = {
+    "exp": "Exp", "log": "Log", "neg": "Neg", "abs": "Abs", "reciprocal": "Reciprocal", "floor": "Floor",
+    "ceil": "Ceil", "sign": "Sign", "sin": "Sin", "cos": "Cos", "logical_not": "Not", "bitwise_not": "Not",
+    "isnan": "IsNaN",
+}  # fmt: skip
+"""One-input ops with the same definition in ONNX that the planner keeps float."""
 
-ALIASES = frozenset(
-    {"clone", "contiguous", "alias", "detach", "detach_", "dropout", "feature_dropout", "lift_fresh_copy", "identity"}
-)
+_COMPARISONS = {"eq": "Equal", "ne": "Not", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
+_LOGICAL = {"logical_and": "And", "logical_or": "Or", "bitwise_and": "And", "bitwise_or": "Or"}
+_ALIAS_NAMES = (
+    "clone", "contiguous", "alias", "detach", "detach_", "dropout", "feature_dropout", "lift_fresh_copy", "identity",
+)  # fmt: skip
+
+
+@attrs.frozen
+class AtenOp:
+    """One ATen op in both vocabularies: ``plan`` gives the planner's view of a node (ONNX op
+    type, inputs in ONNX order, attributes; ``None``: the planner keeps it float as a
+    non-standard op), ``emit`` writes it into the ONNX file
+    (:mod:`quant_torch_fx.onnx_rules`), ``onnx`` names what it writes when there is no
+    plan, and ``written_as`` lists the op types the file may hold for it besides the
+    planned one (a decomposition; shape helpers are always allowed).
+
+    Example:
+        >>> ATEN_OPS["hardswish"].onnx, sorted(ATEN_OPS["linear"].written_as)
+        ('HardSwish', ['Add', 'MatMul', 'Transpose'])
+    """
+
+    onnx: str
+    plan: _Translate | None = None
+    emit: Any = None
+    written_as: frozenset[str] = frozenset()
+
+    def op_type(self, node: Node) -> str:
+        """The op the plan calls ``node`` (what the file writes for it)."""
+        return self.plan(node)[0] if self.plan is not None else self.onnx
+
+
+def _ops(
+    names: Sequence[str], onnx: str, plan: _Translate | None, emit: Any, written_as: Sequence[str] = ()
+) -> dict[str, AtenOp]:
+    """One entry per name (an op and its in-place form share it)."""
+    entry = AtenOp(onnx, plan, emit, frozenset[str](written_as))
+    return dict.fromkeys(names, entry)
+
+
+def _unary(onnx: str, *names: str) -> dict[str, AtenOp]:
+    """Element-wise one-input ops in the planner's table (and their in-place forms)."""
+    return _ops([n for name in names for n in (name, f"{name}_")], onnx, _first(onnx), rules.unary)
+
+
+def _float(onnx: str, emit: Any, *names: str, written_as: Sequence[str] = ()) -> dict[str, AtenOp]:
+    """Ops the planner keeps float (non-standard): written, never quantized inside (their
+    in-place forms are written by the same rule)."""
+    return _ops(names, onnx, None, emit, written_as)
+
+
+_DECOMPOSED_GELU = ("Mul", "Add", "Erf", "Tanh")
+_POOL_PIECES = ("Slice", "ReduceMean", "ReduceMax", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
+
+ATEN_OPS: dict[str, AtenOp] = {
+    # weighted
+    **_ops(("conv1d", "conv2d", "conv3d"), "Conv", _weighted("Conv", _conv_attributes), rules.conv),
+    **_ops(
+        ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
+        "ConvTranspose",
+        _weighted("ConvTranspose", _conv_transpose_attributes),
+        rules.conv,
+    ),
+    **_ops(("convolution",), "Conv", _convolution, rules.conv),
+    # linear over tokens is written MatMul (weight stored [in, out]) then Add of the bias
+    **_ops(("linear",), "Gemm", _linear, rules.linear, ("MatMul", "Add", "Transpose")),
+    **_ops(("matmul", "mm", "bmm"), "MatMul", _matmul, rules.matmul),
+    **_ops(("addmm",), "Gemm", None, rules.addmm),
+    # element-wise
+    **_ops(("add", "add_"), "Add", _binary("Add"), rules.binary, ("Mul",)),
+    **_ops(("mul", "mul_"), "Mul", _binary("Mul"), rules.binary),
+    **_ops(("sub", "sub_"), "Sub", _binary("Sub"), rules.binary, ("Mul",)),
+    **_ops(("rsub",), "Sub", _rsub, rules.rsub, ("Mul",)),
+    **_ops(("div", "div_"), "Div", _binary("Div"), rules.binary, ("Floor", "Sign", "Abs", "Mul", "Mod", "Sub")),
+    **_unary("Relu", "relu"),
+    **_ops(("hardtanh", "hardtanh_"), "Clip", _hardtanh, rules.clamp, ("Max", "Min")),
+    **_ops(("relu6",), "Clip", lambda node: ("Clip", [_arg(node, 0, "self")], {"min": 0.0, "max": 6.0}), rules.clamp),
+    **_ops(("clamp", "clamp_", "clip", "clip_"), "Clip", _clamp, rules.clamp, ("Max", "Min")),
+    **_ops(("clamp_min", "clamp_min_"), "Clip", _clamp_bound("min"), rules.clamp, ("Max",)),
+    **_ops(("clamp_max", "clamp_max_"), "Clip", _clamp_bound("max"), rules.clamp, ("Min",)),
+    **_unary("Sigmoid", "sigmoid"),
+    **_ops(("hardswish", "hardswish_"), "HardSwish", _first("HardSwish"), rules.hard_swish),
+    **_ops(("hardsigmoid", "hardsigmoid_"), "HardSigmoid", _first("HardSigmoid"), rules.hard_sigmoid),
+    **_unary("Tanh", "tanh"),
+    **_ops(("leaky_relu", "leaky_relu_"), "LeakyRelu", _first("LeakyRelu"), rules.leaky_relu),
+    **_ops(
+        ("prelu", "_prelu_kernel"),
+        "PRelu",
+        lambda node: ("PRelu", [_arg(node, 0, "self"), _arg(node, 1, "weight")], {}),
+        rules.prelu,
+    ),
+    **_ops(("gelu", "gelu_"), "Gelu", _first("Gelu"), rules.gelu, _DECOMPOSED_GELU),
+    **_ops(("softmax", "_softmax"), "Softmax", _first("Softmax"), rules.softmax),
+    **_unary("Sqrt", "sqrt"),
+    **_unary("Erf", "erf"),
+    **_ops(("pow", "pow_"), "Pow", _first("Pow"), rules.power),
+    # pooling and reductions
+    **_ops(
+        ("max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices"),
+        "MaxPool",
+        _first("MaxPool"),
+        rules.max_pool,
+    ),
+    # (values, indices) like max_pool2d_with_indices: MaxPool's policy reads output 0 only
+    **_ops(
+        [f"adaptive_max_pool{d}d" for d in (1, 2, 3)],
+        "MaxPool",
+        _first("MaxPool"),
+        rules.adaptive_pool,
+        (*_POOL_PIECES, "Concat"),
+    ),
+    **_ops(
+        ("avg_pool1d", "avg_pool2d", "avg_pool3d"), "AveragePool", _first("AveragePool"), rules.avg_pool, ("Pad", "Mul")
+    ),
+    **_ops(
+        ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "_adaptive_avg_pool2d"),
+        "AveragePool",
+        _adaptive_avg_pool,
+        rules.adaptive_pool,
+        (*_POOL_PIECES, "Concat"),
+    ),
+    **_ops(("mean",), "ReduceMean", _mean, rules.reduce),
+    **_ops(("amax",), "ReduceMax", _first("ReduceMax"), rules.reduce),
+    **_ops(("amin",), "ReduceMin", _first("ReduceMin"), rules.reduce),
+    # data movement
+    **_ops(("cat", "concat"), "Concat", _concat, layout.concat),
+    **_ops(("view", "reshape", "_unsafe_view"), "Reshape", _first("Reshape"), layout.reshape),
+    **_ops(("flatten",), "Flatten", _first("Flatten"), layout.flatten, ("Reshape",)),
+    **_ops(("permute", "transpose", "t"), "Transpose", _first("Transpose"), layout.permute),
+    **_ops(("squeeze", "squeeze_"), "Squeeze", _first("Squeeze"), layout.squeeze),
+    **_ops(("unsqueeze", "unsqueeze_"), "Unsqueeze", _first("Unsqueeze"), layout.unsqueeze),
+    **_ops(("slice", "narrow"), "Slice", _first("Slice"), layout.slice_),
+    **_ops(("select",), "Gather", _first("Gather"), layout.select),
+    **_ops(("index_select",), "Gather", _first("Gather"), layout.index_select),
+    **_ops(("split", "split_with_sizes", "chunk", "unbind"), "Split", _first("Split"), layout.split),
+    **_ops(("expand", "expand_as"), "Expand", _first("Expand"), layout.expand),
+    **_ops(("repeat",), "Tile", _first("Tile"), layout.repeat),
+    **_ops(("pixel_shuffle",), "DepthToSpace", _first("DepthToSpace"), rules.pixel_shuffle),
+    # torch's channel order is not SpaceToDepth's: written as Reshape, Transpose, Reshape
+    **_ops(("pixel_unshuffle",), "SpaceToDepth", _first("SpaceToDepth"), layout.pixel_unshuffle, ("Transpose",)),
+    **_ops(("pad",), "Pad", _pad, layout.pad, ("Slice", "Concat")),
+    **_ops(("constant_pad_nd",), "Pad", _constant_pad, layout.pad),
+    **_ops(
+        ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"), "Resize", _resize("nearest"), rules.upsample
+    ),
+    **_ops(
+        ("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d"),
+        "Resize",
+        _resize("linear"),
+        rules.upsample,
+    ),
+    **_ops(("upsample_bicubic2d",), "Resize", _resize("cubic"), rules.upsample),
+    **_ops(
+        ("batch_norm",),
+        "BatchNormalization",
+        lambda node: ("BatchNormalization", [_arg(node, 0, "input")], {}),
+        rules.batch_norm,
+    ),
+    # ops the planner keeps float (no entry in its table): written as torch computes them
+    **_float("BatchNormalization", rules.batch_norm, "_native_batch_norm_legit_no_training"),
+    **_float("LayerNormalization", rules.layer_norm, "layer_norm", "native_layer_norm"),
+    **_float("InstanceNormalization", rules.group_norm, "group_norm", written_as=("Mul", "Add")),
+    **_float(
+        "MatMul",
+        rules.attention,
+        "scaled_dot_product_attention",
+        written_as=("Transpose", "Mul", "Add", "Where", "Softmax"),
+    ),
+    **_float(
+        "Resize", rules.upsample, "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d"
+    ),
+    **_float("Mul", rules.silu, "silu", written_as=("Sigmoid",)),
+    **_float("Mul", rules.mish, "mish", written_as=("Tanh", "Softplus")),
+    **_float("Softplus", rules.softplus, "softplus"),
+    **_float("Elu", rules.elu, "elu"),
+    **_float("LogSoftmax", rules.softmax, "log_softmax", "_log_softmax"),
+    **_float("ReduceSum", rules.reduce, "sum"),
+    **_float("ReduceMax", rules.max_min_dim, "max", written_as=("ArgMax", "Max")),
+    **_float("ReduceMin", rules.max_min_dim, "min", written_as=("ArgMin", "Min")),
+    **_float("ReduceL2", rules.vector_norm, "linalg_vector_norm", written_as=("ReduceL1",)),
+    **_float("Max", rules.binary, "maximum"),
+    **_float("Min", rules.binary, "minimum"),
+    **_float("Reciprocal", rules.rsqrt, "rsqrt", written_as=("Sqrt",)),
+    **_float("Round", rules.round_, "round", written_as=("Mul", "Div")),
+    **{name: AtenOp(onnx, None, rules.unary) for name, onnx in _PLAIN_UNARY.items()},
+    **{name: AtenOp(onnx, None, rules.compare, frozenset[str](["Equal"])) for name, onnx in _COMPARISONS.items()},
+    **{name: AtenOp(onnx, None, rules.logical) for name, onnx in _LOGICAL.items()},
+    **_float("Where", rules.where, "where", "masked_fill"),
+    **_float("Cast", rules.cast, "to", "_to_copy", "type_as"),
+    **_float("Identity", rules.identity, *_ALIAS_NAMES),
+    **_float("Slice", layout.flip, "flip"),
+    **_float("Concat", layout.roll, "roll", written_as=("Slice",)),
+    **_float("Concat", layout.concat, "stack", written_as=("Unsqueeze",)),
+    **_float("Gather", layout.index, "index"),
+    **_float("GatherElements", layout.gather, "gather"),
+    **_float("Reshape", layout.reshape, "view_as", "reshape_as", "unflatten"),
+    **_float("Transpose", layout.permute, "movedim"),
+    **_float("Pad", layout.pad, *[f"{kind}_pad{d}d" for kind in ("reflection", "replication") for d in (1, 2, 3)]),
+    **_float(
+        "ConstantOfShape",
+        layout.full,
+        "zeros",
+        "ones",
+        "full",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+    ),
+    **_float("Range", layout.arange, "arange"),
+    **_float("Expand", layout.meshgrid, "meshgrid", written_as=("Reshape",)),
+    **_float("CumSum", layout.cumsum, "cumsum", written_as=("Cast",)),
+    **_float("Constant", layout.scalar_tensor, "scalar_tensor"),
+}
+"""ATen op name -> :class:`AtenOp`: the one table from ATen to ONNX, for the planner
+(:func:`map_node`) and the exporter (:mod:`quant_torch_fx.onnx_emit`)."""
+
+ALIASES = frozenset(_ALIAS_NAMES)
 """Ops whose output is their input's value in inference (the ONNX exporter writes nothing,
 or an Identity its cleanup removes): the planner sees the input tensor itself."""
 
@@ -280,7 +428,8 @@ def map_node(node: Node) -> MappedNode | None:
     name = op_name(node)
     if name in ALIASES:
         return None
-    translate = ATEN_TO_ONNX.get(name)
+    entry = ATEN_OPS.get(name)
+    translate = entry.plan if entry is not None else None
     if translate is None:
         tensors = [a for a in _flat_args(node) if isinstance(a, Node)]
         return MappedNode(f"aten.{name}" if name else str(node.target), tuple(tensors), {}, standard=False)

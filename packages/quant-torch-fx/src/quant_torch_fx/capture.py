@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -37,6 +37,7 @@ from torch.export import Dim
 from torch.fx import GraphModule
 
 from quant_core.errors import CaptureError
+from quant_torch_fx.autocast_regions import inline_disabled_autocast
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -66,7 +67,7 @@ def as_args(example_inputs: Any) -> tuple[Any, ...]:
     )
 
 
-def _batched(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+def batched(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
     """Arguments repeated to a batch of two where needed, and the dynamic-shape spec."""
     tensors = [a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0]
     if not tensors:
@@ -85,16 +86,23 @@ def _batched(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
     return tuple(new_args), tuple(shapes)
 
 
-def _export(model: nn.Module, args: tuple[Any, ...], dynamic_shapes: Any) -> torch.export.ExportedProgram:
-    # torch logs and prints the partial graph on failure; the error says what matters.
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """torch's logs and prints silenced: ``torch.export`` prints the partial graph on
+    failure, and the error raised from it says what matters."""
     quiet_logs = logging.getLogger("torch")
     level = quiet_logs.level
-    quiet_logs.setLevel(logging.ERROR)
+    quiet_logs.setLevel(logging.CRITICAL)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
+            yield
     finally:
         quiet_logs.setLevel(level)
+
+
+def export_program(model: nn.Module, args: tuple[Any, ...], dynamic_shapes: Any) -> torch.export.ExportedProgram:
+    with quiet_torch():
+        return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
 
 
 def capture(
@@ -113,13 +121,14 @@ def capture(
     shapes = dynamic_shapes
     capture_args = args
     if dynamic_shapes is None and dynamic_batch:
-        capture_args, shapes = _batched(args)
+        capture_args, shapes = batched(args)
     try:
-        program = _export(model_copy, capture_args, shapes)
+        program = export_program(model_copy, capture_args, shapes)
     except Exception as exc:  # torch raises many unrelated types here
         raise CaptureError(_explain(model_copy, args, exc, diagnose)) from exc
     gm = program.module(check_guards=False)
     assert isinstance(gm, GraphModule)
+    inline_disabled_autocast(gm)
     # ExportedProgram.module() makes train()/eval() raise; the prepared graph calls
     # batch-norm and dropout modules that follow the mode, so give the methods back.
     for method in ("train", "eval"):
@@ -178,7 +187,7 @@ def record_inputs(model: nn.Module, args: tuple[Any, ...]) -> dict[str, tuple[An
 
 def _captures(module: nn.Module, inputs: tuple[Any, ...]) -> BaseException | None:
     try:
-        _export(module, inputs, None)
+        export_program(module, inputs, None)
     except Exception as exc:
         return exc
     return None

@@ -54,6 +54,7 @@ from quant_torch_fx.graph_passes import (
 )
 from quant_torch_fx.graph_plan import build_plan_graph, excluded_nodes
 from quant_torch_fx.modules import ConvBn
+from quant_torch_fx.npu_conversions import convert_for_npu
 from quant_torch_fx.quantizer import FakeQuantizer
 
 META_KEY = "quant_torch_fx"
@@ -205,8 +206,12 @@ def unique_name(base: str, taken: Collection[str]) -> str:
     return name
 
 
+_MODULE_DICT_ATTRIBUTES = frozenset(dir(nn.ModuleDict()))
+"""Names a ModuleDict key may not take (a tensor called ``to`` or ``float`` is common)."""
+
+
 def _key(name: str, taken: Collection[str]) -> str:
-    return unique_name(re.sub(r"\W", "_", name) or "q", taken)
+    return unique_name(re.sub(r"\W", "_", name) or "q", {*taken, *_MODULE_DICT_ATTRIBUTES})
 
 
 def _data_user(user: Node) -> bool:
@@ -246,7 +251,10 @@ def prepare_graph(
     if mode not in ("ptq", "qat"):
         raise ValueError(f"mode: {mode!r} is not allowed; allowed: ptq, qat")
     normalize(gm, fold_batch_norms=mode == "ptq" if fold_batch_norms is None else fold_batch_norms)
+    converted = convert_for_npu(gm, config.npu_conversions)
     reports = {} if float_pass is None else float_pass(gm)
+    if converted:
+        reports["npu_conversions"] = [attrs.asdict(c) for c in converted]
     view = build_plan_graph(gm)
     excluded = excluded_nodes(
         view, modules=exclude_modules, module_types=exclude_module_types, only_modules=only_modules

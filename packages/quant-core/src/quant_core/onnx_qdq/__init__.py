@@ -14,6 +14,8 @@ torch, and ``import quant_core`` does not import it.
 - :mod:`~quant_core.onnx_qdq.finish`: what makes a written file compute in onnxruntime's
   default session what it says and reach the integer kernels (MatMulNBits and
   WeightBiasQuantization guards, Shape reads, 16-bit domain/opset, unread initializers);
+- :mod:`~quant_core.onnx_qdq.conversions`: the NPU conversions as ONNX graph edits (float
+  graphs before calibration; QDQ graphs through hooks, in ``quant_npu.legalize``);
 - :mod:`~quant_core.onnx_qdq.reader`: a QDQ model read back as an integer program
   (integer tensors, fix positions, which node reads and writes which);
 - :mod:`~quant_core.onnx_qdq.describe`: what an already quantized model holds (QDQ,

@@ -1,8 +1,10 @@
 """Writing QDQ tensors into an ONNX model: fresh names, integer initializers (4-bit
 packed), qparam initializers and QuantizeLinear/DequantizeLinear nodes in the domain
-their format needs. The ONNX backend's writer, the torch backend's export and the NPU
-legaliser all add Q/DQ through a :class:`QDQBuilder`, so a 16-bit pair below opset 21,
-a per-channel axis or a 4-bit initializer is written one way.
+their format needs. The ONNX backend's writer and the NPU legaliser add Q/DQ through a
+:class:`QDQBuilder`, so a 16-bit pair below opset 21, a per-channel axis or a 4-bit
+initializer is written one way; the torch backend's export, which writes its nodes as it
+walks torch's graph at an opset that takes every format it stores, stores its integer
+initializers with :func:`tensor_proto`.
 
 Example:
     >>> import numpy as np

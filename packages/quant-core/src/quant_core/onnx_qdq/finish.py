@@ -9,8 +9,9 @@ In order:
    (:func:`shape_reads_quantized`): an extra float reader would keep the producer out of
    the integer kernels, and a DequantizeLinear there would dequantize a whole activation
    to throw the values away.
-2. A Conv/ConvTranspose/Gemm with a float weight but a quantized input is kept from
-   onnxruntime's ``WeightBiasQuantization`` (:func:`keep_float_weights_float`).
+2. A Conv/ConvTranspose/Gemm with a quantized input, a float weight or bias, and a
+   QuantizeLinear after it is kept from onnxruntime's ``WeightBiasQuantization``
+   (:func:`keep_float_weights_float`).
 3. A MatMul (or ``Gemm`` without transposes) reading a quantized 2-D weight that no
    integer kernel takes is kept from onnxruntime's ``MatMulNBits`` rewrite
    (:func:`keep_matmuls_out_of_matmulnbits`).
@@ -54,6 +55,7 @@ from quant_core.onnx_qdq.build import (
 )
 from quant_core.onnx_qdq.graph import DEFAULT_DOMAINS, GraphIndex, int_attribute, is_default_domain, node_inputs
 from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX
+from quant_core.plan.ops import POLICIES, integer_kernel_reads
 from quant_core.qdq import MATMUL_WEIGHT_AXIS, guard_matmul_weight, required_opset
 from quant_core.qparams import QParams
 
@@ -157,7 +159,7 @@ def _activation_reader(index: GraphIndex, tensor: str) -> onnx.NodeProto | None:
 
 
 def keep_float_weights_float(model: onnx.ModelProto) -> None:
-    """Keep onnxruntime from quantizing the float weights of quantized-input nodes.
+    """Keep onnxruntime from quantizing the float weights and biases of quantized-input nodes.
 
     onnxruntime's WeightBiasQuantization (graph level BASIC, so in every default session;
     ``onnxruntime/core/optimizer/qdq_transformer/weight_bias_quantization.cc``) takes a
@@ -165,36 +167,70 @@ def keep_float_weights_float(model: onnx.ModelProto) -> None:
     QuantizeLinear for an unfinished QDQ unit: it quantizes a float weight initializer to
     int8 per tensor with a min/max zero point, and a float 1-D bias initializer to int32 at
     ``input_scale * weight_scale`` (EfficientNet-Lite0 at 16-bit activations and float
-    weights: 3.8 dB in the default session, 51 dB node by node). It leaves a node alone
-    whose input DequantizeLinear has more than one scale or whose bias is not an
-    initializer. So a multi-channel Conv reads its input through a per-channel
-    DequantizeLinear repeating its one scale and zero point (same values; the float Conv
-    keeps onnxruntime's NCHWc kernels, which need a constant bias), and any other such
-    node gets its bias (zeros when it has none) as :func:`exact_int32` codes behind a
-    DequantizeLinear. Neither form can reach an integer kernel: the weight is float."""
+    weights: 3.8 dB in the default session, 51 dB node by node; a16w8 with float biases
+    beside quantized weights: 1.7e-5 apart). It leaves a node alone whose input
+    DequantizeLinear has more than one scale, whose bias is not an initializer, or whose
+    output no QuantizeLinear reads (a float head writing a graph output: onnxruntime 1.32
+    runs it as written, so it keeps its float bias). So, where the node feeds a
+    QuantizeLinear:
+
+    - a float weight: a multi-channel Conv reads its input through a per-channel
+      DequantizeLinear repeating its one scale and zero point (same values; the float Conv
+      keeps onnxruntime's NCHWc kernels, which need a constant bias), and any other such
+      node gets its bias (zeros when it has none) as :func:`exact_int32` codes behind a
+      DequantizeLinear. Neither form can reach an integer kernel: the weight is float;
+    - a quantized weight beside a float bias (the bias rule's float case, which it allows
+      only where no integer kernel reads the layer): the bias is stored as
+      :func:`exact_int32` codes behind a DequantizeLinear."""
     index = GraphIndex(model.graph)
     builder = QDQBuilder(model, index)
+    quantized = {node.input[0] for node in model.graph.node if node.op_type == QUANTIZE and node.input}
     placed: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         if node.op_type not in ORT_COMPLETED_OPS or not is_default_domain(node) or len(node.input) < 2:
             continue
-        weight = index.constant(node.input[1])
         reader = _activation_reader(index, node.input[0])
-        if weight is None or weight.dtype != np.float32 or reader is None:
-            continue
+        if reader is None or node.output[0] not in quantized:
+            continue  # not a unit the rewrite completes: it needs a QuantizeLinear after the node
         qp = dequantize_qparams(index, reader)
         if qp is None or qp.axis is not None:
             continue
-        group = int_attribute(node, "group", 1)
-        channels = int(weight.shape[1]) * group if node.op_type == "Conv" else 1
-        if channels > 1:
-            _spread_scale(builder, reader, qp, channels)
+        weight = index.constant(node.input[1])
+        if weight is None:
+            dq = _float_bias_beside_quantized_weight(builder, index, node, qp.dtype)
+        elif weight.dtype != np.float32:
+            continue
+        elif node.op_type == "Conv" and int(weight.shape[1]) * int_attribute(node, "group", 1) > 1:
+            _spread_scale(builder, reader, qp, int(weight.shape[1]) * int_attribute(node, "group", 1))
+            continue
         else:
             dq = _store_exact_bias(builder, index, node, weight.shape)
-            if dq is not None:
-                placed.setdefault(node.name or node.output[0], []).append(dq)
+        if dq is not None:
+            placed.setdefault(node.name or node.output[0], []).append(dq)
     if placed:
         _place_before(model, placed)
+
+
+def _float_bias_beside_quantized_weight(
+    builder: QDQBuilder, index: GraphIndex, node: onnx.NodeProto, activation: DType
+) -> onnx.NodeProto | None:
+    """``node``'s float 1-D bias initializer as exact int32 codes when its weight is
+    quantized (read through a DequantizeLinear of a constant) and no integer kernel takes
+    the unit (16-bit activations, wider weights, ConvTranspose); else nothing. An integer
+    kernel reads its bias at ``input_scale * weight_scale``: there onnxruntime's own int32
+    bias is the bias rule's product form, and per-element exact scales would be misread."""
+    weight_dq = index.producer(node.input[1])
+    if weight_dq is None or weight_dq.op_type != DEQUANTIZE or not index.is_constant(weight_dq.input[0]):
+        return None
+    weight = DTYPE_OF_ONNX.get(index.elem_type(weight_dq.input[0]) or 0)
+    if weight is None or integer_kernel_reads(POLICIES[node.op_type], activation, weight):
+        return None
+    if len(node.input) < 3 or not node.input[2]:
+        return None
+    bias = index.constant(node.input[2])  # None for a computed bias (a DequantizeLinear of int32 codes)
+    if bias is None or bias.dtype != np.float32:
+        return None
+    return _store_exact_bias(builder, index, node, ())
 
 
 def _spread_scale(builder: QDQBuilder, dq: onnx.NodeProto, qp: QParams, channels: int) -> None:

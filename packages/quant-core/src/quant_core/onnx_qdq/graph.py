@@ -3,9 +3,7 @@
 The index is a snapshot: passes that edit the graph build a new index afterwards.
 
 Example:
-    >>> from typing import Any
-
-import numpy as np
+    >>> import numpy as np
     >>> from onnx import TensorProto, helper, numpy_helper
     >>> w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
     >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])
@@ -26,7 +24,7 @@ import numpy as np
 import onnx
 
 from quant_core.onnx_qdq.tensor_data import to_array, uses_external_data
-from quant_core.plan import PlanNode
+from quant_core.plan import PlanGraph, PlanNode
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 """Names of the default ONNX operator domain."""
@@ -364,4 +362,32 @@ def plan_node(node: onnx.NodeProto) -> PlanNode:
         attributes,
         standard=is_default_domain(node),
         implicit_inputs=tuple(implicit),
+    )
+
+
+def plan_graph(model: onnx.ModelProto, index: GraphIndex | None = None) -> PlanGraph:
+    """``model``'s main graph as the planner's :class:`~quant_core.plan.PlanGraph` (graph
+    order, which ONNX requires to be topological). Tensors whose element type ``index``
+    (default: the model's own types) knows and is not float are marked non-float; a caller
+    that plans quantization passes an index completed by shape inference.
+
+    Example:
+        >>> g = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+        ...     [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        ...     [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+        >>> [n.name for n in plan_graph(onnx.helper.make_model(g)).consumers("x")]
+        ['r']
+    """
+    index = GraphIndex(model.graph) if index is None else index
+    graph = model.graph
+    names = {name for node in graph.node for name in (*node.input, *node.output) if name}
+    names |= {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    non_float = {name for name in names if (index.elem_type(name) or onnx.TensorProto.FLOAT) != onnx.TensorProto.FLOAT}
+    inputs = [v.name for v in graph.input if index.is_graph_input(v.name)]
+    return PlanGraph(
+        [plan_node(node) for node in graph.node],
+        inputs=inputs,
+        outputs=[v.name for v in graph.output],
+        constant=index.constant,
+        non_float=non_float,
     )

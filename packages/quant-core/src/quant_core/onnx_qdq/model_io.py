@@ -122,7 +122,7 @@ def source_label(source: object) -> str:
     return str(Path(source)) if isinstance(source, str | os.PathLike) else "<in-memory model>"
 
 
-_REDUCED_FLOATS = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+_REDUCED_FLOATS: dict[int, str] = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
 
 
 def _reduced_float_tensor(model: onnx.ModelProto) -> tuple[str, str, str] | None:

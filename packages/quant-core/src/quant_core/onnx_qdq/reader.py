@@ -284,6 +284,11 @@ class QDQGraph:
         """Value of a float/int constant input (initializer or Constant node)."""
         return self.index.constant(name) if name else None
 
+    def constant_input(self, node: onnx.NodeProto, index: int) -> np.ndarray | None:
+        """Input ``index`` of ``node`` as a constant (a Resize's scales...), or None when it
+        is absent, empty or computed."""
+        return self.constant(node.input[index]) if len(node.input) > index else None
+
     def activation_keys(self) -> Iterator[str]:
         """Keys of every non-constant integer tensor, in graph order."""
         return (k for k, t in self.tensors.items() if not t.is_constant)

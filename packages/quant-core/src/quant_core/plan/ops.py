@@ -26,6 +26,7 @@ from collections.abc import Mapping
 import attrs
 import numpy as np
 
+from quant_core.dtypes import DType
 from quant_core.plan.graph import ConstantLookup, PlanNode
 
 
@@ -126,6 +127,19 @@ HOMOGENEOUS_ACTIVATIONS = ("Relu", "LeakyRelu", "PRelu")
 """Activations f with f(x / s) == f(x) / s for every s > 0: per-channel scaling crosses them."""
 
 _OWN_RANGE = OpPolicy(OpKind.GENERAL, (0,), integer_kernel=False)
+
+
+def integer_kernel_reads(policy: OpPolicy, activation: DType, weight: DType) -> bool:
+    """Whether integer kernels consume a layer of ``policy`` whose input is stored as
+    ``activation`` and weight as ``weight``: the op has one, the activations are 8-bit and
+    the weights at most 8 bits. Such a layer's bias is read at ``input_scale * weight_scale``.
+
+    Example:
+        >>> conv = POLICIES["Conv"]
+        >>> integer_kernel_reads(conv, DType.UINT8, DType.INT8), integer_kernel_reads(conv, DType.UINT16, DType.INT8)
+        (True, False)
+    """
+    return policy.integer_kernel and activation.bits <= 8 and weight.bits <= 8
 
 
 def policy_for(node: PlanNode, constant: ConstantLookup | None = None) -> OpPolicy | None:

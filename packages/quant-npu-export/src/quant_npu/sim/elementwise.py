@@ -120,7 +120,9 @@ class ActivationKernel:
 
 
 class HardSigmoidKernel:
-    """``relu6(x + 3) * m >> (shift + g - opos)`` on the grid ``g = max(ipos, 0)``.
+    """``max(x + 3, 0) * m >> (shift + g - opos)`` on the grid ``g = max(ipos, 0)``: the
+    device clamps below only (Vitis AI's reference runner, ``hard_sigmoid_fix``); above, int8
+    saturation does it where the output position is >= 7, which the profile requires.
 
     Example:
         >>> from quant_npu.profile import NPUProfile
@@ -139,7 +141,7 @@ class HardSigmoidKernel:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         shifted = np.ldexp(x.astype(np.float64), self.up) + self.three
-        clipped = np.clip(shifted, 0, 2 * self.three)
+        clipped = np.maximum(shifted, 0)
         return requantize(
             clipped * self.multiplier, self.shift, self.mode, *self.out_range, storage_dtype(*self.out_range)
         )
@@ -161,6 +163,31 @@ class HardSwishKernel:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.mul(x, self.sigmoid(x))
+
+
+class PReluKernel:
+    """``x`` where ``x >= 0``, else ``x * slope`` with int8 slope codes at ``slope_pos``
+    (broadcast like ONNX's PRelu), one rounding to ``out_pos`` (the DPU's ``prelu_in`` codes
+    and ``shift_prelu`` shifts).
+
+    Example:
+        >>> PReluKernel(np.array([[[26]]]), 8, 0, 0, RoundMode.HALF_UP, (-128, 127))(np.array([[[[-100, 7]]]])).tolist()
+        [[[[-10, 7]]]]
+    """
+
+    def __init__(
+        self, slope: np.ndarray, slope_pos: int, in_pos: int, out_pos: int, mode: RoundMode, out_range: tuple[int, int]
+    ):
+        self.slope = slope.astype(np.float64)
+        self.up = slope_pos
+        self.shift = in_pos + slope_pos - out_pos
+        self.mode = mode
+        self.out_range = out_range
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        values = x.astype(np.float64)
+        scaled = np.where(values >= 0, np.ldexp(values, self.up), values * self.slope)
+        return requantize(scaled, self.shift, self.mode, *self.out_range, storage_dtype(*self.out_range))
 
 
 class TableKernel:

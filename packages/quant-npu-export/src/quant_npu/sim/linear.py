@@ -1,4 +1,4 @@
-"""Exact integer Conv, Gemm and MatMul: int8 x int8 products summed by BLAS in float32
+"""Exact integer Conv, ConvTranspose, Gemm and MatMul: int8 x int8 products summed by BLAS in float32
 where a bound proves every partial sum below ``2**24``, else in float64 (exact below
 ``2**53``), then the :class:`~quant_npu.sim.epilogue.Epilogue`.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from quant_core.conversions import ConvTransposeAsConv, conv_weight, zero_insert
 from quant_npu.sim.arith import exact_dtype
 from quant_npu.sim.epilogue import Epilogue
 from quant_npu.sim.spatial import Geometry
@@ -96,6 +97,39 @@ class ConvKernel:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.epilogue(self.accumulate(x))
+
+
+class ConvTransposeKernel:
+    """2-D ConvTranspose as the DPU computes it: ``stride - 1`` zeros inserted after every
+    input pixel, then a stride-1 convolution with the flipped kernel (exact, like ``Conv``).
+    ``weights`` are in ConvTranspose's layout ``[Cin, Cout/g, kh, kw]``.
+
+    Example:
+        >>> from quant_core.spec import RoundMode
+        >>> from quant_npu.sim.epilogue import Epilogue
+        >>> e = Epilogue(acc_pos=0, out_pos=0, mode=RoundMode.HALF_UP, out_range=(-128, 127), acc_bound=512)
+        >>> up = ConvTransposeKernel(np.ones((1, 1, 2, 2), np.int64), {"strides": (2, 2)}, e, input_bound=128)
+        >>> up(np.array([[[[1, 2]]]], np.int8))[0, 0].tolist()
+        [[1, 1, 2, 2], [1, 1, 2, 2]]
+    """
+
+    def __init__(self, weights: np.ndarray, attributes: dict, epilogue: Epilogue, input_bound: int):
+        self.form = ConvTransposeAsConv.from_attributes(attributes, weights.shape)
+        conv = conv_weight(weights, self.form.group)
+        geometry = Geometry(
+            (int(conv.shape[2]), int(conv.shape[3])), dilations=self.form.dilations, pads=self.form.pads
+        )
+        self.conv = ConvKernel(conv, self.form.group, geometry, epilogue, input_bound)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        z = zero_insert(x, self.form.strides)
+        (top, left), (bottom, right) = self.form.crop_begin, self.form.crop_end
+        return self.conv(z[:, :, top : z.shape[2] - bottom, left : z.shape[3] - right])
+
+
+def conv_transpose_bound(weights: np.ndarray, group: int, input_bound: int) -> float:
+    """:func:`accumulator_bound` of a ConvTranspose (``[Cin, Cout/g, kh, kw]`` weights)."""
+    return accumulator_bound(conv_weight(weights, group), input_bound)
 
 
 class MatMulKernel:

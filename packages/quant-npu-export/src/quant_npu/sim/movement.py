@@ -1,5 +1,6 @@
 """Ops that move integer codes without arithmetic (ONNX semantics): Reshape, Flatten,
-Transpose, Squeeze, Unsqueeze, Identity, Slice, Pad, nearest Resize. Their shape
+Transpose, Squeeze, Unsqueeze, Identity, Slice, Pad, DepthToSpace, SpaceToDepth, nearest
+Resize; and the index arithmetic of every Resize (:func:`resize_axes`). Their shape
 arguments come from constants or from shape computations evaluated on the host.
 
 Example:
@@ -130,21 +131,20 @@ def _text(attributes: Attributes, name: str, default: str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def resize_nearest(x: np.ndarray, attributes: Attributes, params: Params) -> np.ndarray:
-    """Nearest-neighbour Resize: the output gathers input codes (index arithmetic in float
-    on shapes only, as ONNX defines it)."""
-    if _text(attributes, "mode", "nearest") != "nearest":
-        raise ValueError("Resize: only mode 'nearest' is simulated")
+def resize_axes(shape: Sequence[int], attributes: Attributes, params: Params) -> list[tuple[int, np.ndarray]]:
+    """``(axis, input coordinate of every output index)`` for each axis a Resize changes
+    (ONNX's coordinate transforms, in float on shapes only)."""
+    for name in ("antialias", "exclude_outside"):
+        if attributes.get(name, 0):
+            raise ValueError(f"Resize: {name} is not simulated")
     scales, sizes = _param(params, 1), _param(params, 2)
     if len(params) == 1:  # opset 10: (X, scales)
         scales, sizes = _param(params, 0), None
     transform = _COORDINATES.get(_text(attributes, "coordinate_transformation_mode", "half_pixel"))
-    nearest = _NEAREST.get(_text(attributes, "nearest_mode", "round_prefer_floor"))
-    if transform is None or nearest is None:
-        raise ValueError("Resize: coordinate_transformation_mode or nearest_mode is not simulated")
-    out = x
-    for axis in range(x.ndim):
-        size_in = x.shape[axis]
+    if transform is None:
+        raise ValueError("Resize: coordinate_transformation_mode is not simulated")
+    found = []
+    for axis, size_in in enumerate(shape):
         if sizes is not None and np.asarray(sizes).size:
             size_out = int(np.asarray(sizes).reshape(-1)[axis])
             scale = size_out / size_in
@@ -153,10 +153,51 @@ def resize_nearest(x: np.ndarray, attributes: Attributes, params: Params) -> np.
             size_out = math.floor(size_in * scale)
         if size_out == size_in and scale == 1.0:
             continue
-        coordinates = transform(np.arange(size_out, dtype=np.float64), scale, size_in, size_out)
-        index = np.clip(nearest(coordinates), 0, size_in - 1).astype(np.int64)
+        found.append((axis, transform(np.arange(size_out, dtype=np.float64), scale, size_in, size_out)))
+    return found
+
+
+def resize_nearest(x: np.ndarray, attributes: Attributes, params: Params) -> np.ndarray:
+    """Nearest-neighbour Resize: the output gathers input codes."""
+    if _text(attributes, "mode", "nearest") != "nearest":
+        raise ValueError("Resize: a linear Resize computes; see quant_npu.sim.resize")
+    nearest = _NEAREST.get(_text(attributes, "nearest_mode", "round_prefer_floor"))
+    if nearest is None:
+        raise ValueError("Resize: nearest_mode is not simulated")
+    out = x
+    for axis, coordinates in resize_axes(x.shape, attributes, params):
+        index = np.clip(nearest(coordinates), 0, x.shape[axis] - 1).astype(np.int64)
         out = np.take(out, index, axis=axis)
     return out
+
+
+def depth_to_space(x: np.ndarray, attributes: Attributes, params: Params) -> np.ndarray:
+    """ONNX DepthToSpace (``DCR`` or ``CRD``) on ``[N, C, H, W]``.
+
+    Example:
+        >>> depth_to_space(np.arange(4).reshape(1, 4, 1, 1), {"blocksize": 2}, []).tolist()
+        [[[[0, 1], [2, 3]]]]
+    """
+    b = int(attributes["blocksize"])
+    n, c, h, w = x.shape
+    if _text(attributes, "mode", "DCR") == "DCR":
+        moved = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        moved = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return moved.reshape(n, c // (b * b), h * b, w * b)
+
+
+def space_to_depth(x: np.ndarray, attributes: Attributes, params: Params) -> np.ndarray:
+    """ONNX SpaceToDepth on ``[N, C, H, W]``.
+
+    Example:
+        >>> space_to_depth(np.arange(4).reshape(1, 1, 2, 2), {"blocksize": 2}, []).ravel().tolist()
+        [0, 1, 2, 3]
+    """
+    b = int(attributes["blocksize"])
+    n, c, h, w = x.shape
+    moved = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    return moved.reshape(n, c * b * b, h // b, w // b)
 
 
 MOVES: dict[str, MoveFunction] = {
@@ -168,5 +209,7 @@ MOVES: dict[str, MoveFunction] = {
     "Identity": identity,
     "Slice": slice_,
     "Resize": resize_nearest,
+    "DepthToSpace": depth_to_space,
+    "SpaceToDepth": space_to_depth,
 }
 """Op type -> function of (codes, attributes, parameter inputs after the data input)."""

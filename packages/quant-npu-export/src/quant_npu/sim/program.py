@@ -42,6 +42,7 @@ from quant_core.onnx_qdq.reader import QDQGraph
 from quant_core.qparams import QParams, quantize, round_values
 from quant_core.spec import RoundMode
 from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
+from quant_npu.partitions import CpuSelection, cpu_steps
 from quant_npu.plan import Step, plan
 from quant_npu.profile import NPUProfile
 from quant_npu.sim.arith import requantize, storage_dtype
@@ -52,25 +53,43 @@ from quant_npu.sim.elementwise import (
     HardSigmoidKernel,
     HardSwishKernel,
     MulKernel,
+    PReluKernel,
     SoftmaxKernel,
     TableKernel,
 )
 from quant_npu.sim.epilogue import Activation, Epilogue
-from quant_npu.sim.linear import ActivationMatMulKernel, ConvKernel, MatMulKernel, accumulator_bound
+from quant_npu.sim.linear import (
+    ActivationMatMulKernel,
+    ConvKernel,
+    ConvTransposeKernel,
+    MatMulKernel,
+    accumulator_bound,
+    conv_transpose_bound,
+)
 from quant_npu.sim.movement import MOVES, pad
 from quant_npu.sim.pool import AveragePoolKernel, GlobalAveragePoolKernel, MaxPoolKernel
+from quant_npu.sim.resize import LinearResizeKernel
 from quant_npu.sim.spatial import Geometry
 
 _LOG = logging.getLogger(__name__)
 
 SIMULATED_OPS = frozenset(
     {
-        "Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Concat", "MaxPool", "AveragePool",
-        "GlobalAveragePool", "ReduceMean", "Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish",
-        "Sigmoid", "Tanh", "Softmax", "Pad", *MOVES,
+        "Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Concat", "MaxPool",
+        "AveragePool", "GlobalAveragePool", "ReduceMean", "Relu", "Clip", "LeakyRelu", "PRelu",
+        "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Softmax", "Pad", *MOVES,
     }
 )  # fmt: skip
 """Op types the simulator has an integer kernel for."""
+
+ELEMENTWISE_FLOAT_OPS = frozenset(
+    {
+        "Sigmoid", "Tanh", "Gelu", "Erf", "Exp", "Log", "Softplus", "Softsign", "Elu", "Selu", "Celu",
+        "Mish", "HardSigmoid", "HardSwish", "LeakyRelu", "Relu", "Sqrt", "Abs", "Neg", "Reciprocal",
+        "Sin", "Cos", "ThresholdedRelu",
+    }
+)  # fmt: skip
+"""One-input elementwise ops: on the CPU, a table over every input code computes them exactly."""
 
 Kernel = Callable[..., np.ndarray]
 
@@ -125,13 +144,18 @@ def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class _Compiler:
-    def __init__(self, model: onnx.ModelProto, profile: NPUProfile, mode: RoundMode) -> None:
+    def __init__(self, model: onnx.ModelProto, profile: NPUProfile, mode: RoundMode, cpu: CpuSelection) -> None:
         self.model = model
         self.profile = profile
         self.mode = mode
         self.qdq = QDQGraph(model)
         self.steps = plan(self.qdq, profile)
+        self.on_cpu = {id(step) for step in cpu_steps(self.qdq, self.steps, cpu)}
         self.constants: dict[str, np.ndarray] = {}
         self.notes: list[str] = []
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -213,6 +237,8 @@ class _Compiler:
     # ------------------------------------------------------------------ kernels
     def compile(self, step: Step) -> Operation:
         op = step.op_type
+        if id(step) in self.on_cpu:
+            return self._cpu(step)
         if op not in SIMULATED_OPS:
             raise self.fail(step, f"no integer kernel for {op}; simulated ops: {', '.join(sorted(SIMULATED_OPS))}")
         if op not in self.profile.accepted_ops:
@@ -228,12 +254,16 @@ class _Compiler:
             data, params, kernel = self._move(step, out_pos, out_range)
         return Operation(step.name, op, data, params, out, kernel)
 
-    def _conv(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
+    def _spatial(self, step: Step, what: str) -> tuple[str, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Input key, weight values and positions, attributes of a 2-D Conv/ConvTranspose."""
         (x,) = self.data(step, (0,))
         weights, wpos = self.constant_values(step, 1)
         if weights.ndim != 4:
-            raise self.fail(step, f"{weights.ndim - 2}-D convolution; allowed: 2-D")
-        attributes = _attributes(step.node)
+            raise self.fail(step, f"{weights.ndim - 2}-D {what}; allowed: 2-D")
+        return x, weights, wpos, _attributes(step.node)
+
+    def _conv(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
+        x, weights, wpos, attributes = self._spatial(step, "convolution")
         ipos = self.pos(step, x)
         epilogue = self._epilogue(
             step, ipos + wpos, out_pos, out_range, 2, 1, 4, accumulator_bound(weights, self.bound(x))
@@ -241,6 +271,15 @@ class _Compiler:
         geometry = Geometry.from_node_attributes(attributes, weights.shape[2:])
         kernel = ConvKernel(weights, int(attributes.get("group", 1)), geometry, epilogue, self.bound(x))
         return (x,), (), kernel
+
+    def _convtranspose(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
+        x, weights, wpos, attributes = self._spatial(step, "transposed convolution")
+        if str(_text(attributes.get("auto_pad", "NOTSET"))) != "NOTSET" or "output_shape" in attributes:
+            raise self.fail(step, "auto_pad or output_shape; simulated: explicit pads")
+        group = int(attributes.get("group", 1))
+        bound = conv_transpose_bound(weights, group, self.bound(x))
+        epilogue = self._epilogue(step, self.pos(step, x) + wpos, out_pos, out_range, 2, 1, 4, bound)
+        return (x,), (), ConvTransposeKernel(weights, attributes, epilogue, self.bound(x))
 
     def _epilogue(
         self, step: Step, acc_pos: np.ndarray, out_pos: int, out_range: tuple[int, int], bias_index: int | None,
@@ -325,6 +364,67 @@ class _Compiler:
             raise self.fail(step, "HardSigmoid alpha/beta are not the device's 1/6, 0.5")
         x, ipos = self._unary(step)
         return (x,), (), HardSigmoidKernel(self.profile, ipos, out_pos, self.mode, out_range)
+
+    def _prelu(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
+        x, ipos = self._unary(step)
+        slope, spos = self.constant_values(step, 1)
+        if spos.size != 1:
+            raise self.fail(step, "slope with one position per channel; simulated: one position")
+        kernel = PReluKernel(slope, int(spos.reshape(-1)[0]), ipos, out_pos, self.mode, out_range)
+        return (x,), (), kernel
+
+    def _resize(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
+        attributes = _attributes(step.node)
+        if _text(attributes.get("mode", "nearest")) != "linear":
+            return self._move(step, out_pos, out_range)
+        x, ipos = self._unary(step)
+        kernel = LinearResizeKernel(attributes, self.profile.resize_weight_bits, ipos, out_pos, self.mode, out_range)
+        return (x,), self.params(step, 1), kernel
+
+    def _cpu(self, step: Step) -> Operation:
+        """A node kept on the CPU: float on dequantized inputs (ONNX's reference
+        implementation), its output quantized like the model's QuantizeLinear."""
+        from onnx.reference import ReferenceEvaluator
+
+        node = step.node
+        if step.activation is not None:
+            raise self.fail(step, "a fused activation on a CPU node; keep both or neither on the CPU")
+        out = step.output
+        out_pos = self.pos(step, out)
+        assert out is not None
+        out_range = self.range(out)
+        opsets = {o.domain or "": o.version for o in self.model.opset_import}
+        evaluator: Any = ReferenceEvaluator(node, opsets=opsets)
+        self.notes.append(f"node {step.name!r}: {step.op_type} runs on the CPU in float")
+        if step.op_type in ELEMENTWISE_FLOAT_OPS and len([n for n in node.input if n]) == 1:
+            x, ipos = self._unary(step)
+
+            def function(values: np.ndarray) -> np.ndarray:
+                (result,) = evaluator.run(None, {node.input[0]: values.astype(np.float32)})
+                return np.asarray(result, np.float64)
+
+            kernel = TableKernel(function, ipos, out_pos, self.mode, self.range(x), out_range)
+            return Operation(step.name, step.op_type, (x,), (), out, kernel)
+        indices = tuple(i for i, k in enumerate(step.data_inputs) if k is not None)
+        keys = self.data(step, indices)
+        positions = [self.pos(step, k) for k in keys]
+        others = {i: node.input[i] for i in range(len(node.input)) if i not in indices and node.input[i]}
+        for name in others.values():
+            value = self.qdq.constant(name)
+            if value is not None:
+                self.constants.setdefault(name, np.asarray(value))
+        mode, dtype = self.mode, storage_dtype(*out_range)
+        order = list(others)
+
+        def run(*arguments: np.ndarray) -> np.ndarray:
+            data = zip(indices, arguments[: len(indices)], positions, strict=True)
+            feeds = {node.input[i]: np.ldexp(a.astype(np.float32), -p) for i, a, p in data}
+            feeds.update({others[i]: v for i, v in zip(order, arguments[len(indices) :], strict=True)})
+            result = evaluator.run(None, feeds)[0]
+            scaled = round_values(np.ldexp(np.asarray(result, np.float64), out_pos), mode)
+            return np.clip(scaled, *out_range).astype(dtype)
+
+        return Operation(step.name, step.op_type, keys, tuple(others[i] for i in order), out, run)
 
     def _hardswish(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
@@ -483,10 +583,13 @@ class _Compiler:
         return found
 
 
-def compile_program(model: onnx.ModelProto, profile: NPUProfile, mode: RoundMode) -> Program:
+def compile_program(
+    model: onnx.ModelProto, profile: NPUProfile, mode: RoundMode, cpu: CpuSelection | None = None
+) -> Program:
     """The integer program of a loaded QDQ model; one-line ValueError naming the node when
-    an op has no integer kernel, a tensor has no fix position or a node is off the data path."""
-    return _Compiler(model, profile, mode).program()
+    an op has no integer kernel, a tensor has no fix position or a node is off the data path.
+    Nodes ``cpu`` selects run in float between their quantized inputs and output."""
+    return _Compiler(model, profile, mode, cpu or CpuSelection()).program()
 
 
 def quantize_input(x: np.ndarray, qp: QParams, mode: RoundMode) -> np.ndarray:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import onnx
 
+from quant_npu.partitions import CpuSelection
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.sim.program import HostOperation, Program, compile_program, quantize_input
 
@@ -26,6 +27,8 @@ class NPUSimulator:
         target: profile (name, ``.json`` file or :class:`NPUProfile`; default ``xint8``).
         rounding: ``"device"`` (the profile's rounding, half-up by default) or ``"onnx"``
             (half-to-even, what onnxruntime's QuantizeLinear does), or a RoundMode name.
+        cpu: op types or node-name globs that run on the CPU in float (``legalize``'s
+            ``cpu``): computed between their quantized inputs and output.
 
     Example:
         >>> import numpy as np
@@ -49,13 +52,14 @@ class NPUSimulator:
         model: ModelSource,
         target: str | os.PathLike[str] | NPUProfile | None = None,
         rounding: str = "device",
+        cpu: CpuSelection | Iterable[str] | str | None = None,
     ) -> None:
         from quant_core.onnx_qdq.model_io import load_model
 
         self.profile = load_profile(target)
         self.rounding = self.profile.rounding_for(rounding)
         self.model = load_model(model)
-        self.program: Program = compile_program(self.model, self.profile, self.rounding)
+        self.program: Program = compile_program(self.model, self.profile, self.rounding, CpuSelection.parse(cpu))
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -153,6 +157,7 @@ def simulate(
     rounding: str = "device",
     batch_size: int | None = None,
     quiet: bool = False,
+    cpu: CpuSelection | Iterable[str] | str | None = None,
 ) -> dict[str, np.ndarray]:
     """:class:`NPUSimulator` in one call: graph output name -> float32 array."""
-    return NPUSimulator(model, target, rounding).run(data, batch_size=batch_size, quiet=quiet)
+    return NPUSimulator(model, target, rounding, cpu).run(data, batch_size=batch_size, quiet=quiet)

@@ -31,7 +31,15 @@ import attrs
 import onnx
 
 from quant_algos.drivers.schedule import schedule
-from quant_core.algorithm_config import samples_to_use
+from quant_core.algorithm_config import (
+    AdaQuantConfig,
+    AdaRoundConfig,
+    BiasCorrectionConfig,
+    CLEConfig,
+    MixedPrecisionConfig,
+    SmoothQuantConfig,
+    samples_to_use,
+)
 from quant_core.config import QuantConfig
 from quant_onnx.algorithms.capture import Feeds, prepare_batches
 from quant_onnx.algorithms.cle import apply_cle
@@ -76,10 +84,10 @@ def run_pre_passes(
     smooth = any(a.kind == "smoothquant" for a in scheduled)
     feeds = _reusable(batches, smooth, "SmoothQuant")
     for algorithm in scheduled:
-        if algorithm.kind == "cle":
+        if isinstance(algorithm, CLEConfig):
             model, report = apply_cle(model, algorithm, feeds)
             reports["cle"] = report.to_dict()
-        else:
+        elif isinstance(algorithm, SmoothQuantConfig):
             model, sq_report = apply_smoothquant_with_report(model, feeds or [], algorithm)
             reports["smoothquant"] = sq_report.to_dict()
     return PassesResult(model, reports)
@@ -115,7 +123,7 @@ def run_post_passes(
     model = qdq_model
     for algorithm in scheduled:
         assert feeds is not None
-        if algorithm.kind == "mixed_precision":
+        if isinstance(algorithm, MixedPrecisionConfig):
             model, calibrated, mp_report = apply_mixed_precision(
                 calibrated,
                 config,
@@ -127,10 +135,10 @@ def run_post_passes(
                 quiet=quiet,
             )
             reports["mixed_precision"] = mp_report.to_dict()
-        elif algorithm.kind in ("adaround", "adaquant"):
+        elif isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig)):
             model, rec_report = apply_reconstruction(calibrated, model, feeds, algorithm, quiet=quiet)
             reports[algorithm.kind] = rec_report.to_dict()
-        else:
+        elif isinstance(algorithm, BiasCorrectionConfig):
             model, notes = apply_bias_correction(calibrated, model, feeds, algorithm, quiet=quiet)
             reports["bias_correction"] = {"num_samples": samples_to_use(algorithm), "notes": notes}
     return PassesResult(model, reports, calibrated)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -322,7 +321,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
     commands = {"quantize": _quantize, "inspect": _inspect, "compare": _compare}
     return run_command("quant-onnx", build_parser(), commands, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,30 +27,17 @@ Example:
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto
 
 from quant_core.config import QuantConfig
-from quant_core.onnx_qdq.graph import plan_node
+from quant_core.onnx_qdq.graph import plan_graph as onnx_plan_graph
 from quant_core.plan import PlanGraph, QuantPlan, plan_quantization
 from quant_onnx.pipeline.preprocess.shape_inference import typed_index
 
 
 def plan_graph(model: onnx.ModelProto) -> PlanGraph:
-    """``model``'s main graph as the planner's :class:`~quant_core.plan.PlanGraph`
-    (graph order, which ONNX requires to be topological)."""
-    index = typed_index(model)
-    graph = model.graph
-    names = {name for node in graph.node for name in (*node.input, *node.output) if name}
-    names |= {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    non_float = {name for name in names if (index.elem_type(name) or TensorProto.FLOAT) != TensorProto.FLOAT}
-    inputs = [v.name for v in graph.input if index.is_graph_input(v.name)]
-    return PlanGraph(
-        [plan_node(node) for node in graph.node],
-        inputs=inputs,
-        outputs=[v.name for v in graph.output],
-        constant=index.constant,
-        non_float=non_float,
-    )
+    """``model``'s main graph as the planner's :class:`~quant_core.plan.PlanGraph`, its
+    integer tensors known from the model's types or shape inference."""
+    return onnx_plan_graph(model, typed_index(model))
 
 
 def plan_model(model: onnx.ModelProto, config: QuantConfig, *, share_concat_scales: bool = True) -> QuantPlan:

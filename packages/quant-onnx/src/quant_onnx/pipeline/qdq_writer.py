@@ -54,16 +54,16 @@ import onnx
 from onnx import helper
 
 from quant_core.bias import BiasRule, EncodedBias, encode_layer_bias
-from quant_core.errors import ConfigError, ModelError
-from quant_core.onnx_qdq.build import DEQUANTIZE, QUANTIZE, QDQBuilder, exact_int32, output_channels
+from quant_core.errors import ModelError
+from quant_core.onnx_qdq.build import DEQUANTIZE, QUANTIZE, QDQBuilder, output_channels
 from quant_core.onnx_qdq.finish import finish_for_onnxruntime, reads_quantized_directly
 from quant_core.onnx_qdq.graph import GraphIndex, node_attribute
 from quant_core.plan import BiasSlot, FusedActivation, InputRequant
 from quant_core.qdq import (
-    ACTIVATION_ENCODINGS,
     ActivationEncoding,
     activation_is_absorbed,
     bound_is_absorbed,
+    check_activation_encoding,
     encode_activation,
 )
 from quant_core.qparams import QParams, quantize
@@ -93,10 +93,7 @@ class WriterOptions:
 
     @activation_encoding.validator
     def _check(self, _attribute: object, value: str) -> None:
-        if value not in ACTIVATION_ENCODINGS:
-            raise ConfigError(
-                f"activation_encoding: {value!r} is not allowed; allowed: {', '.join(ACTIVATION_ENCODINGS)}"
-            )
+        check_activation_encoding(value)
 
 
 class _Writer:
@@ -258,12 +255,9 @@ class _Writer:
         self.biases[slot.node] = encoded
         if encoded.codes is not None and encoded.qparams is not None:
             self.store_constant(node, slot.input_index, encoded.codes, encoded.qparams)
-        elif encoded.rule is BiasRule.FLOAT:
-            # A float bias initializer beside a quantized input and weight is what onnxruntime's
-            # WeightBiasQuantization re-quantizes at input x weight scale (see keep_float_weights_float):
-            # exact int32 codes with a power-of-two scale per element keep it bit for bit.
-            codes, qp = exact_int32(np.asarray(value, np.float32))
-            self.store_constant(node, slot.input_index, codes, qp)
+        # A bias kept float (BiasRule.FLOAT) stays the float initializer: finishing
+        # (keep_float_weights_float) stores it as exact int32 codes where onnxruntime's
+        # WeightBiasQuantization would re-quantize it, for both backends alike.
 
     def per_channel_bias(self, node: onnx.NodeProto, value: np.ndarray) -> np.ndarray:
         """A Gemm's broadcast bias (one value, shape [], [1] or [1, 1]) as one value per output

@@ -44,6 +44,7 @@ def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[
     def run(gm: GraphModule) -> dict[str, Any]:
         reports: dict[str, Any] = {}
         for cle in cles:
+            assert isinstance(cle, CLEConfig)  # SUPPORTED runs nothing else before calibration
             reports["cle"] = apply_cle(gm, cle, batches).to_dict()
         return reports
 
@@ -58,13 +59,14 @@ def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batc
     for algorithm in schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx").after_calibration:
         runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(algorithm)))
         try:
-            if algorithm.kind == BiasCorrectionConfig.kind:
+            if isinstance(algorithm, BiasCorrectionConfig):
                 notes = correct_biases(runner, algorithm, quiet=quiet)
                 info.algorithms[algorithm.kind] = {
                     "num_samples": samples_to_use(algorithm),
                     "notes": [*runner.notes, *notes],
                 }
                 continue
+            assert isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig))  # the rest of SUPPORTED
             report = reconstruct_layers(runner, algorithm, quiet=quiet)
         finally:
             runner.close()  # the live values a walk spilled to disk

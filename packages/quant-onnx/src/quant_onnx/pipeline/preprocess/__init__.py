@@ -25,10 +25,13 @@ Example:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 
 import attrs
 import onnx
 
+from quant_core.conversions import parse_conversions
 from quant_core.onnx_qdq.model_io import check_model
 from quant_onnx.pipeline.preprocess.bn_folding import fold_batchnorm, fold_batchnorm_inplace
 from quant_onnx.pipeline.preprocess.constant_folding import fold_constants, fold_constants_inplace
@@ -42,6 +45,7 @@ from quant_onnx.pipeline.preprocess.initializer_inputs import (
     initializers_to_constants,
     initializers_to_constants_inplace,
 )
+from quant_onnx.pipeline.preprocess.npu_conversions import apply_npu_conversions, apply_npu_conversions_inplace
 from quant_onnx.pipeline.preprocess.opset import default_target_opset, upgrade_opset
 from quant_onnx.pipeline.preprocess.pad_folding import fold_pads, fold_pads_inplace
 from quant_onnx.pipeline.preprocess.relu6_to_relu import relu6_to_relu, relu6_to_relu_inplace
@@ -50,6 +54,7 @@ from quant_onnx.pipeline.preprocess.shape_inference import infer_shapes, infer_s
 __all__ = [
     "PreprocessOptions",
     "PreprocessResult",
+    "apply_npu_conversions",
     "constants_to_initializers",
     "default_target_opset",
     "eliminate_identities",
@@ -68,10 +73,16 @@ __all__ = [
 _LOG = logging.getLogger(__name__)
 
 
+def _npu_conversions(value: object) -> tuple[str, ...]:
+    return parse_conversions(value)  # type: ignore[arg-type]
+
+
 @attrs.frozen(kw_only=True)
 class PreprocessOptions:
     """Which pre-processing passes run (all exact ones on by default; relu6_to_relu is opt-in).
 
+    `npu_conversions` names :mod:`quant_core.conversions` rules applied to the float graph (the
+    quantizer sets it from ``QuantConfig.npu_conversions``).
     `target_opset=None` means max(13, model opset).  Initializers that old exporters also listed as
     graph inputs are always treated as constants and dropped from the inputs.
 
@@ -86,6 +97,7 @@ class PreprocessOptions:
     fold_batchnorm: bool = True
     fold_pads: bool = True
     relu6_to_relu: bool = False
+    npu_conversions: tuple[str, ...] = attrs.field(default=(), converter=_npu_conversions)
     remove_dead_nodes: bool = True
     target_opset: int | None = attrs.field(default=None)
     check: bool = True
@@ -120,7 +132,7 @@ def preprocess_with_report(model: onnx.ModelProto, options: PreprocessOptions | 
     changes: dict[str, int] = {}
     # upgrade_opset always returns a copy; the passes below edit that copy in place.
     out = upgrade_opset(model, opts.target_opset)
-    steps = [
+    steps: list[tuple[str, bool, Callable[[onnx.ModelProto], object]]] = [
         ("initializers_to_constants", True, initializers_to_constants_inplace),
         ("constants_to_initializers", opts.constants_to_initializers, constants_to_initializers_inplace),
         ("eliminate_identities", opts.eliminate_identities, eliminate_identities_inplace),
@@ -128,13 +140,18 @@ def preprocess_with_report(model: onnx.ModelProto, options: PreprocessOptions | 
         ("fold_batchnorm", opts.fold_batchnorm, fold_batchnorm_inplace),
         ("fold_pads", opts.fold_pads, fold_pads_inplace),
         ("relu6_to_relu", opts.relu6_to_relu, relu6_to_relu_inplace),
+        (
+            "npu_conversions",
+            bool(opts.npu_conversions),
+            partial(apply_npu_conversions_inplace, rules=opts.npu_conversions),
+        ),
         # Folding BN / Pads can leave newly constant chains and orphaned weights.
         ("fold_constants_again", opts.fold_constants, fold_constants_inplace),
         ("remove_dead_nodes", opts.remove_dead_nodes, remove_dead_nodes_inplace),
     ]
     for name, enabled, apply in steps:
         if enabled:
-            changes[name] = int(apply(out))
+            changes[name] = int(apply(out))  # type: ignore[call-overload]
             _LOG.debug("preprocess %s: %d change(s)", name, changes[name])
     infer_shapes_inplace(out, refresh=True)
     if opts.check:

@@ -48,14 +48,14 @@ def eliminate_identities_inplace(model: onnx.ModelProto) -> int:
     # (Looked up by output name: remove_nodes rebuilt graph.node, so earlier node objects are stale.)
     for dst in to_graph_output:
         index = GraphIndex(graph)
-        node = index.producer(dst)
-        if node is None:
+        identity = index.producer(dst)
+        if identity is None:
             continue
-        src = node.input[0]
+        src = identity.input[0]
         producer = index.producer(src)
         if producer is None or index.is_graph_output(src) or index.is_graph_input(src):
             continue
-        remove_nodes(graph, [node])
+        remove_nodes(graph, [identity])
         rename_tensor(graph, src, dst)
         removed += 1
     return removed

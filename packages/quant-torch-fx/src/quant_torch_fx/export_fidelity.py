@@ -1,0 +1,173 @@
+"""Node-by-node fidelity of an exported QDQ model against the frozen torch model, in any
+runtime (``run(model, feeds) -> {output name: array}``: onnx's reference evaluator by
+default, an onnxruntime session in the caller's hands): each ``QuantizeLinear`` output of
+the file is compared, in codes, with the frozen model's fake-quantized tensor it stands for
+(found by shape, qparams and value).
+
+- ``chain``: the file run end to end from the model input (a step of difference in one
+  layer travels on, as it would in deployment);
+- ``isolated``: every quantized tensor computed from the frozen model's own codes of the
+  tensors it reads (each QuantizeLinear output replaced by its frozen codes for its
+  readers), so each difference is that node's own.
+
+Example:
+    >>> import torch
+    >>> from quant_torch_fx import ModelQuantizer
+    >>> from quant_torch_fx.export import onnx_model
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    >>> q = ModelQuantizer("a8w8", quiet=True)
+    >>> frozen = q.freeze(q.quantize_model(net, torch.randn(1, 3, 4, 4), [torch.randn(8, 3, 4, 4)]))
+    >>> fidelity = node_by_node(onnx_model(frozen, (torch.randn(1, 3, 4, 4),), opset=19), frozen, (torch.randn(5, 3, 4, 4),))
+    >>> len(fidelity.chain), fidelity.within_one_step("chain"), fidelity.within_one_step("isolated")
+    (4, 1.0, 1.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from quant_core.qdq import encode_activation
+from quant_torch_fx.prepare import activation_quantizers, quantized_graphs
+
+Runner = Callable[[onnx.ModelProto, dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@attrs.frozen
+class Recorded:
+    """One quantizer call of the frozen model: its stored scale, zero point and codes."""
+
+    scale: float
+    zero_point: int
+    codes: np.ndarray
+
+
+def record(
+    frozen: torch.nn.Module, inputs: tuple[torch.Tensor, ...], encoding: str = "x86_uint8"
+) -> tuple[list[Recorded], object]:
+    """Every activation quantizer call's output as stored codes, and the model's output."""
+    seen: list[Recorded] = []
+    handles = []
+    for gm in quantized_graphs(frozen):
+        for _key, fq in activation_quantizers(gm):
+            qp = encode_activation(fq.current_qparams(), encoding)  # type: ignore[arg-type]
+
+            def hook(_m: object, _i: object, out: torch.Tensor, qp: object = qp) -> None:
+                scale, zero_point = np.float32(qp.scale), int(qp.zero_point)  # type: ignore[attr-defined]
+                codes = np.rint(out.detach().numpy() / scale).astype(np.int64) + zero_point
+                seen.append(Recorded(float(scale), zero_point, codes))
+
+            handles.append(fq.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            output = frozen(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen, output
+
+
+def quantized_tensors(model: onnx.ModelProto) -> dict[str, tuple[float, int, int]]:
+    """QuantizeLinear output -> (scale, zero point, element type) of each per-tensor Q whose
+    qparams are initializers."""
+    inits = {t.name: t for t in model.graph.initializer}
+    found = {}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[1] in inits:
+            scale = float(numpy_helper.to_array(inits[node.input[1]]).reshape(-1)[0])
+            zero = inits[node.input[2]]
+            found[node.output[0]] = (scale, int(numpy_helper.to_array(zero).reshape(-1)[0]), zero.data_type)
+    return found
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    present = {o.name for o in copy.graph.output}
+    copy.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in present)
+    return copy
+
+
+def _match(
+    tensors: dict[str, tuple[float, int, int]], got: dict[str, np.ndarray], seen: list[Recorded]
+) -> dict[str, int]:
+    mapping = {}
+    for name, (scale, zero_point, _type) in tensors.items():
+        codes = got[name].astype(np.int64)
+        candidates = [
+            (float(np.abs(r.codes - codes).mean()), i)
+            for i, r in enumerate(seen)
+            if r.codes.shape == codes.shape and abs(r.scale - scale) <= 1e-7 * scale and r.zero_point == zero_point
+        ]
+        if candidates:
+            mapping[name] = min(candidates)[1]
+    return mapping
+
+
+def _forced(model: onnx.ModelProto, names: list[str], types: dict[str, int]) -> onnx.ModelProto:
+    copy = _with_outputs(model, names)
+    forced = {n: f"{n}__frozen" for n in names}
+    for node in copy.graph.node:
+        if node.op_type == "QuantizeLinear" and node.output[0] in forced:
+            continue
+        for i, name in enumerate(node.input):
+            if name in forced:
+                node.input[i] = forced[name]
+    copy.graph.input.extend(helper.make_tensor_value_info(forced[n], types[n], None) for n in names)
+    return copy
+
+
+@attrs.frozen
+class Fidelity:
+    """Steps (codes) apart per quantized tensor of the file: end to end and isolated."""
+
+    chain: dict[str, int]
+    isolated: dict[str, int]
+    unmatched: list[str]
+    output: np.ndarray
+
+    def within_one_step(self, which: str) -> float:
+        steps = getattr(self, which)
+        return float(np.mean([s <= 1 for s in steps.values()])) if steps else 1.0
+
+
+def node_by_node(
+    model: onnx.ModelProto,
+    frozen: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    run: Runner | None = None,
+    encoding: str = "x86_uint8",
+) -> Fidelity:
+    """Steps apart, per quantized tensor, of ``model`` (exported with ``encoding``) run by
+    ``run`` (default: onnx's reference evaluator) on ``inputs`` and of the frozen model
+    (see the module docstring)."""
+    run = run or reference_runner
+    tensors = quantized_tensors(model)
+    seen, _output = record(frozen, inputs, encoding)
+    feeds = {i.name: x.numpy() for i, x in zip(model.graph.input, inputs, strict=False)}
+    names = list(tensors)
+    got = run(_with_outputs(model, names), feeds)
+    mapping = _match(tensors, got, seen)
+    chain = {n: int(np.abs(got[n].astype(np.int64) - seen[i].codes).max()) for n, i in mapping.items()}
+    matched = list(mapping)
+    forced = _forced(model, matched, {n: tensors[n][2] for n in matched})
+    dtypes = {n: helper.tensor_dtype_to_np_dtype(tensors[n][2]) for n in matched}
+    forced_feeds = dict(feeds) | {f"{n}__frozen": seen[mapping[n]].codes.astype(dtypes[n]) for n in matched}
+    alone = run(forced, forced_feeds)
+    isolated = {n: int(np.abs(alone[n].astype(np.int64) - seen[mapping[n]].codes).max()) for n in matched}
+    output = got[model.graph.output[0].name]
+    return Fidelity(chain, isolated, [n for n in names if n not in mapping], output)
+
+
+def reference_runner(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``model`` with onnx's reference evaluator (every output by name)."""
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(model)
+    outputs = evaluator.run(None, feeds)
+    return dict(zip(evaluator.output_names, outputs, strict=True))
