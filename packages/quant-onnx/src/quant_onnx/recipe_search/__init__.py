@@ -17,7 +17,14 @@ Example:
     ('a8w8',)
 """
 
-from quant_onnx.recipe_search.deployment import Deployment, Finished, OnnxRuntime, onnxruntime_runner
+from quant_onnx.recipe_search.deployment import (
+    TARGETS,
+    Deployment,
+    Finished,
+    OnnxRuntime,
+    deployment_for,
+    onnxruntime_runner,
+)
 from quant_onnx.recipe_search.engine import search
 from quant_onnx.recipe_search.evaluation import EvaluationData, split_indices
 from quant_onnx.recipe_search.metrics import Metric, Samples, resolve_metric
@@ -34,6 +41,7 @@ from quant_onnx.recipe_search.space import (
 )
 
 __all__ = [
+    "TARGETS",
     "Candidate",
     "CandidateResult",
     "Deployment",
@@ -46,6 +54,7 @@ __all__ = [
     "SearchSpace",
     "StatisticsPass",
     "default_space",
+    "deployment_for",
     "format_table",
     "make_candidate",
     "observer_stage",

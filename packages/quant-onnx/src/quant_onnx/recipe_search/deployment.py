@@ -25,9 +25,11 @@ import onnx
 import onnxruntime as ort
 
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
+from quant_core.spec import ScaleType
 from quant_onnx.ort_session import inference_session
 from quant_onnx.recipe_search.evaluation import Runner
-from quant_onnx.recipe_search.space import SearchSpace, default_space
+from quant_onnx.recipe_search.space import SearchSpace, activation_and_weight_specs, default_space, power_of_two_space
 
 
 @attrs.frozen(eq=False)
@@ -103,19 +105,38 @@ def onnxruntime_runner(model: onnx.ModelProto) -> Runner:
 class OnnxRuntime:
     """onnxruntime on the CPU: ``quant-onnx search``'s deployment (module docstring).
 
+    ``power_of_two``: only recipes an xint8-style NPU can run (symmetric int8 with
+    power-of-two scales; ``quant-onnx search --target xint8``), still scored in onnxruntime
+    (legalising and checking against an NPU profile is quant_npu's).
+
     Example:
         >>> OnnxRuntime().space().formats
         ('a8w8',)
+        >>> from quant_core.presets import get_preset
+        >>> OnnxRuntime(power_of_two=True).allows(get_preset("a8w8"))
+        'activation spec: scale_type float; allowed: power_of_two'
     """
 
-    name: str = "onnxruntime"
+    power_of_two: bool = False
     scores_in_onnxruntime: bool = True
     requires_legal: bool = False
 
+    @property
+    def name(self) -> str:
+        return "onnxruntime:xint8" if self.power_of_two else "onnxruntime"
+
     def space(self) -> SearchSpace:
-        return default_space()
+        return power_of_two_space() if self.power_of_two else default_space()
 
     def allows(self, config: QuantConfig | None) -> str | None:
+        if not self.power_of_two or config is None:
+            return None
+        for role, specs in zip(("activation", "weight"), activation_and_weight_specs(config), strict=True):
+            for spec in specs:
+                if spec.scale_type is not ScaleType.POWER_OF_TWO:
+                    return f"{role} spec: scale_type {spec.scale_type.value}; allowed: power_of_two"
+                if spec.dtype.bits != 8 or not spec.symmetric:
+                    return f"{role} spec: {spec.dtype.value} symmetric={spec.symmetric}; allowed: int8 symmetric"
         return None
 
     def finish(self, model: onnx.ModelProto) -> Finished:
@@ -123,3 +144,25 @@ class OnnxRuntime:
 
     def runner(self, model: onnx.ModelProto) -> Runner:
         return onnxruntime_runner(model)
+
+
+#: ``quant-onnx search --target``'s values.
+TARGETS = ("xint8",)
+
+
+def deployment_for(target: str | None) -> OnnxRuntime:
+    """The deployment of ``--target`` (``None``: onnxruntime with every format).
+
+    Example:
+        >>> deployment_for("xint8").name
+        'onnxruntime:xint8'
+        >>> deployment_for("dpu")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: target: 'dpu' is not allowed; allowed: xint8
+    """
+    if target is None:
+        return OnnxRuntime()
+    if target not in TARGETS:
+        raise ConfigError(f"target: {target!r} is not allowed; allowed: {', '.join(TARGETS)}")
+    return OnnxRuntime(power_of_two=True)

@@ -57,6 +57,7 @@ from quant_onnx.recipe_search.evaluation import (
     EvaluationData,
     Runner,
     Scored,
+    check_metric,
     collect,
     load_evaluation_data,
     score_outputs,
@@ -258,6 +259,7 @@ def search(
     reference = collect(onnxruntime_runner(source), evaluation, np.arange(evaluation.count))
     reference_seconds = time.perf_counter() - reference_started
     output_names = [o.name for o in source.graph.output]
+    check_metric(chosen_metric, output_names, reference, evaluation)
     feeds = list(
         CalibrationReader(
             source,

@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 import onnx
 
-from quant_core.errors import DataError
+from quant_core.errors import ConfigError, DataError, one_line
 from quant_onnx.data import CalibrationReader, ImageOptions, model_inputs
 from quant_onnx.recipe_search.metrics import Metric, Outputs, Samples
 
@@ -123,6 +123,30 @@ def _labels(labels: Any, count: int) -> np.ndarray:
 def as_outputs(names: Sequence[str], values: Sequence[np.ndarray]) -> Outputs:
     """What a metric receives: the one array of a single-output model, else name -> array."""
     return np.asarray(values[0]) if len(names) == 1 else dict(zip(names, values, strict=True))
+
+
+def check_metric(metric: Metric, names: Sequence[str], reference: Sequence[np.ndarray], data: EvaluationData) -> None:
+    """Score the float model against itself on the first selection batch, so a metric that
+    cannot work (labels missing, wrong return shape, an exception of its own) fails once,
+    before any candidate is built, instead of failing every candidate.
+
+    Example:
+        >>> from quant_onnx.recipe_search.metrics import resolve_metric
+        >>> data = EvaluationData({"x": np.zeros((2, 3), np.float32)}, None, np.arange(2), np.array([], int), 2, None)
+        >>> check_metric(resolve_metric("accuracy"), ["y"], [np.eye(2, 3)], data)
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.DataError: metric 'accuracy': needs labels (--eval-labels, or labels= in Python)
+    """
+    chunk = data.chunks(data.select)[0]
+    expected = as_outputs(names, [r[chunk] for r in reference])
+    try:
+        metric.score(expected, expected, data.samples(chunk))
+    except (ConfigError, DataError):
+        raise
+    except Exception as exc:  # the user's function failed: say which, in one line
+        detail = one_line(f"{type(exc).__name__}: {exc}")
+        raise DataError(f"metric {metric.name!r}: raised {detail} on the float model's outputs") from None
 
 
 def collect(runner: Runner, data: EvaluationData, indices: np.ndarray) -> list[np.ndarray]:

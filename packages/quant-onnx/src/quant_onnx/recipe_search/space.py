@@ -239,6 +239,16 @@ def _weight_specs(config: QuantConfig) -> list[QuantSpec]:
     return [op.weight for op in _operator_configs(config) if op.weight is not None and op.weight.is_quantized]
 
 
+def activation_and_weight_specs(config: QuantConfig) -> tuple[list[QuantSpec], list[QuantSpec]]:
+    """The quantized activation specs and weight specs ``config`` names anywhere.
+
+    Example:
+        >>> [len(specs) for specs in activation_and_weight_specs(get_preset("a8w8"))]
+        [2, 1]
+    """
+    return _activation_specs(config), _weight_specs(config)
+
+
 def with_observers(
     config: QuantConfig, activation: ObserverConfig | None, weight: ObserverConfig | None = None
 ) -> QuantConfig:
