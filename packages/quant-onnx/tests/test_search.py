@@ -48,7 +48,10 @@ def evaluation(model):
     return random_inputs(model, 80, seed=2)
 
 
-def observer_candidates(formats=("a8w8",), observers=(MinMax(), Percentile(99.9), Entropy(), MSE())):
+OBSERVERS = (MinMax(), Percentile(99.9), Entropy(), MSE())
+
+
+def observer_candidates(formats=("a8w8",), observers=OBSERVERS):
     space = SearchSpace(formats=formats, activation_observers=observers)
     return observer_stage(space, CALIBRATION)
 

@@ -32,7 +32,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -84,8 +84,29 @@ CORRECTIONS: tuple[tuple[AlgorithmConfig, ...], ...] = (
 LEARNED: tuple[AlgorithmConfig, ...] = (ADAROUND, AdaQuantConfig())
 
 
-def _combinations(value: object) -> tuple[tuple[AlgorithmConfig, ...], ...]:
-    return tuple(tuple(c) for c in value)  # type: ignore[attr-defined]
+def _combinations(value: Iterable[Iterable[AlgorithmConfig]]) -> tuple[tuple[AlgorithmConfig, ...], ...]:
+    return tuple(tuple(c) for c in value)
+
+
+# Typed converters: attrs' ``converter=tuple`` loses the element type for mypy.
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _observers(value: Iterable[ObserverConfig]) -> tuple[ObserverConfig, ...]:
+    return tuple(value)
+
+
+def _weight_observers(value: Iterable[ObserverConfig | None]) -> tuple[ObserverConfig | None, ...]:
+    return tuple(value)
+
+
+def _algorithms(value: Iterable[AlgorithmConfig]) -> tuple[AlgorithmConfig, ...]:
+    return tuple(value)
+
+
+def _mixed(value: Iterable[MixedPrecisionConfig]) -> tuple[MixedPrecisionConfig, ...]:
+    return tuple(value)
 
 
 @attrs.frozen
@@ -108,13 +129,13 @@ class SearchSpace:
         1
     """
 
-    formats: tuple[str, ...] = attrs.field(converter=tuple)
-    activation_observers: tuple[ObserverConfig, ...] = attrs.field(converter=tuple)
-    weight_observers: tuple[ObserverConfig | None, ...] = attrs.field(default=(None,), converter=tuple)
+    formats: tuple[str, ...] = attrs.field(converter=_names)
+    activation_observers: tuple[ObserverConfig, ...] = attrs.field(converter=_observers)
+    weight_observers: tuple[ObserverConfig | None, ...] = attrs.field(default=(None,), converter=_weight_observers)
     corrections: tuple[tuple[AlgorithmConfig, ...], ...] = attrs.field(default=(), converter=_combinations)
-    learned: tuple[AlgorithmConfig, ...] = attrs.field(default=(), converter=tuple)
-    mixed_precision: tuple[MixedPrecisionConfig, ...] = attrs.field(default=(), converter=tuple)
-    wide_formats: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    learned: tuple[AlgorithmConfig, ...] = attrs.field(default=(), converter=_algorithms)
+    mixed_precision: tuple[MixedPrecisionConfig, ...] = attrs.field(default=(), converter=_mixed)
+    wide_formats: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
     def __attrs_post_init__(self) -> None:
         for field in ("formats", "activation_observers", "weight_observers"):
