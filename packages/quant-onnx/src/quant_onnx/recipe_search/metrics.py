@@ -106,7 +106,7 @@ def sqnr(outputs: Outputs, reference: Outputs, samples: Samples) -> float:
 
     Example:
         >>> round(sqnr(np.array([1.0, 2.0]), np.array([1.0, 2.1]), Samples(np.arange(2), None)), 1)
-        26.5
+        27.3
     """
 
     def flat(values: Outputs) -> np.ndarray:
