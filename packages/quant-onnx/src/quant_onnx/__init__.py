@@ -15,6 +15,7 @@ from quant_onnx.pipeline.annotate import plan_model
 from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
 from quant_onnx.pipeline.dynamic import quantize_dynamic, quantize_dynamic_model
 from quant_onnx.pipeline.qdq_writer import WriterOptions, write_qdq
+from quant_onnx.recipe_search import SearchResult, SearchSpace, search
 from quant_onnx.reporting.compare import Comparison, compare_models
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "OutputError",
     "PreparedModel",
     "QuantizationResult",
+    "SearchResult",
+    "SearchSpace",
     "WriterOptions",
     "calibrate",
     "compare_models",
@@ -35,6 +38,7 @@ __all__ = [
     "quantize_dynamic",
     "quantize_dynamic_model",
     "resolve_config",
+    "search",
     "write_qdq",
 ]
 

@@ -61,7 +61,7 @@ from quant_core.plan import QuantPlan
 from quant_core.qdq import encode_activation_dtype, required_opset
 from quant_core.spec import QuantSpec
 from quant_onnx.algorithms.mixed_precision import EvaluateFn
-from quant_onnx.algorithms.passes import run_post_passes, run_pre_passes
+from quant_onnx.algorithms.passes import PassesResult, run_post_passes, run_pre_passes
 from quant_onnx.data import CalibrationReader, ImageOptions
 from quant_onnx.pipeline.annotate import ensure_node_names, plan_model
 from quant_onnx.pipeline.calibrate import CalibratedModel, calibrate
@@ -291,6 +291,33 @@ class ModelQuantizer:
         """Phase 3: the QDQ model, the notes writing it made and how each bias was stored."""
         return write_qdq_with_notes(calibrated, self.writer_options)
 
+    def run_pre_passes(
+        self, prepared: PreparedModel, feeds: Sequence[Mapping[str, np.ndarray]]
+    ) -> tuple[PreparedModel, dict[str, Any]]:
+        """The config's algorithms that edit the float model (CLE, SmoothQuant), as
+        :meth:`quantize` runs them: the prepared model planned again after them (unchanged
+        when none runs) and a report per algorithm."""
+        pre = run_pre_passes(prepared.model, self.config, feeds, quiet=self.quiet)
+        if pre.reports:
+            prepared = self.replan(pre.model, prepared.preprocess_changes)
+        return prepared, pre.reports
+
+    def run_post_passes(
+        self, calibrated: CalibratedModel, quantized: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]
+    ) -> PassesResult:
+        """The config's algorithms on the written QDQ model (mixed precision, AdaRound,
+        AdaQuant, bias correction), as :meth:`quantize` runs them."""
+        return run_post_passes(
+            calibrated,
+            quantized,
+            self.config,
+            feeds,
+            writer_options=self.writer_options,
+            share_concat_scales=self.share_concat_scales,
+            evaluate=self.evaluate,
+            quiet=self.quiet,
+        )
+
     def quantize(
         self,
         model_in: ModelSource,
@@ -320,25 +347,14 @@ class ModelQuantizer:
                     image_options=image_options,
                 )
             )
-            pre = run_pre_passes(prepared.model, self.config, feeds, quiet=self.quiet)
-            if pre.reports:
-                prepared = self.replan(pre.model, prepared.preprocess_changes)
-            algorithm_reports.update(pre.reports)
+            prepared, pre_reports = self.run_pre_passes(prepared, feeds)
+            algorithm_reports.update(pre_reports)
             calibration_data = feeds
         calibrated, held = self._calibrate(prepared, calibration_data, num_samples, batch_size, image_options)
         written = self.write(calibrated)
         quantized = written.model
         if feeds is not None:
-            post = run_post_passes(
-                calibrated,
-                quantized,
-                self.config,
-                feeds,
-                writer_options=self.writer_options,
-                share_concat_scales=self.share_concat_scales,
-                evaluate=self.evaluate,
-                quiet=self.quiet,
-            )
+            post = self.run_post_passes(calibrated, quantized, feeds)
             quantized = post.model
             calibrated = post.calibrated or calibrated
             algorithm_reports.update(post.reports)

@@ -16,6 +16,7 @@ Example:
 """
 
 from quant_core.observers.base import Observer, StateDict
+from quant_core.observers.derived import derivable, derive_observer, statistics_observer
 from quant_core.observers.factory import make_observer
 from quant_core.observers.grid import HistogramGrid
 from quant_core.observers.histogram import HistogramObserver
@@ -31,5 +32,8 @@ __all__ = [
     "MovingAverageMinMaxObserver",
     "Observer",
     "StateDict",
+    "derivable",
+    "derive_observer",
     "make_observer",
+    "statistics_observer",
 ]

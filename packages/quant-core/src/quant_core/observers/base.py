@@ -78,6 +78,21 @@ class Observer(abc.ABC):
             >>> round(float(obs.qparams().scale), 6), round(float(obs.qparams(obs.spec.evolve(dtype="uint16")).scale), 9)
             (0.01, 3.8911e-05)
         """
+        return self.selection(spec)[1]
+
+    def selection(self, spec: QuantSpec | None = None) -> tuple[tuple[np.ndarray, np.ndarray], QParams]:
+        """The selected ``(min, max)`` range and the :meth:`qparams` it gives, from one range
+        selection (entropy and MSE searches are the slow part of a calibration).
+
+        Example:
+            >>> import numpy as np
+            >>> from quant_core.observers import make_observer
+            >>> obs = make_observer(QuantSpec(dtype="int8"))
+            >>> obs.update(np.array([-1.0, 2.54], np.float32))
+            >>> (lo, hi), qp = obs.selection()
+            >>> float(hi), qp == obs.qparams()
+            (2.5399999618530273, True)
+        """
         if self.empty:
             raise ValueError(f"{type(self).__name__}: no data observed; call update() first")
         target = self.spec if spec is None else spec
@@ -87,7 +102,7 @@ class Observer(abc.ABC):
                 f"({self.spec.observer!r}, {self.spec.per_channel_axis!r})"
             )
         lo, hi = self.range(target)
-        return qparams_from_range(lo, hi, target)
+        return (lo, hi), qparams_from_range(lo, hi, target)
 
     @abc.abstractmethod
     def _state(self) -> StateDict:

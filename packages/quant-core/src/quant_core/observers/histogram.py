@@ -56,6 +56,9 @@ class HistogramObserver(Observer):
         self.counts = np.zeros(self.bins, np.int64)
         self.min_val: float | None = None
         self.max_val: float | None = None
+        # Ranges already selected from the current counts, by spec: a search derives the
+        # same observer for many candidates, and entropy/MSE selection is the slow part.
+        self._selected: dict[QuantSpec, tuple[float, float]] = {}
 
     @property
     def empty(self) -> bool:
@@ -143,6 +146,7 @@ class HistogramObserver(Observer):
         nothing."""
         if self.grid is not None and target != self.grid:
             self.counts = rebin(self.counts, self.grid, target)
+        self._selected.clear()
         self.grid = target
         self.counts += new_counts
         self.min_val = lo if self.min_val is None else min(self.min_val, lo)
@@ -163,8 +167,12 @@ class HistogramObserver(Observer):
         return Histogram(self.counts.copy(), self.grid, self.min_val, self.max_val)
 
     def range(self, spec: QuantSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The range the spec's method selects (float64 scalars)."""
-        lo, hi = select_range(self.histogram(), self.spec if spec is None else spec)
+        """The range the spec's method selects (float64 scalars), selected once per spec
+        until the counts change."""
+        target = self.spec if spec is None else spec
+        if target not in self._selected:
+            self._selected[target] = select_range(self.histogram(), target)
+        lo, hi = self._selected[target]
         return np.asarray(lo, np.float64), np.asarray(hi, np.float64)
 
     def _state(self) -> StateDict:
@@ -178,6 +186,7 @@ class HistogramObserver(Observer):
         }
 
     def _load_state(self, state: StateDict) -> None:
+        self._selected.clear()
         counts = np.asarray(state["counts"], np.int64)
         if counts.shape != (self.bins,):
             raise ValueError(f"counts: shape {counts.shape} does not match the spec's {self.bins} bins")

@@ -27,7 +27,11 @@ from quant_core.plan.calibrated import (
     InputQParams,
     calibrated_qparams,
     constant_input_note,
+    fresh_observers,
     needs_own_observer,
+    observer_feeds,
+    observer_specs,
+    observers_from_statistics,
     plan_weight_qparams,
 )
 from quant_core.plan.graph import ConstantLookup, GraphView, PlanGraph, PlanNode
@@ -80,7 +84,11 @@ __all__ = [
     "check_selectors",
     "clip_bounds",
     "constant_input_note",
+    "fresh_observers",
     "needs_own_observer",
+    "observer_feeds",
+    "observer_specs",
+    "observers_from_statistics",
     "plan_quantization",
     "plan_weight_qparams",
     "policy_for",

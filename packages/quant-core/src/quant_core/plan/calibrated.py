@@ -35,9 +35,13 @@ import numpy as np
 from quant_core.bias import accumulation_headroom, fit_weight_to_bias
 from quant_core.dtypes import DType
 from quant_core.observers.base import Observer
+from quant_core.observers.derived import derive_observer
+from quant_core.observers.factory import make_observer
+from quant_core.observers.histogram import HistogramObserver
 from quant_core.plan.graph import ConstantLookup
 from quant_core.plan.planner import QuantPlan
 from quant_core.qparams import QParams
+from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
 
 InputQParams = Callable[[str, str], "QParams | None"]
@@ -146,8 +150,7 @@ def calibrated_qparams(plan: QuantPlan, observers: Mapping[str, Observer], value
         observer = observers[group.key]
         if observer.empty:
             raise ValueError(f"calibration: tensor {group.key!r} was never observed (empty in every batch)")
-        activations[group.key] = observer.qparams(group.spec)
-        ranges[group.key] = observer.range(group.spec)
+        ranges[group.key], activations[group.key] = observer.selection(group.spec)
     requants: dict[str, QParams] = {}
     for requant in plan.requants:
         owner = plan.group_of(requant.tensor)
@@ -204,3 +207,92 @@ def needs_own_observer(plan: QuantPlan) -> list[str]:
         ):
             keys.append(requant.key)
     return keys
+
+
+def observer_feeds(plan: QuantPlan) -> dict[str, list[str]]:
+    """Tensor -> the keys of the observers calibration feeds it to: each group's observed
+    members feed the group's observer; the tensor of a requant that observes its own way
+    (:func:`needs_own_observer`) also feeds the requant's.
+
+    Example:
+        >>> from quant_core.plan import TensorGroup
+        >>> from quant_core.spec import QuantSpec
+        >>> group = TensorGroup("y", QuantSpec(dtype="int8"), ("y", "z"), ("y",))
+        >>> observer_feeds(QuantPlan((group,), (), (), (), (), ()))
+        {'y': ['y']}
+    """
+    feeds: dict[str, list[str]] = {}
+    for group in plan.groups:
+        for name in group.observed:
+            feeds.setdefault(name, []).append(group.key)
+    own = set(needs_own_observer(plan))
+    for requant in plan.requants:
+        if requant.key in own:
+            feeds.setdefault(requant.tensor, []).append(requant.key)
+    return feeds
+
+
+def observer_specs(plan: QuantPlan) -> dict[str, QuantSpec]:
+    """Observer key -> the spec its observer is made for (:func:`observer_feeds`' keys).
+
+    Example:
+        >>> observer_specs(QuantPlan((), (), (), (), (), ()))
+        {}
+    """
+    specs = {group.key: group.spec for group in plan.groups}
+    own = set(needs_own_observer(plan))
+    specs.update({r.key: r.spec for r in plan.requants if r.key in own})
+    return specs
+
+
+def fresh_observers(plan: QuantPlan) -> dict[str, Observer]:
+    """An empty observer per key of :func:`observer_specs`: what calibration fills.
+
+    Example:
+        >>> fresh_observers(QuantPlan((), (), (), (), (), ()))
+        {}
+    """
+    return {key: make_observer(spec) for key, spec in observer_specs(plan).items()}
+
+
+DerivedCache = dict[tuple[QuantSpec, tuple[str, ...]], Observer]
+"""``(spec, tensors) -> observer`` derived once and shared by every plan that asks again."""
+
+
+def observers_from_statistics(
+    plan: QuantPlan, statistics: Mapping[str, HistogramObserver], cache: DerivedCache | None = None
+) -> dict[str, Observer]:
+    """The observers a calibration of ``plan`` would fill, derived from per-tensor
+    statistics (tensor -> :func:`~quant_core.observers.derived.statistics_observer`
+    fed with that tensor's values, the same values calibration would feed): bit for bit
+    the same state, so the same qparams, without running the model again
+    (:mod:`quant_core.observers.derived`). A tensor without statistics counts as never
+    observed. ``cache`` (kept by the caller for one ``statistics``) hands plans that ask for
+    the same spec over the same tensors the same observer, so its range is selected once
+    (the observers are read, never updated, after calibration).
+
+    Example:
+        >>> import numpy as np
+        >>> from quant_core.observers.derived import statistics_observer
+        >>> from quant_core.plan import TensorGroup
+        >>> from quant_core.spec import QuantSpec
+        >>> stat = statistics_observer(); stat.update(np.array([0.0, 2.55], np.float32))
+        >>> group = TensorGroup("y", QuantSpec(dtype="uint8", symmetric=False), ("y",), ("y",))
+        >>> observers = observers_from_statistics(QuantPlan((group,), (), (), (), (), ()), {"y": stat})
+        >>> round(float(observers["y"].qparams().scale), 6)
+        0.01
+    """
+    sources: dict[str, list[str]] = {key: [] for key in observer_specs(plan)}
+    for tensor, keys in observer_feeds(plan).items():
+        if tensor in statistics:
+            for key in keys:
+                sources[key].append(tensor)
+    specs = observer_specs(plan)
+    cache = {} if cache is None else cache
+    result: dict[str, Observer] = {}
+    for key, tensors in sources.items():
+        entry = (specs[key], tuple(tensors))
+        if entry not in cache:
+            cache[entry] = derive_observer(specs[key], [statistics[t] for t in tensors])
+        result[key] = cache[entry]
+    return result

@@ -1,4 +1,4 @@
-"""``quant-onnx``: quantize, inspect and compare ONNX models from the command line.
+"""``quant-onnx``: quantize, inspect, compare ONNX models and search recipes from the command line.
 
 Invalid input (a file that is not ONNX, a model failing the checker or whose external
 data lies outside its folder, calibration data that does not fit, an output path equal
@@ -175,7 +175,41 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", help="also write the comparison as JSON here")
     c.add_argument("--quiet", action="store_true")
     _add_image_options(c)
+    _add_search_parser(sub)
     return parser
+
+
+def _add_search_parser(sub: Any) -> None:
+    from quant_onnx.recipe_search import TARGETS
+
+    s = sub.add_parser(
+        "search",
+        help="find the cheapest recipe whose model meets an accuracy target",
+        description="Try recipes (observers, CLE, bias correction, AdaRound...) in order of cost until one "
+        "reaches the target on EVAL data; write its model to OUTPUT and print the table of what was tried. "
+        "The winner is re-scored on a held-out part of the evaluation data the search never selected on.",
+    )
+    s.add_argument("model", metavar="MODEL", help="float ONNX model")
+    s.add_argument("output", metavar="OUTPUT", help="where to write the chosen model (its folder must exist)")
+    s.add_argument("--calib-data", required=True, help=".npy, .npz or image folder")
+    s.add_argument("--eval-data", required=True, help="evaluation samples: .npy, .npz or image folder")
+    s.add_argument("--eval-labels", help=".npy of one label per evaluation sample (for --metric accuracy or yours)")
+    goal = s.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--target-agreement", type=float, metavar="T", help="top-1 agreement with the float model")
+    goal.add_argument("--target-score", type=float, metavar="T", help="the value of --metric to reach")
+    s.add_argument("--metric", help="accuracy, sqnr, module:function or file.py:function (with --target-score)")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--target", choices=TARGETS, help="only recipes this NPU format allows")
+    where.add_argument("--no-npu", action="store_true", help="every format onnxruntime runs (the default)")
+    s.add_argument("--budget-s", type=float, metavar="S", help="start no candidate after S seconds")
+    s.add_argument("--holdout", type=float, default=0.3, help="share of the evaluation data held out (default 0.3)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    s.add_argument("--num-calib", type=int, help="use at most N calibration samples")
+    s.add_argument("--batch-size", type=int, help="calibration batch size")
+    s.add_argument("--num-eval", type=int, help="use at most N evaluation samples")
+    s.add_argument("--report", help="write the JSON report here (every candidate, the statistics reused)")
+    s.add_argument("--quiet", action="store_true", help="no progress bars and no table")
+    _add_image_options(s)
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -317,7 +351,65 @@ def _compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _search(args: argparse.Namespace) -> int:
+    from quant_onnx.recipe_search import deployment_for, format_table, search
+
+    _check_counts(args, "num_calib", "batch_size", "num_eval")
+    if args.target_agreement is not None and args.metric is not None:
+        raise ValueError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
+    if not Path(args.model).is_file():
+        raise ValueError(f"model '{args.model}': file not found")
+    result = search(
+        args.model,
+        args.output,
+        args.calib_data,
+        args.eval_data,
+        target=args.target_agreement if args.target_agreement is not None else args.target_score,
+        metric=args.metric,
+        labels=args.eval_labels,
+        deployment=deployment_for(args.target),
+        budget_s=args.budget_s,
+        holdout=args.holdout,
+        seed=args.seed,
+        num_samples=args.num_calib,
+        batch_size=args.batch_size,
+        eval_samples=args.num_eval,
+        image_options=_image_options(args),
+        report_path=args.report,
+        quiet=args.quiet,
+    )
+    if not args.quiet:
+        print(format_table(result.candidates))
+        print(_search_outcome(result))
+    return EXIT_OK if result.met else EXIT_TARGET_MISSED
+
+
+#: ``quant-onnx search`` ran, but no candidate met the target (the best one is written).
+EXIT_TARGET_MISSED = 1
+
+
+def _search_outcome(result: Any) -> str:
+    """The closing lines of ``quant-onnx search``: what was chosen, selection and held-out scores."""
+    if result.chosen is None:
+        return f"no candidate could be built (stopped by: {result.stopped_by})"
+    verdict = "meets" if result.met else "misses"
+    lines = [
+        f"chosen: {result.chosen.name} ({verdict} {result.metric} >= {result.target:g}; stopped by: "
+        f"{result.stopped_by}; {result.seconds:.1f} s)",
+        f"{result.metric}: {result.chosen.score:.4f} on {result.select_samples} selection samples",
+    ]
+    if result.holdout_score is not None:
+        held = "meets" if result.holdout_met else "misses"
+        lines.append(f"held out: {result.holdout_score:.4f} on {result.holdout_samples} samples ({held} the target)")
+    passes = ", ".join(f"{p.pre_passes}: {len(p.served)} candidates" for p in result.statistics)
+    if passes:
+        lines.append(f"statistics passes reused: {passes}")
+    if result.output_path is not None:
+        lines.append(f"wrote {result.output_path}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
-    commands = {"quantize": _quantize, "inspect": _inspect, "compare": _compare}
+    """Run the CLI; returns the exit status (0 ok, 1 search target missed, 2 bad input, 130 interrupted)."""
+    commands = {"quantize": _quantize, "inspect": _inspect, "compare": _compare, "search": _search}
     return run_command("quant-onnx", build_parser(), commands, argv)

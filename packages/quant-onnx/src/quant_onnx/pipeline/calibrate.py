@@ -34,7 +34,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -45,10 +45,20 @@ from onnx import TensorProto, helper
 
 from quant_algos.progress import first_taken, progress_bar
 from quant_core.errors import DataError, ModelError
-from quant_core.observers import make_observer
 from quant_core.observers.base import Observer
+from quant_core.observers.derived import DEFAULT_STATISTICS_BINS, statistics_observer
+from quant_core.observers.histogram import HistogramObserver
 from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute
-from quant_core.plan import ConstantLookup, QuantPlan, calibrated_qparams, constant_input_note, needs_own_observer
+from quant_core.plan import (
+    ConstantLookup,
+    QuantPlan,
+    calibrated_qparams,
+    constant_input_note,
+    fresh_observers,
+    needs_own_observer,
+    observer_feeds,
+    observer_specs,
+)
 from quant_core.qparams import QParams
 from quant_onnx.data import model_inputs
 from quant_onnx.ort_session import CheckedSession, inference_session
@@ -186,16 +196,70 @@ def calibrate(
 ) -> CalibratedModel:
     """Observe every annotated activation over ``batches`` (validated feeds: input name ->
     array) and return the :class:`CalibratedModel`. ``total_batches`` sizes the progress bar."""
+    observers = fresh_observers(plan)
+    feeds_of = observer_feeds(plan)
+    batching_free = all(spec.observer.method != "moving_average" for spec in observer_specs(plan).values())
+    observe_tensors(model, feeds_of, observers, batches, total_batches=total_batches, quiet=quiet, chunk=batching_free)
+    return from_filled_observers(model, plan, observers)
+
+
+def from_filled_observers(
+    model: onnx.ModelProto, plan: QuantPlan, observers: Mapping[str, Observer]
+) -> CalibratedModel:
+    """The :class:`CalibratedModel` of ``plan`` from observers a calibration filled
+    (``quant_core.plan.fresh_observers``' keys), with a note for each model input that held
+    one value only. Raises DataError for an observer that saw nothing."""
+    for key, observer in observers.items():
+        if observer.empty:
+            raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
+    calibrated = CalibratedModel.from_observers(model, plan, observers)
     index = GraphIndex(model.graph)
-    observers: dict[str, Observer] = {group.key: make_observer(group.spec) for group in plan.groups}
-    feeds_of: dict[str, list[str]] = {}  # tensor -> observer keys
-    for group in plan.groups:
-        for name in group.observed:
-            feeds_of.setdefault(name, []).append(group.key)
-    for key in needs_own_observer(plan):
-        requant = next(r for r in plan.requants if r.key == key)
-        observers[key] = make_observer(requant.spec)
-        feeds_of.setdefault(requant.tensor, []).append(key)
+    feeds_of = observer_feeds(plan)
+    inputs = [name for name in feeds_of if index.is_graph_input(name)]
+    constant = [note for name in inputs if (note := constant_input_note(name, observers[feeds_of[name][0]]))]
+    for note in constant:
+        _LOG.warning(note)
+    return attrs.evolve(calibrated, notes=(*constant, *calibrated.notes))
+
+
+def collect_statistics(
+    model: onnx.ModelProto,
+    tensors: Iterable[str],
+    batches: Iterable[Mapping[str, np.ndarray]],
+    *,
+    bins: int = DEFAULT_STATISTICS_BINS,
+    total_batches: int | None = None,
+    quiet: bool = False,
+) -> dict[str, HistogramObserver]:
+    """One pass over ``batches``: a histogram of each of ``tensors``
+    (``quant_core.observers.derived.statistics_observer``), from which
+    ``quant_core.plan.observers_from_statistics`` gives, bit for bit, the observers
+    :func:`calibrate` would fill for any plan of ``model`` whose specs are derivable (min-max,
+    percentile, entropy, MSE, power-of-two MinMSE with ``bins`` bins), without running the
+    model again."""
+    names = list(dict.fromkeys(tensors))
+    statistics = {name: statistics_observer(bins) for name in names}
+    observe_tensors(
+        model, {name: [name] for name in names}, statistics, batches, total_batches=total_batches, quiet=quiet
+    )
+    return statistics
+
+
+def observe_tensors(
+    model: onnx.ModelProto,
+    feeds_of: Mapping[str, Sequence[str]],
+    observers: Mapping[str, Observer],
+    batches: Iterable[Mapping[str, np.ndarray]],
+    *,
+    total_batches: int | None = None,
+    quiet: bool = False,
+    chunk: bool = True,
+) -> int:
+    """Stream ``batches`` through ``model`` once, feeding each tensor of ``feeds_of``
+    (tensor -> observer keys) to its ``observers``; returns the batches seen. ``chunk``:
+    whether a big batch may run in pieces (not for observers whose result depends on the
+    batching)."""
+    index = GraphIndex(model.graph)
     run_outputs = []
 
     def observe(key: str, tensor: str, value: np.ndarray) -> None:
@@ -218,8 +282,8 @@ def calibrate(
     # A batch runs in smaller pieces only where no input fixes its first axis (a model
     # exported with a fixed batch of 4 refuses a run of 1).
     batch_is_free = all(spec.fixed_batch is None for spec in model_inputs(model))
-    may_chunk = batch_is_free and all(group.spec.observer.method != "moving_average" for group in plan.groups)
-    chunk: int | None = None  # samples per run, sized from the first run's output bytes
+    may_chunk = batch_is_free and chunk
+    rows_per_run: int | None = None  # samples per run, sized from the first run's output bytes
 
     def observe_run(feeds: Mapping[str, np.ndarray]) -> float:
         """Run once, feed the observers, drop the arrays; returns observed bytes per sample."""
@@ -244,24 +308,17 @@ def calibrate(
                     observe_run(feeds)
                 else:
                     first = 0
-                    if chunk is None:  # one sample first, to size the chunks from its outputs
-                        chunk = max(1, int(CHUNK_BYTES // max(observe_run(_rows(feeds, 0, 1)), 1.0)))
+                    if rows_per_run is None:  # one sample first, to size the chunks from its outputs
+                        rows_per_run = max(1, int(CHUNK_BYTES // max(observe_run(_rows(feeds, 0, 1)), 1.0)))
                         first = 1
-                    for start in range(first, rows, chunk):
-                        observe_run(_rows(feeds, start, start + chunk))
+                    for start in range(first, rows, rows_per_run):
+                        observe_run(_rows(feeds, start, start + rows_per_run))
             seen += 1
             bar.update(1)
     session = None  # onnxruntime holds its own copy of the weights: free it before reading them
     if seen == 0:
         raise DataError("calibration data: no samples")
-    for key, observer in observers.items():
-        if observer.empty:
-            raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
-    calibrated = CalibratedModel.from_observers(model, plan, observers)
-    constant = [note for name in inputs_to_observe if (note := constant_input_note(name, observers[feeds_of[name][0]]))]
-    for note in constant:
-        _LOG.warning(note)
-    return attrs.evolve(calibrated, notes=(*constant, *calibrated.notes))
+    return seen
 
 
 def _detail(exc: ValueError) -> str:

@@ -1,0 +1,168 @@
+"""Where a searched model will run: which recipes it allows, what it does to a written
+model before running it, and how it runs it.
+
+:class:`OnnxRuntime` is ``quant-onnx search``'s: every recipe, the QDQ model as written,
+scored in onnxruntime's default CPU session (graph optimisation ALL: the integer kernels
+a user's session runs). A package above quant-onnx plugs in another by implementing
+:class:`Deployment`: ``quant_npu.recipe_search`` restricts the space to power-of-two
+symmetric formats, legalises each candidate for the NPU profile, checks it and scores it
+in the integer simulator (quant-onnx does not import quant_npu: it sits above).
+
+Example:
+    >>> deployment = OnnxRuntime()
+    >>> deployment.name, deployment.allows(None) is None, deployment.scores_in_onnxruntime
+    ('onnxruntime', True, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import attrs
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
+from quant_core.spec import ScaleType
+from quant_onnx.ort_session import inference_session
+from quant_onnx.recipe_search.evaluation import Runner
+from quant_onnx.recipe_search.space import SearchSpace, activation_and_weight_specs, default_space, power_of_two_space
+
+
+@attrs.frozen(eq=False)
+class Finished:
+    """A candidate as the deployment runs it, and whether it meets the deployment's rules.
+
+    Attributes:
+        model: the model deployed (an NPU deployment's legalised model).
+        legal: ``True``/``False`` against the deployment's rules; ``None`` when it has none.
+        detail: what breaks the rules, or what legalising changed (one line).
+
+    Example:
+        >>> Finished(onnx.ModelProto(), None).detail
+        ''
+    """
+
+    model: onnx.ModelProto
+    legal: bool | None
+    detail: str = ""
+
+
+class Deployment(Protocol):
+    """What a search needs to know about where the model runs (module docstring)."""
+
+    @property
+    def name(self) -> str:
+        """Shown in the report: ``onnxruntime``, ``npu:xint8``..."""
+
+    @property
+    def scores_in_onnxruntime(self) -> bool:
+        """Whether :meth:`runner` is an onnxruntime session (its batch times are the
+        latency column); otherwise the search times an onnxruntime session separately."""
+
+    @property
+    def requires_legal(self) -> bool:
+        """Whether a candidate must be legal (``Finished.legal``) to meet the target."""
+
+    def space(self) -> SearchSpace:
+        """The space searched when the caller names none."""
+
+    def allows(self, config: QuantConfig) -> str | None:
+        """Why ``config`` cannot run here (one line), or ``None``."""
+
+    def finish(self, model: onnx.ModelProto) -> Finished:
+        """The written QDQ model as deployed."""
+
+    def runner(self, model: onnx.ModelProto) -> Runner:
+        """Runs the finished model on a batch of feeds."""
+
+
+def onnxruntime_runner(model: onnx.ModelProto) -> Runner:
+    """A function running ``model`` in onnxruntime's default CPU session (optimisation ALL).
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])
+        >>> run = onnxruntime_runner(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8))
+        >>> run({"x": np.array([[-1.0, 2.0]], np.float32)})[0].tolist()
+        [[0.0, 2.0]]
+    """
+    session = inference_session(model, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    names = [o.name for o in model.graph.output]
+
+    def run(feeds: Mapping[str, np.ndarray]) -> Sequence[np.ndarray]:
+        return session.run(names, dict(feeds))  # type: ignore[no-any-return]
+
+    return run
+
+
+@attrs.frozen
+class OnnxRuntime:
+    """onnxruntime on the CPU: ``quant-onnx search``'s deployment (module docstring).
+
+    ``power_of_two``: only recipes an xint8-style NPU can run (symmetric int8 with
+    power-of-two scales; ``quant-onnx search --target xint8``), still scored in onnxruntime
+    (legalising and checking against an NPU profile is quant_npu's).
+
+    Example:
+        >>> OnnxRuntime().space().formats
+        ('a8w8',)
+        >>> from quant_core.presets import get_preset
+        >>> OnnxRuntime(power_of_two=True).allows(get_preset("a8w8"))
+        'activation spec: scale_type float; allowed: power_of_two'
+    """
+
+    power_of_two: bool = False
+    scores_in_onnxruntime: bool = True
+    requires_legal: bool = False
+
+    @property
+    def name(self) -> str:
+        return "onnxruntime:xint8" if self.power_of_two else "onnxruntime"
+
+    def space(self) -> SearchSpace:
+        return power_of_two_space() if self.power_of_two else default_space()
+
+    def allows(self, config: QuantConfig | None) -> str | None:
+        if not self.power_of_two or config is None:
+            return None
+        for role, specs in zip(("activation", "weight"), activation_and_weight_specs(config), strict=True):
+            for spec in specs:
+                if spec.scale_type is not ScaleType.POWER_OF_TWO:
+                    return f"{role} spec: scale_type {spec.scale_type.value}; allowed: power_of_two"
+                if spec.dtype.bits != 8 or not spec.symmetric:
+                    return f"{role} spec: {spec.dtype.value} symmetric={spec.symmetric}; allowed: int8 symmetric"
+        return None
+
+    def finish(self, model: onnx.ModelProto) -> Finished:
+        return Finished(model, None)
+
+    def runner(self, model: onnx.ModelProto) -> Runner:
+        return onnxruntime_runner(model)
+
+
+#: ``quant-onnx search --target``'s values.
+TARGETS = ("xint8",)
+
+
+def deployment_for(target: str | None) -> OnnxRuntime:
+    """The deployment of ``--target`` (``None``: onnxruntime with every format).
+
+    Example:
+        >>> deployment_for("xint8").name
+        'onnxruntime:xint8'
+        >>> deployment_for("dpu")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: target: 'dpu' is not allowed; allowed: xint8
+    """
+    if target is None:
+        return OnnxRuntime()
+    if target not in TARGETS:
+        raise ConfigError(f"target: {target!r} is not allowed; allowed: {', '.join(TARGETS)}")
+    return OnnxRuntime(power_of_two=True)

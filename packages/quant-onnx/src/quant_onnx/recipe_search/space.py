@@ -1,0 +1,389 @@
+"""The recipes a search tries, and the order it tries them in.
+
+A :class:`SearchSpace` is a few axes, searched one after another (a greedy coordinate
+search), each stage's candidates in order of expected cost:
+
+1. **observers**: each format (a preset's specs, its algorithms dropped) with each
+   activation and weight observer, no algorithm;
+2. **corrections**: the best recipe so far with each cheap combination (CLE, SmoothQuant,
+   bias correction and their pairs);
+3. **learned rounding**: the best recipe so far with AdaRound or AdaQuant added;
+4. **mixed precision** (the middle tier: some 16-bit tensors): the best 8-bit recipe of
+   stages 1-2 with mixed precision to each output-SQNR target;
+5. **16-bit**: the all-16-bit presets, as they are.
+
+"Best" is the highest score on the selection data (ties: the earlier). Stages 1-3 hold
+only all-8-bit models, so a model that meets the target in 8 bits is preferred over
+one with 16-bit tensors, whatever it costs to find; an expensive algorithm is tried
+once, on the best observer and pre-pass the cheap stages found, not on every
+combination. :func:`expected_cost` orders each stage, in units of one pass of the float
+model over the calibration set (a fixed table: the order never depends on a timing).
+Every :class:`Candidate` is a complete :class:`~quant_core.config.QuantConfig` that
+``quant-onnx quantize --config`` runs on its own.
+
+Example:
+    >>> calibration = CalibrationConfig(num_samples=64, batch_size=16)
+    >>> [c.name for c in observer_stage(default_space(), calibration)][:3]
+    ['a8w8/minmax', 'a8w8/percentile(99.999)', 'a8w8/percentile(99.99)']
+    >>> base = observer_stage(default_space(), calibration)[0]
+    >>> [c.name for c in refine(base, default_space().corrections)][:2]
+    ['a8w8/minmax+cle', 'a8w8/minmax+smoothquant']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import attrs
+
+from quant_core.algorithm_config import (
+    AdaQuantConfig,
+    AdaRoundConfig,
+    AlgorithmConfig,
+    BiasCorrectionConfig,
+    CLEConfig,
+    MixedPrecisionConfig,
+    SmoothQuantConfig,
+)
+from quant_core.config import CalibrationConfig, OperatorConfig, QuantConfig
+from quant_core.errors import ConfigError
+from quant_core.observer_config import MSE, Entropy, MinMax, ObserverConfig, Percentile, PowerOfTwoMSE
+from quant_core.presets import get_preset
+from quant_core.spec import QuantSpec
+
+#: Cost of selecting an observer's ranges, per method, in calibration passes
+#: (fmnist_mobilenetv2, 256 samples: a pass 0.6 s; range selection over its 60 tensor
+#: groups: percentile 0.3 s, power-of-two MinMSE 1 s, entropy 7 s, MSE 14 s).
+OBSERVER_COST = {"minmax": 0.0, "percentile": 0.5, "minmse_pow2": 1.5, "entropy": 12.0, "mse": 24.0}
+#: Cost of each algorithm, in calibration passes (the same model: CLE 2 s with its own
+#: statistics pass, SmoothQuant 4 s, bias correction 11 s, AdaRound 40 s; mixed precision
+#: scores one candidate per layer).
+ALGORITHM_COST = {
+    "cle": 3.0,
+    "smoothquant": 6.0,
+    "bias_correction": 18.0,
+    "mixed_precision": 40.0,
+    "adaround": 70.0,
+    "adaquant": 70.0,
+}
+#: The tiers: what the model costs to run (the order of the stages).
+TIER_8BIT, TIER_MIXED, TIER_16BIT = 0, 1, 2
+
+#: AdaRound as the ``xint8_adaround`` preset runs it (learning rate 0.1, minibatches of 4:
+#: better and faster than the defaults on every benchmark model).
+ADAROUND = AdaRoundConfig(learning_rate=0.1, batch_size=4)
+
+#: Stage 2 of the default spaces: each cheap algorithm alone, CLE with bias correction.
+CORRECTIONS: tuple[tuple[AlgorithmConfig, ...], ...] = (
+    (CLEConfig(),),
+    (SmoothQuantConfig(),),
+    (BiasCorrectionConfig(),),
+    (CLEConfig(), BiasCorrectionConfig()),
+)
+#: Stage 3 of the default spaces.
+LEARNED: tuple[AlgorithmConfig, ...] = (ADAROUND, AdaQuantConfig())
+
+
+def _combinations(value: Iterable[Iterable[AlgorithmConfig]]) -> tuple[tuple[AlgorithmConfig, ...], ...]:
+    return tuple(tuple(c) for c in value)
+
+
+# Typed converters: attrs' ``converter=tuple`` loses the element type for mypy.
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _observers(value: Iterable[ObserverConfig]) -> tuple[ObserverConfig, ...]:
+    return tuple(value)
+
+
+def _weight_observers(value: Iterable[ObserverConfig | None]) -> tuple[ObserverConfig | None, ...]:
+    return tuple(value)
+
+
+def _algorithms(value: Iterable[AlgorithmConfig]) -> tuple[AlgorithmConfig, ...]:
+    return tuple(value)
+
+
+def _mixed(value: Iterable[MixedPrecisionConfig]) -> tuple[MixedPrecisionConfig, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class SearchSpace:
+    """The axes a search walks (module docstring).
+
+    Args:
+        formats: preset names whose specs the 8-bit recipes use (their algorithms are
+            dropped: the later stages bring algorithms).
+        activation_observers: calibration methods of the activations (stage 1).
+        weight_observers: calibration methods of the weights (``None``: the format's own).
+        corrections: algorithm combinations added to the best recipe (stage 2).
+        learned: AdaRound/AdaQuant settings added to the best recipe (stage 3).
+        mixed_precision: mixed-precision settings added to the best 8-bit recipe of
+            stages 1-2 (stage 4).
+        wide_formats: preset names tried last, as they are (stage 5).
+
+    Example:
+        >>> SearchSpace(formats=("xint8",), activation_observers=(PowerOfTwoMSE(),)).size
+        1
+    """
+
+    formats: tuple[str, ...] = attrs.field(converter=_names)
+    activation_observers: tuple[ObserverConfig, ...] = attrs.field(converter=_observers)
+    weight_observers: tuple[ObserverConfig | None, ...] = attrs.field(default=(None,), converter=_weight_observers)
+    corrections: tuple[tuple[AlgorithmConfig, ...], ...] = attrs.field(default=(), converter=_combinations)
+    learned: tuple[AlgorithmConfig, ...] = attrs.field(default=(), converter=_algorithms)
+    mixed_precision: tuple[MixedPrecisionConfig, ...] = attrs.field(default=(), converter=_mixed)
+    wide_formats: tuple[str, ...] = attrs.field(default=(), converter=_names)
+
+    def __attrs_post_init__(self) -> None:
+        for field in ("formats", "activation_observers", "weight_observers"):
+            if not getattr(self, field):
+                raise ConfigError(f"search space: {field} is empty; allowed: one or more entries")
+        for name in (*self.formats, *self.wide_formats):
+            get_preset(name)  # an unknown name fails here, listing the presets
+        for combination in self.corrections:
+            kinds = [a.kind for a in combination]
+            if not kinds or len(set(kinds)) != len(kinds) or {"mixed_precision", "adaround", "adaquant"} & set(kinds):
+                raise ConfigError(
+                    f"search space: corrections entry {kinds}; allowed: non-empty combinations of cle, smoothquant, "
+                    "bias_correction, each kind once"
+                )
+        for algorithm in self.learned:
+            if algorithm.kind not in ("adaround", "adaquant"):
+                raise ConfigError(f"search space: learned holds {algorithm.kind}; allowed: adaround, adaquant")
+
+    @property
+    def size(self) -> int:
+        """How many candidates a search of this space tries at most."""
+        first = len(self.formats) * len(self.activation_observers) * len(self.weight_observers)
+        later = len(self.corrections) + len(self.learned) + len(self.mixed_precision)
+        return first + later + len(self.wide_formats)
+
+
+def default_space() -> SearchSpace:
+    """The space for onnxruntime on x86 (``quant-onnx search``): ``a8w8``'s formats with
+    five activation observers, then CLE, SmoothQuant, bias correction, AdaRound, AdaQuant,
+    mixed precision to 30 and 40 dB output SQNR, and ``a16w8`` last.
+
+    Example:
+        >>> default_space().size
+        14
+    """
+    return SearchSpace(
+        formats=("a8w8",),
+        activation_observers=(MinMax(), Percentile(99.999), Percentile(99.99), Entropy(), MSE()),
+        corrections=CORRECTIONS,
+        learned=LEARNED,
+        mixed_precision=(
+            MixedPrecisionConfig(accuracy_target=30.0),
+            MixedPrecisionConfig(accuracy_target=40.0),
+        ),
+        wide_formats=("a16w8",),
+    )
+
+
+def power_of_two_space() -> SearchSpace:
+    """The space of power-of-two symmetric formats (NPUs, ``quant-npu search``): ``xint8``
+    with MinMSE, min-max and percentile activation positions and min-max or MinMSE weight
+    positions, then the same algorithms; no 16-bit stage (the NPU's activations are 8-bit).
+
+    Example:
+        >>> power_of_two_space().size
+        12
+    """
+    return SearchSpace(
+        formats=("xint8",),
+        activation_observers=(PowerOfTwoMSE(), MinMax(), Percentile(99.999)),
+        weight_observers=(None, PowerOfTwoMSE()),
+        corrections=CORRECTIONS,
+        learned=LEARNED,
+    )
+
+
+@attrs.frozen
+class Candidate:
+    """One recipe: its name (``format/activation observer[/w:weight observer][+algorithm...]``),
+    the whole config, its tier and expected cost.
+
+    Example:
+        >>> first = observer_stage(default_space(), CalibrationConfig())[0]
+        >>> first.config.name, first.tier, first.cost
+        ('a8w8/minmax', 0, 0.0)
+    """
+
+    name: str
+    config: QuantConfig
+    tier: int
+    cost: float
+
+
+def make_candidate(name: str, config: QuantConfig, tier: int) -> Candidate:
+    """A candidate named ``name`` (also its config's name), its cost from :func:`expected_cost`.
+
+    Example:
+        >>> make_candidate("x", get_preset("xint8"), TIER_8BIT).cost
+        1.5
+    """
+    config = config.evolve(name=name)
+    return Candidate(name, config, tier, expected_cost(config))
+
+
+def by_cost(found: Sequence[Candidate]) -> list[Candidate]:
+    """``found`` by expected cost (ties keep their order)."""
+    return sorted(found, key=lambda c: c.cost)
+
+
+def expected_cost(config: QuantConfig) -> float:
+    """The cost of ``config`` (module docstring), in calibration passes.
+
+    Example:
+        >>> expected_cost(get_preset("xint8_adaround"))
+        74.5
+    """
+    methods = {s.observer.method for s in _activation_specs(config)}
+    methods |= {s.observer.method for s in _weight_specs(config) if s.observer.method == "minmse_pow2"}
+    observers = sum(OBSERVER_COST.get(m, 0.0) for m in methods)
+    return observers + sum(ALGORITHM_COST.get(a.kind, 0.0) for a in config.algorithms)
+
+
+def _operator_configs(config: QuantConfig) -> list[OperatorConfig]:
+    return [config.global_config, *config.op_type_overrides.values(), *config.name_overrides.values()]
+
+
+def _activation_specs(config: QuantConfig) -> list[QuantSpec]:
+    return [s for op in _operator_configs(config) for s in (op.input, op.output) if s is not None and s.is_quantized]
+
+
+def _weight_specs(config: QuantConfig) -> list[QuantSpec]:
+    return [op.weight for op in _operator_configs(config) if op.weight is not None and op.weight.is_quantized]
+
+
+def activation_and_weight_specs(config: QuantConfig) -> tuple[list[QuantSpec], list[QuantSpec]]:
+    """The quantized activation specs and weight specs ``config`` names anywhere.
+
+    Example:
+        >>> [len(specs) for specs in activation_and_weight_specs(get_preset("a8w8"))]
+        [2, 1]
+    """
+    return _activation_specs(config), _weight_specs(config)
+
+
+def with_observers(
+    config: QuantConfig, activation: ObserverConfig | None, weight: ObserverConfig | None = None
+) -> QuantConfig:
+    """``config`` with every quantized activation spec calibrated by ``activation`` and
+    every quantized weight spec by ``weight`` (``None``: unchanged).
+
+    Example:
+        >>> cfg = with_observers(get_preset("a8w8"), Percentile(99.9))
+        >>> cfg.global_config.input.observer
+        Percentile(percentile=99.9, bins=2048)
+    """
+
+    def spec(s: QuantSpec | None, observer: ObserverConfig | None) -> QuantSpec | None:
+        return s if s is None or observer is None or not s.is_quantized else s.evolve(observer=observer)
+
+    def operator(op: OperatorConfig) -> OperatorConfig:
+        return attrs.evolve(
+            op, input=spec(op.input, activation), output=spec(op.output, activation), weight=spec(op.weight, weight)
+        )
+
+    return config.evolve(
+        global_config=operator(config.global_config),
+        op_type_overrides={k: operator(v) for k, v in config.op_type_overrides.items()},
+        name_overrides={k: operator(v) for k, v in config.name_overrides.items()},
+    )
+
+
+def observer_label(observer: ObserverConfig) -> str:
+    """Short name of an observer config in a candidate's name.
+
+    Example:
+        >>> observer_label(Percentile(99.99)), observer_label(PowerOfTwoMSE())
+        ('percentile(99.99)', 'minmse_pow2')
+    """
+    if isinstance(observer, Percentile):
+        return f"percentile({observer.percentile:g})"
+    return observer.method
+
+
+def algorithm_label(algorithm: AlgorithmConfig) -> str:
+    """Short name of an algorithm config in a candidate's name.
+
+    Example:
+        >>> algorithm_label(MixedPrecisionConfig(accuracy_target=30.0))
+        'mixed_precision(30dB)'
+    """
+    if isinstance(algorithm, MixedPrecisionConfig):
+        target = algorithm.accuracy_target
+        return f"mixed_precision({target:g}dB)" if target is not None else "mixed_precision"
+    return algorithm.kind
+
+
+def observer_stage(space: SearchSpace, calibration: CalibrationConfig) -> list[Candidate]:
+    """Stage 1: every format with every observer choice, no algorithm, by cost; each
+    calibrated as ``calibration`` says (the later stages keep it).
+
+    Example:
+        >>> len(observer_stage(power_of_two_space(), CalibrationConfig()))
+        6
+    """
+    found = []
+    for format_name in space.formats:
+        base = get_preset(format_name).evolve(algorithms=(), calibration=calibration)
+        for activation in space.activation_observers:
+            for weight in space.weight_observers:
+                name = f"{format_name}/{observer_label(activation)}"
+                if weight is not None:
+                    name += f"/w:{observer_label(weight)}"
+                found.append(make_candidate(name, with_observers(base, activation, weight), TIER_8BIT))
+    return by_cost(found)
+
+
+def refine(base: Candidate, additions: Sequence[Sequence[AlgorithmConfig]], tier: int = TIER_8BIT) -> list[Candidate]:
+    """``base`` with each combination of ``additions`` added to its algorithms (a kind it
+    already runs is replaced), by cost.
+
+    Example:
+        >>> base = observer_stage(default_space(), CalibrationConfig())[0]
+        >>> [c.name for c in refine(base, [(ADAROUND,)])]
+        ['a8w8/minmax+adaround']
+    """
+    found = []
+    for addition in additions:
+        kinds = {a.kind for a in addition}
+        kept = tuple(a for a in base.config.algorithms if a.kind not in kinds)
+        algorithms = (*kept, *addition)
+        stem = base.name.split("+")[0]
+        name = "+".join([stem, *(algorithm_label(a) for a in algorithms)])
+        found.append(make_candidate(name, base.config.evolve(algorithms=algorithms), tier))
+    return by_cost(found)
+
+
+def wide_stage(space: SearchSpace, calibration: CalibrationConfig) -> list[Candidate]:
+    """Stage 5: the 16-bit presets as they are, by cost.
+
+    Example:
+        >>> [c.name for c in wide_stage(default_space(), CalibrationConfig())]
+        ['a16w8/minmax+bias_correction']
+    """
+    found = []
+    for format_name in space.wide_formats:
+        preset = get_preset(format_name).evolve(calibration=calibration)
+        methods = sorted({s.observer.method for s in _activation_specs(preset)})
+        name = "+".join([f"{format_name}/{'/'.join(methods)}", *(algorithm_label(a) for a in preset.algorithms)])
+        found.append(make_candidate(name, preset, TIER_16BIT))
+    return by_cost(found)
+
+
+def restrict(found: Sequence[Candidate], allowed: Callable[[QuantConfig], str | None]) -> list[Candidate]:
+    """The candidates ``allowed(config) -> reason | None`` accepts, in order.
+
+    Example:
+        >>> found = observer_stage(default_space(), CalibrationConfig())
+        >>> len(restrict(found, lambda c: "slow" if "mse" in c.name else None))
+        4
+    """
+    return [c for c in found if allowed(c.config) is None]

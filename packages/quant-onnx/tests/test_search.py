@@ -1,0 +1,221 @@
+"""quant_onnx.search / ``quant-onnx search``: the first candidate meeting the target wins,
+one statistics pass serves every observer choice (bit for bit what each recipe's own
+calibration gives), the winner is re-scored on held-out data, user metrics over labels,
+one-line errors naming the field. Tiny models only; no timing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from model_builders import mlp, random_inputs
+
+from quant_core.config import CalibrationConfig
+from quant_core.errors import ConfigError, DataError
+from quant_core.observer_config import MSE, Entropy, MinMax, Percentile, PowerOfTwoMSE
+from quant_core.presets import get_preset
+from quant_onnx import api as api_module
+from quant_onnx.api import ModelQuantizer
+from quant_onnx.cli.main import main
+from quant_onnx.recipe_search import (
+    SearchSpace,
+    deployment_for,
+    engine,
+    make_candidate,
+    observer_stage,
+    onnxruntime_runner,
+    search,
+    split_indices,
+)
+from quant_onnx.recipe_search.space import TIER_8BIT
+
+CALIBRATION = CalibrationConfig(batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return mlp(seed=3)
+
+
+@pytest.fixture(scope="module")
+def calib(model):
+    return random_inputs(model, 48, seed=1)
+
+
+@pytest.fixture(scope="module")
+def evaluation(model):
+    return random_inputs(model, 80, seed=2)
+
+
+OBSERVERS = (MinMax(), Percentile(99.9), Entropy(), MSE())
+
+
+def observer_candidates(formats=("a8w8",), observers=OBSERVERS):
+    space = SearchSpace(formats=formats, activation_observers=observers)
+    return observer_stage(space, CALIBRATION)
+
+
+def run(model, calib, evaluation, candidates, target, **kwargs):
+    kwargs.setdefault("quiet", True)
+    return search(model, None, calib, evaluation, target=target, space=candidates, **kwargs)
+
+
+def test_stops_at_the_first_candidate_meeting_the_target(model, calib, evaluation):
+    candidates = observer_candidates()
+    everything = run(model, calib, evaluation, candidates, target=1e9, metric="sqnr")
+    assert [r.status for r in everything.candidates] == ["missed"] * len(candidates)
+    assert everything.stopped_by == "space" and not everything.met
+    scores = [r.score for r in everything.candidates]
+    target = max(scores)
+    first = next(i for i, s in enumerate(scores) if s >= target)
+    assert first > 0, "the cheapest candidate already reaches the best score: the test would not test stopping"
+
+    found = run(model, calib, evaluation, candidates, target=target, metric="sqnr")
+    assert [r.name for r in found.candidates] == [c.name for c in candidates[: first + 1]]
+    assert [r.status for r in found.candidates] == ["missed"] * first + ["met"]
+    assert found.met and found.stopped_by == "target"
+    assert found.chosen is not None and found.chosen.name == candidates[first].name
+    assert found.chosen.score == pytest.approx(scores[first])
+
+
+def test_one_statistics_pass_serves_every_observer_candidate(model, calib, evaluation, monkeypatch):
+    passes: list[int] = []
+    own_calibrations: list[str] = []
+    collect = engine.collect_statistics
+
+    def counting_collect(*args, **kwargs):
+        passes.append(1)
+        return collect(*args, **kwargs)
+
+    def no_own_calibration(self, *args, **kwargs):
+        own_calibrations.append(self.config.name)
+        raise AssertionError("a derivable candidate calibrated itself")
+
+    monkeypatch.setattr(engine, "collect_statistics", counting_collect)
+    monkeypatch.setattr(api_module.ModelQuantizer, "calibrate", no_own_calibration)
+    candidates = observer_candidates()
+    result = run(model, calib, evaluation, candidates, target=2.0)  # agreement never reaches 2
+    assert len(passes) == 1 and not own_calibrations
+    assert len(result.statistics) == 1
+    assert result.statistics[0].served == tuple(c.name for c in candidates)
+    assert {r.statistics for r in result.candidates} == {"statistics pass 1 (none)"}
+    assert [s["served"] for s in result.report["statistics_reused"]] == [[c.name for c in candidates]]
+
+
+@pytest.mark.parametrize("observer", [Entropy(), PowerOfTwoMSE()], ids=["entropy", "minmse_pow2"])
+def test_a_derived_candidate_is_bit_for_bit_its_own_quantization(model, calib, evaluation, observer):
+    formats = ("xint8",) if isinstance(observer, PowerOfTwoMSE) else ("a8w8",)
+    (candidate,) = observer_candidates(formats, (observer,))
+    result = run(model, calib, evaluation, [candidate], target=0.0)
+    assert result.met and result.model is not None
+    alone = ModelQuantizer(candidate.config, quiet=True).quantize(model, None, calib, batch_size=16)
+    assert result.model.SerializeToString() == alone.model.SerializeToString()
+
+
+def test_the_winner_is_rescored_on_held_out_samples(model, calib, evaluation):
+    candidates = observer_candidates(observers=(MinMax(),))
+    result = run(model, calib, evaluation, candidates, target=0.0, holdout=0.25, seed=7)
+    select, held = split_indices(len(evaluation), 0.25, seed=7)
+    assert (result.select_samples, result.holdout_samples) == (len(select), len(held)) == (60, 20)
+    # independent: both models run over the held-out samples only
+    quantized = onnxruntime_runner(result.model)({"x": evaluation[held]})[0].argmax(axis=1)
+    reference = onnxruntime_runner(model)({"x": evaluation[held]})[0].argmax(axis=1)
+    assert result.holdout_score == pytest.approx(float(np.mean(quantized == reference)))
+    assert result.holdout_met is True
+    assert result.report["holdout_score"] == result.holdout_score
+    assert result.report["split"] == {"select": 60, "holdout": 20}
+
+
+def test_a_user_metric_over_labels(model, calib, evaluation):
+    labels = np.arange(len(evaluation)) % 4
+    seen: list[int] = []
+
+    def accuracy(outputs, reference, samples):
+        seen.append(len(samples.indices))
+        return float(np.mean(outputs.argmax(axis=1) == samples.labels))
+
+    candidates = observer_candidates(observers=(MinMax(),))
+    result = run(model, calib, evaluation, candidates, target=-1.0, metric=accuracy, labels=labels, holdout=0.5)
+    select, held = split_indices(len(evaluation), 0.5, seed=0)
+    outputs = onnxruntime_runner(result.model)({"x": evaluation})[0].argmax(axis=1)
+    assert result.metric == "accuracy"
+    assert result.chosen.score == pytest.approx(float(np.mean(outputs[select] == labels[select])))
+    assert result.holdout_score == pytest.approx(float(np.mean(outputs[held] == labels[held])))
+    assert sum(seen) >= len(evaluation)
+
+
+def test_xint8_target_skips_formats_the_npu_cannot_run(model, calib, evaluation):
+    a8w8 = make_candidate("a8w8/minmax", get_preset("a8w8").evolve(algorithms=()), TIER_8BIT)
+    xint8 = make_candidate("xint8/minmax", get_preset("xint8").evolve(algorithms=()), TIER_8BIT)
+    result = run(model, calib, evaluation, [a8w8, xint8], target=0.0, deployment=deployment_for("xint8"))
+    assert [(r.name, r.status) for r in result.candidates] == [("a8w8/minmax", "skipped"), ("xint8/minmax", "met")]
+    assert "scale_type float; allowed: power_of_two" in result.candidates[0].error
+    assert result.deployment == "onnxruntime:xint8"
+    assert deployment_for("xint8").space().formats == ("xint8",)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "field"),
+    [
+        ({"target": float("nan")}, ConfigError, "target:"),
+        ({"target": 0.5, "budget_s": 0}, ConfigError, "budget_s:"),
+        ({"target": 0.5, "metric": "top5"}, ConfigError, "metric:"),
+        ({"target": 0.5, "metric": "no_such_module_xyz:f"}, ConfigError, "metric:"),
+        ({"target": 0.5, "holdout": 1.5}, ValueError, "holdout:"),
+        ({"target": 0.5, "labels": np.zeros(3)}, DataError, "labels:"),
+        ({"target": 0.5, "metric": "accuracy"}, DataError, "labels"),
+    ],
+)
+def test_bad_arguments_fail_with_one_line_naming_the_field(model, calib, evaluation, kwargs, error, field):
+    target = kwargs.pop("target")
+    with pytest.raises(error) as caught:
+        run(model, calib, evaluation, observer_candidates(observers=(MinMax(),)), target=target, **kwargs)
+    message = str(caught.value)
+    assert field in message and "\n" not in message
+
+
+def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tmp_path, capsys):
+    import onnx
+
+    paths = {name: tmp_path / f"{name}.npy" for name in ("calib", "eval", "labels")}
+    np.save(paths["calib"], calib)
+    np.save(paths["eval"], evaluation)
+    np.save(paths["labels"], np.arange(len(evaluation)) % 4)
+    (tmp_path / "my_metric.py").write_text(
+        "import numpy as np\n"
+        "def accuracy(outputs, reference, samples):\n"
+        "    return (outputs.argmax(axis=1) == samples.labels).astype(float)\n"
+        "accuracy.per_sample = True\n"
+    )
+    onnx.save(model, tmp_path / "m.onnx")
+    common = ["search", str(tmp_path / "m.onnx"), str(tmp_path / "out.onnx"), "--calib-data", str(paths["calib"])]
+    common += ["--eval-data", str(paths["eval"]), "--target", "xint8", "--budget-s", "60"]
+    status = main([*common, "--target-agreement", "0.0", "--report", str(tmp_path / "r.json"), "--quiet"])
+    assert status == 0 and capsys.readouterr().out == ""
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["met"] and report["chosen"] == "xint8/minmax" and report["candidates"][0]["status"] == "met"
+    assert report["holdout_score"] is not None and report["deployment"] == "onnxruntime:xint8"
+    assert onnx.load(tmp_path / "out.onnx").graph.node
+
+    metric = f"{tmp_path / 'my_metric.py'}:accuracy"
+    extra = ["--eval-labels", str(paths["labels"]), "--metric", metric, "--target-score", "2.0"]
+    assert main([*common, *extra]) == 1  # accuracy never reaches 2: searched, best written, exit 1
+    out = capsys.readouterr().out
+    assert "held out:" in out and "misses" in out and "statistics passes reused: none:" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--target-agreement", "0.9", "--metric", "accuracy"], "--metric"),
+        (["--target-agreement", "0.9", "--num-eval", "0"], "--num-eval"),
+        (["--target-agreement", "0.9", "--target", "dpu"], "--target"),
+        ([], "--target-agreement"),
+    ],
+)
+def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, capsys, extra, field):
+    args = ["search", "m.onnx", str(tmp_path / "o.onnx"), "--calib-data", "c.npy", "--eval-data", "e.npy"]
+    assert main([*args, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert field in err and len(err.splitlines()) == 1

@@ -1,0 +1,98 @@
+"""Benchmark of ``quant_onnx.search``: how much a recipe search costs against running the
+recipe it finds on its own (the peer: ``ModelQuantizer(winner.config).quantize``, the same
+calibration set, in the same run), and whether the winner holds on held-out data.
+
+Default: fmnist_mobilenetv2 with ``--target xint8`` (power-of-two int8 formats only), top-1
+agreement with the float model >= 0.885 on 1,000 Fashion-MNIST test images (30% held out),
+128 calibration images. Prints the search's table, the winner's selection and held-out
+scores, its accuracy against the labels on the whole evaluation set, the search time, the
+recipe-alone time and their ratio, and whether the searched model is byte-identical to
+the recipe alone's (it should be). Timings on a shared machine are indicative; the ratio
+is measured in one process, one thread.
+
+    python -m tools.bench.search                     # the default above
+    python -m tools.bench.search --models fmnist_resnet18 --target-agreement 0.99 --no-npu
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # run as a script: make `tools.*` importable
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tools.bench import common  # noqa: E402
+from tools.bench.models import MODELS, input_name, load_data  # noqa: E402
+
+
+def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: int, budget_s: float | None) -> None:
+    common.use_checkout_packages()
+    from quant_onnx.api import ModelQuantizer
+    from quant_onnx.recipe_search import deployment_for, format_table, onnxruntime_runner, search
+
+    model = MODELS[name]
+    path = REPO_ROOT / "tools" / "models" / f"{name}.onnx"
+    data = load_data(model, num_calib=num_calib, num_eval=num_eval)
+    calib = np.load(data.calib_path)
+
+    started = time.perf_counter()
+    result = search(
+        str(path),
+        None,
+        calib,
+        data.eval_x,
+        target=target,
+        deployment=deployment_for(npu),
+        budget_s=budget_s,
+        quiet=True,
+    )
+    search_seconds = time.perf_counter() - started
+    print(f"\n## {name}: {result.deployment}, {result.metric} >= {target:g}\n")
+    print(format_table(result.candidates))
+    if result.chosen is None or result.model is None:
+        print("no candidate could be built")
+        return
+    chosen = result.chosen
+    assert chosen.config is not None
+    started = time.perf_counter()
+    alone = ModelQuantizer(chosen.config, quiet=True).quantize(str(path), None, calib)
+    alone_seconds = time.perf_counter() - started
+
+    logits = onnxruntime_runner(result.model)({input_name(path): data.eval_x})[0]
+    accuracy = None if data.eval_labels is None else common.accuracy(common.top1(logits), data.eval_labels)
+    same = alone.model.SerializeToString() == result.model.SerializeToString()
+    print(f"\nchosen: {chosen.name} ({'met' if result.met else 'missed'}; stopped by {result.stopped_by})")
+    print(f"{result.metric}: selection {chosen.score:.4f} ({result.select_samples} samples), ", end="")
+    print(f"held out {common.fmt(result.holdout_score, 4)} ({result.holdout_samples} samples)")
+    print(f"accuracy vs labels (all {len(data.eval_x)} evaluation images): {common.fmt(accuracy, 4)}")
+    print(f"statistics passes: {[(p.pre_passes, len(p.served)) for p in result.statistics]}")
+    print(f"search {search_seconds:.1f} s; recipe alone {alone_seconds:.1f} s; ", end="")
+    print(f"ratio {common.fmt(common.ratio(search_seconds, alone_seconds), 2)}x (target <= 1.5x)")
+    print(f"searched model byte-identical to the recipe alone's: {same}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["fmnist_mobilenetv2"], choices=sorted(MODELS))
+    parser.add_argument("--target-agreement", type=float, default=0.885)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--target", default="xint8", choices=("xint8",))
+    where.add_argument("--no-npu", action="store_true")
+    parser.add_argument("--num-calib", type=int, default=128)
+    parser.add_argument("--num-eval", type=int, default=1000)
+    parser.add_argument("--budget-s", type=float)
+    args = parser.parse_args(argv)
+    for name in args.models:
+        npu = None if args.no_npu else args.target
+        bench(name, args.target_agreement, npu, args.num_calib, args.num_eval, args.budget_s)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
