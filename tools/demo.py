@@ -1,7 +1,7 @@
 """The main job on the built-in example: the Fashion-MNIST MobileNetV2-shape model shipped
 in tools/models/, quantized through both backends and run on the NPU simulator.
 
-    python tools/demo.py [--model fmnist_mobilenetv2] [--num-calib 256] [--qat-steps 60] [--out out/] [--quiet]
+    python tools/demo.py [--model fmnist_mobilenetv2] [--num-calib 256] [--qat-steps 150] [--out out/] [--quiet]
 
 Rows (each evaluated on the 10,000 Fashion-MNIST test images):
 
@@ -108,7 +108,11 @@ def _qat(model_name: str, out: Path, calib: np.ndarray, train_x: np.ndarray, ste
     order = np.random.default_rng(0).permutation(len(train_x))[: steps * 64]
     batches = [torch.from_numpy(train_x[order[i : i + 64]]) for i in range(0, len(order), 64)]
     # No labels: distillation from the float model, as with unlabeled deployment data.
-    train_qat(qat, batches, teacher=model, epochs=1, lr=1e-4, freeze_batch_norm=True, quiet=quiet)
+    # Small steps: each weight moves by at most a fraction of its quantization step per
+    # update (weight_lr_per_step), the rest at 1e-5, so training refines the PTQ start.
+    train_qat(
+        qat, batches, teacher=model, epochs=1, lr=1e-5, weight_lr_per_step=0.002, freeze_batch_norm=True, quiet=quiet
+    )
     quantizer.export_onnx(quantizer.freeze(qat), example, out)
     return out
 
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="fmnist_mobilenetv2", choices=["fmnist_mobilenetv2", "fmnist_resnet18"])
     parser.add_argument("--out", type=Path, default=ROOT / "out")
     parser.add_argument("--num-calib", type=int, default=256)
-    parser.add_argument("--qat-steps", type=int, default=60, help="QAT batches of 64 (0: skip the QAT row)")
+    parser.add_argument("--qat-steps", type=int, default=150, help="QAT batches of 64 (0: skip the QAT row)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 

@@ -53,7 +53,7 @@ from quant_core.plan.ops import (
     weight_channel_axis,
 )
 from quant_core.plan.transformer import TransformerBlocks, find_blocks, softmax_spec, widened
-from quant_core.spec import OUTPUT_CHANNELS, QuantSpec
+from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 RESULT_CONCAT_REASON = (
     "a Concat writing a graph output: no integer op reads it, and one scale for all its inputs "
@@ -318,8 +318,11 @@ class _Planner:
             self.notes.append(f"transformer recipe: {self.blocks.summary()}")
 
     def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
-        if tensor in self.blocks.float_tensors:
-            return  # read by no integer kernel (never a Conv/Gemm/MatMul input)
+        if tensor in self.blocks.float_tensors and spec.scale_type is not ScaleType.POWER_OF_TWO:
+            # Read by no integer kernel (never a Conv/Gemm/MatMul input). Power-of-two formats
+            # are an integer-only device's (the NPU presets), which runs no float op: there
+            # these tensors keep the preset's format.
+            return
         if tensor in self.blocks.residual:
             spec = widened(spec)
         elif tensor in self.blocks.softmax_outputs:
