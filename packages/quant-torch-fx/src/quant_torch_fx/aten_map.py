@@ -139,21 +139,14 @@ def _resize(mode: str) -> _Translate:
 
 
 def _conv_attributes(node: Node) -> dict[str, Any]:
-    groups = _arg(node, 6, "groups", 1)
-    return {"group": int(groups) if isinstance(groups, int) else 1}
-
-
-def _conv_transpose_attributes(node: Node) -> dict[str, Any]:
-    groups = _arg(node, 6, "groups", 1)
-    return {"group": int(groups) if isinstance(groups, int) else 1}
+    return rules.conv_attributes(node)
 
 
 def _convolution(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     transposed = bool(_arg(node, 6, "transposed", False))
-    groups = _arg(node, 8, "groups", 1)
     op = "ConvTranspose" if transposed else "Conv"
     inputs = [_arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias")]
-    return op, inputs, {"group": int(groups) if isinstance(groups, int) else 1}
+    return op, inputs, rules.conv_attributes(node)
 
 
 def _mean(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
@@ -244,7 +237,7 @@ ATEN_OPS: dict[str, AtenOp] = {
     **_ops(
         ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
         "ConvTranspose",
-        _weighted("ConvTranspose", _conv_transpose_attributes),
+        _weighted("ConvTranspose", _conv_attributes),
         rules.conv,
     ),
     **_ops(("convolution",), "Conv", _convolution, rules.conv),

@@ -50,6 +50,7 @@ from quant_core.conversions import (
 from quant_core.plan.conversions import find_matches, float_view
 from quant_torch_fx.aten_map import op_name
 from quant_torch_fx.graph_passes import get_attr_value
+from quant_torch_fx.onnx_rules import bind, conv_attributes
 
 aten = torch.ops.aten
 
@@ -145,27 +146,15 @@ _gelu = _replacing(lambda e, x, n: _x_times(e, x, _scaled(e, x, GELU_SIGMOID_SCA
 
 
 def _conv_transpose_arguments(node: Node) -> dict[str, Any] | None:
-    """``conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation)``
-    or ``convolution(..., transposed=True, ...)`` as ONNX-style attributes."""
-    args: list[Any] = [*node.args, *([None] * 9)]
-    if op_name(node) == "convolution":
-        if not args[6]:
-            return None
-        stride, padding, dilation, output_padding, groups = args[3], args[4], args[5], args[7], args[8]
-    else:
-        stride, padding, output_padding, groups, dilation = args[3], args[4], args[5], args[6], args[7]
-    pairs = {"strides": stride or [1, 1], "padding": padding or [0, 0], "dilations": dilation or [1, 1]}
-    if not all(isinstance(v, list | tuple) and len(v) == 2 for v in pairs.values()):
+    """A transposed 2-D convolution's ONNX-style attributes (:func:`~quant_torch_fx.onnx_rules.conv_attributes`),
+    ``None`` for another kind or rank."""
+    if op_name(node) == "convolution" and not bind(node).get("transposed"):
         return None
-    extra = output_padding or [0, 0]
-    top, left = (int(p) for p in pairs["padding"])
-    return {
-        "strides": tuple(int(s) for s in pairs["strides"]),
-        "dilations": tuple(int(d) for d in pairs["dilations"]),
-        "pads": (top, left, top, left),
-        "output_padding": tuple(int(p) for p in extra),
-        "group": int(groups or 1),
-    }
+    attributes = conv_attributes(node)
+    if len(attributes["strides"]) != 2:
+        return None
+    attributes.setdefault("output_padding", [0, 0])
+    return attributes
 
 
 def _conv_transpose(editor: _Editor, node: Node) -> tuple[str, ...] | None:

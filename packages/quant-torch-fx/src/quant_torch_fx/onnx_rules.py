@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from quant_core.errors import ModelError
 from quant_torch_fx.onnx_context import RuleContext
 from quant_torch_fx.onnx_types import onnx_type
 from quant_torch_fx.onnx_values import Constant, Dequantized
@@ -93,31 +94,60 @@ def _conv_inputs(ctx: RuleContext, bound: dict[str, Any]) -> list[str]:
     return inputs
 
 
-def conv(ctx: RuleContext, node: Node, op_type: str) -> Any:
-    """``conv{1,2,3}d``, ``conv_transpose{1,2,3}d`` and ``convolution``: Conv/ConvTranspose
-    with torch's strides, pads (``"same"`` as explicit pads, the odd one at the end as
-    torch pads it), dilations, groups and output padding."""
-    bound = ctx.bind(node)
-    spatial = ctx.rank(bound["input"]) - 2
-    kernel = ctx.shape(bound["weight"])[2:]
+def conv_attributes(node: Node) -> dict[str, Any]:
+    """The ONNX Conv/ConvTranspose attributes of a ``conv{1,2,3}d``,
+    ``conv_transpose{1,2,3}d`` or ``convolution`` call: torch's strides, pads (``"same"``
+    as explicit pads, the odd one at the end as torch pads it), dilations, groups and, for
+    a transposed one, a nonzero output padding. The one reading of torch's convolution
+    arguments: the planner's view, the export and the algorithms take it from here.
+
+    Example:
+        >>> from torch.fx import Graph
+        >>> g = Graph(); x = g.placeholder("x"); w = g.placeholder("w")
+        >>> w.meta["val"] = torch.empty(8, 3, 3, 3)
+        >>> conv_attributes(g.call_function(torch.ops.aten.conv2d.default, (x, w, None, [2, 2], "same")))
+        {'strides': [2, 2], 'pads': [1, 1, 1, 1], 'dilations': [1, 1], 'group': 1}
+    """
+    bound = bind(node)
+    kernel = _kernel_size(bound["weight"])
+    spatial = len(kernel)
     stride = _spatial(bound.get("stride"), spatial, 1)
     dilation = _spatial(bound.get("dilation"), spatial, 1)
     padding = bound.get("padding")
     if padding == "valid":
         padding = [0] * spatial
     if padding == "same":
-        total = [d * (int(k) - 1) for d, k in zip(dilation, kernel, strict=True)]  # type: ignore[arg-type]
+        total = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
         pads = [t // 2 for t in total] + [t - t // 2 for t in total]
     else:
         begin = _spatial(padding, spatial, 0)
         pads = begin + begin
     attributes: dict[str, Any] = {"strides": stride, "pads": pads, "dilations": dilation}
     attributes["group"] = int(bound.get("groups") or 1)
-    if op_type == "ConvTranspose":
+    if "transpose" in schema_name(node) or bound.get("transposed"):
         output_padding = _spatial(bound.get("output_padding"), spatial, 0)
         if any(output_padding):
             attributes["output_padding"] = output_padding
-    return ctx.add(op_type, _conv_inputs(ctx, bound), **attributes)
+    return attributes
+
+
+def _kernel_size(weight: Node) -> list[int]:
+    """The spatial sizes of a convolution weight (its traced value, or the parameter a
+    ``get_attr`` reads)."""
+    value = weight.meta.get("val")
+    if value is None and weight.op == "get_attr":
+        value = weight.graph.owning_module
+        for part in str(weight.target).split("."):
+            value = getattr(value, part)
+    if value is None:
+        raise ModelError(f"node {weight.name!r}: the convolution weight's shape is not known")
+    return [int(k) for k in value.shape[2:]]
+
+
+def conv(ctx: RuleContext, node: Node, op_type: str) -> Any:
+    """``conv{1,2,3}d``, ``conv_transpose{1,2,3}d`` and ``convolution``: Conv/ConvTranspose
+    with :func:`conv_attributes`."""
+    return ctx.add(op_type, _conv_inputs(ctx, ctx.bind(node)), **conv_attributes(node))
 
 
 def linear(ctx: RuleContext, node: Node, op_type: str) -> Any:

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from quant_algos.drivers.layers import GeometryUnknown, describe_layer
 from quant_algos.drivers.runner import QuantLayer
-from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.bias import accumulation_headroom, encode_bias
 from quant_core.errors import ModelError
 from quant_core.onnx_qdq.graph import GraphIndex, node_attribute, plan_node
@@ -49,33 +49,6 @@ class _Storage:
     transposed: bool
     input_tensor: str  # the float model's input tensor of the layer (the plan's name)
     float_output: str
-
-
-def _ints(value: object, default: list[int]) -> list[int]:
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else list(default)
-
-
-def conv_geometry(node: onnx.NodeProto, kernel: Sequence[int], input_hw: Sequence[int] | None) -> ConvGeometry | None:
-    """Strides, explicit pads, dilations and groups of a 2-D Conv (``auto_pad`` resolved
-    against ``input_hw``; ``None`` when it needs an input size that is unknown)."""
-    strides = _ints(node_attribute(node, "strides"), [1, 1])
-    dilations = _ints(node_attribute(node, "dilations"), [1, 1])
-    pads = _ints(node_attribute(node, "pads"), [0, 0, 0, 0])
-    auto_pad = node_attribute(node, "auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        if input_hw is None:
-            return None
-        pads = [0, 0, 0, 0]
-        for i in range(2):
-            out = -(-input_hw[i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - input_hw[i])
-            small, big = total // 2, total - total // 2
-            pads[i], pads[i + 2] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
-    elif auto_pad == "VALID":
-        pads = [0, 0, 0, 0]
-    groups = int(node_attribute(node, "group", 1))
-    return ConvGeometry(strides=strides, pads=pads, dilations=dilations, groups=groups)
 
 
 def _per_channel(node: onnx.NodeProto, bias: np.ndarray, channels: int) -> np.ndarray:
@@ -177,18 +150,12 @@ class OnnxLayerRunner:
         if node.op_type == "MatMul" and weight.ndim != 2:
             self.notes.append(f"{name}: MatMul with a rank-{weight.ndim} weight is left alone")
             return None
-        geometry = None
-        if node.op_type == "Conv":
-            shape = floats.shape(float_node.input[0])
-            hw = (
-                shape[2:4]
-                if shape is not None and len(shape) == 4 and all(isinstance(d, int) for d in shape[2:4])
-                else None
-            )
-            geometry = conv_geometry(node, float_weight.shape[2:], hw)  # type: ignore[arg-type]
-            if geometry is None:
-                self.notes.append(f"{name}: auto_pad needs the input size, which shape inference did not give")
-                return None
+        shape = floats.shape(float_node.input[0])
+        hw = (
+            shape[2:4]
+            if shape is not None and len(shape) == 4 and all(isinstance(d, int) for d in shape[2:4])
+            else None
+        )
         slot = self.calibrated.plan.bias_of(name)
         input_quantized = slot is not None and self.calibrated.qparams_of(slot.input_tensor) is not None
         consumer = floats.sole_consumer(float_node.output[0])
@@ -208,6 +175,21 @@ class OnnxLayerRunner:
         except ModelError as error:  # e.g. a per-row Gemm C: not a per-channel bias to correct
             self.notes.append(f"{name}: left alone: {error}")
             return None
+        try:
+            layer = describe_layer(
+                name,
+                node.op_type,
+                plan_node(node).attributes,
+                float_weight,
+                qp,
+                bias,
+                activation,
+                input_quantized=input_quantized,
+                input_hw=hw,  # type: ignore[arg-type]
+            )
+        except GeometryUnknown as unknown:
+            self.notes.append(f"{name}: {unknown}: shape inference did not give it")
+            return None
         self._storage[name] = _Storage(
             name,
             dq.input[0],
@@ -216,17 +198,7 @@ class OnnxLayerRunner:
             float_node.input[0],
             float_node.output[0],
         )
-        return QuantLayer(
-            name=name,
-            op_type=node.op_type,
-            float_weight=float_weight,
-            weight_qparams=qp,
-            bias=bias,
-            geometry=geometry,
-            activation=activation,
-            output_channel_axis=-1 if node.op_type == "MatMul" else 1,
-            bias_allowed=node.op_type != "MatMul" and input_quantized,
-        )
+        return layer
 
     @staticmethod
     def _current_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> np.ndarray | None:

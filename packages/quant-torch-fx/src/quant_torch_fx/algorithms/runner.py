@@ -24,56 +24,24 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
+from quant_algos.drivers.layers import describe_layer
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES
 from quant_algos.drivers.runner import QuantLayer
-from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.bias import accumulation_headroom, encode_bias
 from quant_core.qparams import QParams, dequantize
 from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
 from quant_torch_fx.algorithms.incremental import IncrementalGraphRunner
 from quant_torch_fx.algorithms.probe import Batch, float_mode, sample_count
-from quant_torch_fx.aten_map import op_name
+from quant_torch_fx.aten_map import map_node
 from quant_torch_fx.capture import copy_captured
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.modules import ConvBn
 from quant_torch_fx.prepare import activation_qparams_lookup, graph_info, weight_quantizers
-
-
-def _pair(value: Any) -> list[int]:
-    values = [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)]
-    return values * 2 if len(values) == 1 else values
-
-
-def conv_geometry(node: Node, kernel: Sequence[int]) -> ConvGeometry | None:
-    """Strides, pads (ONNX order), dilations and groups of an ``aten.conv2d`` node
-    (``None`` for a string padding other than ``"valid"``/``"same"`` or another rank)."""
-    if op_name(node) != "conv2d":
-        return None
-    args = list(node.args) + [None] * 7
-    kwargs = node.kwargs
-    stride = _pair(args[3] if args[3] is not None else kwargs.get("stride", 1))
-    padding: Any = args[4] if args[4] is not None else kwargs.get("padding", 0)
-    dilation = _pair(args[5] if args[5] is not None else kwargs.get("dilation", 1))
-    groups_arg: Any = args[6] if args[6] is not None else kwargs.get("groups", 1)
-    groups = int(groups_arg)
-    if padding == "valid":
-        pads = [0, 0, 0, 0]
-    elif padding == "same":
-        # torch puts the odd padding element at the end, as ONNX SAME_UPPER does
-        totals = [dilation[i] * (int(kernel[i]) - 1) for i in range(2)]
-        pads = [totals[0] // 2, totals[1] // 2, totals[0] - totals[0] // 2, totals[1] - totals[1] // 2]
-    elif isinstance(padding, str):
-        return None
-    else:
-        pad = _pair(padding)
-        pads = [pad[0], pad[1], pad[0], pad[1]]
-    return ConvGeometry(strides=stride, pads=pads, dilations=dilation, groups=groups)
 
 
 def _oi(qp: QParams, transposed: bool) -> QParams:
@@ -146,27 +114,20 @@ class TorchLayerRunner:
             self.notes.append(f"{name}: MatMul with a rank-{weight.ndim} weight is left alone")
             return None
         float_weight = np.ascontiguousarray(weight.T if transposed else weight, np.float32)
-        geometry = None
-        if slot.op_type == "Conv":
-            geometry = conv_geometry(node, float_weight.shape[2:])
-            if geometry is None and float_weight.ndim == 4:
-                self.notes.append(f"{name}: padding {node.args[4]!r} is not read here")
-                return None
         bias_slot = self.info.plan.bias_of(name)
         input_quantized = bias_slot is not None and self._act(name, bias_slot.input_tensor) is not None
         bias = bias_node(node)
+        mapped = map_node(node)
         self._transposed[name] = transposed
-        return QuantLayer(
-            name=name,
-            op_type=slot.op_type,
-            float_weight=float_weight,
-            weight_qparams=_oi(self._quantizers[name].current_qparams(), transposed),
-            bias=None if bias is None else get_attr_value(self.gm, bias).detach().float().cpu().numpy().reshape(-1),
-            geometry=geometry,
-            activation=self.info.layer_activations.get(name),
-            # aten.linear is the planner's Gemm but takes inputs of any rank: channels come last.
-            output_channel_axis=1 if slot.op_type == "Conv" else -1,
-            bias_allowed=slot.op_type != "MatMul" and input_quantized and op_name(node) != "matmul",
+        return describe_layer(
+            name,
+            slot.op_type,
+            {} if mapped is None else mapped.attributes,
+            float_weight,
+            _oi(self._quantizers[name].current_qparams(), transposed),
+            None if bias is None else get_attr_value(self.gm, bias).detach().float().cpu().numpy().reshape(-1),
+            self.info.layer_activations.get(name),
+            input_quantized=input_quantized,
         )
 
     def _weight_node(self, node: Node) -> Node | None:
