@@ -37,7 +37,7 @@ import attrs
 import numpy as np
 import onnx
 
-from quant_core.onnx_qdq.graph import float_attribute, node_label
+from quant_core.onnx_qdq.graph import GraphIndex, float_attribute, node_label
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_npu.approximations import device_leaky_relu_alpha
 from quant_npu.check import CheckResult, check_loaded
@@ -283,16 +283,18 @@ def float_result_concats(model: onnx.ModelProto) -> tuple[str, ...]:
     """Float Concats that read dequantized tensors and only write graph outputs: the
     planner leaves them float (:data:`quant_core.plan.planner.RESULT_CONCAT_REASON`), and
     the device hands their inputs to the CPU, which joins them."""
-    graph = model.graph
-    outputs = {o.name for o in graph.output}
-    read = {name for node in graph.node for name in node.input}
-    dequantized = {out for node in graph.node if node.op_type == "DequantizeLinear" for out in node.output}
+    index = GraphIndex(model.graph)
+
+    def dequantized(tensor: str) -> bool:
+        producer = index.producer(tensor)
+        return producer is not None and producer.op_type == "DequantizeLinear"
+
     return tuple(
         node.name
-        for node in graph.node
+        for node in model.graph.node
         if node.op_type == "Concat"
-        and all(o in outputs and o not in read for o in node.output)
-        and all(i in dequantized for i in node.input if i)
+        and all(index.is_graph_output(o) and not index.consumers(o) for o in node.output)
+        and all(dequantized(i) for i in node.input if i)
     )
 
 

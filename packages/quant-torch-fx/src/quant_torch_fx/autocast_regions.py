@@ -74,7 +74,7 @@ def _inline(gm: GraphModule, call: Node) -> None:
                 results = inner.args[0]
             elif inner.op == "get_attr":
                 name = f"{body_node.target}_{inner.target}".replace(".", "_")
-                setattr(gm, name, _attribute(body, inner.target))
+                setattr(gm, name, operator.attrgetter(str(inner.target))(body))
                 env[inner] = gm.graph.get_attr(name)
                 env[inner].meta = dict(inner.meta)
             else:
@@ -94,10 +94,3 @@ def _inline(gm: GraphModule, call: Node) -> None:
     if not body_node.users:
         gm.graph.erase_node(body_node)
         delattr(gm, body_node.target)
-
-
-def _attribute(module: torch.nn.Module, path: str) -> Any:
-    value: Any = module
-    for part in path.split("."):
-        value = getattr(value, part)
-    return value

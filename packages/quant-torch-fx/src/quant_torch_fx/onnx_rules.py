@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -136,9 +137,7 @@ def _kernel_size(weight: Node) -> list[int]:
     ``get_attr`` reads)."""
     value = weight.meta.get("val")
     if value is None and weight.op == "get_attr":
-        value = weight.graph.owning_module
-        for part in str(weight.target).split("."):
-            value = getattr(value, part)
+        value = operator.attrgetter(str(weight.target))(weight.graph.owning_module)
     if value is None:
         raise ModelError(f"node {weight.name!r}: the convolution weight's shape is not known")
     return [int(k) for k in value.shape[2:]]
