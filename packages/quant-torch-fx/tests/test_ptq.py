@@ -136,6 +136,26 @@ def test_dynamic_batch_from_calibration_to_inference() -> None:
     assert q.freeze(qmodel)(torch.randn(1, 3, 8, 8)).shape == (1, 5)
 
 
+class BoundedBatchNet(nn.Module):
+    """Takes another kernel above a batch size, as eval-mode batch norm does on CUDA (cuDNN
+    up to 65535): torch.export records a guard that a batch from 1 violates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y.relu() if x.shape[0] <= 1000 else y.sigmoid()
+
+
+def test_a_bounded_batch_stays_dynamic() -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    qmodel = q.quantize_model(BoundedBatchNet(), torch.randn(1, 3, 8, 8), images(2, batch=5))
+    assert qmodel(torch.randn(1, 3, 8, 8)).shape == (1, 4, 6, 6)
+    assert q.freeze(qmodel)(torch.randn(7, 3, 8, 8)).shape == (7, 4, 6, 6)
+
+
 def test_loader_of_image_label_pairs_and_num_batches() -> None:
     q = ModelQuantizer("a8w8", quiet=True)
     data = [(x, torch.zeros(x.shape[0], dtype=torch.long)) for x in images(4)]

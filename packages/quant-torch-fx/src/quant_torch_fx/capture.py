@@ -67,13 +67,14 @@ def as_args(example_inputs: Any) -> tuple[Any, ...]:
     )
 
 
-def batched(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
-    """Arguments repeated to a batch of two where needed, and the dynamic-shape spec."""
+def batched(args: tuple[Any, ...], dim: Any = None) -> tuple[tuple[Any, ...], Any]:
+    """Arguments repeated to a batch of two where needed, and the dynamic-shape spec giving
+    their batch dimension ``dim`` (default: any batch from 1 on)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0]
     if not tensors:
         return args, None
     batch = tensors[0].shape[0]
-    dim = Dim("batch", min=1)
+    dim = Dim("batch", min=1) if dim is None else dim
     shapes: list[Any] = []
     new_args: list[Any] = []
     for arg in args:
@@ -105,6 +106,33 @@ def export_program(model: nn.Module, args: tuple[Any, ...], dynamic_shapes: Any)
         return torch.export.export(model, args, dynamic_shapes=dynamic_shapes, strict=False)
 
 
+def export_dynamic_batch(model: nn.Module, args: tuple[Any, ...]) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` on ``args`` with a dynamic batch dimension (see :func:`batched`)."""
+    capture_args, shapes = batched(args)
+    try:
+        return export_program(model, capture_args, shapes)
+    except Exception as exc:
+        # The model bounds its batch: on CUDA, eval-mode batch norm takes cuDNN's kernel for
+        # batches up to 65535 only, and torch records that as a guard that any batch from 1
+        # violates. Let torch choose the range it can prove (Dim.AUTO), as long as the batch
+        # stays dynamic; the graph's guards are not checked when it runs.
+        auto = getattr(Dim, "AUTO", None)
+        if shapes is None or auto is None or "Constraints violated" not in str(exc):
+            raise
+        first_error = exc
+    capture_args, shapes = batched(args, dim=auto)
+    program = export_program(model, capture_args, shapes)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in _user_inputs(program)]
+    values = [n.meta.get("val") for n in placeholders]
+    if not any(isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt) for v in values):
+        raise first_error  # the batch got fixed: the caller decides what a fixed batch means
+    return program
+
+
+def _user_inputs(program: torch.export.ExportedProgram) -> set[str]:
+    return set(program.graph_signature.user_inputs)
+
+
 def capture(
     model: nn.Module,
     example_inputs: Any,
@@ -118,12 +146,11 @@ def capture(
     failure, find the submodule that cannot be captured (captures each submodule)."""
     model_copy = copy.deepcopy(model).eval()
     args = as_args(example_inputs)
-    shapes = dynamic_shapes
-    capture_args = args
-    if dynamic_shapes is None and dynamic_batch:
-        capture_args, shapes = batched(args)
     try:
-        program = export_program(model_copy, capture_args, shapes)
+        if dynamic_shapes is None and dynamic_batch:
+            program = export_dynamic_batch(model_copy, args)
+        else:
+            program = export_program(model_copy, args, dynamic_shapes)
     except Exception as exc:  # torch raises many unrelated types here
         raise CaptureError(_explain(model_copy, args, exc, diagnose)) from exc
     gm = program.module(check_guards=False)

@@ -54,7 +54,14 @@ from quant_core.dtypes import DType
 from quant_core.errors import ModelError
 from quant_core.qdq import ActivationEncoding, encode_activation
 from quant_core.qparams import QParams, quantize
-from quant_torch_fx.capture import batched, copy_captured, describe_failure, export_program, quiet_torch
+from quant_torch_fx.capture import (
+    batched,
+    copy_captured,
+    describe_failure,
+    export_dynamic_batch,
+    export_program,
+    quiet_torch,
+)
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.prepare import graph_info, quantized_graphs
 from quant_torch_fx.qdq_ops import DEQUANTIZE, QUANTIZE_DEQUANTIZE
@@ -242,7 +249,7 @@ def aten_graph(model: nn.Module, args: tuple[Any, ...], *, dynamic_batch: bool) 
     with a warning per place (see the module docstring)."""
     capture_args, shapes = batched(args) if dynamic_batch else (args, None)
     try:
-        program = export_program(model, capture_args, shapes)
+        program = export_dynamic_batch(model, args) if dynamic_batch else export_program(model, args, None)
     except Exception as exc:  # torch raises many unrelated types here
         if shapes is not None and _batch_specialised(exc):
             warnings.warn(

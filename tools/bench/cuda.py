@@ -1,0 +1,275 @@
+"""The torch backend on a CUDA device: PTQ calibration, QAT and DDP, each against its float
+counterpart measured in the same process (issue 28).
+
+Parts, each printed as one JSON line and gathered in ``--out``:
+
+* ``ptq``: calibration throughput against float inference (``a8w8``: min-max observers,
+  ``xint8``: power-of-two MinMSE histograms), same batch, interleaved, medians; and the
+  qparams of a calibration on the device against the same calibration on the CPU (the
+  observers reduce on the tensor's device, so they must be equal, histograms included).
+* ``qat``: ``xint8`` QAT training step against the float training step (eager, and with
+  ``compile_fake_quant``).
+* ``ddp``: two ranks sharing the one GPU (gloo, which takes CUDA tensors; NCCL refuses two
+  ranks on one device) calibrate and train QAT under ``DistributedDataParallel``: their
+  qparams must be identical to each other and to one process on the union of the shards.
+
+Models are timm's (random weights, 224 px), built offline.
+
+Example:
+    $ python -m tools.bench.cuda --out cuda.json                       # on a machine with a GPU
+    $ python -m tools.bench.cuda --device cpu --models resnet18 --batch 4 --size 64 --repeats 2  # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make `tools.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+DEFAULT_MODELS = ("resnet50", "efficientnet_b0", "mobilenetv3_large_100")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _median_pair(first: Callable[[], Any], second: Callable[[], Any], repeats: int, device: str) -> tuple[float, float]:
+    a, b = [], []
+    for _ in range(repeats):
+        for fn, out in ((first, a), (second, b)):
+            _sync(device)
+            t = time.perf_counter()
+            fn()
+            _sync(device)
+            out.append(time.perf_counter() - t)
+    return statistics.median(a), statistics.median(b)
+
+
+def build(name: str, size: int) -> Any:
+    import torch
+
+    try:
+        import torchvision  # noqa: F401  (timm needs it; a GPU machine has a working one)
+    except ImportError:
+        from tools.zoo_models import use_torchvision_shim
+
+        use_torchvision_shim()
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model(name, pretrained=False, num_classes=1000).eval(), torch.zeros(1, 3, size, size)
+
+
+def _qparams(model: Any) -> dict[str, tuple[list[float], list[int]]]:
+    from quant_torch_fx.prepare import activation_quantizers, weight_quantizers
+
+    found = {}
+    for prefix, quantizers in (("a:", activation_quantizers(model)), ("w:", weight_quantizers(model))):
+        for key, fq in quantizers:
+            qp = fq.current_qparams()
+            found[prefix + key] = (qp.scale.reshape(-1).tolist(), qp.zero_point.reshape(-1).tolist())
+    return found
+
+
+def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from quant_torch_fx import ModelQuantizer
+    from quant_torch_fx.calibrate import run_batches, start_observing
+
+    model, example = build(name, args.size)
+    gen = torch.Generator().manual_seed(1)
+    x_cpu = torch.randn(args.batch, 3, args.size, args.size, generator=gen)
+    row: dict[str, Any] = {"model": name, "part": "ptq", "batch": args.batch, "device": args.device}
+    dev_model = copy.deepcopy(model).to(args.device)
+    x = x_cpu.to(args.device)
+
+    def infer() -> None:
+        with torch.no_grad():
+            for _ in range(args.timed_batches):
+                dev_model(x)
+
+    for preset in ("a8w8", "xint8"):
+        q = ModelQuantizer(preset, quiet=True)
+        prepared = q.prepare(copy.deepcopy(model).to(args.device), example.to(args.device))
+        signature = q.signature(example.to(args.device))
+        start_observing(prepared)
+
+        def calibrate(prepared: Any = prepared, signature: Any = signature) -> None:
+            run_batches(prepared, [x] * args.timed_batches, signature, quiet=True)
+
+        infer()
+        calibrate()
+        infer_s, calib_s = _median_pair(infer, calibrate, args.repeats, args.device)
+        row[f"{preset}_throughput_ratio"] = infer_s / calib_s
+        row[f"{preset}_calib_s_per_batch"] = calib_s / args.timed_batches
+        row["infer_s_per_batch"] = infer_s / args.timed_batches
+        # The same calibration on the device and on the CPU: identical qparams.
+        on_device = _qparams(q.quantize_model(copy.deepcopy(model).to(args.device), example.to(args.device), [x]))
+        on_cpu = _qparams(q.quantize_model(copy.deepcopy(model), example, [x_cpu]))
+        differing = [k for k in on_cpu if on_cpu[k] != on_device.get(k)]
+        row[f"{preset}_qparams_equal_to_cpu"] = not differing
+        row[f"{preset}_qparams_differing"] = differing[:5]
+    return row
+
+
+def _train_step(model: Any, x: Any, y: Any) -> Callable[[], None]:
+    import torch
+    import torch.nn.functional as F
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-9)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def part_qat(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from quant_torch_fx import ModelQuantizer
+
+    model, example = build(name, args.size)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(args.batch, 3, args.size, args.size, generator=gen).to(args.device)
+    y = torch.randint(0, 1000, (args.batch,), generator=gen).to(args.device)
+    float_step = _train_step(copy.deepcopy(model).to(args.device).train(), x, y)
+    row: dict[str, Any] = {"model": name, "part": "qat", "batch": args.batch, "device": args.device}
+    for label, compiled in (("eager", False), ("compiled", True)):
+        try:
+            q = ModelQuantizer("xint8", compile_fake_quant=compiled, quiet=True)
+            qat = q.prepare_qat(copy.deepcopy(model).to(args.device), example.to(args.device), calib_loader=[x])
+            qat_step = _train_step(qat.train(), x, y)
+            for _ in range(3):
+                float_step()
+                qat_step()
+            float_s, qat_s = _median_pair(float_step, qat_step, args.repeats, args.device)
+            row[f"{label}_ratio"] = qat_s / float_s
+            row[f"{label}_float_step_s"] = float_s
+        except Exception as exc:  # a compile failure on this torch/device is a finding, not a crash
+            row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return row
+
+
+WORLD = 2
+
+
+def _ddp_worker(rank: int, init_file: str, out_dir: str, name: str, size: int, batch: int, device: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from quant_torch_fx import ModelQuantizer, train_qat
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        model, example = build(name, size)
+        data = _ddp_data(size, batch)
+        shard = [b.to(device) for b in data[rank::WORLD]]
+        q = ModelQuantizer("xint8", quiet=True)
+        t = time.perf_counter()
+        ptq = _qparams(q.quantize_model(copy.deepcopy(model).to(device), example.to(device), shard))
+        ptq_s = time.perf_counter() - t
+        qat = q.prepare_qat(copy.deepcopy(model).to(device), example.to(device), calib_loader=shard[:1])
+        ddp = torch.nn.parallel.DistributedDataParallel(qat)
+        labelled = [(b, torch.zeros(b.shape[0], dtype=torch.long, device=device)) for b in shard]
+        t = time.perf_counter()
+        train_qat(ddp, labelled, epochs=1, lr=1e-4, quiet=True)
+        qat_s = time.perf_counter() - t
+        after = _qparams(qat)
+        torch.save({"ptq": ptq, "after": after, "ptq_s": ptq_s, "qat_s": qat_s}, Path(out_dir) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_data(size: int, batch: int) -> list[Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randn(batch, 3, size, size, generator=gen) for _ in range(4)]
+
+
+def part_ddp(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.multiprocessing as mp
+
+    from quant_torch_fx import ModelQuantizer
+
+    row: dict[str, Any] = {"model": name, "part": "ddp", "world": WORLD, "backend": "gloo", "device": args.device}
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        mp.start_processes(
+            _ddp_worker,
+            args=(init_file, tmp, name, args.size, args.batch, args.device),
+            nprocs=WORLD,
+            start_method="spawn",
+            join=True,
+        )
+        ranks = [torch.load(Path(tmp) / f"{r}.pt", weights_only=False) for r in range(WORLD)]
+    model, example = build(name, args.size)
+    union = _qparams(
+        ModelQuantizer("xint8", quiet=True).quantize_model(
+            model.to(args.device),
+            example.to(args.device),
+            [b.to(args.device) for b in _ddp_data(args.size, args.batch)],
+        )
+    )
+    row["ptq_ranks_equal"] = ranks[0]["ptq"] == ranks[1]["ptq"]
+    row["ptq_equal_to_union"] = ranks[0]["ptq"] == union
+    row["qat_ranks_equal_after_training"] = ranks[0]["after"] == ranks[1]["after"]
+    row["ptq_s"] = max(r["ptq_s"] for r in ranks)
+    row["qat_epoch_s"] = max(r["qat_s"] for r in ranks)
+    return row
+
+
+PARTS = {"ptq": part_ptq, "qat": part_qat, "ddp": part_ddp}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--timed-batches", type=int, default=4)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    import torch
+
+    env = {"torch": torch.__version__, "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
+    print(json.dumps(env), flush=True)
+    rows: list[dict[str, Any]] = []
+    for part in args.parts:
+        for name in args.models:
+            try:
+                row = PARTS[part](name, args)
+            except Exception as exc:  # one failing row must not lose the others
+                row = {"model": name, "part": part, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.out:
+                args.out.write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
