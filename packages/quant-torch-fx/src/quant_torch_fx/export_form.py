@@ -54,6 +54,7 @@ from quant_core.dtypes import DType
 from quant_core.errors import ModelError
 from quant_core.qdq import ActivationEncoding, encode_activation
 from quant_core.qparams import QParams, quantize
+from quant_torch_fx.attention import decompose_attention
 from quant_torch_fx.capture import batched, copy_captured, describe_failure, export_program, quiet_torch
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.prepare import graph_info, quantized_graphs
@@ -238,8 +239,9 @@ def export_form(frozen: nn.Module, encoding: ActivationEncoding) -> ExportForm:
 def aten_graph(model: nn.Module, args: tuple[Any, ...], *, dynamic_batch: bool) -> GraphModule:
     """``model``'s ATen graph from ``torch.export`` (batch dimension dynamic with
     ``dynamic_batch``), parameters and buffers as ``get_attr`` nodes at their
-    ``state_dict`` paths. Value-dependent Python is traced as the example inputs run it,
-    with a warning per place (see the module docstring)."""
+    ``state_dict`` paths, attention written out (:mod:`quant_torch_fx.attention`).
+    Value-dependent Python is traced as the example inputs run it, with a warning per
+    place (see the module docstring)."""
     capture_args, shapes = batched(args) if dynamic_batch else (args, None)
     try:
         program = export_program(model, capture_args, shapes)
@@ -257,6 +259,7 @@ def aten_graph(model: nn.Module, args: tuple[Any, ...], *, dynamic_batch: bool) 
         program = _draft_export(model, capture_args, shapes, exc)
     gm = program.module(check_guards=False)
     assert isinstance(gm, GraphModule)
+    decompose_attention(gm)  # float parts of the model too: written as the prepared graph writes it
     return gm
 
 
