@@ -10,10 +10,12 @@ import copy
 from collections.abc import Callable
 
 import export_models
+import numpy as np
 import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from onnx.reference import ReferenceEvaluator
 from torch import nn
 
 from quant_core.errors import ModelError
@@ -154,3 +156,39 @@ def test_the_export_feeds_both_inputs_of_every_attention_matmul_from_a_dequantiz
     for node in attention:
         fed = [producers[i].op_type if i in producers else "graph input" for i in node.input]
         assert fed == ["DequantizeLinear", "DequantizeLinear"], (node.name, fed)
+
+
+class MaskedAttention(nn.Module):
+    """Self-attention under a causal mask or a boolean mask (a fixed pattern expanded to the
+    batch: a graph tensor, as a padding mask would be)."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.proj, self.causal = nn.Linear(8, 24), nn.Linear(8, 8), causal
+        self.register_buffer("pattern", (torch.rand(6, 6) > 0.5) | torch.eye(6, dtype=torch.bool))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.causal:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            mask = self.pattern.expand(b, 1, n, n)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bool_mask"])
+def test_masked_attention_quantizes_and_exports_as_the_frozen_model_computes(causal: bool) -> None:
+    model = MaskedAttention(causal).eval()
+    x = torch.randn(16, 6, 8, generator=torch.Generator().manual_seed(1))
+    q = ModelQuantizer("a8w8", quiet=True)
+    frozen = q.freeze(q.quantize_model(model, x[:1], [x]))
+    with torch.no_grad():
+        expected, quantized = model(x), frozen(x)
+    sqnr = 10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum())
+    assert sqnr > 30, sqnr  # the masked positions stay masked through the quantized graph
+    proto = onnx_model(frozen, (x[:1],), opset=19)
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
