@@ -13,6 +13,7 @@ import export_models
 import numpy as np
 import onnx
 import pytest
+import test_transformer_recipe
 import torch
 import torch.nn.functional as F
 from onnx.reference import ReferenceEvaluator
@@ -96,16 +97,9 @@ def test_attention_dropout_is_refused_naming_the_node() -> None:
         decompose_attention(captured)
 
 
-class Block(nn.Module):
+class Block(test_transformer_recipe.Block):
     """The pre-norm block of test_transformer_recipe, its attention through
     scaled_dot_product_attention (as timm's ViT runs it)."""
-
-    def __init__(self, dim: int = 8) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.norm1, self.norm2, self.norm = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
@@ -117,7 +111,7 @@ class Block(nn.Module):
 
 
 def test_the_planner_quantizes_both_inputs_of_both_matmuls() -> None:
-    gm = ModelQuantizer("a8w8", quiet=True).prepare(Block().eval(), torch.randn(2, 5, 8))
+    gm = ModelQuantizer("a8w8", quiet=True).prepare(Block().eval(), test_transformer_recipe.example())
     info = graph_info(gm)
     matmuls = [name for name, op in info.plan.quantized_nodes if op == "MatMul"]
     assert len(matmuls) == 2  # Q.K^T and attn.V (the Linears are Gemms)
