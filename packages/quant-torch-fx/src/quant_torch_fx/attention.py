@@ -15,6 +15,10 @@ The prepared graph (:func:`quant_torch_fx.prepare.normalize`) and the export's A
 (:func:`quant_torch_fx.export_form.aten_graph`, float parts of a model included) both go
 through :func:`decompose_attention`; the exporter has no attention rule of its own.
 
+The new nodes are named after the attention node: ``<name>_qk``, ``_scaled``, ``_causal``,
+``_masked``, ``_softmax``, ``_av`` (a config's ``node_overrides`` glob such as
+``"blocks.*.attn/*_qk"`` selects the ``Q·K^T`` matmuls).
+
 Grouped-query attention (``enable_gqa``, fewer key/value heads) repeats each key/value
 head for its group of query heads (``unsqueeze``, ``expand``, ``flatten``), as torch does.
 Attention dropout is refused: a captured model runs in eval mode, where it is 0.
@@ -97,14 +101,14 @@ class _Writer:
             raise self.error(f"dropout_p={dropout} is not allowed; allowed: 0.0 (capture the model in eval mode)")
         if self.bound.get("enable_gqa"):
             k, v = self.repeat_heads(k), self.repeat_heads(v)
-        scores = self.call(aten.matmul.default, q, self.call(aten.transpose.int, k, -2, -1))
-        scores = self.call(aten.mul.Tensor, scores, self.scale(q))
+        scores = self.call(aten.matmul.default, q, self.call(aten.transpose.int, k, -2, -1, name="key_t"), name="qk")
+        scores = self.call(aten.mul.Tensor, scores, self.scale(q), name="scaled")
         if self.bound.get("is_causal"):
-            scores = self.call(aten.add.Tensor, scores, self.causal_mask(q, k))
+            scores = self.call(aten.add.Tensor, scores, self.causal_mask(q, k), name="causal")
         mask = self.bound.get("attn_mask")
         if mask is not None:
-            scores = self.call(aten.add.Tensor, scores, self.additive(mask))
-        out = self.call(aten.matmul.default, self.call(aten.softmax.int, scores, -1), v)
+            scores = self.call(aten.add.Tensor, scores, self.additive(mask), name="masked")
+        out = self.call(aten.matmul.default, self.call(aten.softmax.int, scores, -1, name="softmax"), v, name="av")
         self.node.replace_all_uses_with(out)
         self.gm.graph.erase_node(self.node)
 
@@ -131,8 +135,9 @@ class _Writer:
         value = mask.meta.get("val")
         if not (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
             return mask
-        zeros = self.call(aten.zeros_like.default, mask, dtype=torch.float32)
-        return self.call(aten.masked_fill.Scalar, zeros, self.call(aten.logical_not.default, mask), MASKED)
+        zeros = self.call(aten.zeros_like.default, mask, dtype=torch.float32, name="mask_zeros")
+        hidden = self.call(aten.logical_not.default, mask, name="mask_hidden")
+        return self.call(aten.masked_fill.Scalar, zeros, hidden, MASKED, name="mask_additive")
 
     def repeat_heads(self, tensor: Node) -> Node:
         """``[..., Hkv, S, E]`` -> ``[..., Hq, S, E]``, each head repeated ``Hq / Hkv`` times
@@ -146,10 +151,11 @@ class _Writer:
         if heads == kv_heads:
             return tensor
         rank = self.rank(tensor)
-        grouped = self.call(aten.unsqueeze.default, tensor, -3)
+        grouped = self.call(aten.unsqueeze.default, tensor, -3, name=f"{tensor.name}_grouped")
         sizes = [-1] * (rank + 1)
         sizes[-3] = heads // kv_heads
-        return self.call(aten.flatten.using_ints, self.call(aten.expand.default, grouped, sizes), -4, -3)
+        repeated = self.call(aten.expand.default, grouped, sizes, name=f"{tensor.name}_repeated")
+        return self.call(aten.flatten.using_ints, repeated, -4, -3, name=f"{tensor.name}_heads")
 
     # ---------------------------------------------------------------------------- helpers
     def size(self, tensor: Node, axis: int) -> int | None:
@@ -181,9 +187,11 @@ class _Writer:
     def fake(self, value: torch.Tensor) -> torch.Tensor:
         return self.fake_mode.from_tensor(value) if self.fake_mode is not None else value
 
-    def call(self, target: Any, *args: Any, **kwargs: Any) -> Node:
+    def call(self, target: Any, *args: Any, name: str, **kwargs: Any) -> Node:
+        """A call of ``target`` named ``<attention node>_<name>`` (config globs and reports
+        show where it came from)."""
         with self.gm.graph.inserting_before(self.node):
-            node = self.gm.graph.call_function(target, args, kwargs)
+            node = self.gm.graph.create_node("call_function", target, args, kwargs, name=f"{self.node.name}_{name}")
         node.meta["nn_module_stack"] = dict(self.node.meta.get("nn_module_stack") or {})
         for key in ("stack_trace", "source_fn_stack", "torch_fn"):
             if key in self.node.meta:
