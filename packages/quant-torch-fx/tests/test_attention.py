@@ -91,6 +91,20 @@ def test_the_written_out_attention_computes_the_captured_graph(name: str) -> Non
     torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
 
 
+class CrossAttend(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+
+
+def test_causal_cross_attention_over_other_lengths_and_value_width() -> None:
+    """3 queries over 7 keys, values 5 wide: the causal mask is torch's top-left triangle."""
+    q, k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7, 5)
+    rewritten = capture(CrossAttend(), (q, k, v))
+    decompose_attention(rewritten)
+    with torch.no_grad():
+        torch.testing.assert_close(rewritten(q, k, v), CrossAttend()(q, k, v), rtol=1e-5, atol=1e-5)
+
+
 def test_attention_dropout_is_refused_naming_the_node() -> None:
     captured = capture(Attend(dropout_p=0.1).eval(), _inputs(1, 0))
     with pytest.raises(ModelError, match=r"node 'scaled_dot_product_attention'.*dropout_p=0\.1.*allowed: 0\.0"):
