@@ -8,7 +8,8 @@ graph rewrites) and with graph optimisation disabled (the file node by node):
   model's;
 - a layer the config keeps float inside a quantized model runs the same in both sessions
   (onnxruntime's WeightBiasQuantization would otherwise quantize its weight);
-- linears over tokens reach onnxruntime's integer MatMul kernels.
+- linears over tokens, and the two matmuls of attention (scaled_dot_product_attention is
+  written out before planning), reach onnxruntime's integer MatMul kernels.
 """
 
 from __future__ import annotations
@@ -93,6 +94,26 @@ def test_linears_over_tokens_reach_the_integer_matmul_kernels(tmp_path: Path) ->
     _runner("default", optimized)(proto, {"input": export_models.images(1, batch=2)[0].numpy()})
     kernels = [n.op_type for n in onnx.load(str(optimized)).graph.node]
     assert kernels.count("MatMulIntegerToFloat") + kernels.count("QLinearMatMul") >= 8  # 2 blocks x 4 linears
+
+
+@pytest.mark.parametrize("family", ["vit", "swin"])
+def test_attention_matmuls_reach_the_integer_kernels_and_run_as_node_by_node(family: str, tmp_path: Path) -> None:
+    """scaled_dot_product_attention is written out before planning: Q.K^T and attn.V read
+    quantized inputs, and onnxruntime runs them as integer kernels (no float MatMul left),
+    computing what the file computes node by node."""
+    frozen = _frozen(family, "a8w8")
+    proto = onnx_model(frozen, (export_models.images(1, batch=1)[0],))
+    feeds = {"input": export_models.images(1, batch=6, seed=9)[0].numpy()}
+    optimized = tmp_path / "optimized.onnx"
+    default = _runner("default", optimized)(proto, feeds)["output"]
+    reference = _runner("node_by_node")(proto, feeds)["output"]
+    kernels = [n.op_type for n in onnx.load(str(optimized)).graph.node]
+    assert "MatMul" not in kernels and "Softmax" in kernels
+    # 2 blocks x (4 linears + Q.K^T + attn.V)
+    assert kernels.count("MatMulIntegerToFloat") + kernels.count("QLinearMatMul") >= 12, kernels
+    np.testing.assert_array_equal(default.argmax(-1), reference.argmax(-1))
+    noise = np.sum((default - reference) ** 2)
+    assert noise == 0 or 10 * np.log10(np.sum(reference**2) / noise) > 30, noise
 
 
 @pytest.mark.parametrize("preset", ["a8w8", "a16w8"])

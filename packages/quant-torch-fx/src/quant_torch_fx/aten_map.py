@@ -351,12 +351,6 @@ ATEN_OPS: dict[str, AtenOp] = {
     **_float("LayerNormalization", rules.layer_norm, "native_layer_norm"),
     **_float("InstanceNormalization", rules.group_norm, "group_norm", written_as=("Mul", "Add")),
     **_float(
-        "MatMul",
-        rules.attention,
-        "scaled_dot_product_attention",
-        written_as=("Transpose", "Mul", "Add", "Where", "Softmax"),
-    ),
-    **_float(
         "Resize", rules.upsample, "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d"
     ),
     **_float("Mul", rules.silu, "silu", written_as=("Sigmoid",)),

@@ -54,6 +54,7 @@ from quant_core.dtypes import DType
 from quant_core.errors import ModelError
 from quant_core.qdq import ActivationEncoding, encode_activation
 from quant_core.qparams import QParams, quantize
+from quant_torch_fx.attention import decompose_attention
 from quant_torch_fx.capture import (
     batched,
     copy_captured,
@@ -245,8 +246,9 @@ def export_form(frozen: nn.Module, encoding: ActivationEncoding) -> ExportForm:
 def aten_graph(model: nn.Module, args: tuple[Any, ...], *, dynamic_batch: bool) -> GraphModule:
     """``model``'s ATen graph from ``torch.export`` (batch dimension dynamic with
     ``dynamic_batch``), parameters and buffers as ``get_attr`` nodes at their
-    ``state_dict`` paths. Value-dependent Python is traced as the example inputs run it,
-    with a warning per place (see the module docstring)."""
+    ``state_dict`` paths, attention written out (:mod:`quant_torch_fx.attention`).
+    Value-dependent Python is traced as the example inputs run it, with a warning per
+    place (see the module docstring)."""
     capture_args, shapes = batched(args) if dynamic_batch else (args, None)
     try:
         program = export_dynamic_batch(model, args) if dynamic_batch else export_program(model, args, None)
@@ -264,6 +266,7 @@ def aten_graph(model: nn.Module, args: tuple[Any, ...], *, dynamic_batch: bool) 
         program = _draft_export(model, capture_args, shapes, exc)
     gm = program.module(check_guards=False)
     assert isinstance(gm, GraphModule)
+    decompose_attention(gm)  # float parts of the model too: written as the prepared graph writes it
     return gm
 
 

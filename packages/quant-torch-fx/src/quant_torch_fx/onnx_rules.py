@@ -1,6 +1,7 @@
 """How each computing ATen op is written in ONNX, exactly as torch computes it: layers
 (convolution, linear, matmul), element-wise arithmetic and activations, normalisation,
-pooling, resizing and attention. Data movement and tensor creation are in
+pooling and resizing (attention is written out in ATen ops first,
+:mod:`quant_torch_fx.attention`). Data movement and tensor creation are in
 :mod:`quant_torch_fx.onnx_layout_rules`; :data:`quant_torch_fx.aten_map.ATEN_OPS` ties each
 ATen op to its rule.
 
@@ -670,40 +671,3 @@ def pixel_shuffle(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``pixel_shuffle``: DepthToSpace in CRD order (torch's channel order)."""
     a = ctx.bind(node)
     return ctx.add("DepthToSpace", [ctx.tensor(a["self"])], blocksize=int(a["upscale_factor"]), mode="CRD")
-
-
-# --- attention ----------------------------------------------------------------------------------------------
-def attention(ctx: RuleContext, node: Node, op_type: str) -> Any:
-    """``scaled_dot_product_attention`` as it computes: ``MatMul(q, k^T) -> Mul(scale)``,
-    the mask added (a boolean mask as -inf where false; ``is_causal`` as the lower
-    triangle), ``Softmax`` over the last axis, ``MatMul`` with ``v``."""
-    bound = ctx.bind(node)
-    q, k, v = bound["query"], bound["key"], bound["value"]
-    if bound.get("dropout_p"):
-        raise ctx.error("attention dropout in an exported model (dropout_p > 0); the model must run in eval mode")
-    if bound.get("enable_gqa"):
-        raise ctx.error("grouped-query attention (enable_gqa) has no ONNX translation here")
-    rank = ctx.rank(k)
-    perm = [*list(range(rank - 2)), rank - 1, rank - 2]
-    scores = ctx.add("MatMul", [ctx.tensor(q), ctx.add("Transpose", [ctx.tensor(k)], perm=perm)])
-    depth = ctx.shape(q)[-1]
-    scale = bound.get("scale")
-    if scale is None:
-        if depth is None:
-            raise ctx.error("attention over a dynamic head size has no ONNX translation here")
-        scale = 1.0 / math.sqrt(depth)
-    scores = ctx.add("Mul", [scores, ctx.const(float(scale), "scale")])
-    mask = bound.get("attn_mask")
-    if bound.get("is_causal"):
-        length, source = ctx.shape(q)[-2], ctx.shape(k)[-2]
-        if length is None or source is None:
-            raise ctx.error("causal attention over a dynamic length has no ONNX translation here")
-        allowed = np.tril(np.ones((length, source), bool))
-        scores = ctx.add("Where", [ctx.const(allowed, "causal", torch.bool), scores, ctx.const(-np.inf, "minus_inf")])
-    if mask is not None:
-        if ctx.dtype(mask) == torch.bool:
-            scores = ctx.add("Where", [ctx.tensor(mask), scores, ctx.const(-np.inf, "minus_inf")])
-        else:
-            scores = ctx.add("Add", [scores, ctx.tensor(mask, torch.float32)])
-    weights = ctx.add("Softmax", [scores], axis=-1)
-    return ctx.add("MatMul", [weights, ctx.tensor(v)])

@@ -44,6 +44,7 @@ from quant_core.config import QuantConfig
 from quant_core.plan import PlanGraph, PlanNode, QuantPlan, activation_kind, plan_quantization, weight_is_transposed
 from quant_core.qparams import QParams
 from quant_torch_fx.aten_map import op_name
+from quant_torch_fx.attention import decompose_attention
 from quant_torch_fx.graph_passes import (
     functionalize_inplace,
     get_attr_value,
@@ -219,9 +220,12 @@ def _data_user(user: Node) -> bool:
 
 
 def normalize(gm: GraphModule, *, fold_batch_norms: bool) -> None:
-    """The exact rewrites of :mod:`quant_torch_fx.graph_passes`, in order (in place)."""
+    """The exact rewrites of :mod:`quant_torch_fx.graph_passes`, in order (in place), with
+    attention written out first (:mod:`quant_torch_fx.attention`: its scale then becomes a
+    constant like any other number operand)."""
     remove_guards(gm)
     functionalize_inplace(gm)
+    decompose_attention(gm)
     split_silu(gm)
     scalars_to_constants(gm)
     modularize(gm, fold_batch_norms=fold_batch_norms)
