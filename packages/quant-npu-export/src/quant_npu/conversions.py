@@ -103,8 +103,10 @@ class QDQView:
 class QDQConversions(OnnxConversions):
     """The ONNX edits with the QDQ hooks (see the module docstring)."""
 
-    def __init__(self, model: onnx.ModelProto, qdq: QDQGraph, editor: ModelEditor, profile: NPUProfile) -> None:
-        super().__init__(model)
+    def __init__(
+        self, model: onnx.ModelProto, qdq: QDQGraph, editor: ModelEditor, profile: NPUProfile, rules: Iterable[str] = ()
+    ) -> None:
+        super().__init__(model, rules)
         self.index = editor.names  # one name table: the editor's and the edits' names never clash
         self.qdq = qdq
         self.editor = editor
@@ -261,6 +263,7 @@ def convert_for_target(
 ) -> ConversionResult:
     """The profile's conversions (or ``rules``) applied to a copy of a QDQ ``model`` where
     its target needs them (see the module docstring and example)."""
+    rules = None if rules is None else tuple(rules)
     work = onnx.ModelProto()
     work.CopyFrom(model)
     qdq = QDQGraph(work)
@@ -268,7 +271,7 @@ def convert_for_target(
     if not matches:
         return ConversionResult(model, ())
     editor = ModelEditor(work)
-    converter = QDQConversions(work, qdq, editor, profile)
+    converter = QDQConversions(work, qdq, editor, profile, profile.conversions if rules is None else rules)
     for match in matches:
         converter.apply(match)
     drop_stranded_qdq(work.graph)
