@@ -139,7 +139,8 @@ def _shift_half_up(
     int32 holds float32-exact values (below ``2**24``) plus ``2**29`` of rounding; anything
     wider works in int64 (float64-exact values are below ``2**53``)."""
     narrow = values.dtype in (np.float32, np.int8, np.int16, np.uint8, np.uint16)
-    work = np.dtype(np.int32 if narrow else np.int64)
+    info = np.iinfo(np.int32) if narrow else np.iinfo(np.int64)
+    work = np.dtype(info.dtype)
     ints = values.astype(work)  # a fresh array, changed in place below
     wide = shifts.astype(np.int64)
     rounding = np.where(wide > 0, np.left_shift(np.int64(1), np.maximum(wide, 1) - 1), 0)
@@ -147,7 +148,6 @@ def _shift_half_up(
         rounding = rounding + np.asarray(offset).astype(np.int64)
     np.add(ints, rounding.astype(work), out=ints)
     np.right_shift(ints, wide.astype(work), out=ints)
-    info = np.iinfo(work)
     np.clip(ints, max(lo, int(info.min)), min(hi, int(info.max)), out=ints)
     return ints.astype(dtype, copy=False)
 
