@@ -263,7 +263,6 @@ def convert_for_target(
 ) -> ConversionResult:
     """The profile's conversions (or ``rules``) applied to a copy of a QDQ ``model`` where
     its target needs them (see the module docstring and example)."""
-    rules = None if rules is None else tuple(rules)
     work = onnx.ModelProto()
     work.CopyFrom(model)
     qdq = QDQGraph(work)
@@ -271,7 +270,9 @@ def convert_for_target(
     if not matches:
         return ConversionResult(model, ())
     editor = ModelEditor(work)
-    converter = QDQConversions(work, qdq, editor, profile, profile.conversions if rules is None else rules)
+    # the profile's rules are in force for what a conversion makes (a ReduceMean's pool is split
+    # when the profile splits pools), also when ``rules`` picks which matches to apply
+    converter = QDQConversions(work, qdq, editor, profile, profile.conversions)
     for match in matches:
         converter.apply(match)
     drop_stranded_qdq(work.graph)
