@@ -84,7 +84,7 @@ def test_conv_accumulates_exactly(attrs: dict, group: int, channels: tuple[int, 
     expected = reference("Conv", [x.astype(np.float64), w.astype(np.float64)], **attrs)
     kernel = ConvKernel(w, group, Geometry.from_node_attributes(attrs, w.shape[2:]), identity_epilogue(1e9), 128)
     np.testing.assert_array_equal(kernel.accumulate(x), expected)
-    # channels-last memory (what a depthwise output hands on) takes the other pointwise path
+    # channels-last memory (what a depthwise output hands on) gives the same sums
     x_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     np.testing.assert_array_equal(kernel.accumulate(x_last), expected)
 

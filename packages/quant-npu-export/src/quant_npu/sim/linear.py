@@ -1,6 +1,7 @@
 """Exact integer Conv, ConvTranspose, Gemm and MatMul: int8 x int8 products summed by BLAS in float32
 where a bound proves every partial sum below ``2**24``, else in float64 (exact below
-``2**53``), then the :class:`~quant_npu.sim.epilogue.Epilogue`.
+``2**53``; a convolution sums float32 products of blocks of its reduction axis there, see
+:func:`float32_blocks`), then the :class:`~quant_npu.sim.epilogue.Epilogue`.
 
 The bound is ``max |x| * max over output channels of sum |w|``, which no partial sum of
 any summation order exceeds.
@@ -104,7 +105,7 @@ class ConvKernel:
         return self._im2col(x)
 
     def _channels_last_padded(self, x: np.ndarray) -> np.ndarray:
-        """``x`` as ``(N, H + pads, W + pads, C)`` in the accumulator dtype, zero-padded."""
+        """``x`` as ``(N, H + pads, W + pads, C)`` in the columns' dtype, zero-padded."""
         n, c, h, w = x.shape
         top, left, bottom, right = self.geometry.padding(h, w)
         padded = np.zeros((n, h + top + bottom, w + left + right, c), self.column_dtype)
@@ -157,7 +158,7 @@ class ConvKernel:
         return out.transpose(0, 3, 1, 2)
 
     def _padded_planes(self, x: np.ndarray) -> np.ndarray:
-        """``x`` as ``(N, C, H + pads, W + pads)`` in the accumulator dtype, zero-padded."""
+        """``x`` as ``(N, C, H + pads, W + pads)`` in the columns' dtype, zero-padded."""
         n, c, h, w = x.shape
         top, left, bottom, right = self.geometry.padding(h, w)
         padded = np.zeros((n, c, h + top + bottom, w + left + right), self.column_dtype)
