@@ -73,6 +73,10 @@ CONV_CASES = [
     ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, 1, (20, 5)),
     ({"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 2, 0], "group": 2}, 2, (36, 4)),
     ({"kernel_shape": [1, 1], "strides": [2, 2]}, 1, (18, 3)),
+    # mostly padding: tap by tap over the image pixels
+    ({"kernel_shape": [3, 3], "dilations": [3, 3], "pads": [3, 3, 3, 3]}, 1, (16, 4)),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 2, 0]}, 1, (17, 3)),
+    ({"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER", "strides": [2, 2]}, 1, (16, 4)),
 ]
 
 
@@ -98,6 +102,17 @@ def test_accumulator_bound_picks_float64_when_float32_could_round() -> None:
     assert kernel.accumulate(x)[0, 0, 0, 0] == 127 * 127 * 1024 * 9  # above 2**24, exact
 
 
+def test_mostly_padded_convolutions_run_tap_by_tap(monkeypatch: pytest.MonkeyPatch) -> None:
+    attrs = {"kernel_shape": [3, 3], "dilations": [4, 4], "pads": [4, 4, 4, 4]}
+    w = RNG.integers(-127, 128, (5, 24, 3, 3))
+    x = RNG.integers(-128, 128, (2, 24, 6, 5)).astype(np.int8)
+    kernel = ConvKernel(w, 1, Geometry.from_node_attributes(attrs, (3, 3)), identity_epilogue(1e9), 128)
+    monkeypatch.setattr(kernel, "_im2col", lambda _x: pytest.fail("im2col on a mostly padded convolution"))
+    got = kernel.accumulate(x)
+    expected = reference("Conv", [x.astype(np.float64), w.astype(np.float64)], **attrs)
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_float32_blocks_stay_exact_above_two_to_the_24() -> None:
     w = RNG.integers(-127, 128, (3, 600, 3, 3))
     w[0] = 127  # the channel whose sum sets the bound
@@ -113,6 +128,10 @@ def test_float32_blocks_stay_exact_above_two_to_the_24() -> None:
     assert got.dtype == np.float64 and abs(float(got[0, 0, 0, 0])) > 2**24
     np.testing.assert_array_equal(got[:, :, 0, 0], expected)
     assert float32_blocks(np.full((1, 4, 1), 2**20), 2**4) is None  # one row reaches 2**24
+    padded = ConvKernel(w, 1, Geometry((3, 3), pads=(1, 1, 1, 1)), identity_epilogue(1e12), 128)
+    assert padded.taps_exact  # tap by tap: float32 products per tap, summed in float64
+    expected = reference("Conv", [x.astype(np.float64), w.astype(np.float64)], pads=[1, 1, 1, 1])
+    np.testing.assert_array_equal(padded.accumulate(x), expected)
 
 
 def epilogue_reference(acc: int, acc_pos: int, bias: int, bias_pos: int, activation: Activation | None,

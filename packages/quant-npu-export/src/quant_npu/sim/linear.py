@@ -30,6 +30,9 @@ IM2COL_ELEMENTS = 2**24
 """Columns of one im2col product at most (64 MB as float32); more samples go in further chunks."""
 FEW_CHANNELS = 16
 """Below this many input channels per group, columns are gathered from NCHW planes."""
+PADDED_SHARE = 0.85
+"""A convolution whose taps read image pixels for less than this share of its outputs
+(padding zeros for the rest) runs tap by tap over the image pixels only."""
 
 
 def accumulator_bound(weights: np.ndarray, input_bound: int, channel_axis: int = 0) -> float:
@@ -86,6 +89,9 @@ class ConvKernel:
         self.column_dtype = np.float32 if self.blocks is not None else self.dtype
         if self.blocks is not None:
             self.matrices = self.matrices.astype(np.float32)
+        # by taps: each tap's product must be exact in the columns' dtype on its own
+        taps = np.abs(self.matrices.astype(np.float64)).reshape(g, -1, self.channels_per_group, m).sum(axis=2)
+        self.taps_exact = self.column_dtype == self.dtype or float(taps.max(initial=0.0)) * input_bound < FLOAT32_EXACT
 
     def _product(self, cols: np.ndarray) -> np.ndarray:
         """``cols @ matrices`` (``(g, P, K) x (g, K, M/g)``), exact: one BLAS product, or a
@@ -102,7 +108,59 @@ class ConvKernel:
             return self._pointwise(x)
         if self.depthwise:
             return self._depthwise(x)
+        if self.group == 1 and self.channels_per_group >= FEW_CHANNELS and self.taps_exact:
+            spans = self._tap_spans(*x.shape[2:])
+            ho, wo = self._output_size_of(*x.shape[2:])
+            covered = sum((r[1] - r[0]) * (c[1] - c[0]) for r, c in spans.values())
+            if covered < PADDED_SHARE * len(spans) * ho * wo:
+                return self._by_taps(x, spans, ho, wo)
         return self._im2col(x)
+
+    def _output_size_of(self, height: int, width: int) -> tuple[int, int]:
+        top, left, bottom, right = self.geometry.padding(height, width)
+        return self._output_size(np.empty((0, height + top + bottom, width + left + right, 0)))
+
+    def _tap_spans(self, height: int, width: int) -> dict[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]]:
+        """Per kernel tap, the output rows and columns ``[begin, end)`` whose input pixel lies
+        inside the image (the rest multiply padding zeros)."""
+        top, left, _bottom, _right = self.geometry.padding(height, width)
+        ho, wo = self._output_size_of(height, width)
+        (sh, sw), (dh, dw) = self.geometry.strides, self.geometry.dilations
+
+        def span(offset: int, stride: int, size: int, count: int) -> tuple[int, int]:
+            begin = max(0, -(-offset // stride))  # first o with o * stride >= offset
+            end = min(count, (size - 1 + offset) // stride + 1) if size - 1 + offset >= 0 else 0
+            return begin, max(begin, end)
+
+        kh, kw = self.geometry.kernel
+        return {
+            (i, j): (span(top - i * dh, sh, height, ho), span(left - j * dw, sw, width, wo))
+            for i in range(kh)
+            for j in range(kw)
+        }
+
+    def _by_taps(
+        self, x: np.ndarray, spans: dict[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]], ho: int, wo: int
+    ) -> np.ndarray:
+        """One ``(pixels, C) x (C, M)`` product per kernel tap over the outputs whose input
+        pixel is inside the image, summed in the accumulator (dilated convolutions on small
+        planes spend most of an im2col product on padding zeros)."""
+        n, c = x.shape[:2]
+        top, left = self.geometry.padding(*x.shape[2:])[:2]
+        (sh, sw), (dh, dw) = self.geometry.strides, self.geometry.dilations
+        planes = np.array(x.transpose(0, 2, 3, 1), dtype=self.column_dtype, order="C")
+        acc = np.zeros((n, ho, wo, self.out_channels), self.dtype)
+        kw = self.geometry.kernel[1]
+        for (i, j), ((r0, r1), (c0, c1)) in spans.items():
+            if r0 == r1 or c0 == c1:
+                continue
+            rows = slice(r0 * sh + i * dh - top, (r1 - 1) * sh + i * dh - top + 1, sh)
+            cols = slice(c0 * sw + j * dw - left, (c1 - 1) * sw + j * dw - left + 1, sw)
+            pixels = np.ascontiguousarray(planes[:, rows, cols, :]).reshape(-1, c)
+            tap = (i * kw + j) * c
+            product = pixels @ self.matrices[0, tap : tap + c]
+            acc[:, r0:r1, c0:c1, :] += product.reshape(n, r1 - r0, c1 - c0, -1)
+        return acc.transpose(0, 3, 1, 2)
 
     def _channels_last_padded(self, x: np.ndarray) -> np.ndarray:
         """``x`` as ``(N, H + pads, W + pads, C)`` in the columns' dtype, zero-padded."""
