@@ -40,6 +40,40 @@ def test_requantize_matches_exact_rounding(values: list[int], shift: int, mode: 
     assert got.tolist() == expected
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-(2**23), 2**23), min_size=2, max_size=20),
+    st.lists(st.integers(-(2**22), 2**22), min_size=2, max_size=2),
+    st.lists(st.integers(-3, 30), min_size=2, max_size=2),
+    st.sampled_from([RoundMode.HALF_UP, RoundMode.HALF_EVEN]),
+    st.sampled_from([np.float32, np.float64, np.int64]),
+)
+def test_requantize_adds_an_offset_before_the_one_rounding(
+    values: list[int], offsets: list[int], shifts: list[int], mode: RoundMode, dtype: type
+) -> None:
+    """Per-column shifts and offsets (a bias per channel), float32-exact sums."""
+    rows = np.array(values[: len(values) // 2 * 2], np.int64).reshape(-1, 2)
+    rows = np.clip(rows, -(2**24) + 1 - np.array(offsets), 2**24 - 1 - np.array(offsets))  # sums below 2**24
+    got = requantize(rows.astype(dtype), np.array(shifts), mode, -(2**40), 2**40, np.int64, offset=np.array(offsets))
+    expected = [
+        [_round(Fraction(int(v) + o) / Fraction(2) ** s, mode) for v, o, s in zip(row, offsets, shifts, strict=True)]
+        for row in rows
+    ]
+    assert got.tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.uint8])
+def test_requantize_narrow_codes(dtype: type) -> None:
+    info = np.iinfo(dtype)
+    codes = np.arange(int(info.min), int(info.max) + 1, 7).astype(dtype)
+    for shift in (0, 1, 3, 9):
+        got = requantize(codes, shift, RoundMode.HALF_UP, -100, 100, np.int8)
+        expected = [max(-100, min(100, _round(Fraction(int(c), 2**shift), RoundMode.HALF_UP))) for c in codes]
+        assert got.tolist() == expected and got.dtype == np.int8
+    same = np.arange(-128, 128, dtype=np.int8)
+    assert requantize(same, 0, RoundMode.HALF_UP, -128, 127, np.int8) is same  # nothing to do: no copy
+
+
 def test_requantize_saturates_and_takes_per_channel_shifts() -> None:
     values = np.array([[300.0, -300.0], [3.0, -3.0]])
     got = requantize(values, np.array([[0], [1]]), RoundMode.HALF_UP, -128, 127, np.int8)

@@ -230,13 +230,16 @@ def test_a_concat_that_only_writes_the_results_runs_on_the_cpu_at_the_end() -> N
     assert [p.op_types for p in asked.remaining.partitions] == [("Concat",)]
 
 
-def test_large_global_pool_in_two_stages_matches_onnxruntime() -> None:
+@pytest.mark.parametrize("mean", ["GlobalAveragePool", "ReduceMean"])
+def test_large_global_pool_in_two_stages_matches_onnxruntime(mean: str) -> None:
     """A squeeze-excite over 32x32: the device pools in two stages (Quark's
-    SplitLargeKernelPool); written as two pools, onnxruntime computes the same codes."""
+    SplitLargeKernelPool); written as two pools, onnxruntime computes the same codes. timm
+    writes the mean as a ReduceMean: made a GlobalAveragePool, it is split too."""
     b = GraphBuilder(5)
     x = b.input("x", ["N", 3, 32, 32])
     c = b.node("Relu", [b.conv(x, 3, 8)])
-    gate = b.node("HardSigmoid", [b.conv(b.node("GlobalAveragePool", [c]), 8, 8, k=1)], alpha=1 / 6, beta=0.5)
+    pooled = b.node(mean, [c], **({"axes": [2, 3], "keepdims": 1} if mean == "ReduceMean" else {}))
+    gate = b.node("HardSigmoid", [b.conv(pooled, 8, 8, k=1)], alpha=1 / 6, beta=0.5)
     model = b.model([b.node("Mul", [c, gate])], rank=4)
     result = legalize_model(quantize(model, "xint8"))
     assert result.remaining.ok, result.remaining.format_text()
@@ -245,3 +248,6 @@ def test_large_global_pool_in_two_stages_matches_onnxruntime() -> None:
     (expected,) = ort_run(result.model, xs)
     (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
     np.testing.assert_array_equal(got, expected)
+    if mean == "ReduceMean":  # its cost includes the split's rounded first stage
+        costs = legalize_model(quantize(model, "xint8"), data=xs).costs
+        assert set(costs) == {"reduce_mean", "hard_sigmoid", "all"} and np.isfinite(costs["reduce_mean"])

@@ -22,9 +22,10 @@ from quant_npu.sim.elementwise import (
     MulKernel,
     SoftmaxKernel,
     TableKernel,
+    Tabulated,
 )
 from quant_npu.sim.epilogue import Activation, Epilogue
-from quant_npu.sim.linear import ConvKernel, MatMulKernel, accumulator_bound
+from quant_npu.sim.linear import ConvKernel, MatMulKernel, accumulator_bound, float32_blocks
 from quant_npu.sim.movement import MOVES, pad
 from quant_npu.sim.pool import AveragePoolKernel, GlobalAveragePoolKernel, MaxPoolKernel
 from quant_npu.sim.spatial import Geometry
@@ -68,6 +69,14 @@ CONV_CASES = [
     ({"kernel_shape": [5, 5], "strides": [2, 2], "pads": [2, 2, 2, 2], "group": 6}, 6, (6, 6)),
     ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": 3}, 3, (3, 6)),  # depth multiplier 2
     ({"kernel_shape": [1, 1]}, 1, (6, 7)),
+    # many channels per group: channels-last columns (the rows above gather NCHW planes)
+    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, 1, (20, 5)),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 2, 0], "group": 2}, 2, (36, 4)),
+    ({"kernel_shape": [1, 1], "strides": [2, 2]}, 1, (18, 3)),
+    # mostly padding: tap by tap over the image pixels
+    ({"kernel_shape": [3, 3], "dilations": [3, 3], "pads": [3, 3, 3, 3]}, 1, (16, 4)),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 2, 0]}, 1, (17, 3)),
+    ({"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER", "strides": [2, 2]}, 1, (16, 4)),
 ]
 
 
@@ -79,7 +88,7 @@ def test_conv_accumulates_exactly(attrs: dict, group: int, channels: tuple[int, 
     expected = reference("Conv", [x.astype(np.float64), w.astype(np.float64)], **attrs)
     kernel = ConvKernel(w, group, Geometry.from_node_attributes(attrs, w.shape[2:]), identity_epilogue(1e9), 128)
     np.testing.assert_array_equal(kernel.accumulate(x), expected)
-    # channels-last memory (what a depthwise output hands on) takes the other pointwise path
+    # channels-last memory (what a depthwise output hands on) gives the same sums
     x_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     np.testing.assert_array_equal(kernel.accumulate(x_last), expected)
 
@@ -91,6 +100,38 @@ def test_accumulator_bound_picks_float64_when_float32_could_round() -> None:
     x = np.full((1, 1024, 3, 3), 127, np.int8)
     assert kernel.accumulate(x).dtype == np.float64
     assert kernel.accumulate(x)[0, 0, 0, 0] == 127 * 127 * 1024 * 9  # above 2**24, exact
+
+
+def test_mostly_padded_convolutions_run_tap_by_tap(monkeypatch: pytest.MonkeyPatch) -> None:
+    attrs = {"kernel_shape": [3, 3], "dilations": [4, 4], "pads": [4, 4, 4, 4]}
+    w = RNG.integers(-127, 128, (5, 24, 3, 3))
+    x = RNG.integers(-128, 128, (2, 24, 6, 5)).astype(np.int8)
+    kernel = ConvKernel(w, 1, Geometry.from_node_attributes(attrs, (3, 3)), identity_epilogue(1e9), 128)
+    monkeypatch.setattr(kernel, "_im2col", lambda _x: pytest.fail("im2col on a mostly padded convolution"))
+    got = kernel.accumulate(x)
+    expected = reference("Conv", [x.astype(np.float64), w.astype(np.float64)], **attrs)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_float32_blocks_stay_exact_above_two_to_the_24() -> None:
+    w = RNG.integers(-127, 128, (3, 600, 3, 3))
+    w[0] = 127  # the channel whose sum sets the bound
+    kernel = ConvKernel(w, 1, Geometry((3, 3)), identity_epilogue(1e12), 128)
+    assert kernel.dtype == np.float64 and kernel.blocks is not None and len(kernel.blocks) > 1
+    rows = np.abs(kernel.matrices.astype(np.float64)) * 128
+    for block in kernel.blocks:  # every block's partial sums are float32-exact
+        assert rows[:, block].sum(axis=1).max() < 2**24
+    x = np.full((2, 600, 3, 3), 127, np.int8)
+    x[1] = RNG.integers(-128, 128, (600, 3, 3))
+    expected = np.einsum("nchw,mchw->nm", x.astype(np.int64), w.astype(np.int64))
+    got = kernel.accumulate(x)
+    assert got.dtype == np.float64 and abs(float(got[0, 0, 0, 0])) > 2**24
+    np.testing.assert_array_equal(got[:, :, 0, 0], expected)
+    assert float32_blocks(np.full((1, 4, 1), 2**20), 2**4) is None  # one row reaches 2**24
+    padded = ConvKernel(w, 1, Geometry((3, 3), pads=(1, 1, 1, 1)), identity_epilogue(1e12), 128)
+    assert padded.taps_exact  # tap by tap: float32 products per tap, summed in float64
+    expected = reference("Conv", [x.astype(np.float64), w.astype(np.float64)], pads=[1, 1, 1, 1])
+    np.testing.assert_array_equal(padded.accumulate(x), expected)
 
 
 def epilogue_reference(acc: int, acc_pos: int, bias: int, bias_pos: int, activation: Activation | None,
@@ -235,6 +276,28 @@ def test_hard_sigmoid_and_swish(in_pos: int) -> None:
         h_code = saturate(exact_round(h * 128, UP))
         assert sigmoid[q + 128] == h_code
         assert swish[q + 128] == saturate(exact_round(value * Fraction(h_code, 128) * 16, UP))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16])
+def test_tabulated_kernels_equal_the_kernels(dtype: type) -> None:
+    profile = NPUProfile()
+    info = np.iinfo(dtype)
+    x = np.concatenate([np.arange(-128, 128), RNG.integers(info.min, int(info.max) + 1, 2999)]).astype(dtype)
+    x[:2] = info.min, info.max
+    out = (-(2**15), 2**15 - 1)
+    kernels = [
+        HardSigmoidKernel(profile, 3, 7, UP, I8),
+        HardSwishKernel(profile, 5, 4, EVEN, out),
+        ActivationKernel(Activation("leaky", numerator=26, bits=8), 4, 2, UP, out),
+        ActivationKernel(Activation("clip", lo=0.0, hi=6.0), 4, 3, EVEN, I8),
+    ]
+    for kernel in kernels:
+        table = Tabulated(kernel)
+        got = table(x.reshape(3, -1))
+        np.testing.assert_array_equal(got, kernel(x.reshape(3, -1)))
+        assert got.dtype == kernel(x[:1]).dtype
+        wide = x.astype(np.int64)  # no table for wider codes: the kernel itself
+        np.testing.assert_array_equal(table(wide), kernel(wide))
 
 
 def test_table_and_softmax() -> None:

@@ -178,3 +178,14 @@ def test_large_global_pool_becomes_two_stages() -> None:
     np.testing.assert_allclose(run_ort(converted, feeds)[0], run_ort(model, feeds)[0], atol=1e-6)
     small = make_model([node], [vi("x", ["N", 4, 16, 16])], [vi("y", ["N", 4, 1, 1])])
     assert op_types(apply_npu_conversions(small, ("global_pool",))) == ["GlobalAveragePool"]
+
+
+def test_a_large_spatial_mean_becomes_two_stages_with_global_pool() -> None:
+    """The pool ``reduce_mean`` makes is split by ``global_pool`` too (only where that rule is in force)."""
+    node = helper.make_node("ReduceMean", ["x"], ["y"], name="mean", axes=[2, 3], keepdims=1)
+    model = make_model([node], [vi("x", ["N", 4, 32, 24])], [vi("y", ["N", 4, 1, 1])])
+    assert op_types(apply_npu_conversions(model, ("reduce_mean",))) == ["GlobalAveragePool"]
+    converted = apply_npu_conversions(model, ("reduce_mean", "global_pool"))
+    assert op_types(converted) == ["AveragePool", "GlobalAveragePool"]
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(run_ort(converted, feeds)[0], run_ort(model, feeds)[0], atol=1e-6)

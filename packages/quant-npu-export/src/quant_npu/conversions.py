@@ -103,8 +103,10 @@ class QDQView:
 class QDQConversions(OnnxConversions):
     """The ONNX edits with the QDQ hooks (see the module docstring)."""
 
-    def __init__(self, model: onnx.ModelProto, qdq: QDQGraph, editor: ModelEditor, profile: NPUProfile) -> None:
-        super().__init__(model)
+    def __init__(
+        self, model: onnx.ModelProto, qdq: QDQGraph, editor: ModelEditor, profile: NPUProfile, rules: Iterable[str] = ()
+    ) -> None:
+        super().__init__(model, rules)
         self.index = editor.names  # one name table: the editor's and the edits' names never clash
         self.qdq = qdq
         self.editor = editor
@@ -268,7 +270,9 @@ def convert_for_target(
     if not matches:
         return ConversionResult(model, ())
     editor = ModelEditor(work)
-    converter = QDQConversions(work, qdq, editor, profile)
+    # the profile's rules are in force for what a conversion makes (a ReduceMean's pool is split
+    # when the profile splits pools), also when ``rules`` picks which matches to apply
+    converter = QDQConversions(work, qdq, editor, profile, profile.conversions)
     for match in matches:
         converter.apply(match)
     drop_stranded_qdq(work.graph)

@@ -26,7 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -69,10 +69,14 @@ class Converted:
 
 
 class OnnxConversions:
-    """Applies conversion matches to ``model`` in place (callers pass their own copy)."""
+    """Applies conversion matches to ``model`` in place (callers pass their own copy).
+    ``rules``: the rules in force, where one rule's result is another's input (a ReduceMean
+    made a GlobalAveragePool is split by ``global_pool`` too: matches are found once, on the
+    graph before any edit)."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, rules: Iterable[str] = ()) -> None:
         self.model = model
+        self.rules = frozenset(rules)
         self.graph = model.graph
         self.index = GraphIndex(model.graph)
         self.done: list[Converted] = []
@@ -197,10 +201,12 @@ class OnnxConversions:
         self.replace(node, [mul, sigmoid, out])
         return ("Mul", "HardSigmoid", "Mul")
 
-    def _global_pool(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...]:
+    def _global_pool(self, node: onnx.NodeProto, match: Match) -> tuple[str, ...]:
         pool = helper.make_node("GlobalAveragePool", [node.input[0]], [node.output[0]], name=node.name)
         self.replace(node, [pool])
-        return ("GlobalAveragePool",)
+        # the graph holds a copy of ``pool``: split that one
+        split = self._split_global_pool(self.node_named(node.name), match) if "global_pool" in self.rules else None
+        return split or ("GlobalAveragePool",)
 
     def _split_global_pool(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...] | None:
         shape = self.shape(node.input[0])

@@ -26,7 +26,15 @@ import numpy as np
 from quant_core.qparams import round_values
 from quant_core.spec import RoundMode
 from quant_npu.profile import NPUProfile
-from quant_npu.sim.arith import align, divide_round, exact_dtype, requantize, storage_dtype
+from quant_npu.sim.arith import (
+    align,
+    code_bound,
+    divide_round,
+    exact_dtype,
+    requantize,
+    storage_dtype,
+    working_dtype,
+)
 from quant_npu.sim.epilogue import Activation
 
 
@@ -71,8 +79,40 @@ class MulKernel:
         self.out_range = out_range
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        product = a.astype(np.float64) * b.astype(np.float64)
+        # float32 holds every product of int8 codes exactly; wider codes multiply in float64
+        product = np.multiply(a, b, dtype=working_dtype(float(code_bound(a.dtype)) * code_bound(b.dtype)))
         return requantize(product, self.shift, self.mode, *self.out_range, storage_dtype(*self.out_range))
+
+
+class Tabulated:
+    """An elementwise kernel of one integer input, computed once for every int8 (int16)
+    code and then looked up: the same integers as ``kernel`` itself, in one gather.
+
+    Example:
+        >>> double = Tabulated(lambda x: (x.astype(np.int16) * 2).astype(np.int16))
+        >>> double(np.array([-128, -1, 0, 5], np.int8)).tolist()
+        [-256, -2, 0, 10]
+    """
+
+    def __init__(self, kernel: Callable[[np.ndarray], np.ndarray]):
+        self.kernel = kernel
+        self.tables: dict[np.dtype, np.ndarray] = {}
+
+    def table(self, dtype: np.dtype) -> np.ndarray:
+        """``kernel`` of every code of ``dtype``, indexed by the code's unsigned bit pattern."""
+        if dtype not in self.tables:
+            info = np.iinfo(dtype)
+            codes = np.arange(int(info.min), int(info.max) + 1).astype(dtype)
+            # code c sits at index c mod 2**bits: what c.view(unsigned) reads
+            self.tables[dtype] = np.roll(self.kernel(codes), -int(info.min))
+        return self.tables[dtype]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.dtype == np.int8:
+            return self.table(x.dtype)[x.view(np.uint8)]
+        if x.dtype == np.int16:
+            return self.table(x.dtype)[x.view(np.uint16)]
+        return self.kernel(x)
 
 
 class DivKernel:

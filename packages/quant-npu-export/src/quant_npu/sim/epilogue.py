@@ -137,8 +137,10 @@ class Epilogue:
         values = acc if acc.dtype == self.work_dtype else acc.astype(self.work_dtype)
         if self.extra is not None:
             values = np.ldexp(values, self.extra.astype(np.int32))
-        if self.bias_term is not None:
-            values = values + self.bias_term.astype(self.work_dtype)
-        if self.activation is not None:
-            values = self.activation.apply(values)
-        return requantize(values, self.shift, self.mode, self.lo, self.hi, self.dtype)
+        bias = self.bias_term
+        if self.activation is not None:  # leaky: scales the biased value before the one rounding
+            if bias is not None:
+                values = values + bias.astype(self.work_dtype)
+            values, bias = self.activation.apply(values), None
+        # the bias is added with the rounding offset (exact: work_dtype holds the biased sum)
+        return requantize(values, self.shift, self.mode, self.lo, self.hi, self.dtype, offset=bias)

@@ -56,6 +56,7 @@ from quant_npu.sim.elementwise import (
     PReluKernel,
     SoftmaxKernel,
     TableKernel,
+    Tabulated,
 )
 from quant_npu.sim.epilogue import Activation, Epilogue
 from quant_npu.sim.linear import (
@@ -353,7 +354,8 @@ class _Compiler:
 
     def _relu(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
-        return (x,), (), ActivationKernel(self.activation_of(step.node, step), ipos, out_pos, self.mode, out_range)
+        kernel = ActivationKernel(self.activation_of(step.node, step), ipos, out_pos, self.mode, out_range)
+        return (x,), (), Tabulated(kernel)
 
     _clip = _relu
     _leakyrelu = _relu
@@ -363,7 +365,7 @@ class _Compiler:
         if not is_device_hard_sigmoid(float(attributes.get("alpha", 0.2)), float(attributes.get("beta", 0.5))):
             raise self.fail(step, "HardSigmoid alpha/beta are not the device's 1/6, 0.5")
         x, ipos = self._unary(step)
-        return (x,), (), HardSigmoidKernel(self.profile, ipos, out_pos, self.mode, out_range)
+        return (x,), (), Tabulated(HardSigmoidKernel(self.profile, ipos, out_pos, self.mode, out_range))
 
     def _prelu(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
@@ -428,7 +430,7 @@ class _Compiler:
 
     def _hardswish(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
-        return (x,), (), HardSwishKernel(self.profile, ipos, out_pos, self.mode, out_range)
+        return (x,), (), Tabulated(HardSwishKernel(self.profile, ipos, out_pos, self.mode, out_range))
 
     def _table(self, step: Step, out_pos: int, out_range: tuple[int, int], function: Callable) -> tuple:
         x, ipos = self._unary(step)

@@ -21,7 +21,7 @@ import numpy as np
 
 from quant_core.qparams import round_values
 from quant_core.spec import RoundMode
-from quant_npu.sim.arith import requantize, storage_dtype
+from quant_npu.sim.arith import code_bound, requantize, storage_dtype, working_dtype
 from quant_npu.sim.movement import resize_axes
 
 
@@ -45,8 +45,9 @@ class LinearResizeKernel:
         self.out_range = out_range
 
     def __call__(self, x: np.ndarray, *params: np.ndarray | None) -> np.ndarray:
-        values = x.astype(np.float64)
         axes = resize_axes(x.shape, self.attributes, params)
+        # each axis multiplies by weights below 2**bits: float32 is exact while the sums stay below 2**24
+        values = x.astype(working_dtype(float(code_bound(x.dtype)) * 2.0 ** (self.bits * len(axes))))
         for axis, coordinates in axes:
             size = x.shape[axis]
             low = np.floor(coordinates)
@@ -56,8 +57,8 @@ class LinearResizeKernel:
             second = np.clip(low + 1, 0, size - 1).astype(np.int64)
             shape = [1] * values.ndim
             shape[axis] = -1
-            lower_weight = (2.0**self.bits - upper).reshape(shape)
-            upper_weight = upper.reshape(shape)
+            lower_weight = (2.0**self.bits - upper).reshape(shape).astype(values.dtype)
+            upper_weight = upper.reshape(shape).astype(values.dtype)
             values = (
                 np.take(values, first, axis=axis) * lower_weight + np.take(values, second, axis=axis) * upper_weight
             )

@@ -53,7 +53,7 @@ def apply_npu_conversions_inplace(
         from quant_onnx.pipeline.preprocess.shape_inference import infer_shapes_inplace
 
         infer_shapes_inplace(model)
-    converter = converter or OnnxConversions(model)
+    converter = converter or OnnxConversions(model, names)
     matches = find_matches(float_view(plan_graph(model)), names)
     converter.index = GraphIndex(model.graph)
     count = sum(converter.apply(match) for match in matches)
