@@ -230,7 +230,7 @@ def _frozen_family(family: str, preset: str = "a8w8") -> torch.nn.Module:
     return q.freeze(q.quantize_model(export_models.build(family), calibration[0][:1], calibration))
 
 
-@pytest.mark.parametrize("family", ["resnet", "mobilenetv3", "vit", "swin"])
+@pytest.mark.parametrize("family", ["resnet", "mobilenetv2", "mobilenetv3", "mixnet", "poolformer", "vit", "swin"])
 def test_model_families_compute_the_frozen_model_node_by_node(family: str) -> None:
     frozen = _frozen_family(family)
     proto = onnx_model(frozen, (export_models.images(1, batch=1)[0],), opset=19)
