@@ -113,6 +113,11 @@ def test_torch_flow_on_a_small_model(tmp_path: Path) -> None:
     nodes = result["node_by_node"]
     assert nodes["matched"] == nodes["tensors"] > 5
     assert nodes["within_one"] == 1.0
+    isolated = result["isolated"]
+    assert isolated["matched"] == isolated["tensors"] == nodes["tensors"] and isolated["within_one"] == 1.0
+    floor = result["rounding_floor"]
+    assert set(floor) == {"torch_channels_last_steps", "ort_vs_reference_steps", "reference_vs_frozen_steps"}
+    assert all(0 <= steps < 4 for steps in floor.values()), floor
     assert result["sqnr_frozen"] > 15 and result["dq_fed"]["weights_dq"] == result["dq_fed"]["weights"] == 5
     assert result["kernels"]["float"] == 0 and result["kernels"]["integer"] == 5
 

@@ -189,6 +189,8 @@ def torch_backend(flow: Flow, model: Any, data: dict[str, Any], path: Path, meas
     if measures:
         file_measures(flow, path, data["node"])
         flow.measure("node_by_node", lambda: export_vs_frozen_nodes(frozen, path, data["node"]))
+        flow.measure("isolated", lambda: export_vs_frozen_isolated(frozen, path, data["node"]))
+        flow.measure("rounding_floor", lambda: rounding_floor(frozen, frozen_out, ort_out, path, data["eval"]))
 
 
 def onnx_backend(
@@ -333,3 +335,67 @@ def export_vs_frozen_nodes(frozen: Any, path: Path, x: np.ndarray) -> dict[str, 
     summary = qdq_coverage.step_differences(pairs)
     summary.update({"tensors": len(onnx_side), "frozen_tensors": len(torch_side), "matched": len(pairs)})
     return summary
+
+
+def _ort_runner(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of ``model`` in onnxruntime node by node (``ORT_DISABLE_ALL``)."""
+    session = common.make_session(model.SerializeToString(), level="disable")
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def export_vs_frozen_isolated(frozen: Any, path: Path, x: np.ndarray) -> dict[str, Any]:
+    """Each QuantizeLinear of the file computed from the frozen model's own codes of the tensors
+    it reads (``isolated`` of :func:`quant_torch_fx.export_fidelity.node_by_node`, onnxruntime
+    node by node): the export's own difference per node, with nothing carried in from earlier
+    layers, in quantization steps."""
+    import onnx
+    import torch
+
+    from quant_torch_fx.export_fidelity import node_by_node
+
+    fidelity = node_by_node(onnx.load(str(path)), frozen, (torch.from_numpy(x),), _ort_runner)
+    worst, worst_steps = max(fidelity.isolated.items(), key=lambda item: item[1], default=(None, None))
+    return {
+        "tensors": len(fidelity.isolated) + len(fidelity.unmatched),
+        "matched": len(fidelity.isolated),
+        "within_one": fidelity.within_one_step("isolated"),
+        "worst": worst,
+        "worst_steps": worst_steps,
+    }
+
+
+def rounding_floor(
+    frozen: Any, frozen_out: np.ndarray, ort_out: np.ndarray, path: Path, x: np.ndarray
+) -> dict[str, Any]:
+    """How far float rounding alone moves the output, in output steps: the frozen model against
+    itself computed channels-last (other convolution kernels, another summation order), and the
+    exported file in onnxruntime's default session against onnx's reference evaluator (another
+    implementation of the same file). A value a float rounding error puts on the other side of a
+    half step changes one code; a layer whose gain in steps exceeds one spreads it.
+
+    The reference evaluator implements QuantizeLinear/DequantizeLinear from opset 19 on; the
+    file (opset 17) is read at 19, where no op it holds changed meaning for float and 8-bit types.
+    """
+    import copy
+
+    import onnx
+    import torch
+    from onnx.reference import ReferenceEvaluator
+
+    step = output_step(path)
+    if step is None:
+        raise ValueError("the output is not written by a per-tensor DequantizeLinear: no output step")
+    other = copy.deepcopy(frozen).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        channels_last = other(torch.from_numpy(x).to(memory_format=torch.channels_last)).numpy()
+    model = onnx.load(str(path))
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = max(opset.version, 19)
+    reference = ReferenceEvaluator(model).run(None, {model.graph.input[0].name: x})[0]
+    return {
+        "torch_channels_last_steps": float(np.abs(channels_last - frozen_out).max()) / step,
+        "ort_vs_reference_steps": float(np.abs(reference - ort_out).max()) / step,
+        "reference_vs_frozen_steps": float(np.abs(reference - frozen_out).max()) / step,
+    }
