@@ -265,6 +265,14 @@ def _steps(d: dict[str, Any] | None, first: bool = False) -> list[Any]:
     return cells
 
 
+def _difference(d: dict[str, Any] | None, name: str) -> Any:
+    """``<name>_steps`` of ``d``, or ``<name>_max_abs`` marked "abs" where the output has no step."""
+    if not d or "error" in d:
+        return (d or {}).get("error")
+    steps, largest = d.get(f"{name}_steps"), d.get(f"{name}_max_abs")
+    return steps if steps is not None or largest is None else f"{common.fmt(largest)} abs"
+
+
 def _isolated(d: dict[str, Any] | None) -> list[Any]:
     """Cells of a :func:`zoo_flows.export_vs_frozen_isolated` summary (or its error)."""
     if not d or "error" in d:
@@ -282,13 +290,14 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
     accuracy = common.markdown_table(
         ["model", "SQNR dB: torch-fx frozen", "torch-fx ONNX (ORT)", "quant-onnx (ORT)", "PT2E",
          "top-1 agree w/ float: torch-fx ONNX", "quant-onnx", "PT2E", "export vs frozen: top-1 agree",
-         "max diff (output steps)", "rounding floor: torch vs torch channels-last", "same file: ORT vs onnx reference"],
+         "max diff (output steps; abs where the output is float)", "rounding floor: torch vs torch channels-last",
+         "same file: ORT vs onnx reference"],
         [[n, _get(r, "torch_fx", "sqnr_frozen"), _get(r, "torch_fx", "sqnr_onnx"), _get(r, "quant_onnx", "sqnr_onnx"),
           _get(r, "pt2e", "sqnr"), _get(r, "torch_fx", "agreement_float"), _get(r, "quant_onnx", "agreement_float"),
           _get(r, "pt2e", "agreement_float"), _get(r, "torch_fx", "agreement_export_frozen"),
-          _get(r, "torch_fx", "export_frozen_steps"),
-          _get(r, "torch_fx", "rounding_floor", "torch_channels_last_steps"),
-          _get(r, "torch_fx", "rounding_floor", "ort_vs_reference_steps")] for n, r in models],
+          _difference(r.get("torch_fx"), "export_frozen"),
+          _difference(_get(r, "torch_fx", "rounding_floor"), "torch_channels_last"),
+          _difference(_get(r, "torch_fx", "rounding_floor"), "ort_vs_reference")] for n, r in models],
     )  # fmt: skip
     fidelity = common.markdown_table(
         ["model", "export vs frozen, node by node: matched", "tensors within 1 step", "elements > 1 step",

@@ -368,11 +368,12 @@ def export_vs_frozen_isolated(frozen: Any, path: Path, x: np.ndarray) -> dict[st
 def rounding_floor(
     frozen: Any, frozen_out: np.ndarray, ort_out: np.ndarray, path: Path, x: np.ndarray
 ) -> dict[str, Any]:
-    """How far float rounding alone moves the output, in output steps: the frozen model against
-    itself computed channels-last (other convolution kernels, another summation order), and the
-    exported file in onnxruntime's default session against onnx's reference evaluator (another
-    implementation of the same file). A value a float rounding error puts on the other side of a
-    half step changes one code; a layer whose gain in steps exceeds one spreads it.
+    """How far float rounding alone moves the output: the frozen model against itself computed
+    channels-last (other convolution kernels, another summation order), and the exported file in
+    onnxruntime's default session against onnx's reference evaluator (another implementation of
+    the same file); the largest absolute difference, and in output steps where the output has one
+    (:func:`output_step`). A value that float rounding puts on the other side of a half step
+    changes one code; a layer whose gain in steps exceeds one spreads it.
 
     The reference evaluator implements QuantizeLinear/DequantizeLinear from opset 19 on; the
     file (opset 17) is read at 19, where no op it holds changed meaning for float and 8-bit types.
@@ -383,9 +384,6 @@ def rounding_floor(
     import torch
     from onnx.reference import ReferenceEvaluator
 
-    step = output_step(path)
-    if step is None:
-        raise ValueError("the output is not written by a per-tensor DequantizeLinear: no output step")
     other = copy.deepcopy(frozen).to(memory_format=torch.channels_last)
     with torch.no_grad():
         channels_last = other(torch.from_numpy(x).to(memory_format=torch.channels_last)).numpy()
@@ -394,8 +392,15 @@ def rounding_floor(
         if opset.domain in ("", "ai.onnx"):
             opset.version = max(opset.version, 19)
     reference = ReferenceEvaluator(model).run(None, {model.graph.input[0].name: x})[0]
-    return {
-        "torch_channels_last_steps": float(np.abs(channels_last - frozen_out).max()) / step,
-        "ort_vs_reference_steps": float(np.abs(reference - ort_out).max()) / step,
-        "reference_vs_frozen_steps": float(np.abs(reference - frozen_out).max()) / step,
+    step = output_step(path)
+    pairs = {
+        "torch_channels_last": (channels_last, frozen_out),
+        "ort_vs_reference": (reference, ort_out),
+        "reference_vs_frozen": (reference, frozen_out),
     }
+    out: dict[str, Any] = {}
+    for name, (a, b) in pairs.items():
+        largest = float(np.abs(a - b).max())
+        out[f"{name}_max_abs"] = largest
+        out[f"{name}_steps"] = None if step is None else largest / step
+    return out
