@@ -115,6 +115,8 @@ def test_torch_flow_on_a_small_model(tmp_path: Path) -> None:
     assert nodes["within_one"] == 1.0
     isolated = result["isolated"]
     assert isolated["matched"] == isolated["tensors"] == nodes["tensors"] and isolated["within_one"] == 1.0
+    departure = result["first_departure"]
+    assert departure["tensor"] is None or (departure["steps"] >= 1 and departure["tie_distance"] >= 0), departure
     floor = result["rounding_floor"]
     pairs = ("torch_channels_last", "ort_vs_reference", "reference_vs_frozen")
     assert all(0 <= floor[f"{pair}_steps"] < 4 and floor[f"{pair}_max_abs"] >= 0 for pair in pairs), floor

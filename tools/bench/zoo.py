@@ -25,8 +25,9 @@ model and itself computed channels-last, and between onnxruntime and onnx's refe
 on the same file: float rounding alone moves a value near a half step to the other code, and a
 layer whose gain in steps exceeds one spreads that step), and node by node (each QuantizeLinear
 of the exported file, run with ``ORT_DISABLE_ALL``, against the frozen model's fake-quantized
-tensor it was traced from: end to end, and ``isolated``, each computed from the frozen model's
-own codes of what it reads, the export's own difference); and
+tensor it was traced from: end to end, with the first tensor whose codes differ and how far from
+the half step its values before rounding were, and ``isolated``, each computed from the frozen
+model's own codes of what it reads, the export's own difference); and
 onnxruntime's kernels against node by node (every QuantizeLinear output, default session vs
 ``ORT_DISABLE_ALL``, in codes); the time of each stage.
 
@@ -273,6 +274,13 @@ def _difference(d: dict[str, Any] | None, name: str) -> Any:
     return steps if steps is not None or largest is None else f"{common.fmt(largest)} abs"
 
 
+def _departure(d: dict[str, Any] | None) -> list[Any]:
+    """Cells of a :func:`zoo_flows.first_departure` summary (or its error)."""
+    if not d or "error" in d or d.get("tensor") is None:
+        return [(d or {}).get("error", "none" if d else None), None, None]
+    return [d["tensor"], f"{d['elements']} ({d['steps']})", common.fmt(d["tie_distance"], 2)]
+
+
 def _isolated(d: dict[str, Any] | None) -> list[Any]:
     """Cells of a :func:`zoo_flows.export_vs_frozen_isolated` summary (or its error)."""
     if not d or "error" in d:
@@ -302,11 +310,13 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
     fidelity = common.markdown_table(
         ["model", "export vs frozen, node by node: matched", "tensors within 1 step", "elements > 1 step",
          "first tensor > 1 step", "worst (steps)", "isolated (each node from frozen codes): tensors within 1 step",
-         "worst (steps)", "ORT kernels vs node by node: torch-fx file, tensors within 1 code",
+         "worst (steps)", "first departure end to end: tensor", "codes differing (steps)", "distance from the tie (steps)",
+         "ORT kernels vs node by node: torch-fx file, tensors within 1 code",
          "elements > 1 code", "worst (codes)", "quant-onnx file, tensors within 1 code", "elements > 1 code",
          "worst (codes)"],
         [[n, _fraction(_get(r, "torch_fx", "node_by_node", "matched"), _get(r, "torch_fx", "node_by_node", "tensors")),
           *_steps(_get(r, "torch_fx", "node_by_node"), first=True), *_isolated(_get(r, "torch_fx", "isolated")),
+          *_departure(_get(r, "torch_fx", "first_departure")),
           *_steps(_get(r, "torch_fx", "kernel_fidelity")),
           *_steps(_get(r, "quant_onnx", "kernel_fidelity"))] for n, r in models],
     )  # fmt: skip

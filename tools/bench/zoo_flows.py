@@ -190,6 +190,7 @@ def torch_backend(flow: Flow, model: Any, data: dict[str, Any], path: Path, meas
         file_measures(flow, path, data["node"])
         flow.measure("node_by_node", lambda: export_vs_frozen_nodes(frozen, path, data["node"]))
         flow.measure("isolated", lambda: export_vs_frozen_isolated(frozen, path, data["node"]))
+        flow.measure("first_departure", lambda: first_departure(frozen, path, data["node"]))
         flow.measure("rounding_floor", lambda: rounding_floor(frozen, frozen_out, ort_out, path, data["eval"]))
 
 
@@ -363,6 +364,21 @@ def export_vs_frozen_isolated(frozen: Any, path: Path, x: np.ndarray) -> dict[st
         "worst": worst,
         "worst_steps": worst_steps,
     }
+
+
+def first_departure(frozen: Any, path: Path, x: np.ndarray) -> dict[str, Any]:
+    """Where the file (onnxruntime node by node) first departs from the frozen model end to end
+    (:func:`quant_torch_fx.export_fidelity.first_departure`): the tensor, how many codes differ,
+    by how many steps, and how far from the half step between the two codes either computation's
+    value before rounding was (a few float32 roundings: a tie broken two ways)."""
+    import attrs
+    import onnx
+    import torch
+
+    from quant_torch_fx import export_fidelity
+
+    departure = export_fidelity.first_departure(onnx.load(str(path)), frozen, (torch.from_numpy(x),), _ort_runner)
+    return {"tensor": None} if departure is None else attrs.asdict(departure)
 
 
 def rounding_floor(
