@@ -134,6 +134,25 @@ def _forced(model: onnx.ModelProto, names: list[str], types: dict[str, int]) -> 
     return copy
 
 
+def _end_to_end(
+    model: onnx.ModelProto,
+    frozen: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    feeds: dict[str, np.ndarray],
+    run: Runner,
+    encoding: str,
+    keep_before: bool = False,
+) -> tuple[dict[str, tuple[float, int, int]], list[Recorded], dict[str, np.ndarray], dict[str, int]]:
+    """The file's quantized tensors, the frozen model's quantizer calls, every quantized tensor
+    of the file (and the value each QuantizeLinear rounded, with ``keep_before``) run end to
+    end, and which call each tensor stands for."""
+    tensors = quantized_tensors(model)
+    seen, _output = record(frozen, inputs, encoding, keep_before)
+    rounded = [n.input[0] for n in model.graph.node if keep_before and n.output[0] in tensors]
+    got = run(_with_outputs(model, [*tensors, *rounded]), feeds)
+    return tensors, seen, got, _match(tensors, got, seen)
+
+
 @attrs.frozen
 class Fidelity:
     """Steps (codes) apart per quantized tensor of the file: end to end and isolated."""
@@ -159,12 +178,9 @@ def node_by_node(
     ``run`` (default: onnx's reference evaluator) on ``inputs`` and of the frozen model
     (see the module docstring)."""
     run = run or reference_runner
-    tensors = quantized_tensors(model)
-    seen, _output = record(frozen, inputs, encoding)
     feeds = {i.name: x.numpy() for i, x in zip(model.graph.input, inputs, strict=False)}
+    tensors, seen, got, mapping = _end_to_end(model, frozen, inputs, feeds, run, encoding)
     names = list(tensors)
-    got = run(_with_outputs(model, names), feeds)
-    mapping = _match(tensors, got, seen)
     chain = {n: int(np.abs(got[n].astype(np.int64) - seen[i].codes).max()) for n, i in mapping.items()}
     matched = list(mapping)
     forced = _forced(model, matched, {n: tensors[n][2] for n in matched})
@@ -222,13 +238,9 @@ def first_departure(
         >>> print(first_departure(onnx_model(frozen, (torch.randn(1, 3, 4, 4),), opset=19), frozen, (torch.randn(5, 3, 4, 4),)))
         None
     """
-    run = run or reference_runner
-    tensors = quantized_tensors(model)
-    seen, _output = record(frozen, inputs, encoding, keep_before=True)
-    quantized_from = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in tensors}
     feeds = {i.name: x.numpy() for i, x in zip(model.graph.input, inputs, strict=False)}
-    got = run(_with_outputs(model, [*tensors, *quantized_from.values()]), feeds)
-    mapping = _match(tensors, got, seen)
+    tensors, seen, got, mapping = _end_to_end(model, frozen, inputs, feeds, run or reference_runner, encoding, True)
+    quantized_from = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in tensors}
     for node in model.graph.node:
         name = node.output[0]
         if name not in mapping:
