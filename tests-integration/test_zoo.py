@@ -115,6 +115,7 @@ def test_torch_flow_on_a_small_model(tmp_path: Path) -> None:
     assert nodes["within_one"] == 1.0
     isolated = result["isolated"]
     assert isolated["matched"] == isolated["tensors"] == nodes["tensors"] and isolated["within_one"] == 1.0
+    assert isolated["default_matched"] == nodes["tensors"] and isolated["default_within_one"] == 1.0
     departure = result["first_departure"]
     assert departure["tensor"] is None or (departure["steps"] >= 1 and departure["tie_distance"] >= 0), departure
     floor = result["rounding_floor"]

@@ -284,9 +284,9 @@ def _departure(d: dict[str, Any] | None) -> list[Any]:
 def _isolated(d: dict[str, Any] | None) -> list[Any]:
     """Cells of a :func:`zoo_flows.export_vs_frozen_isolated` summary (or its error)."""
     if not d or "error" in d:
-        return [(d or {}).get("error"), None]
+        return [(d or {}).get("error"), None, None]
     worst = None if d.get("worst") is None else f"{d['worst']} ({d.get('worst_steps')})"
-    return [d.get("within_one"), worst]
+    return [d.get("within_one"), worst, d.get("default_within_one")]
 
 
 def tables(results: dict[str, dict[str, Any]]) -> str:
@@ -310,7 +310,7 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
     fidelity = common.markdown_table(
         ["model", "export vs frozen, node by node: matched", "tensors within 1 step", "elements > 1 step",
          "first tensor > 1 step", "worst (steps)", "isolated (each node from frozen codes): tensors within 1 step",
-         "worst (steps)", "first departure end to end: tensor", "codes differing (steps)", "distance from the tie (steps)",
+         "worst (steps)", "isolated, default session: tensors within 1 step", "first departure end to end: tensor", "codes differing (steps)", "distance from the tie (steps)",
          "ORT kernels vs node by node: torch-fx file, tensors within 1 code",
          "elements > 1 code", "worst (codes)", "quant-onnx file, tensors within 1 code", "elements > 1 code",
          "worst (codes)"],

@@ -338,32 +338,43 @@ def export_vs_frozen_nodes(frozen: Any, path: Path, x: np.ndarray) -> dict[str, 
     return summary
 
 
-def _ort_runner(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every output of ``model`` in onnxruntime node by node (``ORT_DISABLE_ALL``)."""
-    session = common.make_session(model.SerializeToString(), level="disable")
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
+def _ort_runner(level: str) -> Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """Every output of a model in onnxruntime at optimisation ``level`` (:func:`common.make_session`)."""
+
+    def run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = common.make_session(model.SerializeToString(), level=level)
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, feeds), strict=True))
+
+    return run
 
 
 def export_vs_frozen_isolated(frozen: Any, path: Path, x: np.ndarray) -> dict[str, Any]:
     """Each QuantizeLinear of the file computed from the frozen model's own codes of the tensors
-    it reads (``isolated`` of :func:`quant_torch_fx.export_fidelity.node_by_node`, onnxruntime
-    node by node): the export's own difference per node, with nothing carried in from earlier
-    layers, in quantization steps."""
+    it reads (``isolated`` of :func:`quant_torch_fx.export_fidelity.node_by_node`), in
+    onnxruntime node by node (``ORT_DISABLE_ALL``) and in its default session (``default_*``:
+    integer kernels): the export's own difference per node, with nothing carried in from
+    earlier layers, in quantization steps."""
     import onnx
     import torch
 
     from quant_torch_fx.export_fidelity import node_by_node
 
-    fidelity = node_by_node(onnx.load(str(path)), frozen, (torch.from_numpy(x),), _ort_runner)
-    worst, worst_steps = max(fidelity.isolated.items(), key=lambda item: item[1], default=(None, None))
-    return {
-        "tensors": len(fidelity.isolated) + len(fidelity.unmatched),
-        "matched": len(fidelity.isolated),
-        "within_one": fidelity.within_one_step("isolated"),
-        "worst": worst,
-        "worst_steps": worst_steps,
-    }
+    model, inputs = onnx.load(str(path)), (torch.from_numpy(x),)
+    out: dict[str, Any] = {}
+    for prefix, level in (("", "disable"), ("default_", "all")):
+        fidelity = node_by_node(model, frozen, inputs, _ort_runner(level))
+        worst, worst_steps = max(fidelity.isolated.items(), key=lambda item: item[1], default=(None, None))
+        out.update(
+            {
+                f"{prefix}tensors": len(fidelity.isolated) + len(fidelity.unmatched),
+                f"{prefix}matched": len(fidelity.isolated),
+                f"{prefix}within_one": fidelity.within_one_step("isolated"),
+                f"{prefix}worst": worst,
+                f"{prefix}worst_steps": worst_steps,
+            }
+        )
+    return out
 
 
 def first_departure(frozen: Any, path: Path, x: np.ndarray) -> dict[str, Any]:
@@ -377,7 +388,9 @@ def first_departure(frozen: Any, path: Path, x: np.ndarray) -> dict[str, Any]:
 
     from quant_torch_fx import export_fidelity
 
-    departure = export_fidelity.first_departure(onnx.load(str(path)), frozen, (torch.from_numpy(x),), _ort_runner)
+    departure = export_fidelity.first_departure(
+        onnx.load(str(path)), frozen, (torch.from_numpy(x),), _ort_runner("disable")
+    )
     return {"tensor": None} if departure is None else attrs.asdict(departure)
 
 
