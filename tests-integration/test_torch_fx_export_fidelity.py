@@ -2,7 +2,7 @@
 graph rewrites) and with graph optimisation disabled (the file node by node):
 
 - every ATen op family the emitter translates computes what torch computes;
-- on ResNet-, MobileNetV3-, ViT- and Swin-like models, every quantized tensor of the file,
+- on ResNet-, MobileNetV2-, MobileNetV3-, MixNet-, PoolFormer-, ViT- and Swin-like models, every quantized tensor of the file,
   computed from the frozen model's own codes of its inputs, is within one step of the
   frozen model's (and end to end with optimisation disabled), and the top-1 is the frozen
   model's;
@@ -70,7 +70,7 @@ def _frozen(family: str, preset: str) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("preset", ["a8w8", "xint8", "a16w8", "w4a8"])
-@pytest.mark.parametrize("family", ["resnet", "mobilenetv3", "vit", "swin"])
+@pytest.mark.parametrize("family", ["resnet", "mobilenetv2", "mobilenetv3", "mixnet", "poolformer", "vit", "swin"])
 def test_model_families_run_in_onnxruntime_as_the_frozen_model(family: str, preset: str) -> None:
     frozen = _frozen(family, preset)
     proto = onnx_model(frozen, (export_models.images(1, batch=1)[0],))

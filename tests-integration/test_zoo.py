@@ -113,6 +113,14 @@ def test_torch_flow_on_a_small_model(tmp_path: Path) -> None:
     nodes = result["node_by_node"]
     assert nodes["matched"] == nodes["tensors"] > 5
     assert nodes["within_one"] == 1.0
+    isolated = result["isolated"]
+    assert isolated["matched"] == isolated["tensors"] == nodes["tensors"] and isolated["within_one"] == 1.0
+    assert isolated["default_matched"] == nodes["tensors"] and isolated["default_within_one"] == 1.0
+    departure = result["first_departure"]
+    assert departure["tensor"] is None or (departure["steps"] >= 1 and departure["tie_distance"] >= 0), departure
+    floor = result["rounding_floor"]
+    pairs = ("torch_channels_last", "ort_vs_reference", "reference_vs_frozen")
+    assert all(0 <= floor[f"{pair}_steps"] < 4 and floor[f"{pair}_max_abs"] >= 0 for pair in pairs), floor
     assert result["sqnr_frozen"] > 15 and result["dq_fed"]["weights_dq"] == result["dq_fed"]["weights"] == 5
     assert result["kernels"]["float"] == 0 and result["kernels"]["integer"] == 5
 

@@ -20,8 +20,14 @@ against the float model and top-1 agreement (argmax over the class axis: per ima
 anchor); coverage of each written file (Conv/ConvTranspose/Gemm/MatMul inputs fed by a
 DequantizeLinear; after onnxruntime's ``ORT_ENABLE_ALL`` optimisation, the compute nodes left
 float and the integer kernels); export against frozen: the output's largest difference in
-output quantization steps, and node by node (each QuantizeLinear of the exported file, run with
-``ORT_DISABLE_ALL``, against the frozen model's fake-quantized tensor it was traced from); and
+output quantization steps, next to the rounding floor (the same difference between the frozen
+model and itself computed channels-last, and between onnxruntime and onnx's reference evaluator
+on the same file: float rounding alone moves a value near a half step to the other code, and a
+layer whose gain in steps exceeds one spreads that step), and node by node (each QuantizeLinear
+of the exported file, run with ``ORT_DISABLE_ALL``, against the frozen model's fake-quantized
+tensor it was traced from: end to end, with the first tensor whose codes differ and how far from
+the half step its values before rounding were, and ``isolated``, each computed from the frozen
+model's own codes of what it reads, the export's own difference); and
 onnxruntime's kernels against node by node (every QuantizeLinear output, default session vs
 ``ORT_DISABLE_ALL``, in codes); the time of each stage.
 
@@ -260,6 +266,29 @@ def _steps(d: dict[str, Any] | None, first: bool = False) -> list[Any]:
     return cells
 
 
+def _difference(d: dict[str, Any] | None, name: str) -> Any:
+    """``<name>_steps`` of ``d``, or ``<name>_max_abs`` marked "abs" where the output has no step."""
+    if not d or "error" in d:
+        return (d or {}).get("error")
+    steps, largest = d.get(f"{name}_steps"), d.get(f"{name}_max_abs")
+    return steps if steps is not None or largest is None else f"{common.fmt(largest)} abs"
+
+
+def _departure(d: dict[str, Any] | None) -> list[Any]:
+    """Cells of a :func:`zoo_flows.first_departure` summary (or its error)."""
+    if not d or "error" in d or d.get("tensor") is None:
+        return [(d or {}).get("error", "none" if d else None), None, None]
+    return [d["tensor"], f"{d['elements']} ({d['steps']})", common.fmt(d["tie_distance"], 2)]
+
+
+def _isolated(d: dict[str, Any] | None) -> list[Any]:
+    """Cells of a :func:`zoo_flows.export_vs_frozen_isolated` summary (or its error)."""
+    if not d or "error" in d:
+        return [(d or {}).get("error"), None, None]
+    worst = None if d.get("worst") is None else f"{d['worst']} ({d.get('worst_steps')})"
+    return [d.get("within_one"), worst, d.get("default_within_one")]
+
+
 def tables(results: dict[str, dict[str, Any]]) -> str:
     models = results.items()
     status = common.markdown_table(
@@ -269,19 +298,26 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
     accuracy = common.markdown_table(
         ["model", "SQNR dB: torch-fx frozen", "torch-fx ONNX (ORT)", "quant-onnx (ORT)", "PT2E",
          "top-1 agree w/ float: torch-fx ONNX", "quant-onnx", "PT2E", "export vs frozen: top-1 agree",
-         "max diff (output steps)"],
+         "max diff (output steps; abs where the output is float)", "rounding floor: torch vs torch channels-last",
+         "same file: ORT vs onnx reference"],
         [[n, _get(r, "torch_fx", "sqnr_frozen"), _get(r, "torch_fx", "sqnr_onnx"), _get(r, "quant_onnx", "sqnr_onnx"),
           _get(r, "pt2e", "sqnr"), _get(r, "torch_fx", "agreement_float"), _get(r, "quant_onnx", "agreement_float"),
           _get(r, "pt2e", "agreement_float"), _get(r, "torch_fx", "agreement_export_frozen"),
-          _get(r, "torch_fx", "export_frozen_steps")] for n, r in models],
+          _difference(r.get("torch_fx"), "export_frozen"),
+          _difference(_get(r, "torch_fx", "rounding_floor"), "torch_channels_last"),
+          _difference(_get(r, "torch_fx", "rounding_floor"), "ort_vs_reference")] for n, r in models],
     )  # fmt: skip
     fidelity = common.markdown_table(
         ["model", "export vs frozen, node by node: matched", "tensors within 1 step", "elements > 1 step",
-         "first tensor > 1 step", "worst (steps)", "ORT kernels vs node by node: torch-fx file, tensors within 1 code",
+         "first tensor > 1 step", "worst (steps)", "isolated (each node from frozen codes): tensors within 1 step",
+         "worst (steps)", "isolated, default session: tensors within 1 step", "first departure end to end: tensor", "codes differing (steps)", "distance from the tie (steps)",
+         "ORT kernels vs node by node: torch-fx file, tensors within 1 code",
          "elements > 1 code", "worst (codes)", "quant-onnx file, tensors within 1 code", "elements > 1 code",
          "worst (codes)"],
         [[n, _fraction(_get(r, "torch_fx", "node_by_node", "matched"), _get(r, "torch_fx", "node_by_node", "tensors")),
-          *_steps(_get(r, "torch_fx", "node_by_node"), first=True), *_steps(_get(r, "torch_fx", "kernel_fidelity")),
+          *_steps(_get(r, "torch_fx", "node_by_node"), first=True), *_isolated(_get(r, "torch_fx", "isolated")),
+          *_departure(_get(r, "torch_fx", "first_departure")),
+          *_steps(_get(r, "torch_fx", "kernel_fidelity")),
           *_steps(_get(r, "quant_onnx", "kernel_fidelity"))] for n, r in models],
     )  # fmt: skip
     coverage = common.markdown_table(

@@ -189,6 +189,9 @@ def torch_backend(flow: Flow, model: Any, data: dict[str, Any], path: Path, meas
     if measures:
         file_measures(flow, path, data["node"])
         flow.measure("node_by_node", lambda: export_vs_frozen_nodes(frozen, path, data["node"]))
+        flow.measure("isolated", lambda: export_vs_frozen_isolated(frozen, path, data["node"]))
+        flow.measure("first_departure", lambda: first_departure(frozen, path, data["node"]))
+        flow.measure("rounding_floor", lambda: rounding_floor(frozen, frozen_out, ort_out, path, data["eval"]))
 
 
 def onnx_backend(
@@ -333,3 +336,100 @@ def export_vs_frozen_nodes(frozen: Any, path: Path, x: np.ndarray) -> dict[str, 
     summary = qdq_coverage.step_differences(pairs)
     summary.update({"tensors": len(onnx_side), "frozen_tensors": len(torch_side), "matched": len(pairs)})
     return summary
+
+
+def _ort_runner(level: str) -> Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """Every output of a model in onnxruntime at optimisation ``level`` (:func:`common.make_session`)."""
+
+    def run(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = common.make_session(model.SerializeToString(), level=level)
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, feeds), strict=True))
+
+    return run
+
+
+def export_vs_frozen_isolated(frozen: Any, path: Path, x: np.ndarray) -> dict[str, Any]:
+    """Each QuantizeLinear of the file computed from the frozen model's own codes of the tensors
+    it reads (``isolated`` of :func:`quant_torch_fx.export_fidelity.node_by_node`), in
+    onnxruntime node by node (``ORT_DISABLE_ALL``) and in its default session (``default_*``:
+    integer kernels): the export's own difference per node, with nothing carried in from
+    earlier layers, in quantization steps."""
+    import onnx
+    import torch
+
+    from quant_torch_fx.export_fidelity import node_by_node
+
+    model, inputs = onnx.load(str(path)), (torch.from_numpy(x),)
+    out: dict[str, Any] = {}
+    for prefix, level in (("", "disable"), ("default_", "all")):
+        fidelity = node_by_node(model, frozen, inputs, _ort_runner(level))
+        worst, worst_steps = max(fidelity.isolated.items(), key=lambda item: item[1], default=(None, None))
+        out.update(
+            {
+                f"{prefix}tensors": len(fidelity.isolated) + len(fidelity.unmatched),
+                f"{prefix}matched": len(fidelity.isolated),
+                f"{prefix}within_one": fidelity.within_one_step("isolated"),
+                f"{prefix}worst": worst,
+                f"{prefix}worst_steps": worst_steps,
+            }
+        )
+    return out
+
+
+def first_departure(frozen: Any, path: Path, x: np.ndarray) -> dict[str, Any]:
+    """Where the file (onnxruntime node by node) first departs from the frozen model end to end
+    (:func:`quant_torch_fx.export_fidelity.first_departure`): the tensor, how many codes differ,
+    by how many steps, and how far from the half step between the two codes either computation's
+    value before rounding was (a few float32 roundings: a tie broken two ways)."""
+    import attrs
+    import onnx
+    import torch
+
+    from quant_torch_fx import export_fidelity
+
+    departure = export_fidelity.first_departure(
+        onnx.load(str(path)), frozen, (torch.from_numpy(x),), _ort_runner("disable")
+    )
+    return {"tensor": None} if departure is None else attrs.asdict(departure)
+
+
+def rounding_floor(
+    frozen: Any, frozen_out: np.ndarray, ort_out: np.ndarray, path: Path, x: np.ndarray
+) -> dict[str, Any]:
+    """How far float rounding alone moves the output: the frozen model against itself computed
+    channels-last (other convolution kernels, another summation order), and the exported file in
+    onnxruntime's default session against onnx's reference evaluator (another implementation of
+    the same file); the largest absolute difference, and in output steps where the output has one
+    (:func:`output_step`). A value that float rounding puts on the other side of a half step
+    changes one code; a layer whose gain in steps exceeds one spreads it.
+
+    The reference evaluator implements QuantizeLinear/DequantizeLinear from opset 19 on; the
+    file (opset 17) is read at 19, where no op it holds changed meaning for float and 8-bit types.
+    """
+    import copy
+
+    import onnx
+    import torch
+    from onnx.reference import ReferenceEvaluator
+
+    other = copy.deepcopy(frozen).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        channels_last = other(torch.from_numpy(x).to(memory_format=torch.channels_last)).numpy()
+    model = onnx.load(str(path))
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = max(opset.version, 19)
+    reference = ReferenceEvaluator(model).run(None, {model.graph.input[0].name: x})[0]
+    step = output_step(path)
+    pairs = {
+        "torch_channels_last": (channels_last, frozen_out),
+        "ort_vs_reference": (reference, ort_out),
+        "reference_vs_frozen": (reference, frozen_out),
+    }
+    out: dict[str, Any] = {}
+    for name, (a, b) in pairs.items():
+        largest = float(np.abs(a - b).max())
+        out[f"{name}_max_abs"] = largest
+        out[f"{name}_steps"] = None if step is None else largest / step
+    return out

@@ -1,5 +1,9 @@
 """Small models in the shape of the model families the exporter must write faithfully:
-ResNet (residual adds), MobileNetV3 (hardswish, squeeze-excite with hardsigmoid), ViT
+ResNet (residual adds), MobileNetV2 (inverted residuals: ReLU6, depthwise convolutions),
+MobileNetV3 (hardswish, squeeze-excite with hardsigmoid), MixNet (channels split over
+depthwise kernels of several sizes, concatenated, a batch norm after the concatenation,
+swish, squeeze-excite with sigmoid), PoolFormer (GroupNorm, average pooling without the
+padding minus its input, layer scales, a channels-first LayerNorm in the head), ViT
 (LayerNorm, multi-head attention through scaled_dot_product_attention, GELU, linear over
 tokens) and Swin (shifted windows: roll, window partition reshapes, a relative position
 bias gathered from a table, an attention mask)."""
@@ -67,6 +71,94 @@ class MobileNetV3Like(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.project(self.se(self.dw(self.stem(x))))
         return self.head(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+class _InvertedResidual(nn.Module):
+    def __init__(self, channels: int, expand: int = 4) -> None:
+        super().__init__()
+        hidden = channels * expand
+        self.expand = nn.Sequential(nn.Conv2d(channels, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6())
+        self.dw = nn.Sequential(
+            nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()
+        )
+        self.project = nn.Sequential(nn.Conv2d(hidden, channels, 1, bias=False), nn.BatchNorm2d(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.project(self.dw(self.expand(x)))
+
+
+class MobileNetV2Like(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        self.blocks = nn.Sequential(_InvertedResidual(8), _InvertedResidual(8))
+        self.head = nn.Sequential(nn.Conv2d(8, 32, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6())
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.adaptive_avg_pool2d(self.head(self.blocks(self.stem(x))), 1).flatten(1))
+
+
+class _MixedDepthwise(nn.Module):
+    """timm's MixedConv2d: the channels split over depthwise kernels of 3, 5 and 7."""
+
+    def __init__(self, splits: tuple[int, ...]) -> None:
+        super().__init__()
+        self.splits = list(splits)
+        self.convs = nn.ModuleList(
+            nn.Conv2d(c, c, 2 * i + 3, 1, i + 1, groups=c, bias=False) for i, c in enumerate(splits)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = torch.split(x, self.splits, 1)
+        return torch.cat([conv(part) for conv, part in zip(self.convs, parts, strict=True)], 1)
+
+
+class MixNetLike(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 12, 3, 2, 1, bias=False), nn.BatchNorm2d(12), nn.SiLU())
+        self.mixed = _MixedDepthwise((4, 4, 4))
+        self.bn = nn.BatchNorm2d(12)
+        self.reduce = nn.Conv2d(12, 4, 1)
+        self.expand = nn.Conv2d(4, 12, 1)
+        self.project = nn.Sequential(nn.Conv2d(12, 16, 1, bias=False), nn.BatchNorm2d(16))
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.silu(self.bn(self.mixed(self.stem(x))))
+        y = y * torch.sigmoid(self.expand(F.silu(self.reduce(y.mean((2, 3), keepdim=True)))))
+        return self.fc(F.adaptive_avg_pool2d(self.project(y), 1).flatten(1))
+
+
+class _PoolFormerBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm1 = nn.GroupNorm(1, dim)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.scale1 = nn.Parameter(torch.linspace(0.2, 1.0, dim).reshape(dim, 1, 1))
+        self.norm2 = nn.GroupNorm(1, dim)
+        self.mlp = nn.Sequential(nn.Conv2d(dim, 2 * dim, 1), nn.GELU(), nn.Conv2d(2 * dim, dim, 1))
+        self.scale2 = nn.Parameter(torch.linspace(1.0, 0.2, dim).reshape(dim, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm1(x)
+        x = x + self.scale1 * (self.pool(y) - y)
+        return x + self.scale2 * self.mlp(self.norm2(x))
+
+
+class PoolFormerLike(nn.Module):
+    def __init__(self, classes: int = 10, dim: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, dim, 7, 4, 2)
+        self.blocks = nn.Sequential(_PoolFormerBlock(dim), _PoolFormerBlock(dim))
+        self.norm = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1)
+        y = self.norm(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # timm's LayerNorm2d
+        return self.fc(y.flatten(1))
 
 
 class _Attention(nn.Module):
@@ -179,7 +271,16 @@ class SwinLike(nn.Module):
 
 def build(name: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    model = {"resnet": ResNetLike, "mobilenetv3": MobileNetV3Like, "vit": ViTLike, "swin": SwinLike}[name]()
+    families = {
+        "resnet": ResNetLike,
+        "mobilenetv2": MobileNetV2Like,
+        "mobilenetv3": MobileNetV3Like,
+        "mixnet": MixNetLike,
+        "poolformer": PoolFormerLike,
+        "vit": ViTLike,
+        "swin": SwinLike,
+    }
+    model = families[name]()
     return randomize_batch_norms(model, seed).eval()
 
 

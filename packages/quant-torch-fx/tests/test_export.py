@@ -17,7 +17,7 @@ from onnx.reference import ReferenceEvaluator
 import quant_torch_fx.export
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.export import onnx_model
-from quant_torch_fx.export_fidelity import node_by_node, reference_runner
+from quant_torch_fx.export_fidelity import first_departure, node_by_node, record, reference_runner
 from quant_torch_fx.export_form import export_form
 from quant_torch_fx.prepare import activation_quantizers
 
@@ -230,7 +230,7 @@ def _frozen_family(family: str, preset: str = "a8w8") -> torch.nn.Module:
     return q.freeze(q.quantize_model(export_models.build(family), calibration[0][:1], calibration))
 
 
-@pytest.mark.parametrize("family", ["resnet", "mobilenetv3", "vit", "swin"])
+@pytest.mark.parametrize("family", ["resnet", "mobilenetv2", "mobilenetv3", "mixnet", "poolformer", "vit", "swin"])
 def test_model_families_compute_the_frozen_model_node_by_node(family: str) -> None:
     frozen = _frozen_family(family)
     proto = onnx_model(frozen, (export_models.images(1, batch=1)[0],), opset=19)
@@ -243,6 +243,40 @@ def test_model_families_compute_the_frozen_model_node_by_node(family: str) -> No
     with torch.no_grad():
         expected = frozen(x).numpy()
     assert np.array_equal(fidelity.output.argmax(-1), expected.argmax(-1))
+
+
+def test_first_departure_names_the_first_tensor_whose_codes_differ_and_its_distance_from_the_tie() -> None:
+    frozen = _frozen_family("mobilenetv2")
+    proto = onnx_model(frozen, (export_models.images(1, batch=1)[0],), opset=19)
+    x = export_models.images(1, batch=2, seed=9)[0]
+    assert first_departure(proto, frozen, (x,)) is None  # this input puts no value at a tie
+    quantize = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"][3]
+    target, before = quantize.output[0], quantize.input[0]
+    scale = float(numpy_helper.to_array(_inits(proto)[quantize.input[1]]))
+    zero = int(numpy_helper.to_array(_inits(proto)[quantize.input[2]]))
+    changed: dict[str, np.ndarray] = {}
+
+    def one_code_up(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # a runtime that rounds one value of the fourth quantized tensor up, its value before
+        # rounding at the half step between the two codes
+        got = reference_runner(model, feeds)
+        changed["codes"] = got[target].copy()
+        codes, value = got[target].copy(), got[before].copy()
+        element = int(np.argmax(codes.reshape(-1) < 255))
+        codes.reshape(-1)[element] += 1
+        value.reshape(-1)[element] = (int(codes.reshape(-1)[element]) - 0.5 - zero) * scale
+        changed["element"] = np.array(element)
+        return got | {target: codes, before: value}
+
+    departure = first_departure(proto, frozen, (x,), one_code_up)
+    assert departure is not None
+    assert (departure.tensor, departure.elements, departure.steps) == (target, 1, 1)
+    seen, _ = record(frozen, (x,), keep_before=True)
+    frozen_side = next(r for r in seen if np.array_equal(r.codes, changed["codes"]))
+    assert frozen_side.before is not None
+    frozen_value = float(frozen_side.before.reshape(-1)[int(changed["element"])])
+    half = int(changed["codes"].reshape(-1)[int(changed["element"])]) - zero + 0.5
+    assert departure.tie_distance == pytest.approx(abs(frozen_value / scale - half), abs=1e-4)
 
 
 def test_linear_over_tokens_is_a_matmul_reading_its_int8_codes_behind_a_dequantize() -> None:

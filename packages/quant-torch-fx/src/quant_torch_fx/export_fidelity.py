@@ -10,6 +10,14 @@ the file is compared, in codes, with the frozen model's fake-quantized tensor it
   tensors it reads (each QuantizeLinear output replaced by its frozen codes for its
   readers), so each difference is that node's own.
 
+:func:`first_departure` says where an end-to-end difference starts: the first quantized
+tensor of the file (in graph order) whose codes differ from the frozen model's, and how far
+the two computations' values before rounding lie from the half step between the codes
+they chose. A distance of a few float32 roundings is a tie two float implementations may
+break either way (another summation order); a layer whose gain in steps exceeds one then
+spreads that step on (a random-weight MobileNetV2: one code of 49152 at a tie, 88 steps
+twenty layers on).
+
 Example:
     >>> import torch
     >>> from quant_torch_fx import ModelQuantizer
@@ -40,27 +48,31 @@ Runner = Callable[[onnx.ModelProto, dict[str, np.ndarray]], dict[str, np.ndarray
 
 @attrs.frozen
 class Recorded:
-    """One quantizer call of the frozen model: its stored scale, zero point and codes."""
+    """One quantizer call of the frozen model: its stored scale, zero point and codes (and the
+    value it rounded, ``before``, when :func:`record` is asked to keep it)."""
 
     scale: float
     zero_point: int
     codes: np.ndarray
+    before: np.ndarray | None = None
 
 
 def record(
-    frozen: torch.nn.Module, inputs: tuple[torch.Tensor, ...], encoding: str = "x86_uint8"
+    frozen: torch.nn.Module, inputs: tuple[torch.Tensor, ...], encoding: str = "x86_uint8", keep_before: bool = False
 ) -> tuple[list[Recorded], object]:
-    """Every activation quantizer call's output as stored codes, and the model's output."""
+    """Every activation quantizer call's output as stored codes (and, with ``keep_before``,
+    the value it rounded), and the model's output."""
     seen: list[Recorded] = []
     handles = []
     for gm in quantized_graphs(frozen):
         for _key, fq in activation_quantizers(gm):
             qp = encode_activation(fq.current_qparams(), encoding)  # type: ignore[arg-type]
 
-            def hook(_m: object, _i: object, out: torch.Tensor, qp: object = qp) -> None:
+            def hook(_m: object, args: tuple[torch.Tensor, ...], out: torch.Tensor, qp: object = qp) -> None:
                 scale, zero_point = np.float32(qp.scale), int(qp.zero_point)  # type: ignore[attr-defined]
                 codes = np.rint(out.detach().numpy() / scale).astype(np.int64) + zero_point
-                seen.append(Recorded(float(scale), zero_point, codes))
+                before = args[0].detach().numpy().copy() if keep_before else None
+                seen.append(Recorded(float(scale), zero_point, codes, before))
 
             handles.append(fq.register_forward_hook(hook))
     try:
@@ -122,6 +134,25 @@ def _forced(model: onnx.ModelProto, names: list[str], types: dict[str, int]) -> 
     return copy
 
 
+def _end_to_end(
+    model: onnx.ModelProto,
+    frozen: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    feeds: dict[str, np.ndarray],
+    run: Runner,
+    encoding: str,
+    keep_before: bool = False,
+) -> tuple[dict[str, tuple[float, int, int]], list[Recorded], dict[str, np.ndarray], dict[str, int]]:
+    """The file's quantized tensors, the frozen model's quantizer calls, every quantized tensor
+    of the file (and the value each QuantizeLinear rounded, with ``keep_before``) run end to
+    end, and which call each tensor stands for."""
+    tensors = quantized_tensors(model)
+    seen, _output = record(frozen, inputs, encoding, keep_before)
+    rounded = [n.input[0] for n in model.graph.node if keep_before and n.output[0] in tensors]
+    got = run(_with_outputs(model, [*tensors, *rounded]), feeds)
+    return tensors, seen, got, _match(tensors, got, seen)
+
+
 @attrs.frozen
 class Fidelity:
     """Steps (codes) apart per quantized tensor of the file: end to end and isolated."""
@@ -147,12 +178,9 @@ def node_by_node(
     ``run`` (default: onnx's reference evaluator) on ``inputs`` and of the frozen model
     (see the module docstring)."""
     run = run or reference_runner
-    tensors = quantized_tensors(model)
-    seen, _output = record(frozen, inputs, encoding)
     feeds = {i.name: x.numpy() for i, x in zip(model.graph.input, inputs, strict=False)}
+    tensors, seen, got, mapping = _end_to_end(model, frozen, inputs, feeds, run, encoding)
     names = list(tensors)
-    got = run(_with_outputs(model, names), feeds)
-    mapping = _match(tensors, got, seen)
     chain = {n: int(np.abs(got[n].astype(np.int64) - seen[i].codes).max()) for n, i in mapping.items()}
     matched = list(mapping)
     forced = _forced(model, matched, {n: tensors[n][2] for n in matched})
@@ -171,3 +199,64 @@ def reference_runner(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> di
     evaluator = ReferenceEvaluator(model)
     outputs = evaluator.run(None, feeds)
     return dict(zip(evaluator.output_names, outputs, strict=True))
+
+
+@attrs.frozen
+class Departure:
+    """Where the file's codes first differ from the frozen model's (end to end, graph order).
+
+    ``tensor``: the QuantizeLinear output; ``elements``: how many of its codes differ;
+    ``steps``: the largest difference in codes; ``tie_distance``: at the differing elements,
+    the largest distance (in steps) of either computation's value before rounding from the
+    half step between the two codes (meaningful where ``steps`` is 1).
+    """
+
+    tensor: str
+    elements: int
+    steps: int
+    tie_distance: float
+
+
+def first_departure(
+    model: onnx.ModelProto,
+    frozen: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    run: Runner | None = None,
+    encoding: str = "x86_uint8",
+) -> Departure | None:
+    """The first quantized tensor of ``model`` (graph order) whose codes, run end to end by
+    ``run``, differ from the frozen model's on ``inputs``; None when every matched tensor
+    agrees.
+
+    Example:
+        >>> import torch
+        >>> from quant_torch_fx import ModelQuantizer
+        >>> from quant_torch_fx.export import onnx_model
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+        >>> q = ModelQuantizer("a8w8", quiet=True)
+        >>> frozen = q.freeze(q.quantize_model(net, torch.randn(1, 3, 4, 4), [torch.randn(8, 3, 4, 4)]))
+        >>> print(first_departure(onnx_model(frozen, (torch.randn(1, 3, 4, 4),), opset=19), frozen, (torch.randn(5, 3, 4, 4),)))
+        None
+    """
+    feeds = {i.name: x.numpy() for i, x in zip(model.graph.input, inputs, strict=False)}
+    tensors, seen, got, mapping = _end_to_end(model, frozen, inputs, feeds, run or reference_runner, encoding, True)
+    quantized_from = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in tensors}
+    for node in model.graph.node:
+        name = node.output[0]
+        if name not in mapping:
+            continue
+        frozen_side = seen[mapping[name]]
+        codes = got[name].astype(np.int64)
+        differ = codes != frozen_side.codes
+        if not differ.any():
+            continue
+        assert frozen_side.before is not None
+        scale, zero_point = np.float64(frozen_side.scale), frozen_side.zero_point
+        half = np.minimum(codes, frozen_side.codes)[differ] - zero_point + 0.5
+        distance = np.maximum(
+            np.abs(frozen_side.before[differ] / scale - half),
+            np.abs(got[quantized_from[name]][differ] / scale - half),
+        )
+        steps = int(np.abs(codes - frozen_side.codes).max())
+        return Departure(name, int(differ.sum()), steps, float(distance.max()))
+    return None
