@@ -219,6 +219,7 @@ def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tm
     assert main([*common, *extra]) == 1  # accuracy never reaches 2: searched, best written, exit 1
     out = capsys.readouterr().out
     assert "held out:" in out and "misses" in out and "statistics passes reused: none:" in out
+    assert "stopped early" in out and "weight qparams reused" in out
 
 
 @pytest.mark.parametrize(
