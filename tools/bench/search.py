@@ -14,14 +14,24 @@ recipe-alone time and their ratio, and whether the searched model is byte-identi
 the recipe alone's (it should be). Timings on a shared machine are indicative; the ratio
 is measured in one process, one thread.
 
+With ``--quark`` (xint8 only), also Quark's ``auto_search`` (``quark_search_peer.py`` in
+Quark's interpreter, a subprocess) over the space both can express, xint8 with min-max
+or power-of-two MinMSE activations, each with and without CLE, on the same calibration
+set and the same selection samples, against our search over that same space, in the same
+run (issue 27: same or better metric, at most 0.3x its time).
+
     python -m tools.bench.search                     # the default above
     python -m tools.bench.search --models fmnist_resnet18 --target-agreement 0.99 --no-npu
+    python -m tools.bench.search --quark             # and Quark's auto_search beside it
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +44,75 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: make `tools.*` importable
 
 from tools.bench import common  # noqa: E402
 from tools.bench.models import MODELS, input_name, load_data  # noqa: E402
+
+
+def shared_space():  # -> SearchSpace: what Quark's auto_search is given too (module docstring)
+    from quant_core.algorithm_config import CLEConfig
+    from quant_core.observer_config import MinMax, PowerOfTwoMSE
+    from quant_onnx.recipe_search import SearchSpace
+
+    return SearchSpace(
+        formats=("xint8",), activation_observers=(MinMax(), PowerOfTwoMSE()), corrections=((CLEConfig(),),)
+    )
+
+
+def against_quark(name: str, path: Path, calib_path: Path, eval_x: np.ndarray, target: float) -> None:
+    """Our search over :func:`shared_space` and Quark's ``auto_search`` over the same, one
+    after the other; prints both metrics and times."""
+    from quant_onnx.recipe_search import deployment_for, search, split_indices
+    from tools.bench.quark_peer import quark_python
+
+    python = quark_python()
+    if python is None:
+        print("quark: skipped (no Quark interpreter)")
+        return
+    calib = np.load(calib_path)
+    started = time.perf_counter()
+    ours = search(
+        str(path),
+        None,
+        calib,
+        eval_x,
+        target=target,
+        space=shared_space(),
+        deployment=deployment_for("xint8"),
+        quiet=True,
+    )
+    ours_seconds = time.perf_counter() - started
+    select, _ = split_indices(len(eval_x), 0.3, seed=0)  # search's own split (its defaults)
+    with tempfile.TemporaryDirectory() as work:
+        selected = Path(work) / "select.npy"
+        np.save(selected, eval_x[select])
+        command = [python, str(Path(__file__).with_name("quark_search_peer.py")), "--model", str(path)]
+        command += ["--calib", str(calib_path), "--select", str(selected), "--target", str(target)]
+        command += ["--work", str(Path(work) / "quark")]
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"quark: FAILED: {done.stderr[-1500:]}")
+        return
+    quark = json.loads(done.stdout.strip().splitlines()[-1])
+    chosen = ours.chosen
+    print(f"\n### {name}: the shared space (xint8 x {{min-max, MinMSE}} x {{-, CLE}}), agreement >= {target:g}")
+    print(f"ours: {chosen.name if chosen else '-'} {'met' if ours.met else 'missed'} ", end="")
+    print(
+        f"{common.fmt(chosen.score if chosen else None, 4)} after {len(ours.candidates)} candidates, {ours_seconds:.1f} s"
+    )
+    scores = {
+        quark["configs"][int(k)]["calibrate_method"]
+        + ("+cle" if quark["configs"][int(k)]["include_cle"] else ""): round(v, 4)
+        for k, v in quark["scores"].items()
+    }
+    print(
+        f"quark auto_search: {'met' if quark['met'] else 'missed'}; {quark['candidates_run']} candidates {scores}; ",
+        end="",
+    )
+    print(f"{quark['seconds']:.1f} s")
+    best = max(quark["scores"].values()) if quark["scores"] else None
+    print(
+        f"time ratio ours / quark {common.fmt(common.ratio(ours_seconds, quark['seconds']), 2)}x (target <= 0.3x); ",
+        end="",
+    )
+    print(f"metric ours {common.fmt(chosen.score if chosen else None, 4)} vs quark's best {common.fmt(best, 4)}")
 
 
 def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: int, budget_s: float | None) -> None:
@@ -118,10 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-calib", type=int, default=128)
     parser.add_argument("--num-eval", type=int, default=1000)
     parser.add_argument("--budget-s", type=float)
+    parser.add_argument("--quark", action="store_true", help="also Quark's auto_search over the shared space")
     args = parser.parse_args(argv)
+    if args.quark and args.no_npu:
+        parser.error("--quark: the shared space is xint8's; drop --no-npu")
     for name in args.models:
         npu = None if args.no_npu else args.target
         bench(name, args.target_agreement, npu, args.num_calib, args.num_eval, args.budget_s)
+        if args.quark:
+            model = MODELS[name]
+            data = load_data(model, num_calib=args.num_calib, num_eval=args.num_eval)
+            against_quark(name, model.ensure(), data.calib_path, data.eval_x, args.target_agreement)
     return 0
 
 
