@@ -407,6 +407,7 @@ def test_a_flat_observer_axis_is_deferred_after_the_corrections_not_dropped(mode
     corrected = [n for n in names if "+cle" in n]
     assert len(corrected) == 1
     assert names == ran_first + corrected + deferred  # deferred after the corrections
+    assert result.report["reuse"]["deferred_run"] == deferred
     assert sorted(n for n in names if "+" not in n) == sorted(stage)  # nothing dropped
 
 

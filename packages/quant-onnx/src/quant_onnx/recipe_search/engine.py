@@ -482,7 +482,8 @@ class _Walk:
         stopped = [row for row in self.rows if row.status == "stopped"]
         run = [row for row in self.rows if row.samples and not row.same_as]
         return {
-            "deferred": list(self.deferred),
+            "deferred": list(self.deferred),  # past the corrections; those run later have rows
+            "deferred_run": [name for name in self.deferred if any(row.name == name for row in self.rows)],
             "stopped_early": [row.name for row in stopped],
             "same_model_as": {row.name: row.same_as for row in self.rows if row.same_as},
             "samples_scored": sum(row.samples for row in run),

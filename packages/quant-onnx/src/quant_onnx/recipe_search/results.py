@@ -119,8 +119,11 @@ class SearchResult:
         reference_seconds: running the float model over the evaluation data.
         select_samples, holdout_samples: the split.
         reuse: what candidates shared and what scoring skipped: statistics passes, weight
-            qparams selected once and reused, the candidates stopped early, the samples
-            scored against the samples a full scoring of each candidate would run.
+            qparams selected once and reused, the candidates stopped early, those whose
+            model an earlier candidate built (``same_model_as``), the observers deferred
+            past the corrections (``deferred``; ``deferred_run``: those that ran after
+            all), the samples scored against the samples a full scoring of each
+            candidate would run.
         output_path: where the model was written (``None``: not written).
         report: the JSON report (also written when a report path was given).
     """
