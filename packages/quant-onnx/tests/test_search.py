@@ -1,24 +1,38 @@
 """quant_onnx.search / ``quant-onnx search``: the first candidate meeting the target wins,
 one statistics pass serves every observer choice (bit for bit what each recipe's own
 calibration gives), the winner is re-scored on held-out data, user metrics over labels,
-one-line errors naming the field. Tiny models only; no timing."""
+one-line errors naming the field. Tiny models only; no timing. What keeps it
+cheap, checked for honesty: the exact early stop never stops a candidate that would meet
+the target on the whole selection part; the winner's reported scores are what a fresh
+evaluation gives; weight qparams selected once serve later candidates bit for bit; a
+candidate whose model an earlier one built is not run again; a flat observer axis is
+deferred, not dropped."""
 
 from __future__ import annotations
 
 import json
 
+import attrs
 import numpy as np
 import pytest
-from model_builders import mlp, random_inputs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from model_builders import mlp, random_inputs, small_cnn
 
+from quant_core.algorithm_config import CLEConfig
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError, DataError
 from quant_core.observer_config import MSE, Entropy, MinMax, Percentile, PowerOfTwoMSE
+from quant_core.plan import calibrated as calibrated_module
+from quant_core.plan import calibrated_qparams
 from quant_core.presets import get_preset
 from quant_onnx import api as api_module
 from quant_onnx.api import ModelQuantizer
 from quant_onnx.cli.main import main
+from quant_onnx.pipeline.calibrate import calibrate, kernel_values
 from quant_onnx.recipe_search import (
+    EvaluationData,
+    OnnxRuntime,
     SearchSpace,
     deployment_for,
     engine,
@@ -28,6 +42,8 @@ from quant_onnx.recipe_search import (
     search,
     split_indices,
 )
+from quant_onnx.recipe_search.evaluation import prefix_better, score_outputs
+from quant_onnx.recipe_search.metrics import Metric
 from quant_onnx.recipe_search.space import TIER_8BIT
 
 CALIBRATION = CalibrationConfig(batch_size=16)
@@ -203,6 +219,7 @@ def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tm
     assert main([*common, *extra]) == 1  # accuracy never reaches 2: searched, best written, exit 1
     out = capsys.readouterr().out
     assert "held out:" in out and "misses" in out and "statistics passes reused: none:" in out
+    assert "stopped early" in out and "weight qparams reused" in out
 
 
 @pytest.mark.parametrize(
@@ -219,3 +236,186 @@ def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, capsys, extra, field):
     assert main([*args, *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert field in err and len(err.splitlines()) == 1
+
+
+def _given_scores(values: np.ndarray) -> Metric:
+    """A per-sample metric that returns ``values`` at the scored sample indices (the runner
+    is irrelevant): the early stop sees exactly the per-sample scores we choose."""
+
+    def function(outputs, reference, samples):
+        return values[samples.indices]
+
+    return Metric("given", function, per_sample=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    scores=st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=1, max_size=60),
+    target=st.floats(0.0, 1.0),
+    batch=st.integers(1, 16),
+)
+def test_early_stop_never_stops_a_candidate_that_meets_the_target(scores, target, batch):
+    values = np.array(scores)
+    count = len(values)
+    data = EvaluationData(
+        {"x": np.zeros((count, 1), np.float32)}, None, np.arange(count), np.array([], int), batch, None
+    )
+    reference = [np.zeros((count, 1), np.float32)]
+    scored = score_outputs(
+        lambda feeds: [feeds["x"]], ["y"], reference, _given_scores(values), data, data.select, target=target
+    )
+    full = float(np.mean(values))  # independent: the mean over every sample
+    if full >= target:
+        assert scored.complete and scored.score == pytest.approx(full)
+    if not scored.complete:
+        assert full < target and scored.bound < target
+        assert full <= scored.bound + 1e-12  # the bound is an upper bound of the full score
+        assert scored.running == pytest.approx(float(np.mean(values[: scored.samples])))
+    else:
+        assert scored.samples == count
+
+
+def test_prefix_ranking_compares_the_samples_both_ran():
+    assert prefix_better(np.array([1.0, 1.0]), np.array([1.0, 0.0, 0.0]))
+    assert not prefix_better(np.array([1.0, 0.0]), np.array([1.0, 0.0]))  # a tie keeps the incumbent
+    assert not prefix_better(np.array([]), np.array([1.0]))
+
+
+class Recording(OnnxRuntime):
+    """onnxruntime, remembering every model it finished and every session it opened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "finished", [])
+        object.__setattr__(self, "sessions", [])
+
+    def finish(self, model):
+        self.finished.append(model)
+        return super().finish(model)
+
+    def runner(self, model):
+        self.sessions.append(model)
+        return super().runner(model)
+
+
+def test_winner_scores_equal_a_fresh_full_evaluation_after_early_stops():
+    cnn = small_cnn(seed=5)
+    calib, evaluation = random_inputs(cnn, 32, seed=1), random_inputs(cnn, 120, seed=2)
+    space = SearchSpace(
+        formats=("xint8",),
+        activation_observers=(MinMax(), PowerOfTwoMSE(), Percentile(99.9)),
+        weight_observers=(None, PowerOfTwoMSE()),
+    )
+    select, held = split_indices(len(evaluation), 0.3, seed=0)
+    reference = onnxruntime_runner(cnn)({"x": evaluation})[0].argmax(axis=1)
+
+    def agreement(candidate, indices):  # independent: the recipe alone, every sample run
+        alone = ModelQuantizer(candidate.config, quiet=True).quantize(cnn, None, calib, batch_size=16).model
+        top1 = onnxruntime_runner(alone)({"x": evaluation})[0].argmax(axis=1)
+        return float(np.mean(top1[indices] == reference[indices]))
+
+    candidates = observer_stage(space, CALIBRATION)
+    full = {c.name: agreement(c, select) for c in candidates}
+    ordered = sorted(candidates, key=lambda c: full[c.name])  # the best last: the others run first
+    target = full[ordered[-1].name]
+    assert target > full[ordered[0].name], "the candidates score alike: the test would test nothing"
+    result = search(cnn, None, calib, evaluation, target=target, space=ordered, quiet=True, eval_batch_size=4)
+    assert result.met and result.chosen is not None
+    assert result.chosen.score == pytest.approx(agreement(result.chosen, select))
+    assert result.holdout_score == pytest.approx(agreement(result.chosen, held))
+    assert result.chosen.samples == len(select)
+    stopped = [row for row in result.candidates if row.status == "stopped"]
+    assert stopped, "no candidate stopped early: the test would not test the early stop"
+    for row in stopped:  # stopped early: it really misses on the whole selection part
+        assert full[row.name] < target and row.samples < len(select) and row.bound >= full[row.name]
+    reuse = result.report["reuse"]
+    assert reuse["samples_scored"] < reuse["samples_if_scored_in_full"]
+    assert set(reuse["stopped_early"]) == {row.name for row in stopped}
+
+
+def test_weight_cache_gives_the_qparams_of_a_fresh_selection(model, calib, monkeypatch):
+    (candidate,) = observer_stage(
+        SearchSpace(formats=("xint8",), activation_observers=(MinMax(),), weight_observers=(PowerOfTwoMSE(),)),
+        CALIBRATION,
+    )
+    quantizer = ModelQuantizer(candidate.config, quiet=True)
+    prepared = quantizer.prepare(model)
+    batches = [{"x": calib[i : i + 16]} for i in range(0, len(calib), 16)]
+    calibrated = calibrate(prepared.model, prepared.plan, batches, quiet=True)
+    selections: list[str] = []
+    real = calibrated_module.constant_qparams
+
+    def counting(value, spec):
+        selections.append(spec.observer.method)
+        return real(value, spec)
+
+    monkeypatch.setattr(calibrated_module, "constant_qparams", counting)
+    values = kernel_values(prepared.model)
+    fresh = calibrated_qparams(prepared.plan, calibrated.observers, values)
+    cache: dict = {}
+    first = calibrated_qparams(prepared.plan, calibrated.observers, values, cache)
+    again = calibrated_qparams(prepared.plan, calibrated.observers, values, cache)
+    slots = len(prepared.plan.weights)
+    assert slots and len(selections) == 2 * slots  # fresh + first; `again` selected nothing
+    for node, qp in fresh.weights.items():
+        assert qp == first.weights[node] == again.weights[node]
+
+
+def test_every_derived_candidate_is_its_own_quantization_bit_for_bit(model, calib, evaluation):
+    space = SearchSpace(
+        formats=("xint8",),
+        activation_observers=(MinMax(), PowerOfTwoMSE(), Percentile(99.99)),
+        weight_observers=(None, PowerOfTwoMSE()),
+    )
+    candidates = observer_stage(space, CALIBRATION)
+    where = Recording()
+    result = search(model, None, calib, evaluation, target=2.0, space=candidates, deployment=where, quiet=True)
+    assert len(where.finished) == len(candidates)
+    assert result.report["reuse"]["weight_qparams_reused"] > 0  # the cache served later candidates
+    for candidate, built in zip(candidates, where.finished, strict=True):
+        alone = ModelQuantizer(candidate.config, quiet=True).quantize(model, None, calib, batch_size=16)
+        assert built.SerializeToString() == alone.model.SerializeToString(), candidate.name
+
+
+def test_a_model_built_before_is_not_run_again(model, calib, evaluation):
+    (first,) = observer_stage(SearchSpace(formats=("a8w8",), activation_observers=(MinMax(),)), CALIBRATION)
+    twin = make_candidate("a8w8/minmax-again", first.config, TIER_8BIT)  # another name, the same recipe
+    where = Recording()
+    result = search(model, None, calib, evaluation, target=2.0, space=[first, twin], deployment=where, quiet=True)
+    one, two = result.candidates
+    assert len(where.sessions) == 1  # the twin opened no session and ran no sample
+    assert two.same_as == first.name and two.status == "stopped" and two.samples < result.select_samples
+    # the twin's row is the first's early-stopped scoring; the first, chosen as the best,
+    # was then scored in full (in its own session) and stays under the twin's bound
+    assert one.samples == result.select_samples and one.score <= two.bound
+    assert result.report["reuse"]["same_model_as"] == {twin.name: first.name}
+    assert not two.pareto
+
+
+def test_a_flat_observer_axis_is_deferred_after_the_corrections_not_dropped(model, calib, evaluation):
+    space = SearchSpace(
+        formats=("a8w8",),
+        activation_observers=(MinMax(), Percentile(99.999), Percentile(99.99), Percentile(99.9)),
+        corrections=((CLEConfig(),),),
+    )
+    stage = [c.name for c in observer_stage(space, CALIBRATION)]
+    result = search(model, None, calib, evaluation, target=2.0, space=space, quiet=True, batch_size=16)
+    names = [r.name for r in result.candidates]
+    deferred = result.report["reuse"]["deferred"]
+    assert deferred, "the observer scores were not flat against an unreachable target"
+    ran_first = [n for n in stage if n not in deferred]
+    corrected = [n for n in names if "+cle" in n]
+    assert len(corrected) == 1
+    assert names == ran_first + corrected + deferred  # deferred after the corrections
+    assert result.report["reuse"]["deferred_run"] == deferred
+    assert sorted(n for n in names if "+" not in n) == sorted(stage)  # nothing dropped
+
+
+def test_rows_record_the_running_score_of_a_stopped_candidate(model, calib, evaluation):
+    candidates = observer_stage(SearchSpace(formats=("xint8",), activation_observers=(MinMax(),)), CALIBRATION)
+    result = search(model, None, calib, evaluation, target=1.0, space=candidates, quiet=True, eval_batch_size=4)
+    (row,) = result.candidates
+    if row.status == "stopped":  # the fallback re-scored it in full: running is over every sample
+        assert row.score is not None and row.samples == result.select_samples
+    assert row.running == pytest.approx(row.score)
+    assert attrs.evolve(row).to_dict()["running"] == row.running

@@ -25,6 +25,7 @@ Example:
 from quant_core.plan.calibrated import (
     CalibratedQParams,
     InputQParams,
+    WeightCache,
     calibrated_qparams,
     constant_input_note,
     fresh_observers,
@@ -78,6 +79,7 @@ __all__ = [
     "PlanNode",
     "QuantPlan",
     "TensorGroup",
+    "WeightCache",
     "WeightSlot",
     "activation_kind",
     "calibrated_qparams",

@@ -27,7 +27,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 import attrs
 import numpy as np
@@ -47,12 +47,19 @@ from quant_core.weights import constant_qparams
 InputQParams = Callable[[str, str], "QParams | None"]
 """``(layer node, input tensor) -> qparams of the input that layer reads`` (``None``: float)."""
 
+WeightCache = MutableMapping[tuple[str, QuantSpec], QParams]
+"""``(weight tensor, spec) -> the observer's qparams of that weight``, before any bias fit:
+kept by a caller that calibrates several plans of one float model (a recipe search), so
+a weight's range is selected once per spec (power-of-two MinMSE over every weight costs
+as much as a calibration pass on a small model). Valid for one constant lookup only."""
+
 
 def plan_weight_qparams(
     plan: QuantPlan,
     value: ConstantLookup,
     input_qparams: InputQParams,
     given: Mapping[str, QParams] | None = None,
+    cache: WeightCache | None = None,
 ) -> tuple[dict[str, QParams], list[str]]:
     """Weighted node name -> weight qparams for every weight slot of ``plan``, and notes.
 
@@ -64,6 +71,8 @@ def plan_weight_qparams(
         input_qparams: what each layer's input is quantized with.
         given: weighted node name -> qparams to start from instead of the observer's
             (scales learned by QAT); the bias fit still applies to them.
+        cache: the observer's qparams of weights already selected for ``value``'s model
+            (:data:`WeightCache`); read and filled.
 
     Example (a learned scale of 0.25 is kept; no bias needs a wider one):
         >>> from quant_core.plan import WeightSlot
@@ -83,7 +92,7 @@ def plan_weight_qparams(
             raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
         shapes[slot.node] = np.shape(weight)
         start = None if given is None else given.get(slot.node)
-        result[slot.node] = constant_qparams(weight, slot.spec) if start is None else start
+        result[slot.node] = _observed(weight, slot.tensor, slot.spec, cache) if start is None else start
     notes = []
     for bias_slot in plan.biases:
         int32_default = bias_slot.spec is None or bias_slot.spec.dtype is DType.INT32
@@ -101,6 +110,15 @@ def plan_weight_qparams(
         if note is not None:
             notes.append(f"node {bias_slot.node!r}: {note}")
     return result, notes
+
+
+def _observed(weight: np.ndarray, tensor: str, spec: QuantSpec, cache: WeightCache | None) -> QParams:
+    if cache is None:
+        return constant_qparams(weight, spec)
+    key = (tensor, spec)
+    if key not in cache:
+        cache[key] = constant_qparams(weight, spec)
+    return cache[key]
 
 
 @attrs.frozen(eq=False)
@@ -126,10 +144,13 @@ class CalibratedQParams:
     notes: tuple[str, ...]
 
 
-def calibrated_qparams(plan: QuantPlan, observers: Mapping[str, Observer], value: ConstantLookup) -> CalibratedQParams:
+def calibrated_qparams(
+    plan: QuantPlan, observers: Mapping[str, Observer], value: ConstantLookup, weight_cache: WeightCache | None = None
+) -> CalibratedQParams:
     """All qparams of ``plan`` from ``observers`` (group key -> observer; a requant whose
     spec observes differently than its group's has its own, under its key) and the
-    constants ``value`` gives (see :func:`plan_weight_qparams`).
+    constants ``value`` gives (see :func:`plan_weight_qparams`; ``weight_cache`` is its
+    ``cache``).
 
     Example:
         >>> import numpy as np
@@ -164,7 +185,7 @@ def calibrated_qparams(plan: QuantPlan, observers: Mapping[str, Observer], value
         group = plan.group_of(tensor)
         return None if group is None else activations[group.key]
 
-    weights, notes = plan_weight_qparams(plan, value, input_qparams)
+    weights, notes = plan_weight_qparams(plan, value, input_qparams, cache=weight_cache)
     return CalibratedQParams(activations, ranges, requants, weights, tuple(notes))
 
 

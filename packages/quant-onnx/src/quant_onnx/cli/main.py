@@ -404,6 +404,17 @@ def _search_outcome(result: Any) -> str:
     passes = ", ".join(f"{p.pre_passes}: {len(p.served)} candidates" for p in result.statistics)
     if passes:
         lines.append(f"statistics passes reused: {passes}")
+    reuse = result.reuse
+    if reuse.get("samples_if_scored_in_full"):
+        skipped = [
+            f"{len(reuse['stopped_early'])} stopped early",
+            f"{len(reuse['same_model_as'])} the same model as an earlier one",
+            f"{len(reuse['deferred'])} deferred",
+        ]
+        lines.append(
+            f"scored {reuse['samples_scored']} of {reuse['samples_if_scored_in_full']} candidate samples "
+            f"({', '.join(skipped)}); weight qparams reused {reuse['weight_qparams_reused']} times"
+        )
     if result.output_path is not None:
         lines.append(f"wrote {result.output_path}")
     return "\n".join(lines)

@@ -52,6 +52,7 @@ from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attrib
 from quant_core.plan import (
     ConstantLookup,
     QuantPlan,
+    WeightCache,
     calibrated_qparams,
     constant_input_note,
     fresh_observers,
@@ -113,10 +114,15 @@ class CalibratedModel:
 
     @classmethod
     def from_observers(
-        cls, model: onnx.ModelProto, plan: QuantPlan, observers: Mapping[str, Observer]
+        cls,
+        model: onnx.ModelProto,
+        plan: QuantPlan,
+        observers: Mapping[str, Observer],
+        weight_cache: WeightCache | None = None,
     ) -> CalibratedModel:
-        """Every qparam of ``plan`` from ``observers`` (``quant_core.plan.calibrated_qparams``)."""
-        q = calibrated_qparams(plan, observers, kernel_values(model))
+        """Every qparam of ``plan`` from ``observers`` (``quant_core.plan.calibrated_qparams``;
+        ``weight_cache``: weight qparams already selected on ``model``'s constants)."""
+        q = calibrated_qparams(plan, observers, kernel_values(model), weight_cache)
         return cls(model, plan, q.activations, q.ranges, q.weights, observers, q.notes, q.requants)
 
     def replan(self, plan: QuantPlan) -> CalibratedModel:
@@ -204,15 +210,19 @@ def calibrate(
 
 
 def from_filled_observers(
-    model: onnx.ModelProto, plan: QuantPlan, observers: Mapping[str, Observer]
+    model: onnx.ModelProto,
+    plan: QuantPlan,
+    observers: Mapping[str, Observer],
+    weight_cache: WeightCache | None = None,
 ) -> CalibratedModel:
     """The :class:`CalibratedModel` of ``plan`` from observers a calibration filled
     (``quant_core.plan.fresh_observers``' keys), with a note for each model input that held
-    one value only. Raises DataError for an observer that saw nothing."""
+    one value only. Raises DataError for an observer that saw nothing. ``weight_cache``: as
+    :meth:`CalibratedModel.from_observers` takes it."""
     for key, observer in observers.items():
         if observer.empty:
             raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
-    calibrated = CalibratedModel.from_observers(model, plan, observers)
+    calibrated = CalibratedModel.from_observers(model, plan, observers, weight_cache)
     index = GraphIndex(model.graph)
     feeds_of = observer_feeds(plan)
     inputs = [name for name in feeds_of if index.is_graph_input(name)]

@@ -14,9 +14,21 @@ What it shares between candidates:
   derived calibrates itself (the report says ``"calibrated"``);
 - **the pre-passes**: candidates with the same CLE/SmoothQuant settings share the edited
   float model;
+- **the weights' qparams**: a weight's range is selected once per spec on each float
+  model (power-of-two MinMSE over every weight costs about a calibration pass on a small
+  model), whichever candidates ask for it;
 - **the float model's outputs** on the evaluation data (one run);
-- **early stopping**: a per-sample metric stops scoring a candidate once the target is
-  out of reach.
+- **early stopping**: a per-sample metric stops scoring a candidate as soon as even
+  perfect remaining samples could not lift it to the target (an exact bound: a candidate
+  stopped early scores below the target on the whole selection part). A stage ranks its
+  candidates on the samples they have in common (each scores the selection part in the
+  same order), so ranking does not force a hopeless candidate through the whole set;
+- **the same model**: a candidate whose deployed model is byte for byte one an earlier
+  candidate built (observer choices often select the same power-of-two scales) is not
+  run again: its row repeats that candidate's scores and says so (``same_as``);
+- **the winner's session**: it scores the held-out part too. Every candidate is built and
+  run in memory (an onnxruntime session on the serialized ModelProto): no file is written
+  before the chosen model.
 
 Algorithms after calibration (bias correction, mixed precision, AdaRound, AdaQuant) run
 only on the candidates that list them. Each candidate is what
@@ -29,6 +41,7 @@ Example: see :func:`quant_onnx.search`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import statistics as stats
@@ -47,7 +60,7 @@ from quant_core.errors import ConfigError, one_line
 from quant_core.observers.derived import DEFAULT_STATISTICS_BINS, derivable, statistics_bins
 from quant_core.observers.histogram import HistogramObserver
 from quant_core.onnx_qdq.model_io import check_output_paths, load_model, save_model
-from quant_core.plan import QuantPlan, observer_feeds, observer_specs, observers_from_statistics
+from quant_core.plan import QuantPlan, WeightCache, observer_feeds, observer_specs, observers_from_statistics
 from quant_core.plan.calibrated import DerivedCache
 from quant_onnx.api import ModelQuantizer, PreparedModel
 from quant_onnx.data import CalibrationReader, ImageOptions
@@ -60,6 +73,7 @@ from quant_onnx.recipe_search.evaluation import (
     check_metric,
     collect,
     load_evaluation_data,
+    prefix_better,
     score_outputs,
 )
 from quant_onnx.recipe_search.metrics import Metric, MetricFunction, resolve_metric
@@ -68,6 +82,7 @@ from quant_onnx.recipe_search.space import (
     TIER_MIXED,
     Candidate,
     SearchSpace,
+    axis_is_flat,
     observer_stage,
     refine,
     wide_stage,
@@ -107,6 +122,8 @@ class _Shared:
     derived: dict[tuple[PreKey, int], DerivedCache] = attrs.field(factory=dict)
     passes: dict[tuple[PreKey, int], StatisticsPass] = attrs.field(factory=dict)
     pass_seconds: list[float] = attrs.field(factory=list)
+    weights: dict[PreKey, WeightCache] = attrs.field(factory=dict)
+    weight_lookups: int = 0
 
     def base(self, quantizer: ModelQuantizer) -> PreparedModel:
         opset = quantizer.required_opset()
@@ -154,7 +171,18 @@ class _Shared:
         self.passes[entry] = attrs.evolve(found, served=(*found.served, candidate.name))
         observers = observers_from_statistics(prepared.plan, have, self.derived.setdefault(entry, {}))
         label = f"statistics pass {list(self.passes).index(entry) + 1} ({_pre_label(entry[0][1])})"
-        return from_filled_observers(prepared.model, prepared.plan, observers), label
+        self.weight_lookups += len(prepared.plan.weights)
+        weights = self.weights.setdefault(entry[0], {})
+        return from_filled_observers(prepared.model, prepared.plan, observers, weights), label
+
+    def reuse(self) -> dict[str, int]:
+        """What the derived candidates shared, for the report."""
+        selected = sum(len(cache) for cache in self.weights.values())
+        return {
+            "statistics_passes": len(self.passes),
+            "weight_qparams_selected": selected,
+            "weight_qparams_reused": self.weight_lookups - selected,
+        }
 
 
 def _bins(plan: QuantPlan) -> int | None:
@@ -169,13 +197,13 @@ def _bins(plan: QuantPlan) -> int | None:
     return counts.pop() if counts else DEFAULT_STATISTICS_BINS
 
 
-def _latency_ms(run: Runner, feeds: Mapping[str, np.ndarray], timed: Sequence[float]) -> float:
+def _latency_ms(run: Runner, feeds: Mapping[str, np.ndarray], timed: Sequence[float], runs: int = 3) -> float:
     """Median onnxruntime time of a batch: the scoring runs after the first (which warms
-    the session up), topped up with runs of ``feeds`` to three."""
+    the session up), topped up with runs of ``feeds`` to ``runs``."""
     seconds = list(timed[1:])
     if not timed:
         run(feeds)
-    while len(seconds) < 3:
+    while len(seconds) < runs:
         started = time.perf_counter()
         run(feeds)
         seconds.append(time.perf_counter() - started)
@@ -282,20 +310,27 @@ def search(
     rows = walk.rows
     chosen = walk.winner
     best = walk.best
-    stopped_by = "target" if chosen is not None else ("budget" if walk.out_of_budget else "space")
+    stopped_by = "target" if chosen is not None else ("budget" if walk.out_of_budget or walk.over_budget else "space")
 
-    def score(finished: Finished, indices: np.ndarray) -> Scored:
-        runner = where.runner(finished.model)
-        return score_outputs(runner, output_names, reference, chosen_metric, evaluation, indices)
+    def score(built: _Built, indices: np.ndarray) -> Scored:
+        # The candidate's own session (built once, in memory), not a second one.
+        return score_outputs(built.runner, output_names, reference, chosen_metric, evaluation, indices)
 
     met = chosen is not None
     if chosen is None and best is not None:
-        row, finished = best
+        row, built = best
         if row.score is None:  # stopped early: score it in full to report what it reaches
-            scored = score(finished, evaluation.select)
-            row = attrs.evolve(row, score=scored.score, bound=scored.bound, samples=scored.samples)
+            scored = score(built, evaluation.select)
+            row = attrs.evolve(
+                row,
+                status="missed",  # scored in full now, and below the target (else it had met)
+                score=scored.score,
+                bound=scored.bound,
+                samples=scored.samples,
+                running=scored.running,
+            )
             rows = [row if r.name == row.name else r for r in rows]
-        chosen = (row, finished)
+        chosen = (row, built)
     holdout_score = holdout_met = None
     if chosen is not None and len(evaluation.holdout):
         holdout_score = score(chosen[1], evaluation.holdout).score
@@ -303,7 +338,7 @@ def search(
     rows = mark_pareto(rows)
     chosen_row = None if chosen is None else next(r for r in rows if r.name == chosen[0].name)
     result = SearchResult(
-        model=None if chosen is None else chosen[1].model,
+        model=None if chosen is None else chosen[1].finished.model,
         chosen=chosen_row,
         met=met,
         target=float(target),
@@ -318,6 +353,7 @@ def search(
         reference_seconds=reference_seconds,
         select_samples=len(evaluation.select),
         holdout_samples=len(evaluation.holdout),
+        reuse=shared.reuse() | walk.early_stops(),
     )
     path = None
     if output is not None and result.model is not None:
@@ -331,8 +367,19 @@ def search(
 
 
 def _value(row: CandidateResult) -> float:
-    value = row.score if row.score is not None else row.bound
+    """What the fallback ranks rows by: the full score, else the metric over the samples
+    a stopped row ran (its bound would flatter it)."""
+    value = row.score if row.score is not None else row.running
     return -np.inf if value is None else float(value)
+
+
+@attrs.frozen(eq=False)
+class _Built:
+    """A candidate as deployed and the session it was scored in (kept for the winner and
+    the best so far only: the held-out part runs in the same session)."""
+
+    finished: Finished
+    runner: Runner
 
 
 def _row(candidate: Candidate, status: str, **fields: Any) -> CandidateResult:
@@ -354,12 +401,18 @@ def _row(candidate: Candidate, status: str, **fields: Any) -> CandidateResult:
 
 
 def _stages(walk: _Walk, space: SearchSpace, calibration: CalibrationConfig) -> None:
-    """The stages of ``recipe_search.space``, each on the best recipe the earlier found."""
-    best = walk.stage(observer_stage(space, calibration), rank=True)
+    """The stages of ``recipe_search.space``, each on the best recipe the earlier found
+    (observers a flat observer axis deferred run after the corrections)."""
+    observers = observer_stage(space, calibration)
+    best = walk.stage(observers, rank=True, defer=True)
     if best is None or walk.done:
         return
     corrected = walk.stage(refine(best, space.corrections), rank=True)
-    best = corrected if corrected is not None and walk.score_of(corrected) > walk.score_of(best) else best
+    best = corrected if corrected is not None and walk.better(corrected, best) else best
+    if walk.done:
+        return
+    deferred = walk.stage([c for c in observers if c.name in walk.deferred], rank=True)
+    best = deferred if deferred is not None and walk.better(deferred, best) else best
     if walk.done:
         return
     walk.stage(refine(best, [(a,) for a in space.learned]), rank=False)
@@ -398,25 +451,57 @@ class _Walk:
         self.clock = clock
         self.started = started
         self.rows: list[CandidateResult] = []
-        self.scores: dict[str, float] = {}
-        self.winner: tuple[CandidateResult, Finished] | None = None
-        self.best: tuple[CandidateResult, Finished] | None = None
+        self.scored: dict[str, Scored] = {}
+        self.built: dict[bytes, tuple[str, Scored, float]] = {}  # model digest -> first builder
+        self.winner: tuple[CandidateResult, _Built] | None = None
+        self.best: tuple[CandidateResult, _Built] | None = None
         self.out_of_budget = False
+        self.over_budget = False  # a candidate was skipped for its expected cost
+        self.deferred: list[str] = []
         self.bar: Any = None
 
     @property
     def done(self) -> bool:
         return self.winner is not None or self.out_of_budget
 
-    def score_of(self, candidate: Candidate) -> float:
-        return self.scores.get(candidate.name, -np.inf)
+    def better(self, challenger: Candidate, incumbent: Candidate) -> bool:
+        """Whether ``challenger`` scored above ``incumbent``: a per-sample metric compares
+        the samples both ran (the common prefix of the selection part, the whole of it
+        when both ran it all), a whole-set metric the scores; ties keep the incumbent."""
+        new, old = self.scored.get(challenger.name), self.scored.get(incumbent.name)
+        if new is None:
+            return False
+        if old is None:
+            return True
+        if new.sample_scores is not None and old.sample_scores is not None:
+            return prefix_better(new.sample_scores, old.sample_scores)
+        return new.score is not None and (old.score is None or new.score > old.score)
 
-    def stage(self, found: Sequence[Candidate], *, rank: bool) -> Candidate | None:
-        """Run ``found`` in order until one meets the target; returns the best fully scored
-        candidate of the stage (``rank``: the others stop scoring once they cannot beat it)."""
+    def early_stops(self) -> dict[str, Any]:
+        """How much scoring the exact early stop saved, for the report."""
+        stopped = [row for row in self.rows if row.status == "stopped"]
+        run = [row for row in self.rows if row.samples and not row.same_as]
+        return {
+            "deferred": list(self.deferred),  # past the corrections; those run later have rows
+            "deferred_run": [name for name in self.deferred if any(row.name == name for row in self.rows)],
+            "stopped_early": [row.name for row in stopped],
+            "same_model_as": {row.name: row.same_as for row in self.rows if row.same_as},
+            "samples_scored": sum(row.samples for row in run),
+            "samples_if_scored_in_full": len(run) * len(self.evaluation.select),
+        }
+
+    def stage(self, found: Sequence[Candidate], *, rank: bool, defer: bool = False) -> Candidate | None:
+        """Run ``found`` in order until one meets the target; returns the best scored
+        candidate of the stage (``rank``: ranked on the samples candidates have in
+        common, :meth:`better`; otherwise ``None``). ``defer``: once the stage's scores
+        are flat (``space.axis_is_flat``), the rest go to :attr:`deferred` unrun."""
         best: Candidate | None = None
-        for candidate in found:
+        distinct: list[float] = []
+        for position, candidate in enumerate(found):
             if self.done:
+                break
+            if defer and axis_is_flat(distinct, self.target):
+                self.deferred = [c.name for c in found[position:]]
                 break
             if any(row.name == candidate.name for row in self.rows):
                 continue  # a later stage proposed a recipe an earlier one ran
@@ -428,24 +513,21 @@ class _Walk:
                 continue
             if self.bar is not None:
                 self.bar.set_postfix_str(candidate.name)
-            beat = (self.score_of(best) if best is not None else -np.inf) if rank else None
-            row, finished = self._run(candidate, beat)
+            row, built = self._run(candidate)
             self.rows.append(row)
             if self.bar is not None:
                 self.bar.update(1)
-            if row.score is not None:
-                self.scores[candidate.name] = row.score
-                if best is None or row.score > self.score_of(best):
-                    best = candidate
-            if (
-                finished is not None
-                and row.status in ("met", "missed", "stopped")
-                and _value(row) > _best_value(self.best)
-            ):
-                self.best = (row, finished)
+            if rank and candidate.name in self.scored and (best is None or self.better(candidate, best)):
+                best = candidate
+            if candidate.name in self.scored and not row.same_as:
+                running = self.scored[candidate.name].running
+                distinct.extend([] if running is None else [running])
+            if built is None or row.status not in ("met", "missed", "stopped"):
+                continue
+            if _value(row) > _best_value(self.best):
+                self.best = (row, built)
             if row.status == "met":
-                assert finished is not None
-                self.winner = (row, finished)
+                self.winner = (row, built)
         return best
 
     def _fits(self, candidate: Candidate) -> bool:
@@ -461,13 +543,14 @@ class _Walk:
         if passes:
             expected = candidate.cost * stats.median(passes)
             if expected > self.budget_s - elapsed:
+                self.over_budget = True
                 self.rows.append(
                     _row(candidate, "skipped", error=f"expected {expected:.0f} s; {self.budget_s - elapsed:.0f} s left")
                 )
                 return False
         return True
 
-    def _run(self, candidate: Candidate, beat: float | None) -> tuple[CandidateResult, Finished | None]:
+    def _run(self, candidate: Candidate) -> tuple[CandidateResult, _Built | None]:
         """Build, deploy and score one candidate; a recipe that fails is a row, not the end."""
         started = time.perf_counter()
         shared, where = self.shared, self.where
@@ -489,7 +572,13 @@ class _Walk:
                 "statistics": source,
             }
             if finished.legal is False and where.requires_legal:
-                return _row(candidate, "illegal", seconds=time.perf_counter() - started, **common), finished
+                return _row(candidate, "illegal", seconds=time.perf_counter() - started, **common), None
+            digest = hashlib.blake2b(finished.model.SerializeToString(), digest_size=16).digest()
+            if digest in self.built:  # the same bytes score the same: do not run them again
+                name, scored, latency = self.built[digest]
+                self.scored[candidate.name] = scored
+                row = self._scored_row(candidate, scored, latency, started, common)
+                return attrs.evolve(row, same_as=name), None
             runner = where.runner(finished.model)
             scored = score_outputs(
                 runner,
@@ -499,31 +588,40 @@ class _Walk:
                 self.evaluation,
                 self.evaluation.select,
                 target=self.target,
-                beat=beat,
             )
             first = self.evaluation.feeds(self.evaluation.chunks(self.evaluation.select)[0])
+            # A row stopped early is off the Pareto front (no score): one warm batch time
+            # is enough for its column, and it does not run batches it skipped scoring.
+            runs = 3 if scored.complete else 1
             if where.scores_in_onnxruntime:
-                latency = _latency_ms(runner, first, scored.batch_seconds)
+                latency = _latency_ms(runner, first, scored.batch_seconds, runs)
             else:
-                latency = _latency_ms(onnxruntime_runner(finished.model), first, ())
+                latency = _latency_ms(onnxruntime_runner(finished.model), first, (), runs)
         except (ValueError, ImportError, RuntimeError) as exc:
             return _row(candidate, "failed", seconds=time.perf_counter() - started, error=one_line(str(exc))), None
+        self.scored[candidate.name] = scored
+        self.built[digest] = (candidate.name, scored, latency)
+        return self._scored_row(candidate, scored, latency, started, common), _Built(finished, runner)
+
+    def _scored_row(
+        self, candidate: Candidate, scored: Scored, latency: float, started: float, common: Mapping[str, Any]
+    ) -> CandidateResult:
         if not scored.complete or scored.score is None:
             status = "stopped"
         else:
             status = "met" if scored.score >= self.target else "missed"
-        row = _row(
+        return _row(
             candidate,
             status,
             score=scored.score,
             bound=scored.bound,
             samples=scored.samples,
+            running=scored.running,
             latency_ms=latency,
             seconds=time.perf_counter() - started,
             **common,
         )
-        return row, finished
 
 
-def _best_value(best: tuple[CandidateResult, Finished] | None) -> float:
+def _best_value(best: tuple[CandidateResult, _Built] | None) -> float:
     return -np.inf if best is None else _value(best[0])

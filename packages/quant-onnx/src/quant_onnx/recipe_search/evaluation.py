@@ -169,10 +169,15 @@ class Scored:
         samples: samples run.
         complete: whether every sample was scored.
         batch_seconds: wall time of each full-size batch the runner ran.
+        sample_scores: a per-sample metric's score of each sample run, in scoring order
+            (``None`` for a metric over the whole set): how a stage ranks candidates that
+            stopped early, on the samples they have in common.
 
     Example:
         >>> Scored(None, 0.8, 64, False, ()).complete
         False
+        >>> Scored(None, 0.8, 2, False, (), np.array([1.0, 0.0])).running
+        0.5
     """
 
     score: float | None
@@ -180,6 +185,29 @@ class Scored:
     samples: int
     complete: bool
     batch_seconds: tuple[float, ...]
+    sample_scores: np.ndarray | None = attrs.field(default=None, eq=False)
+
+    @property
+    def running(self) -> float | None:
+        """The metric over the samples run so far (``score`` for a whole-set metric)."""
+        if self.sample_scores is None or not len(self.sample_scores):
+            return self.score
+        return float(np.mean(self.sample_scores))
+
+
+def prefix_better(challenger: np.ndarray, incumbent: np.ndarray) -> bool:
+    """Whether per-sample scores ``challenger`` beat ``incumbent`` on the samples both ran
+    (a common prefix: every candidate scores the selection part in the same order); a tie
+    keeps the incumbent.
+
+    Example:
+        >>> prefix_better(np.array([1.0, 1.0, 0.0]), np.array([1.0, 0.0, 0.0, 1.0]))  # 2 to 1 on three samples
+        True
+        >>> prefix_better(np.array([1.0]), np.array([1.0, 0.0]))
+        False
+    """
+    common = min(len(challenger), len(incumbent))
+    return bool(common) and float(np.sum(challenger[:common])) > float(np.sum(incumbent[:common]))
 
 
 def score_outputs(
@@ -191,19 +219,20 @@ def score_outputs(
     indices: np.ndarray,
     *,
     target: float | None = None,
-    beat: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Scored:
     """Score ``runner`` on ``indices`` (``reference``: the float outputs of every evaluation
-    sample). A per-sample metric with a ``target`` stops once the target is out of reach
-    and, when ``beat`` is given, the score can no longer exceed ``beat`` either (the
-    candidate can be neither the winner nor the best of its stage)."""
+    sample). A per-sample metric with a ``target`` stops as soon as the target is out of
+    reach: even if every remaining sample scored 1 the mean would stay below it. The bound
+    is exact, not statistical: a candidate stopped here scores below ``target`` on the full
+    ``indices`` whatever its remaining samples give."""
     total = len(indices)
     if total == 0:
         raise DataError("evaluation data: no samples to score")
     chunk_size = data.fixed_batch or data.batch_size
     seconds: list[float] = []
     parts: list[list[np.ndarray]] = []
+    per_sample: list[np.ndarray] = []
     reached = 0.0
     seen = 0
     for chunk in data.chunks(indices):
@@ -217,17 +246,17 @@ def score_outputs(
         if metric.per_sample:
             outputs = as_outputs(output_names, values)
             expected = as_outputs(output_names, [r[chunk] for r in reference])
-            reached += float(metric.sample_scores(outputs, expected, data.samples(chunk)).sum())
+            per_sample.append(metric.sample_scores(outputs, expected, data.samples(chunk)))
+            reached += float(per_sample[-1].sum())
             bound = (reached + total - seen) / total
-            hopeless = target is not None and bound < target and (beat is None or bound <= beat)
-            if hopeless and seen < total:
-                return Scored(None, bound, seen, False, tuple(seconds))
+            if target is not None and bound < target and seen < total:
+                return Scored(None, bound, seen, False, tuple(seconds), np.concatenate(per_sample))
         else:
             parts.append(values)
     if metric.per_sample:
         value = reached / total
-    else:
-        outputs = as_outputs(output_names, [np.concatenate(c) for c in zip(*parts, strict=True)])
-        expected = as_outputs(output_names, [r[indices] for r in reference])
-        value = metric.score(outputs, expected, data.samples(indices))
+        return Scored(value, value, seen, True, tuple(seconds), np.concatenate(per_sample))
+    outputs = as_outputs(output_names, [np.concatenate(c) for c in zip(*parts, strict=True)])
+    expected = as_outputs(output_names, [r[indices] for r in reference])
+    value = metric.score(outputs, expected, data.samples(indices))
     return Scored(value, value, seen, True, tuple(seconds))

@@ -48,6 +48,11 @@ class CandidateResult:
         statistics: where its qparams came from (the statistics pass it reused, or
             ``"calibrated"`` when its specs cannot be derived from histograms).
         error: the one-line error of a failed candidate.
+        running: the metric over the ``samples`` scored (a per-sample metric; for a
+            row stopped early, over the part of the selection samples it ran).
+        same_as: the earlier candidate whose deployed model this one's is, byte for
+            byte (its scores are that candidate's; it was not run again).
+        pareto: on the Pareto front (:func:`mark_pareto`).
     """
 
     name: str
@@ -66,6 +71,8 @@ class CandidateResult:
     seconds: float
     statistics: str
     error: str = ""
+    running: float | None = None
+    same_as: str = ""
     pareto: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,6 +118,12 @@ class SearchResult:
         seconds: the whole search's wall time.
         reference_seconds: running the float model over the evaluation data.
         select_samples, holdout_samples: the split.
+        reuse: what candidates shared and what scoring skipped: statistics passes, weight
+            qparams selected once and reused, the candidates stopped early, those whose
+            model an earlier candidate built (``same_model_as``), the observers deferred
+            past the corrections (``deferred``; ``deferred_run``: those that ran after
+            all), the samples scored against the samples a full scoring of each
+            candidate would run.
         output_path: where the model was written (``None``: not written).
         report: the JSON report (also written when a report path was given).
     """
@@ -130,6 +143,7 @@ class SearchResult:
     reference_seconds: float
     select_samples: int
     holdout_samples: int
+    reuse: dict[str, Any] = attrs.field(factory=dict)
     output_path: Path | None = None
     report: dict[str, Any] = attrs.field(factory=dict)
 
@@ -154,6 +168,7 @@ class SearchResult:
             "seconds": self.seconds,
             "reference_seconds": self.reference_seconds,
             "statistics_reused": [s.to_dict() for s in self.statistics],
+            "reuse": dict(self.reuse),
             "candidates": [c.to_dict() for c in self.candidates],
             "output": None if self.output_path is None else str(self.output_path),
         }
@@ -167,7 +182,8 @@ def _json(value: Any) -> Any:
 
 def mark_pareto(rows: Sequence[CandidateResult]) -> list[CandidateResult]:
     """``rows`` with ``pareto`` set on each fully scored (and legal, where that is checked)
-    row that no other such row beats on metric, latency and size at once.
+    row that no other such row beats on metric, latency and size at once (a row that
+    repeats an earlier candidate's model is that candidate's point, not a second one).
 
     Example:
         >>> a = CandidateResult("a", None, 0, 0, "missed", 0.9, 0.9, 8, 1.0, 100, 0, None, "", 1, "")
@@ -177,7 +193,7 @@ def mark_pareto(rows: Sequence[CandidateResult]) -> list[CandidateResult]:
     """
 
     def eligible(row: CandidateResult) -> bool:
-        return row.score is not None and row.legal is not False and row.latency_ms is not None
+        return row.score is not None and row.legal is not False and row.latency_ms is not None and not row.same_as
 
     def key(row: CandidateResult) -> tuple[float, float, float]:
         assert row.score is not None and row.latency_ms is not None
@@ -194,9 +210,11 @@ def mark_pareto(rows: Sequence[CandidateResult]) -> list[CandidateResult]:
 
 
 def format_table(rows: Sequence[CandidateResult]) -> str:
-    """The Pareto table as text: one line per candidate (``*`` marks the Pareto front)."""
+    """The Pareto table as text: one line per candidate (``*`` marks the Pareto front,
+    ``=#n`` a candidate whose model is row n's)."""
     header = f"{'#':>3} {'candidate':<44} {'status':<8} {'metric':>9} {'latency':>9} {'size':>9} {'16-bit':>7} {'npu':>5} {'time':>8}"
     lines = [header, "-" * len(header)]
+    numbers = {row.name: number for number, row in enumerate(rows, 1)}
     for number, row in enumerate(rows, 1):
         if row.score is not None:
             metric = f"{row.score:.4f}"
@@ -208,7 +226,7 @@ def format_table(rows: Sequence[CandidateResult]) -> str:
         size = "-" if row.size_bytes is None else f"{row.size_bytes / 1024:.0f}KiB"
         wide = "-" if row.wide_share is None else f"{100 * row.wide_share:.0f}%"
         legal = "-" if row.legal is None else ("yes" if row.legal else "no")
-        name = row.name + (" *" if row.pareto else "")
+        name = row.name + (" *" if row.pareto else "") + (f" =#{numbers[row.same_as]}" if row.same_as else "")
         lines.append(
             f"{number:>3} {name:<44} {row.status:<8} {metric:>9} {latency:>9} {size:>9} {wide:>7} {legal:>5} {row.seconds:>7.1f}s"
         )

@@ -12,7 +12,12 @@ search), each stage's candidates in order of expected cost:
    stages 1-2 with mixed precision to each output-SQNR target;
 5. **16-bit**: the all-16-bit presets, as they are.
 
-"Best" is the highest score on the selection data (ties: the earlier). Stages 1-3 hold
+"Best" is the highest score on the selection data (ties: the earlier). When the
+observers a stage has scored differ from each other by far less than the best of them
+misses the target by (:func:`axis_is_flat`), the observer axis is unlikely to close the
+gap: the stage's remaining candidates are deferred until after the corrections (stage
+2), which usually move the metric more, and run then only if no correction met the
+target. The order changes, not the set: nothing is dropped. Stages 1-3 hold
 only all-8-bit models, so a model that meets the target in 8 bits is preferred over
 one with 16-bit tensors, whatever it costs to find; an expensive algorithm is tried
 once, on the best observer and pre-pass the cheap stages found, not on every
@@ -320,6 +325,30 @@ def algorithm_label(algorithm: AlgorithmConfig) -> str:
         target = algorithm.accuracy_target
         return f"mixed_precision({target:g}dB)" if target is not None else "mixed_precision"
     return algorithm.kind
+
+
+#: :func:`axis_is_flat`: the gap to the target, in spreads of the scores so far, beyond
+#: which the rest of an axis is deferred.
+FLAT_AXIS_FACTOR = 2.0
+
+
+def axis_is_flat(scores: Sequence[float], target: float) -> bool:
+    """Whether the scores of an axis's candidates so far (at least two distinct models)
+    spread over less than 1/:data:`FLAT_AXIS_FACTOR` of what the best still misses the
+    target by: the rest of the axis is then unlikely to hold the winner (module docstring).
+
+    Example:
+        >>> axis_is_flat([0.72, 0.71], 0.885)  # 0.01 apart, 0.165 short
+        True
+        >>> axis_is_flat([0.80, 0.86], 0.885)  # 0.06 apart, 0.025 short
+        False
+        >>> axis_is_flat([0.72], 0.885)  # one point says nothing about the spread
+        False
+    """
+    if len(scores) < 2:
+        return False
+    best = max(scores)
+    return target - best > FLAT_AXIS_FACTOR * (best - min(scores))
 
 
 def observer_stage(space: SearchSpace, calibration: CalibrationConfig) -> list[Candidate]:
