@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 from torch.fx import GraphModule
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from quant_core.errors import CaptureError
 from quant_torch_fx.autocast_regions import inline_disabled_autocast
@@ -124,7 +125,7 @@ def export_dynamic_batch(model: nn.Module, args: tuple[Any, ...]) -> torch.expor
     program = export_program(model, capture_args, shapes)
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in _user_inputs(program)]
     values = [n.meta.get("val") for n in placeholders]
-    if not any(isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt) for v in values):
+    if not any(isinstance(v, torch.Tensor) and v.dim() and not is_concrete_int(v.shape[0]) for v in values):
         raise first_error  # the batch got fixed: the caller decides what a fixed batch means
     return program
 
