@@ -327,6 +327,26 @@ def _demo_job(mb: int = 64) -> Callable[[], dict[str, int]]:
     return work
 
 
+def interleaved_medians(
+    first: Callable[[], Any], second: Callable[[], Any], repeats: int, sync: Callable[[], Any] | None = None
+) -> tuple[float, float]:
+    """Median wall times of ``first`` and ``second`` run alternately ``repeats`` times (the
+    machine is shared: interleaving makes a drifting load touch both sides alike). ``sync``
+    runs before each clock reading (a GPU's ``torch.cuda.synchronize``)."""
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(repeats):
+        for fn, out in ((first, a), (second, b)):
+            if sync is not None:
+                sync()
+            t = time.perf_counter()
+            fn()
+            if sync is not None:
+                sync()
+            out.append(time.perf_counter() - t)
+    return statistics.median(a), statistics.median(b)
+
+
 def time_call(fn: Callable[[], Any]) -> tuple[Any, float]:
     """``(fn(), seconds)``."""
     start = time.perf_counter()

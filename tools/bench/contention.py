@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -53,6 +52,8 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as a file: make `tools.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench.common import interleaved_medians
 
 CONDITIONS = ("quiet", "torch_neighbour", "torch_short_ops_neighbour", "python_neighbours", "loader")
 PATHS = ("torch_minmax", "torch_histogram", "counting", "onnx_minmax", "onnx_histogram", "onnx_adaround")
@@ -259,16 +260,6 @@ def onnx_model(model_name: str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------- measuring
-def median_pair(first: Callable[[], Any], second: Callable[[], Any], repeats: int) -> tuple[float, float]:
-    a, b = [], []
-    for _ in range(repeats):
-        for fn, out in ((first, a), (second, b)):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-    return statistics.median(a), statistics.median(b)
-
-
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
@@ -299,7 +290,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             with neighbours(condition):
                 reference()
                 work()  # warm-up of both sides, under the load
-                ref_s, work_s = median_pair(reference, work, args.repeats)
+                ref_s, work_s = interleaved_medians(reference, work, args.repeats)
             row = {"condition": condition, "path": path, "model": model_name, "reference_s": ref_s, "path_s": work_s}
             rows.append(row)
             print(json.dumps(row), flush=True)

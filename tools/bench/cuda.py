@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -37,26 +36,17 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make `tools.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tools.bench.common import interleaved_medians
+from tools.bench.torch_fx import train_step
+
 DEFAULT_MODELS = ("resnet50", "efficientnet_b0", "mobilenetv3_large_100")
 
 
-def _sync(device: str) -> None:
+def _device_sync(device: str) -> Callable[[], Any] | None:
+    """What makes a clock reading mean the device has finished (None on the CPU)."""
     import torch
 
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _median_pair(first: Callable[[], Any], second: Callable[[], Any], repeats: int, device: str) -> tuple[float, float]:
-    a, b = [], []
-    for _ in range(repeats):
-        for fn, out in ((first, a), (second, b)):
-            _sync(device)
-            t = time.perf_counter()
-            fn()
-            _sync(device)
-            out.append(time.perf_counter() - t)
-    return statistics.median(a), statistics.median(b)
+    return torch.cuda.synchronize if device.startswith("cuda") else None
 
 
 def build(name: str, size: int) -> Any:
@@ -114,7 +104,7 @@ def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         infer()
         calibrate()
-        infer_s, calib_s = _median_pair(infer, calibrate, args.repeats, args.device)
+        infer_s, calib_s = interleaved_medians(infer, calibrate, args.repeats, _device_sync(args.device))
         row[f"{preset}_throughput_ratio"] = infer_s / calib_s
         row[f"{preset}_calib_s_per_batch"] = calib_s / args.timed_batches
         row["infer_s_per_batch"] = infer_s / args.timed_batches
@@ -127,21 +117,6 @@ def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
-def _train_step(model: Any, x: Any, y: Any) -> Callable[[], None]:
-    import torch
-    import torch.nn.functional as F
-
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-9)
-
-    def step() -> None:
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
 def part_qat(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -151,17 +126,17 @@ def part_qat(name: str, args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(args.batch, 3, args.size, args.size, generator=gen).to(args.device)
     y = torch.randint(0, 1000, (args.batch,), generator=gen).to(args.device)
-    float_step = _train_step(copy.deepcopy(model).to(args.device).train(), x, y)
+    float_step = train_step(copy.deepcopy(model).to(args.device).train(), x, y)
     row: dict[str, Any] = {"model": name, "part": "qat", "batch": args.batch, "device": args.device}
     for label, compiled in (("eager", False), ("compiled", True)):
         try:
             q = ModelQuantizer("xint8", compile_fake_quant=compiled, quiet=True)
             qat = q.prepare_qat(copy.deepcopy(model).to(args.device), example.to(args.device), calib_loader=[x])
-            qat_step = _train_step(qat.train(), x, y)
+            qat_step = train_step(qat.train(), x, y)
             for _ in range(3):
                 float_step()
                 qat_step()
-            float_s, qat_s = _median_pair(float_step, qat_step, args.repeats, args.device)
+            float_s, qat_s = interleaved_medians(float_step, qat_step, args.repeats, _device_sync(args.device))
             row[f"{label}_ratio"] = qat_s / float_s
             row[f"{label}_float_step_s"] = float_s
         except Exception as exc:  # a compile failure on this torch/device is a finding, not a crash

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -513,20 +512,9 @@ def part_qat_effnet(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ speed
-def _median_pair(first: Callable[[], Any], second: Callable[[], Any], repeats: int) -> tuple[float, float]:
-    """Medians of interleaved wall times (the machine is shared: interleaving cancels drift)."""
-    a, b = [], []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        first()
-        a.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        second()
-        b.append(time.perf_counter() - t)
-    return statistics.median(a), statistics.median(b)
-
-
-def _train_steps(model: Any, x: Any, y: Any) -> Callable[[], None]:
+def train_step(model: Any, x: Any, y: Any) -> Callable[[], None]:
+    """One SGD step of ``model`` on ``(x, y)`` with cross-entropy (a learning rate too small
+    to change the timing's model): the float and QAT sides of a step-time ratio."""
     import torch
     import torch.nn.functional as F
 
@@ -591,15 +579,15 @@ def speed_row(name: str, repeats: int) -> dict[str, Any]:
     batch = 128 if name in FMNIST else 16
     x = torch.from_numpy(np.ascontiguousarray(calibration_set(name, max(batch, 64))[:batch]))
     y = torch.randint(0, 10 if name in FMNIST else 1000, (batch,), generator=torch.Generator().manual_seed(0))
-    float_step = _train_steps(copy.deepcopy(model).train(), x, y)
+    float_step = train_step(copy.deepcopy(model).train(), x, y)
     row: dict[str, Any] = {"batch": batch}
     for label, compiled in (("qat", False), ("qat_compiled", True)):
         q = ModelQuantizer("xint8", compile_fake_quant=compiled, quiet=True)
-        qat_step = _train_steps(q.prepare_qat(model, example(name), calib_loader=[x]).train(), x, y)
+        qat_step = train_step(q.prepare_qat(model, example(name), calib_loader=[x]).train(), x, y)
         for _ in range(3):  # warm-up (and torch.compile's first compilations)
             float_step()
             qat_step()
-        float_s, qat_s = _median_pair(float_step, qat_step, repeats)
+        float_s, qat_s = common.interleaved_medians(float_step, qat_step, repeats)
         row.update(
             {f"{label}_float_train_step_s": float_s, f"{label}_step_s": qat_s, f"{label}_ratio": qat_s / float_s}
         )
@@ -615,7 +603,7 @@ def speed_row(name: str, repeats: int) -> dict[str, Any]:
         observe = make()
         infer()
         observe()
-        infer_s, calib_s = _median_pair(infer, observe, repeats)
+        infer_s, calib_s = common.interleaved_medians(infer, observe, repeats)
         row[f"{preset}_infer_s"] = infer_s
         row[f"{preset}_calib_s"] = calib_s
         row[f"{preset}_throughput_ratio"] = infer_s / calib_s
