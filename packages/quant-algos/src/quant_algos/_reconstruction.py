@@ -12,6 +12,7 @@ import numpy as np
 
 from quant_algos._torch import require_torch, torch_device, torch_threads
 from quant_algos.reconstruction_data import ConvGeometry, Pool, PoolBuilder, check_activation, limit_samples
+from quant_core.errors import ConfigError, ModelError
 from quant_core.qparams import QParams, dequantize, fake_quantize, quantize
 
 # Whole-pool evaluations run in chunks of this many rows to bound peak memory.
@@ -54,11 +55,11 @@ class ReconstructionResult:
 def check_qparams(weight: np.ndarray, qp: QParams) -> None:
     if qp.axis is not None:
         if not 0 <= qp.axis < weight.ndim or qp.scale.shape != (weight.shape[qp.axis],):
-            raise ValueError(
+            raise ModelError(
                 f"weight_qparams: {qp.scale.size} scales along axis {qp.axis} do not fit weight {weight.shape}"
             )
     elif qp.scale.ndim != 0:
-        raise ValueError(f"weight_qparams: per-tensor qparams with scale shape {qp.scale.shape}")
+        raise ModelError(f"weight_qparams: per-tensor qparams with scale shape {qp.scale.shape}")
 
 
 class LayerProblem:
@@ -169,7 +170,7 @@ class PoolSettings:
     ) -> PoolBuilder:
         """A :class:`PoolBuilder` holding at least one minibatch (``batch_size`` samples' worth)."""
         if self.positions_per_sample < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"positions_per_sample: {self.positions_per_sample!r} is not allowed; allowed: an integer >= 1"
             )
         return PoolBuilder(
@@ -221,7 +222,7 @@ def make_problem(
     check_activation(activation)
     groups, size, k = pool.patches.shape
     if w.shape[0] % groups:
-        raise ValueError(f"groups: {groups} does not divide Cout={w.shape[0]}")
+        raise ModelError(f"groups: {groups} does not divide Cout={w.shape[0]}")
     per = settings.positions_per_sample
     rows = max(1, min(size, batch_size * min(pool.rows_per_sample, per)))
     rows = min(rows, max(_MIN_MINIBATCH_ROWS, _MAX_MINIBATCH_BYTES // (groups * k * pool.patches.itemsize)))

@@ -8,6 +8,8 @@ import importlib.util
 from collections.abc import Iterator
 from types import ModuleType
 
+from quant_core.errors import ConfigError
+
 
 def require_torch(feature: str, extra: str = "quant-algos[torch]") -> ModuleType:
     """``torch``, or an ImportError that names the extra to install."""
@@ -42,7 +44,7 @@ def torch_threads(torch: ModuleType, num_threads: int | None) -> Iterator[None]:
         yield
         return
     if not isinstance(num_threads, int) or num_threads < 1:
-        raise ValueError(f"num_threads: {num_threads!r} is not allowed; allowed: None or an integer >= 1")
+        raise ConfigError(f"num_threads: {num_threads!r} is not allowed; allowed: None or an integer >= 1")
     old = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:

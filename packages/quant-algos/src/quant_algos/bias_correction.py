@@ -26,6 +26,7 @@ import numpy as np
 
 from quant_algos._channel_stats import channels_last, check_channels
 from quant_core.algorithm_config import BiasCorrectionConfig
+from quant_core.errors import DataError, ModelError
 
 
 class MeanErrorAccumulator:
@@ -58,7 +59,7 @@ class MeanErrorAccumulator:
         f = np.asarray(float_output)
         q = np.asarray(quantized_output)
         if f.shape != q.shape:
-            raise ValueError(f"quantized_output: shape {q.shape} differs from float_output {f.shape}")
+            raise DataError(f"quantized_output: shape {q.shape} differs from float_output {f.shape}")
         diff = channels_last(q, self.channel_axis, "quantized_output") - channels_last(
             f, self.channel_axis, "float_output"
         )
@@ -80,7 +81,7 @@ class MeanErrorAccumulator:
     def mean_error(self) -> np.ndarray:
         """Per-channel mean of ``quantized - float`` (float64)."""
         if self._sum is None or self._count == 0:
-            raise ValueError("bias correction: no outputs were accumulated")
+            raise DataError("bias correction: no outputs were accumulated")
         return self._sum / self._count
 
     def corrected_bias(self, bias: np.ndarray | None) -> np.ndarray:
@@ -90,7 +91,7 @@ class MeanErrorAccumulator:
             return (-err).astype(np.float32)
         b = np.asarray(bias)
         if b.shape != err.shape:
-            raise ValueError(f"bias: shape {b.shape} does not match {err.shape[0]} output channels")
+            raise ModelError(f"bias: shape {b.shape} does not match {err.shape[0]} output channels")
         return (b - err).astype(b.dtype)
 
 

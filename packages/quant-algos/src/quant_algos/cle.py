@@ -43,6 +43,7 @@ from quant_algos.layer import (
     scale_outputs,
 )
 from quant_core.algorithm_config import CLEConfig
+from quant_core.errors import ConfigError, DataError, ModelError
 
 
 def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -53,7 +54,7 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def _check_link(first: Layer, second: Layer, names: tuple[str, str]) -> None:
     if first.out_channels != second.in_channels:
-        raise ValueError(
+        raise ModelError(
             f"chain {names[0]}->{names[1]}: {names[0]} has {first.out_channels} output channels "
             f"but {names[1]} reads {second.in_channels}"
         )
@@ -100,7 +101,7 @@ def equalize_triple(
         [2.0, 2.0, 2.0]
     """
     if not dw.is_depthwise:
-        raise ValueError(f"middle layer: groups={dw.groups} with weight {dw.weight.shape} is not depthwise")
+        raise ModelError(f"middle layer: groups={dw.groups} with weight {dw.weight.shape} is not depthwise")
     _check_link(l1, dw, ("first", "depthwise"))
     _check_link(dw, l3, ("depthwise", "last"))
     r1 = output_ranges(l1, include_bias=bias_in_scale)
@@ -138,7 +139,7 @@ def absorb_high_bias(l1: Layer, l2: Layer, l1_expected_min: np.ndarray) -> tuple
     _check_link(l1, l2, ("first", "second"))
     c = np.maximum(np.asarray(l1_expected_min, np.float64), 0.0)
     if c.shape != (l1.out_channels,):
-        raise ValueError(f"expected_min: shape {c.shape} does not match {l1.out_channels} output channels")
+        raise DataError(f"expected_min: shape {c.shape} does not match {l1.out_channels} output channels")
     if l1.bias is None:  # nothing to move out of: the shift would have to come from the weights
         return l1, l2, np.zeros_like(c)
     return add_bias(l1, -c), add_bias(l2, response_to_constant(l2, c)), c
@@ -172,14 +173,14 @@ def _validate_chains(layers: Mapping[str, Layer], chains: Sequence[Sequence[str]
     for chain in chains:
         names = tuple(chain)
         if len(names) not in (2, 3):
-            raise ValueError(f"chain {names}: length {len(names)} is not allowed; allowed: 2 (pair), 3 (triple)")
+            raise ConfigError(f"chain {names}: length {len(names)} is not allowed; allowed: 2 (pair), 3 (triple)")
         for name in names:
             if name not in layers:
-                raise ValueError(f"chain {names}: unknown layer {name!r}")
+                raise ConfigError(f"chain {names}: unknown layer {name!r}")
         for a, b in itertools.pairwise(names):
             _check_link(layers[a], layers[b], (a, b))
         if len(names) == 3 and not layers[names[1]].is_depthwise:
-            raise ValueError(f"chain {names}: middle layer {names[1]!r} is not depthwise")
+            raise ConfigError(f"chain {names}: middle layer {names[1]!r} is not depthwise")
         out.append(names)
     return out
 

@@ -22,13 +22,15 @@ from typing import Any
 import attrs
 import numpy as np
 
+from quant_core.errors import ModelError
+
 
 def _as_weight(value: object) -> np.ndarray:
     w = np.asarray(value)
     if w.ndim < 2:
-        raise ValueError(f"weight: rank {w.ndim} is not allowed; allowed: 2 ([out, in]) or >= 3 ([Cout, Cin/g, k...])")
+        raise ModelError(f"weight: rank {w.ndim} is not allowed; allowed: 2 ([out, in]) or >= 3 ([Cout, Cin/g, k...])")
     if not np.issubdtype(w.dtype, np.floating):
-        raise ValueError(f"weight: dtype {w.dtype} is not allowed; allowed: a float dtype")
+        raise ModelError(f"weight: dtype {w.dtype} is not allowed; allowed: a float dtype")
     return w
 
 
@@ -58,13 +60,13 @@ class Layer:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.groups, int) or self.groups < 1 or self.weight.shape[0] % self.groups:
-            raise ValueError(
+            raise ModelError(
                 f"groups: {self.groups!r} is not allowed; allowed: a positive divisor of Cout={self.weight.shape[0]}"
             )
         if self.weight.ndim == 2 and self.groups != 1:
-            raise ValueError("groups: a 2-D [out, in] weight must have groups=1")
+            raise ModelError("groups: a 2-D [out, in] weight must have groups=1")
         if self.bias is not None and self.bias.shape != (self.weight.shape[0],):
-            raise ValueError(f"bias: shape {self.bias.shape} does not match Cout={self.weight.shape[0]}")
+            raise ModelError(f"bias: shape {self.bias.shape} does not match Cout={self.weight.shape[0]}")
 
     @property
     def out_channels(self) -> int:
@@ -117,7 +119,7 @@ def scale_inputs(layer: Layer, factor: np.ndarray) -> Layer:
     """Multiply every weight that reads input channel ``j`` by ``factor[j]``."""
     f = np.asarray(factor, np.float64)
     if f.shape != (layer.in_channels,):
-        raise ValueError(f"scale: {f.shape[0] if f.ndim else 0} values for a layer with {layer.in_channels} inputs")
+        raise ModelError(f"scale: {f.shape[0] if f.ndim else 0} values for a layer with {layer.in_channels} inputs")
     cin_g = layer.weight.shape[1]
     f = f.reshape(layer.groups, 1, cin_g, 1)
     weight = (_grouped(layer.weight, layer.groups) * f).reshape(layer.weight.shape).astype(layer.weight.dtype)

@@ -37,6 +37,7 @@ import attrs
 from tqdm.auto import tqdm
 
 from quant_core.algorithm_config import MixedPrecisionConfig, PrecisionTarget
+from quant_core.errors import ConfigError, ModelError
 
 Assignment = Mapping[str, PrecisionTarget]
 
@@ -123,9 +124,9 @@ def search_mixed_precision(
     """
     names = list(dict.fromkeys(layers))
     if len(names) != len(layers):
-        raise ValueError("layers: duplicate names")
+        raise ModelError("layers: duplicate names")
     if config.size_budget is not None and sizes is None:
-        raise ValueError("sizes: needed when size_budget is set (weight size per layer)")
+        raise ConfigError("sizes: needed when size_budget is set (weight size per layer)")
     size = _SizeModel(sizes, total_size)
     target = config.accuracy_target
     trajectory: list[Step] = []

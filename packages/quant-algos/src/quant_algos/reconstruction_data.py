@@ -22,11 +22,13 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from quant_core.errors import ConfigError, DataError, ModelError
+
 
 def _pair(value: Sequence[int], n: int, name: str) -> tuple[int, ...]:
     t = tuple(int(v) for v in value)
     if len(t) != n or any(v < 0 for v in t):
-        raise ValueError(f"{name}: {value!r} is not allowed; allowed: {n} non-negative integers")
+        raise ModelError(f"{name}: {value!r} is not allowed; allowed: {n} non-negative integers")
     return t
 
 
@@ -52,9 +54,9 @@ class ConvGeometry:
 
     def __attrs_post_init__(self) -> None:
         if min(self.strides) < 1 or min(self.dilations) < 1:
-            raise ValueError("strides, dilations: must be >= 1")
+            raise ModelError("strides, dilations: must be >= 1")
         if not isinstance(self.groups, int) or self.groups < 1:
-            raise ValueError(f"groups: {self.groups!r} is not allowed; allowed: an integer >= 1")
+            raise ModelError(f"groups: {self.groups!r} is not allowed; allowed: an integer >= 1")
 
     def output_size(self, input_hw: tuple[int, int], kernel_hw: tuple[int, int]) -> tuple[int, int]:
         out = []
@@ -62,7 +64,7 @@ class ConvGeometry:
             span = self.dilations[i] * (kernel_hw[i] - 1) + 1
             size = input_hw[i] + self.pads[i] + self.pads[i + 2] - span
             if size < 0:
-                raise ValueError(f"conv: kernel {kernel_hw} does not fit the padded input {input_hw}")
+                raise ModelError(f"conv: kernel {kernel_hw} does not fit the padded input {input_hw}")
             out.append(size // self.strides[i] + 1)
         return out[0], out[1]
 
@@ -89,7 +91,7 @@ ACTIVATIONS = ("relu", "relu6", None)
 
 def check_activation(activation: str | None) -> None:
     if activation not in ACTIVATIONS:
-        raise ValueError(f"activation: {activation!r} is not allowed; allowed: relu, relu6, None")
+        raise ModelError(f"activation: {activation!r} is not allowed; allowed: relu, relu6, None")
 
 
 def _choose_positions(total: int, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -163,11 +165,11 @@ class PoolBuilder:
         self.cout = self.weight_shape[0]
         if geometry is None:
             if len(self.weight_shape) != 2:
-                raise ValueError(f"weight: shape {weight_shape} needs a ConvGeometry (only [out, in] is a Gemm)")
+                raise ModelError(f"weight: shape {weight_shape} needs a ConvGeometry (only [out, in] is a Gemm)")
             self.groups, self.k = 1, self.weight_shape[1]
         else:
             if len(self.weight_shape) != 4:
-                raise ValueError(f"weight: shape {weight_shape} is not a 2-D convolution weight [Cout, Cin/g, kh, kw]")
+                raise ModelError(f"weight: shape {weight_shape} is not a 2-D convolution weight [Cout, Cin/g, kh, kw]")
             self.groups = geometry.groups
             self.k = self.weight_shape[1] * self.weight_shape[2] * self.weight_shape[3]
         self.seen = 0
@@ -181,17 +183,17 @@ class PoolBuilder:
         """Rows per sample and the layer's output shape for batch ``x`` (validated)."""
         if self.geometry is None:
             if x.ndim < 2 or x.shape[-1] != self.k:
-                raise ValueError(f"inputs: shape {x.shape} does not end in the weight's {self.k} input features")
+                raise DataError(f"inputs: shape {x.shape} does not end in the weight's {self.k} input features")
             per_sample = int(np.prod(x.shape[1:-1], dtype=np.int64))
             return per_sample, (*x.shape[:-1], self.cout)
         w = self.weight_shape
         if self.cout % self.groups or x.ndim != 4 or x.shape[1] != w[1] * self.groups:
-            raise ValueError(
+            raise DataError(
                 f"inputs: shape {x.shape} does not fit weight {w} with groups={self.groups} (expected NCHW)"
             )
         out_hw = self.geometry.output_size((x.shape[2], x.shape[3]), (w[2], w[3]))
         if self.out_hw is not None and out_hw != self.out_hw:
-            raise ValueError(f"inputs: batch of spatial size {x.shape[2:]} differs from the earlier batches'")
+            raise DataError(f"inputs: batch of spatial size {x.shape[2:]} differs from the earlier batches'")
         self.out_hw = out_hw
         return out_hw[0] * out_hw[1], (x.shape[0], self.cout, *out_hw)
 
@@ -199,7 +201,7 @@ class PoolBuilder:
         self.per_sample = per_sample
         total = self.num_samples * per_sample
         if total == 0:
-            raise ValueError("inputs: no samples")
+            raise DataError("inputs: no samples")
         row_bytes = 4 * (self.groups * self.k + (self.cout if self.with_targets else 0))
         size = min(total, max(self.min_rows, self.max_pool_bytes // row_bytes, 1))
         self.flat = _choose_positions(total, size, np.random.default_rng(self.seed))
@@ -211,18 +213,18 @@ class PoolBuilder:
         """The next samples' inputs (and float outputs when ``with_targets``)."""
         x = inputs
         if (targets is not None) != self.with_targets:
-            raise ValueError(f"targets: expected {'one per batch' if self.with_targets else 'none'}")
+            raise DataError(f"targets: expected {'one per batch' if self.with_targets else 'none'}")
         per_sample, out_shape = self._layout(x)
         if targets is not None and tuple(targets.shape) != tuple(out_shape):
-            raise ValueError(f"targets: shape {tuple(targets.shape)} differs from the layer's output shape {out_shape}")
+            raise DataError(f"targets: shape {tuple(targets.shape)} differs from the layer's output shape {out_shape}")
         if self.per_sample is None:
             self._start(per_sample)
         elif per_sample != self.per_sample:
-            raise ValueError(f"inputs: {per_sample} rows per sample, earlier batches had {self.per_sample}")
+            raise DataError(f"inputs: {per_sample} rows per sample, earlier batches had {self.per_sample}")
         assert self.flat is not None and self.patches is not None
         n = int(x.shape[0])
         if self.seen + n > self.num_samples:
-            raise ValueError(f"inputs: more than the {self.num_samples} samples the pool was sized for")
+            raise DataError(f"inputs: more than the {self.num_samples} samples the pool was sized for")
         lo, hi = self.seen * per_sample, (self.seen + n) * per_sample
         rows = np.nonzero((self.flat >= lo) & (self.flat < hi))[0]
         local = self.flat[rows] - lo
@@ -248,7 +250,7 @@ class PoolBuilder:
     def pool(self) -> Pool:
         """The pool, once every sample was added."""
         if self.seen != self.num_samples or self.patches is None or self.per_sample is None:
-            raise ValueError(f"inputs: {self.seen} samples added; the pool was sized for {self.num_samples}")
+            raise DataError(f"inputs: {self.seen} samples added; the pool was sized for {self.num_samples}")
         return Pool(self.patches, self.targets, self.per_sample)
 
 
@@ -273,7 +275,7 @@ def build_pool(
     ``np.memmap``s; :class:`PoolBuilder` takes them batch by batch.
     """
     if positions_per_sample < 1:
-        raise ValueError(f"positions_per_sample: {positions_per_sample!r} is not allowed; allowed: an integer >= 1")
+        raise ConfigError(f"positions_per_sample: {positions_per_sample!r} is not allowed; allowed: an integer >= 1")
     builder = PoolBuilder(
         weight_shape,
         geometry,

@@ -25,6 +25,7 @@ import numpy as np
 
 from quant_algos._channel_stats import channels_last, check_channels
 from quant_core.algorithm_config import SmoothQuantConfig
+from quant_core.errors import ConfigError, DataError, ModelError
 
 # Scales are clamped so that a dead channel (all-zero activation or weight) neither
 # divides by zero nor blows the other tensor up.
@@ -68,7 +69,7 @@ class ActivationAbsMax:
 
     def absmax(self) -> np.ndarray:
         if self._max is None:
-            raise ValueError("smoothquant: no activations were accumulated")
+            raise DataError("smoothquant: no activations were accumulated")
         return self._max.copy()
 
 
@@ -83,9 +84,9 @@ def smoothquant_scales(act_absmax: np.ndarray, w_absmax: np.ndarray, alpha: floa
     a = np.asarray(act_absmax, np.float64)
     w = np.asarray(w_absmax, np.float64)
     if a.shape != w.shape:
-        raise ValueError(f"act_absmax: {a.shape[0]} channels but the weight has {w.shape[0]} input channels")
+        raise DataError(f"act_absmax: {a.shape[0]} channels but the weight has {w.shape[0]} input channels")
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha: {alpha!r} is out of range; allowed: a number from 0 to 1")
+        raise ConfigError(f"alpha: {alpha!r} is out of range; allowed: a number from 0 to 1")
     dead = (a <= 0) | (w <= 0)
     s = np.maximum(a, _MIN_STAT) ** alpha / np.maximum(w, _MIN_STAT) ** (1.0 - alpha)
     return np.where(dead, 1.0, s)
@@ -124,7 +125,7 @@ def smooth_layers(
         ([0.25, 1.0], [4.0, 1.0])
     """
     if not weights:
-        raise ValueError("weights: at least one (weight, in_axis) is needed")
+        raise ModelError("weights: at least one (weight, in_axis) is needed")
     w_max = np.max([weight_absmax(w, axis) for w, axis in weights], axis=0)
     s = smoothquant_scales(act_absmax, w_max, config.alpha)
     return SmoothQuantResult(

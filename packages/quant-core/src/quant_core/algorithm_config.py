@@ -8,7 +8,7 @@ Example:
     >>> AdaRoundConfig(learning_rate=-1)
     Traceback (most recent call last):
     ...
-    ValueError: learning_rate: -1 is out of range; allowed: a number > 0
+    quant_core.errors.ConfigError: learning_rate: -1 is out of range; allowed: a number > 0
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import attrs
 
+from quant_core.errors import ConfigError
 from quant_core.spec import parse_enum
 
 
@@ -29,14 +30,14 @@ def _in_range(cond: Any, allowed: str) -> Any:
         except TypeError:
             ok = False
         if not ok:
-            raise ValueError(f"{attribute.name}: {value!r} is out of range; allowed: {allowed}")
+            raise ConfigError(f"{attribute.name}: {value!r} is out of range; allowed: {allowed}")
 
     return validator
 
 
 def _bool(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
     if not isinstance(value, bool):
-        raise ValueError(f"{attribute.name}: {value!r} is not allowed; allowed: true, false")
+        raise ConfigError(f"{attribute.name}: {value!r} is not allowed; allowed: true, false")
 
 
 DEFAULT_NUM_SAMPLES = 256
@@ -53,7 +54,7 @@ _unit = _in_range(lambda v: isinstance(v, (int, float)) and 0.0 <= v <= 1.0, "a 
 def _device(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
     ok = isinstance(value, str) and (value in ("cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()))
     if not ok:
-        raise ValueError(f"{attribute.name}: {value!r} is not allowed; allowed: cpu, cuda, cuda:N")
+        raise ConfigError(f"{attribute.name}: {value!r} is not allowed; allowed: cpu, cuda, cuda:N")
 
 
 @attrs.frozen
@@ -169,7 +170,7 @@ class AdaRoundConfig:
     @beta_end.validator
     def _falls(self, _attribute: attrs.Attribute, value: float) -> None:  # type: ignore[type-arg]
         if value > self.beta_start:
-            raise ValueError(
+            raise ConfigError(
                 f"beta_end: {value!r} is above beta_start {self.beta_start!r}; allowed: a value <= beta_start "
                 "(the exponent is annealed downwards)"
             )
@@ -260,9 +261,9 @@ class MixedPrecisionConfig:
 
     def __attrs_post_init__(self) -> None:
         if not self.target_types:
-            raise ValueError("target_types: empty; allowed: one or more of a16w8, a8w16, a16w16")
+            raise ConfigError("target_types: empty; allowed: one or more of a16w8, a8w16, a16w16")
         if self.accuracy_target is None and self.size_budget is None and self.max_layers is None:
-            raise ValueError("accuracy_target, size_budget, max_layers: set at least one stopping rule")
+            raise ConfigError("accuracy_target, size_budget, max_layers: set at least one stopping rule")
 
 
 def samples_to_use(config: object) -> int:

@@ -69,6 +69,7 @@ import numpy as np
 import numpy.typing as npt
 
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError, ModelError
 from quant_core.qparams import (
     QParams,
     bias_qparams,
@@ -225,7 +226,7 @@ def _bias_budget(headroom: npt.ArrayLike | None) -> tuple[np.ndarray, bool]:
     :data:`MIN_BIAS_BUDGET` had to replace it (the worst case is then not covered)."""
     room = np.asarray(DEFAULT_HEADROOM if headroom is None else headroom, np.float64)
     if np.any(room < 0) or not np.all(np.isfinite(room)):
-        raise ValueError(f"headroom: {room.tolist()!r} is not allowed; allowed: finite values >= 0")
+        raise ConfigError(f"headroom: {room.tolist()!r} is not allowed; allowed: finite values >= 0")
     budget = float(_INT32.max) - room
     return np.maximum(budget, float(MIN_BIAS_BUDGET)), bool(np.any(budget < MIN_BIAS_BUDGET))
 
@@ -258,7 +259,7 @@ def fit_weight_to_bias(
     if weight_qp.scale.ndim == 0:
         needed = np.asarray(needed.max(initial=0.0))
     elif needed.shape != weight_qp.scale.shape:
-        raise ValueError(f"bias: {needed.size} values but the weight has {weight_qp.scale.shape[0]} channel scales")
+        raise ModelError(f"bias: {needed.size} values but the weight has {weight_qp.scale.shape[0]} channel scales")
     current = weight_qp.scale.astype(np.float64)
     raise_mask = needed > current
     if not raise_mask.any():
@@ -386,7 +387,7 @@ def encode_bias(
         return EncodedBias(BiasRule.OWN, quantize(value, qp), qp, no_shift)
     qp = bias_qparams(input_scale, weight_qp, DType.INT32)
     if qp.scale.ndim and (value.ndim != 1 or qp.scale.shape[0] != value.shape[0]):
-        raise ValueError(f"bias: shape {list(value.shape)} but the weight has {qp.scale.shape[0]} channel scales")
+        raise ModelError(f"bias: shape {list(value.shape)} but the weight has {qp.scale.shape[0]} channel scales")
     codes = _product_codes(value, qp)
     if integer_kernel and headroom is not None:
         budget, _ = _bias_budget(headroom)

@@ -31,12 +31,13 @@ import attrs
 
 from quant_core.algorithm_config import AlgorithmConfig
 from quant_core.conversions import parse_conversions
+from quant_core.errors import ConfigError
 from quant_core.spec import QuantSpec
 
 
 def _optional_spec(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
     if value is not None and not isinstance(value, QuantSpec):
-        raise ValueError(f"{attribute.name}: {type(value).__name__} is not allowed; allowed: a QuantSpec or null")
+        raise ConfigError(f"{attribute.name}: {type(value).__name__} is not allowed; allowed: a QuantSpec or null")
 
 
 @attrs.frozen
@@ -69,24 +70,24 @@ class OperatorConfig:
 def _instance_of(cls: type, allowed: str) -> Any:
     def validator(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
         if not isinstance(value, cls):
-            raise ValueError(f"{attribute.name}: {type(value).__name__} is not allowed; allowed: {allowed}")
+            raise ConfigError(f"{attribute.name}: {type(value).__name__} is not allowed; allowed: {allowed}")
 
     return validator
 
 
 def _optional_str(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
     if value is not None and not isinstance(value, str):
-        raise ValueError(f"{attribute.name}: {value!r} is not allowed; allowed: a string or null")
+        raise ConfigError(f"{attribute.name}: {value!r} is not allowed; allowed: a string or null")
 
 
 def _overrides(field: str, value: Any) -> dict[str, OperatorConfig]:
     if not isinstance(value, Mapping):
-        raise ValueError(
+        raise ConfigError(
             f"{field}: {type(value).__name__} is not allowed; allowed: a mapping of name -> OperatorConfig"
         )
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, OperatorConfig):
-            raise ValueError(f"{field}[{key!r}]: allowed: a string key and an OperatorConfig value")
+            raise ConfigError(f"{field}[{key!r}]: allowed: a string key and an OperatorConfig value")
     # A copy, in the caller's order: name overrides are matched first to last.
     return dict(value)
 
@@ -105,7 +106,7 @@ def _str_tuple(value: Any) -> tuple[str, ...]:
     items = (value,) if isinstance(value, str) else tuple(value)
     for item in items:
         if not isinstance(item, str):
-            raise ValueError(f"exclude: {item!r} is not allowed; allowed: node-name globs or op types (strings)")
+            raise ConfigError(f"exclude: {item!r} is not allowed; allowed: node-name globs or op types (strings)")
     return items
 
 
@@ -117,11 +118,11 @@ def _algorithms(value: Any) -> tuple[AlgorithmConfig, ...]:
     for item in items:
         if not isinstance(item, allowed):
             names = ", ".join(ALGORITHM_CONFIGS)
-            raise ValueError(f"algorithms: {type(item).__name__} is not allowed; allowed: {names}")
+            raise ConfigError(f"algorithms: {type(item).__name__} is not allowed; allowed: {names}")
     kinds = [type(item).kind for item in items]
     duplicated = sorted({k for k in kinds if kinds.count(k) > 1})
     if duplicated:
-        raise ValueError(f"algorithms: {', '.join(duplicated)} listed twice; each algorithm may appear once")
+        raise ConfigError(f"algorithms: {', '.join(duplicated)} listed twice; each algorithm may appear once")
     return items
 
 
@@ -148,12 +149,12 @@ class CalibrationConfig:
     @num_samples.validator
     def _vn(self, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-            raise ValueError(f"num_samples: {value!r} is out of range; allowed: null or an integer > 0")
+            raise ConfigError(f"num_samples: {value!r} is out of range; allowed: null or an integer > 0")
 
     @batch_size.validator
     def _vb(self, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"batch_size: {value!r} is out of range; allowed: an integer > 0")
+            raise ConfigError(f"batch_size: {value!r} is out of range; allowed: an integer > 0")
 
 
 @attrs.frozen

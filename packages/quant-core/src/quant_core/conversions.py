@@ -33,6 +33,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from quant_core.errors import ConfigError
+
 HARD_SIGMOID_MULTIPLIER = 2731
 HARD_SIGMOID_SHIFT = 14
 DEVICE_HARD_SIGMOID_ALPHA = HARD_SIGMOID_MULTIPLIER / (1 << HARD_SIGMOID_SHIFT)
@@ -196,15 +198,15 @@ def parse_conversions(value: Any, field: str = "npu_conversions") -> tuple[str, 
         >>> parse_conversions(["swish"])
         Traceback (most recent call last):
         ...
-        ValueError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose, reduce_mean, global_pool, split
+        quant_core.errors.ConfigError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose, reduce_mean, global_pool, split
     """
     items = (value,) if isinstance(value, str) else tuple(value)
     for item in items:
         if item not in RULES:
-            raise ValueError(f"{field}: {item!r} is not allowed; allowed: {', '.join(RULES)}")
+            raise ConfigError(f"{field}: {item!r} is not allowed; allowed: {', '.join(RULES)}")
     duplicated = sorted({i for i in items if items.count(i) > 1})
     if duplicated:
-        raise ValueError(f"{field}: {', '.join(duplicated)} listed twice; each conversion may appear once")
+        raise ConfigError(f"{field}: {', '.join(duplicated)} listed twice; each conversion may appear once")
     return tuple(name for name in RULES if name in items)
 
 

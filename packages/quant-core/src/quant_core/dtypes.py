@@ -19,6 +19,8 @@ import enum
 
 import numpy as np
 
+from quant_core.errors import ConfigError
+
 
 class DType(enum.Enum):
     """A storage format. The value is the lower-case name used in configs and JSON."""
@@ -43,7 +45,7 @@ class DType(enum.Enum):
             return cls(value)
         except ValueError:
             allowed = ", ".join(m.value for m in cls)
-            raise ValueError(f"dtype: {value!r} is not a known dtype; allowed: {allowed}") from None
+            raise ConfigError(f"dtype: {value!r} is not a known dtype; allowed: {allowed}") from None
 
     @property
     def is_float(self) -> bool:
@@ -88,7 +90,7 @@ class DType(enum.Enum):
 
     def _require_integer(self) -> None:
         if self.is_float:
-            raise ValueError(f"dtype: {self.value} is a float format and has no integer range")
+            raise ConfigError(f"dtype: {self.value} is a float format and has no integer range")
 
 
 _BITS = {

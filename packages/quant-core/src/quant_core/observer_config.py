@@ -12,7 +12,7 @@ Example:
     >>> Percentile(percentile=120)
     Traceback (most recent call last):
     ...
-    ValueError: percentile: 120 is out of range; allowed: 0 < percentile <= 100
+    quant_core.errors.ConfigError: percentile: 120 is out of range; allowed: 0 < percentile <= 100
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from typing import Any, ClassVar
 
 import attrs
 
+from quant_core.errors import ConfigError
+
 
 def _check(cond: bool, field: str, value: Any, allowed: str) -> None:
     if not cond:
-        raise ValueError(f"{field}: {value!r} is out of range; allowed: {allowed}")
+        raise ConfigError(f"{field}: {value!r} is out of range; allowed: {allowed}")
 
 
 def _validate_bins(_inst: Any, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
@@ -187,7 +189,7 @@ class FixedRange:
         >>> FixedRange(0.5, 1.0)
         Traceback (most recent call last):
         ...
-        ValueError: min_val: 0.5 is out of range; allowed: min_val <= 0 <= max_val, min_val < max_val
+        quant_core.errors.ConfigError: min_val: 0.5 is out of range; allowed: min_val <= 0 <= max_val, min_val < max_val
     """
 
     method: ClassVar[str] = "fixed_range"
@@ -228,7 +230,7 @@ def observer_config(method: str, **params: Any) -> ObserverConfig:
     try:
         cls = OBSERVER_CONFIGS[method]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"observer.method: {method!r} is not a known method; allowed: {', '.join(OBSERVER_CONFIGS)}"
         ) from None
     result: ObserverConfig = cls(**params)

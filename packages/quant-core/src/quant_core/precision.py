@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from quant_core.algorithm_config import PrecisionTarget
 from quant_core.config import OperatorConfig, QuantConfig
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError
 from quant_core.spec import QuantSpec
 
 RAISES_ACTIVATION = {PrecisionTarget.A16W8: True, PrecisionTarget.A8W16: False, PrecisionTarget.A16W16: True}
@@ -64,7 +65,7 @@ def raised_config(
     for name, target in assignment.items():
         current = config.for_node(name, op_types[name])
         if current is None:
-            raise ValueError(f"node {name!r}: excluded by the config; it cannot be raised")
+            raise ConfigError(f"node {name!r}: excluded by the config; it cannot be raised")
         overrides[_literal_glob(name)] = OperatorConfig(
             input=widen(current.input) if RAISES_ACTIVATION[target] else current.input,
             weight=widen(current.weight) if RAISES_WEIGHT[target] else current.weight,

@@ -16,7 +16,7 @@ Example:
     >>> get_preset("int7")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: preset: 'int7' is not a known preset; allowed: xint8, ...
+    quant_core.errors.ConfigError: preset: 'int7' is not a known preset; allowed: xint8, ...
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import attrs
 from quant_core.algorithm_config import AdaRoundConfig, AlgorithmConfig, BiasCorrectionConfig, CLEConfig
 from quant_core.config import OperatorConfig, QuantConfig
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError
 from quant_core.observer_config import MinMax, ObserverConfig, Percentile, PowerOfTwoMSE
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
@@ -263,7 +264,7 @@ def get_preset(name: str) -> QuantConfig:
     try:
         preset = PRESETS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"preset: {name!r} is not a known preset; allowed: {', '.join(PRESETS)}") from None
+        raise ConfigError(f"preset: {name!r} is not a known preset; allowed: {', '.join(PRESETS)}") from None
     return preset.factory()
 
 
@@ -282,7 +283,7 @@ def resolve_config(config: QuantConfig | str | os.PathLike[str] | None, default:
         >>> resolve_config(3)
         Traceback (most recent call last):
         ...
-        ValueError: config: int is not allowed; allowed: a QuantConfig, a preset name, a .json path
+        quant_core.errors.ConfigError: config: int is not allowed; allowed: a QuantConfig, a preset name, a .json path
     """
     if config is None:
         return get_preset(default)
@@ -294,6 +295,6 @@ def resolve_config(config: QuantConfig | str | os.PathLike[str] | None, default:
         return load_config(config)
     if isinstance(config, str):
         return get_preset(config)
-    raise ValueError(
+    raise ConfigError(
         f"config: {type(config).__name__} is not allowed; allowed: a QuantConfig, a preset name, a .json path"
     )

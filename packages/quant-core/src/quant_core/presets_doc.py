@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from quant_core.algorithm_config import AlgorithmConfig
+from quant_core.errors import OutputError
 from quant_core.observer_config import ObserverConfig
 from quant_core.presets import PRESETS
 from quant_core.serialization import to_data
@@ -122,7 +123,7 @@ def render_doc(existing: str) -> str:
     start = existing.find(TABLE_BEGIN)
     end = existing.find(TABLE_END)
     if start < 0 or end < start:
-        raise ValueError(
+        raise OutputError(
             f"presets doc: markers not found; allowed: a file containing {TABLE_BEGIN!r} then {TABLE_END!r}"
         )
     head = existing[: start + len(TABLE_BEGIN)]

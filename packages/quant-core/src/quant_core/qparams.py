@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError, DataError
 from quant_core.spec import QuantSpec, RoundMode, ScaleType
 
 FloatArray = npt.NDArray[np.floating[Any]]
@@ -205,18 +206,18 @@ def qparams_from_range(min_val: ArrayLike, max_val: ArrayLike, spec: QuantSpec) 
         (0.031373, 64)
     """
     if not spec.is_quantized:
-        raise ValueError(f"dtype: {spec.dtype.value} is a float format; it has no quantization parameters")
+        raise ConfigError(f"dtype: {spec.dtype.value} is a float format; it has no quantization parameters")
     lo = np.minimum(np.asarray(min_val, np.float64), 0.0)
     hi = np.maximum(np.asarray(max_val, np.float64), 0.0)
     if lo.shape != hi.shape:
-        raise ValueError(f"min_val and max_val shapes differ: {lo.shape} vs {hi.shape}")
+        raise DataError(f"min_val and max_val shapes differ: {lo.shape} vs {hi.shape}")
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
-        raise ValueError("range: min_val and max_val must be finite")
+        raise DataError("range: min_val and max_val must be finite")
     axis = spec.channel_axis
     if axis is None and lo.ndim != 0:
-        raise ValueError(f"per-tensor spec got a range of shape {lo.shape}; expected scalars")
+        raise DataError(f"per-tensor spec got a range of shape {lo.shape}; expected scalars")
     if axis is not None and lo.ndim != 1:
-        raise ValueError(f"per-channel spec got a range of shape {lo.shape}; expected one value per channel")
+        raise DataError(f"per-channel spec got a range of shape {lo.shape}; expected one value per channel")
     qmin, qmax = spec.qrange
     pow2 = spec.scale_type is ScaleType.POWER_OF_TWO
     if spec.symmetric:

@@ -4,7 +4,7 @@
 ``QuantConfig``...) into dicts, lists and scalars: enums become their values,
 tuples lists, mappings objects, and observer/algorithm configs carry their
 ``method``/``kind`` tag. :func:`from_data` reverses it driven by the field
-annotations, and rejects anything it does not understand with a ``ValueError``
+annotations, and rejects anything it does not understand with a ``ConfigError``
 whose message starts with the JSON path of the offending field. Fields left out
 take their defaults, so hand-written files can be short.
 
@@ -21,7 +21,7 @@ Example:
     >>> from_data(QuantSpec, {"dtype": "int8", "observer": {"method": "percentile", "bins": 3}})
     Traceback (most recent call last):
     ...
-    ValueError: $.observer.bins: 3 is out of range; allowed: an even integer from 16 to 65536
+    quant_core.errors.ConfigError: $.observer.bins: 3 is out of range; allowed: an even integer from 16 to 65536
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Any, TypeVar, overload
 import attrs
 
 from quant_core.atomic_io import atomic_write
+from quant_core.errors import ConfigError
 
 if typing.TYPE_CHECKING:
     from quant_core.config import QuantConfig
@@ -83,7 +84,7 @@ def to_data(obj: Any) -> Any:
         return obj
     if isinstance(obj, float):
         if not math.isfinite(obj):
-            raise ValueError(f"{obj!r} cannot be written as JSON; allowed: finite numbers")
+            raise ConfigError(f"{obj!r} cannot be written as JSON; allowed: finite numbers")
         return obj
     if isinstance(obj, enum.Enum):
         return obj.value
@@ -139,7 +140,7 @@ def from_data(cls: Any, data: Any, path: str = "$") -> Any:
     """Build a ``cls`` (an attrs class, enum, scalar type, or a union/tuple/mapping
     of them) from JSON-ready ``data``, strictly.
 
-    Errors are ``ValueError`` messages starting with the path of the offending field
+    Errors are ``ConfigError`` messages starting with the path of the offending field
     below ``path``: unknown keys, wrong types, missing required fields, values the
     class's own validation refuses.
 
@@ -148,11 +149,11 @@ def from_data(cls: Any, data: Any, path: str = "$") -> Any:
         >>> from_data(QuantSpec, {"dtype": "int8", "scale": 1})
         Traceback (most recent call last):
         ...
-        ValueError: $: unknown key 'scale'; allowed: dtype, symmetric, per_channel_axis, scale_type, rounding, observer, narrow_range, dynamic
+        quant_core.errors.ConfigError: $: unknown key 'scale'; allowed: dtype, symmetric, per_channel_axis, scale_type, rounding, observer, narrow_range, dynamic
         >>> from_data(QuantSpec, {"dtype": "int8", "symmetric": "yes"})
         Traceback (most recent call last):
         ...
-        ValueError: $.symmetric: expected a boolean (true/false), got str 'yes'
+        quant_core.errors.ConfigError: $.symmetric: expected a boolean (true/false), got str 'yes'
     """
     return _from_data(cls, data, path)
 
@@ -186,7 +187,7 @@ def _from_data(cls: Any, data: Any, path: str, nullable: bool = False) -> Any:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             _wrong_type(path, "a number", data, nullable)
         if not math.isfinite(data):
-            raise ValueError(f"{path}: {data!r} is not allowed; allowed: finite numbers")
+            raise ConfigError(f"{path}: {data!r} is not allowed; allowed: finite numbers")
         return float(data)
     if cls is str:
         if not isinstance(data, str):
@@ -197,7 +198,7 @@ def _from_data(cls: Any, data: Any, path: str, nullable: bool = False) -> Any:
 
 def _wrong_type(path: str, expected: str, data: Any, nullable: bool = False) -> typing.NoReturn:
     shown = "null" if data is None else f"{type(data).__name__} {data!r}"
-    raise ValueError(f"{path}: expected {expected}{' or null' if nullable else ''}, got {shown}")
+    raise ConfigError(f"{path}: expected {expected}{' or null' if nullable else ''}, got {shown}")
 
 
 def _from_enum(cls: type[enum.Enum], data: Any, path: str) -> enum.Enum:
@@ -205,7 +206,7 @@ def _from_enum(cls: type[enum.Enum], data: Any, path: str) -> enum.Enum:
     try:
         return cls(data)
     except (ValueError, TypeError):
-        raise ValueError(f"{path}: {data!r} is not allowed; allowed: {allowed}") from None
+        raise ConfigError(f"{path}: {data!r} is not allowed; allowed: {allowed}") from None
 
 
 def _from_union(args: tuple[Any, ...], data: Any, path: str) -> Any:
@@ -250,10 +251,10 @@ def _from_tagged(members: tuple[type, ...], data: Any, path: str, nullable: bool
     if not isinstance(data, collections.abc.Mapping):
         _wrong_type(path, f"an object with a {tag!r} key", data, nullable)
     if tag not in data:
-        raise ValueError(f"{path}: missing key {tag!r}; allowed {tag}s: {allowed}")
+        raise ConfigError(f"{path}: missing key {tag!r}; allowed {tag}s: {allowed}")
     value = data[tag]
     if not isinstance(value, str) or value not in by_tag:
-        raise ValueError(f"{path}.{tag}: {value!r} is not allowed; allowed: {allowed}")
+        raise ConfigError(f"{path}.{tag}: {value!r} is not allowed; allowed: {allowed}")
     return _from_attrs(by_tag[value], data, path)
 
 
@@ -265,7 +266,7 @@ def _from_generic(origin: Any, args: tuple[Any, ...], data: Any, path: str, null
             _wrong_type(path, "a list", data, nullable)
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             if len(data) != len(args):
-                raise ValueError(f"{path}: expected a list of {len(args)} items, got {len(data)}")
+                raise ConfigError(f"{path}: expected a list of {len(args)} items, got {len(data)}")
             items = [from_data(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True))]
         else:
             item_type = args[0] if args else Any
@@ -298,9 +299,9 @@ def _from_attrs(cls: type, data: Any, path: str, nullable: bool = False) -> Any:
     allowed_keys = ([tag] if tag else []) + list(types_)
     for key in data:
         if key not in allowed_keys:
-            raise ValueError(f"{path}: unknown key {key!r}; allowed: {', '.join(allowed_keys)}")
+            raise ConfigError(f"{path}: unknown key {key!r}; allowed: {', '.join(allowed_keys)}")
     if tag is not None and tag in data and data[tag] != getattr(cls, tag):
-        raise ValueError(f"{path}.{tag}: {data[tag]!r} is not allowed here; allowed: {getattr(cls, tag)!r}")
+        raise ConfigError(f"{path}.{tag}: {data[tag]!r} is not allowed here; allowed: {getattr(cls, tag)!r}")
     kwargs: dict[str, Any] = {}
     for field in attrs.fields(cls):
         if not field.init:
@@ -308,11 +309,11 @@ def _from_attrs(cls: type, data: Any, path: str, nullable: bool = False) -> Any:
         if field.name in data:
             kwargs[field.alias] = from_data(types_[field.name], data[field.name], f"{path}.{field.name}")
         elif field.default is attrs.NOTHING:
-            raise ValueError(f"{path}: missing required key {field.name!r}")
+            raise ConfigError(f"{path}: missing required key {field.name!r}")
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
-        raise ValueError(_prefixed(path, str(exc))) from exc
+        raise ConfigError(_prefixed(path, str(exc))) from exc
 
 
 def _prefixed(path: str, message: str) -> str:
@@ -341,7 +342,7 @@ def config_to_json(config: QuantConfig, indent: int | None = 2) -> str:
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in a config; allowed: finite numbers")
+    raise ConfigError(f"{name} is not allowed in a config; allowed: finite numbers")
 
 
 def config_from_json(text: str) -> QuantConfig:
@@ -352,7 +353,7 @@ def config_from_json(text: str) -> QuantConfig:
         >>> config_from_json('{"global_config": {}}')
         Traceback (most recent call last):
         ...
-        ValueError: $: missing key 'schema_version'; add "schema_version": 2 (supported: 1, 2)
+        quant_core.errors.ConfigError: $: missing key 'schema_version'; add "schema_version": 2 (supported: 1, 2)
         >>> old = '{"schema_version": 1, "global_config": {"weight": {"dtype": "int8", "per_channel_axis": 0}}}'
         >>> config_from_json(old).global_config.weight.per_channel_axis
         'output'
@@ -362,17 +363,17 @@ def config_from_json(text: str) -> QuantConfig:
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"$: invalid JSON: {exc}") from None
+        raise ConfigError(f"$: invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         _wrong_type("$", "an object", data)
     supported = ", ".join(map(str, SUPPORTED_SCHEMA_VERSIONS))
     if "schema_version" not in data:
-        raise ValueError(
+        raise ConfigError(
             f"$: missing key 'schema_version'; add \"schema_version\": {SCHEMA_VERSION} (supported: {supported})"
         )
     version = data.pop("schema_version")
     if isinstance(version, bool) or version not in SUPPORTED_SCHEMA_VERSIONS:
-        raise ValueError(f"$.schema_version: {version!r} is not supported; allowed: {supported}")
+        raise ConfigError(f"$.schema_version: {version!r} is not supported; allowed: {supported}")
     if version == 1:
         _weight_axes_to_output_channels(data)
     return from_data(QuantConfig, data, "$")
@@ -420,10 +421,10 @@ def load_config(path: str | os.PathLike[str]) -> QuantConfig:
         ...     load_config(p)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: .../q.json: $.global_config.input.dtype: 'int9' is not allowed; allowed: int4, ...
+        quant_core.errors.ConfigError: .../q.json: $.global_config.input.dtype: 'int9' is not allowed; allowed: int4, ...
     """
     text = Path(path).read_text(encoding="utf-8")
     try:
         return config_from_json(text)
     except ValueError as exc:
-        raise ValueError(f"{os.fspath(path)}: {exc}") from exc
+        raise ConfigError(f"{os.fspath(path)}: {exc}") from exc

@@ -1,7 +1,7 @@
 """``QuantSpec``: how one tensor is quantized.
 
 A spec is frozen and checked at construction: an invalid combination raises a
-``ValueError`` that names the field and the allowed values.
+``ConfigError`` (a ``ValueError``) that names the field and the allowed values.
 
 Example:
     >>> from quant_core.spec import QuantSpec, ScaleType
@@ -15,11 +15,11 @@ Example:
     >>> QuantSpec(dtype="int8", rounding="nearest")
     Traceback (most recent call last):
     ...
-    ValueError: rounding: 'nearest' is not allowed; allowed: half_even, half_up, half_away, floor, ceil, toward_zero
+    quant_core.errors.ConfigError: rounding: 'nearest' is not allowed; allowed: half_even, half_up, half_away, floor, ceil, toward_zero
     >>> QuantSpec(dtype="int8", per_channel_axis=OUTPUT_CHANNELS).channel_axis
     Traceback (most recent call last):
     ...
-    ValueError: per_channel_axis: 'output' names no axis yet; the planner resolves it to the op's output-channel axis
+    quant_core.errors.ConfigError: per_channel_axis: 'output' names no axis yet; the planner resolves it to the op's output-channel axis
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import attrs
 
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError
 from quant_core.observer_config import (
     HISTOGRAM_METHODS,
     OBSERVER_CONFIGS,
@@ -81,7 +82,7 @@ def parse_enum(enum_cls: type[E], value: Any, field: str) -> E:
         return enum_cls(value)
     except ValueError:
         allowed = ", ".join(str(m.value) for m in enum_cls)
-        raise ValueError(f"{field}: {value!r} is not allowed; allowed: {allowed}") from None
+        raise ConfigError(f"{field}: {value!r} is not allowed; allowed: {allowed}") from None
 
 
 def _dtype_converter(value: Any) -> DType:
@@ -112,7 +113,7 @@ def _validate_observer(_inst: Any, _attribute: Any, value: Any) -> None:
         hint = f"; observer_config({value!r}) builds one from the method name"
     elif isinstance(value, Mapping):
         hint = "; quant_core.serialization.from_data builds one from its JSON object"
-    raise ValueError(
+    raise ConfigError(
         f"observer: {value!r} is not allowed; allowed: an observer config from quant_core.observer_config "
         f"({classes}){hint}"
     )
@@ -154,39 +155,39 @@ class QuantSpec:
         for name in ("symmetric", "narrow_range", "dynamic"):
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise ValueError(f"{name}: {value!r} is not allowed; allowed: true, false")
+                raise ConfigError(f"{name}: {value!r} is not allowed; allowed: true, false")
         axis = self.per_channel_axis
         explicit = isinstance(axis, int) and not isinstance(axis, bool) and axis >= 0
         if axis is not None and axis != OUTPUT_CHANNELS and not explicit:
-            raise ValueError(
+            raise ConfigError(
                 f"per_channel_axis: {axis!r} is not allowed; allowed: null, {OUTPUT_CHANNELS!r} or an integer >= 0"
             )
         if self.dtype.is_float:
             if self.dynamic or axis is not None or self.scale_type is not ScaleType.FLOAT:
-                raise ValueError(
+                raise ConfigError(
                     f"dtype: {self.dtype.value} keeps the tensor in float; per_channel_axis, "
                     "scale_type and dynamic must keep their defaults (null, float, false)"
                 )
             return
         if self.narrow_range and not self.symmetric:
-            raise ValueError("narrow_range: true needs symmetric: true; allowed with symmetric: false: false")
+            raise ConfigError("narrow_range: true needs symmetric: true; allowed with symmetric: false: false")
         method = self.observer.method
         if axis is not None and method == "fixed_range":
-            raise ValueError("observer.method: 'fixed_range' is one range per tensor; allowed per_channel_axis: null")
+            raise ConfigError("observer.method: 'fixed_range' is one range per tensor; allowed per_channel_axis: null")
         if axis is not None and method in HISTOGRAM_METHODS:
-            raise ValueError(
+            raise ConfigError(
                 f"observer.method: {method!r} keeps a per-tensor histogram; allowed with "
                 "per_channel_axis set: minmax, moving_average"
             )
         if isinstance(self.observer, PowerOfTwoMSE) and self.scale_type is not ScaleType.POWER_OF_TWO:
-            raise ValueError(
+            raise ConfigError(
                 "observer.method: 'minmse_pow2' searches power-of-two positions; it needs scale_type: power_of_two"
             )
         if self.dynamic:
             if axis is not None:
-                raise ValueError("dynamic: true computes one range per batch; allowed per_channel_axis: null")
+                raise ConfigError("dynamic: true computes one range per batch; allowed per_channel_axis: null")
             if not isinstance(self.observer, MinMax):
-                raise ValueError(f"observer.method: {method!r} is not allowed with dynamic: true; allowed: minmax")
+                raise ConfigError(f"observer.method: {method!r} is not allowed with dynamic: true; allowed: minmax")
 
     @property
     def granularity(self) -> Granularity:
@@ -194,11 +195,11 @@ class QuantSpec:
 
     @property
     def channel_axis(self) -> int | None:
-        """The per-channel axis as an integer (``None`` per tensor); ``ValueError`` while it
+        """The per-channel axis as an integer (``None`` per tensor); ``ConfigError`` while it
         is still :data:`OUTPUT_CHANNELS`, which only the planner can resolve."""
         axis = self.per_channel_axis
         if isinstance(axis, str):
-            raise ValueError(
+            raise ConfigError(
                 f"per_channel_axis: {axis!r} names no axis yet; the planner resolves it to the op's output-channel axis"
             )
         return axis

@@ -18,6 +18,7 @@ from fractions import Fraction
 import numpy as np
 
 from quant_core import conversions
+from quant_core.errors import ModelError
 from quant_core.qparams import round_values
 from quant_core.spec import RoundMode
 from quant_npu.profile import NPUProfile
@@ -39,7 +40,7 @@ def average_pool_factor(kh: int, kw: int, profile: NPUProfile) -> tuple[int, int
         (85, 9)
     """
     if kh < 1 or kw < 1:
-        raise ValueError(f"pool kernel: {kh}x{kw} is not allowed; allowed: sizes >= 1")
+        raise ModelError(f"pool kernel: {kh}x{kw} is not allowed; allowed: sizes >= 1")
     table = profile.average_pool_factors.get(f"{kh}x{kw}")
     if table is not None:
         return table

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from quant_algos.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
+from quant_core.errors import DataError, OutputError
 
 EXIT_VIOLATIONS = 1
 _LOG = logging.getLogger(__name__)
@@ -104,13 +105,13 @@ def _legalize(args: argparse.Namespace) -> int:
 def _load_data(path: str) -> np.ndarray | dict[str, np.ndarray]:
     source = Path(path)
     if not source.is_file():
-        raise ValueError(f"--data: file '{source}' not found")
+        raise DataError(f"--data: file '{source}' not found")
     if source.suffix == ".npy":
         return np.load(source, allow_pickle=False)
     if source.suffix == ".npz":
         with np.load(source, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
-    raise ValueError(f"--data: '{source}' is not allowed; allowed: a .npy or .npz file")
+    raise DataError(f"--data: '{source}' is not allowed; allowed: a .npy or .npz file")
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -122,12 +123,12 @@ def _simulate(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if out.suffix not in (".npy", ".npz"):
-        raise ValueError(f"--out: '{out}' is not allowed; allowed: a .npy or .npz file")
+        raise OutputError(f"--out: '{out}' is not allowed; allowed: a .npy or .npz file")
     check_output_path(out, what="--out")
     data = _load_data(args.data)
     simulator = NPUSimulator(args.model, args.target, args.rounding, cpu=args.cpu)
     if out.suffix == ".npy" and len(simulator.program.outputs) != 1:
-        raise ValueError(f"--out: the model has {len(simulator.program.outputs)} outputs; allowed: a .npz file")
+        raise OutputError(f"--out: the model has {len(simulator.program.outputs)} outputs; allowed: a .npz file")
     outputs = simulator.run(data, batch_size=args.batch_size, quiet=args.quiet, integer=args.integer)
     for note in simulator.notes:
         _LOG.warning(note)  # shown as "quant-npu: note: ..." unless --quiet

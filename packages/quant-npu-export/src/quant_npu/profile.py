@@ -15,7 +15,7 @@ Example:
     >>> NPUProfile.from_dict({"shift_cut": [0, 16]})
     Traceback (most recent call last):
     ...
-    ValueError: profile field 'shift_cut' is not known; allowed: base, name, description, ...
+    quant_core.errors.ConfigError: profile field 'shift_cut' is not known; allowed: base, name, description, ...
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from quant_core.conversions import (
     NPU_CONVERSIONS,
     parse_conversions,
 )
+from quant_core.errors import ConfigError
 from quant_core.spec import RoundMode, parse_enum
 
 
@@ -58,7 +59,7 @@ def _range(value: Any) -> Range:
 
 def _names(value: Iterable[str]) -> frozenset[str]:
     if isinstance(value, str):
-        raise ValueError(f"expected a list of op types, got the string {value!r}")
+        raise ConfigError(f"expected a list of op types, got the string {value!r}")
     return frozenset(str(v) for v in value)
 
 
@@ -71,7 +72,7 @@ def _factors(value: Mapping[str, Iterable[int]]) -> Mapping[str, tuple[int, int]
     for key, pair in dict(value).items():
         kh, _, kw = str(key).partition("x")
         if not (kh.isdigit() and kw.isdigit()):
-            raise ValueError(f"average_pool_factors: key {key!r} is not allowed; allowed: 'KHxKW' such as '3x3'")
+            raise ConfigError(f"average_pool_factors: key {key!r} is not allowed; allowed: 'KHxKW' such as '3x3'")
         n, m = (int(v) for v in pair)
         factors[f"{int(kh)}x{int(kw)}"] = (n, m)
     return factors
@@ -186,7 +187,7 @@ class NPUProfile:
         >>> NPUProfile(weight_qmin=-100)
         Traceback (most recent call last):
         ...
-        ValueError: weight_qmin: -100 is not allowed; allowed: -127 (Quark), -128 (Vitis AI)
+        quant_core.errors.ConfigError: weight_qmin: -100 is not allowed; allowed: -127 (Quark), -128 (Vitis AI)
     """
 
     name: str = "xint8"
@@ -244,24 +245,24 @@ class NPUProfile:
     @weight_qmin.validator
     def _check_weight_qmin(self, _attribute: object, value: int) -> None:
         if value not in (-127, -128):
-            raise ValueError(f"weight_qmin: {value!r} is not allowed; allowed: -127 (Quark), -128 (Vitis AI)")
+            raise ConfigError(f"weight_qmin: {value!r} is not allowed; allowed: -127 (Quark), -128 (Vitis AI)")
 
     def __attrs_post_init__(self) -> None:
         for field in attrs.fields(type(self)):
             value = getattr(self, field.name)
             expected = {"int": int, "bool": bool, "str": str}.get(str(field.type))
             if expected is not None and (type(value) is not expected):
-                raise ValueError(f"{field.name}: {value!r} is not allowed; allowed: a {field.type}")
+                raise ConfigError(f"{field.name}: {value!r} is not allowed; allowed: a {field.type}")
             if field.converter is _range and value[0] > value[1]:
-                raise ValueError(f"{field.name}: {list(value)} is not allowed; allowed: [lo, hi] with lo <= hi")
+                raise ConfigError(f"{field.name}: {list(value)} is not allowed; allowed: [lo, hi] with lo <= hi")
         if self.activation_bits not in (8, 16):
-            raise ValueError(f"activation_bits: {self.activation_bits!r} is not allowed; allowed: 8, 16")
+            raise ConfigError(f"activation_bits: {self.activation_bits!r} is not allowed; allowed: 8, 16")
         unknown = sorted(self.resize_modes - {"nearest", "linear"})
         if unknown:
-            raise ValueError(f"resize_modes: {unknown[0]!r} is not allowed; allowed: nearest, linear")
+            raise ConfigError(f"resize_modes: {unknown[0]!r} is not allowed; allowed: nearest, linear")
         for name in ("global_pool_max_elements", "pool_kernel_max", "hard_sigmoid_multiplier", "resize_weight_bits"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}: {getattr(self, name)!r} is not allowed; allowed: an integer >= 1")
+                raise ConfigError(f"{name}: {getattr(self, name)!r} is not allowed; allowed: an integer >= 1")
 
     # ------------------------------------------------------------------ queries
     @property
@@ -287,7 +288,7 @@ class NPUProfile:
         try:
             return RoundMode(mode)
         except ValueError:
-            raise ValueError(f"rounding: {mode!r} is not allowed; allowed: {allowed}") from None
+            raise ConfigError(f"rounding: {mode!r} is not allowed; allowed: {allowed}") from None
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -322,7 +323,7 @@ class NPUProfile:
         allowed = ["base", *(f.name for f in attrs.fields(cls))]
         for key in data:
             if key not in allowed:
-                raise ValueError(f"profile field {key!r} is not known; allowed: {', '.join(allowed)}")
+                raise ConfigError(f"profile field {key!r} is not known; allowed: {', '.join(allowed)}")
         fields = get_profile(base).to_dict()
         fields.update(data)
         try:
@@ -330,7 +331,7 @@ class NPUProfile:
         except (TypeError, ValueError) as exc:
             if isinstance(exc, ValueError) and ":" in str(exc):
                 raise
-            raise ValueError(f"profile: {exc}") from None
+            raise ConfigError(f"profile: {exc}") from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -386,7 +387,7 @@ def get_profile(name: str) -> NPUProfile:
     """
     factory = PROFILES.get(name)
     if factory is None:
-        raise ValueError(f"target: {name!r} is not a known profile; allowed: {', '.join(PROFILES)} or a .json file")
+        raise ConfigError(f"target: {name!r} is not a known profile; allowed: {', '.join(PROFILES)} or a .json file")
     return factory()
 
 
@@ -408,11 +409,11 @@ def load_profile(target: str | os.PathLike[str] | NPUProfile | None = None) -> N
     if path.suffix.lower() != ".json":
         return get_profile(text)  # raises with the list of names
     if not path.is_file():
-        raise ValueError(f"target: file '{path}' not found")
+        raise ConfigError(f"target: file '{path}' not found")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"target: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise ConfigError(f"target: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"target: '{path}' must hold a JSON object of profile fields")
+        raise ConfigError(f"target: '{path}' must hold a JSON object of profile fields")
     return NPUProfile.from_dict(data)

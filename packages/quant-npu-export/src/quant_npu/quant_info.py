@@ -31,6 +31,7 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_core.errors import ModelError
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.rewrite import ModelEditor, quantize_real
@@ -47,11 +48,11 @@ def parse_key(key: str) -> str:
 def _position(tensor: QuantTensor) -> int:
     pos = tensor.fix_pos
     if pos is None:
-        raise ValueError(
+        raise ModelError(
             f"tensor {tensor.key!r}: {tensor.describe()} is not a power of two; run quant-npu legalize first"
         )
     if np.unique(pos).size != 1:
-        raise ValueError(f"tensor {tensor.key!r}: one position per channel; quant_info.json holds one per tensor")
+        raise ModelError(f"tensor {tensor.key!r}: one position per channel; quant_info.json holds one per tensor")
     return int(pos.reshape(-1)[0])
 
 
@@ -140,13 +141,13 @@ def _entries(info: Mapping[str, Any]) -> dict[str, tuple[int, int | None]]:
     for section in SECTIONS:
         block = info.get(section, {})
         if not isinstance(block, Mapping):
-            raise ValueError(f"quant_info: section {section!r} must be an object of tensor entries")
+            raise ModelError(f"quant_info: section {section!r} must be an object of tensor entries")
         for key, value in block.items():
             try:
                 bits, pos = value[0]
                 entries[parse_key(key)] = (int(bits), None if pos is None else int(pos))
             except (TypeError, ValueError, IndexError):
-                raise ValueError(
+                raise ModelError(
                     f"quant_info: entry {key!r} is {value!r}; allowed: [[bit_width, fix_position]]"
                 ) from None
     return entries
@@ -158,13 +159,13 @@ def load_quant_info(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[
         return dict(source)
     path = Path(source)
     if not path.is_file():
-        raise ValueError(f"quant_info: file '{path}' not found")
+        raise ModelError(f"quant_info: file '{path}' not found")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ValueError(f"quant_info: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise ModelError(f"quant_info: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"quant_info: '{path}' must hold a JSON object")
+        raise ModelError(f"quant_info: '{path}' must hold a JSON object")
     return data
 
 
@@ -174,7 +175,7 @@ def _storage(bits: int, tensor: QuantTensor) -> tuple[int, int]:
     if not tensor.signed and bits in unsigned:
         return unsigned[bits], 2 ** (bits - 1)
     if bits not in signed:
-        raise ValueError(f"quant_info: tensor {tensor.key!r}: bit width {bits}; allowed: 8, 16, 32")
+        raise ModelError(f"quant_info: tensor {tensor.key!r}: bit width {bits}; allowed: 8, 16, 32")
     return signed[bits], 0
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 
+from quant_core.errors import ConfigError
+
 RULES: dict[str, str] = {
     "unsupported_op": "the op type is not in the profile's ops: it cannot run on the NPU",
     "unsupported_attribute": "the op is supported but not with these attributes",
@@ -57,7 +59,7 @@ class Violation:
     @rule.validator
     def _check_rule(self, _attribute: object, value: str) -> None:
         if value not in RULES:
-            raise ValueError(f"rule: {value!r} is not allowed; allowed: {', '.join(RULES)}")
+            raise ConfigError(f"rule: {value!r} is not allowed; allowed: {', '.join(RULES)}")
 
     @property
     def line(self) -> str:

@@ -29,7 +29,7 @@ import attrs
 import numpy as np
 import onnx
 
-from quant_core.errors import DataError, MissingDependencyError
+from quant_core.errors import ConfigError, DataError, MissingDependencyError
 
 _LOG = logging.getLogger(__name__)
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"})
@@ -103,11 +103,11 @@ class ImageOptions:
 
     def __attrs_post_init__(self) -> None:
         if self.layout not in ("nchw", "nhwc"):
-            raise ValueError(f"ImageOptions.layout must be 'nchw' or 'nhwc', got {self.layout!r}")
+            raise ConfigError(f"ImageOptions.layout must be 'nchw' or 'nhwc', got {self.layout!r}")
         if self.resize is not None and (len(self.resize) != 2 or min(self.resize) <= 0):
-            raise ValueError(f"ImageOptions.resize must be (height, width) with positive sizes, got {self.resize!r}")
+            raise ConfigError(f"ImageOptions.resize must be (height, width) with positive sizes, got {self.resize!r}")
         if not self.mean or not self.std or any(s == 0 for s in self.std):
-            raise ValueError(
+            raise ConfigError(
                 f"ImageOptions.mean/std must be non-empty and std non-zero, got {self.mean!r}/{self.std!r}"
             )
 
@@ -141,9 +141,9 @@ class CalibrationReader:
         if not self.inputs:
             raise DataError("calibration data: the model has no inputs to feed")
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
-            raise ValueError(f"num_samples must be a positive int or None, got {num_samples!r}")
+            raise ConfigError(f"num_samples must be a positive int or None, got {num_samples!r}")
         fixed = {s.fixed_batch for s in self.inputs if s.fixed_batch is not None}
         if len(fixed) > 1:
             raise DataError(f"calibration data: model inputs fix different batch sizes {sorted(fixed)}")

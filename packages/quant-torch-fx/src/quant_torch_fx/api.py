@@ -47,6 +47,7 @@ from torch import nn
 
 from quant_algos.drivers.schedule import schedule
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
 from quant_core.plan import check_selectors
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
@@ -102,12 +103,12 @@ class ModelQuantizer:
         self.config = resolve_config(config)
         check_algorithms(self.config)
         if self.config.algorithms and regions is not None:
-            raise ValueError("regions: the config's algorithms run on a model captured whole; allowed with them: None")
+            raise ConfigError("regions: the config's algorithms run on a model captured whole; allowed with them: None")
         if qat_method not in QAT_METHODS:
-            raise ValueError(f"qat_method: {qat_method!r} is not allowed; allowed: {', '.join(QAT_METHODS)}")
+            raise ConfigError(f"qat_method: {qat_method!r} is not allowed; allowed: {', '.join(QAT_METHODS)}")
         for name in regions or ():
             if not isinstance(name, str) or not name:
-                raise ValueError(f"regions: {name!r} is not allowed; allowed: submodule paths such as 'backbone'")
+                raise ConfigError(f"regions: {name!r} is not allowed; allowed: submodule paths such as 'backbone'")
         self.exclude_modules = tuple(exclude_modules)
         self.exclude_module_types = tuple(exclude_module_types)
         self.regions = None if regions is None else tuple(regions)
@@ -140,14 +141,14 @@ class ModelQuantizer:
         names = sorted(self.regions)
         for a, b in itertools.pairwise(names):
             if b.startswith(a + "."):
-                raise ValueError(f"regions: {b!r} lies inside {a!r}; allowed: regions that do not nest")
+                raise ConfigError(f"regions: {b!r} lies inside {a!r}; allowed: regions that do not nest")
         for name in self.regions:
             try:
                 sub = root.get_submodule(name)
             except AttributeError:
-                raise ValueError(f"regions: {name!r} is not a submodule of {type(model).__name__}") from None
+                raise ConfigError(f"regions: {name!r} is not a submodule of {type(model).__name__}") from None
             if name not in recorded:
-                raise ValueError(f"regions: {name!r} is not called when the model runs on the example inputs")
+                raise ConfigError(f"regions: {name!r} is not called when the model runs on the example inputs")
             gm = capture(sub, recorded[name], dynamic_batch=self.dynamic_batch)
             root.set_submodule(name, self._instrument(gm, mode, None, fold_batch_norms, check_selectors=False))
         plans = [graph_info(gm).plan for gm in quantized_graphs(root)]
@@ -175,7 +176,7 @@ class ModelQuantizer:
         for pattern in self.exclude_modules:
             if not any(fnmatch.fnmatchcase(path, pattern) for path in paths):
                 shown = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
-                raise ValueError(
+                raise ConfigError(
                     f"exclude_modules: {pattern!r} matches no module of {type(model).__name__}; "
                     f"allowed: globs over its module paths ({shown})"
                 )
@@ -262,13 +263,13 @@ class ModelQuantizer:
         allowed = SUPPORTED if fold_batch_norm else ()
         refused = [kind for kind in kinds if kind not in allowed]
         if refused:
-            raise ValueError(
+            raise ConfigError(
                 f"config.algorithms: {', '.join(refused)} run with quantize_model (PTQ); allowed with QAT: "
                 f"{', '.join(SUPPORTED)}, with fold_batch_norm=True"
             )
         post = [a.kind for a in schedule(self.config, SUPPORTED, backend="torch").after_calibration]
         if post and calib_loader is None:
-            raise ValueError(f"calib_loader: config.algorithms {', '.join(post)} run on calibration data; pass one")
+            raise ConfigError(f"calib_loader: config.algorithms {', '.join(post)} run on calibration data; pass one")
         float_pass = None
         held = None
         if self.config.algorithms:
@@ -282,7 +283,7 @@ class ModelQuantizer:
         if calib_loader is not None:
             self.calibrate(prepared, calib_loader, example_inputs, num_batches=num_batches)
         elif self.qat_method == "ste":
-            raise ValueError("prepare_qat: qat_method 'ste' keeps calibrated qparams; pass calib_loader")
+            raise ConfigError("prepare_qat: qat_method 'ste' keeps calibrated qparams; pass calib_loader")
         if post:
             assert isinstance(prepared, torch.fx.GraphModule) and held is not None
             run_post_passes(prepared.eval(), self.config, held, quiet=self.quiet)

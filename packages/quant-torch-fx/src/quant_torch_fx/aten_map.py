@@ -456,7 +456,7 @@ def plan_node_for(
     ``outputs`` names its outputs (default: the node itself)."""
     mapped = map_node(node)
     if mapped is None:
-        raise ValueError(f"node {node.name!r}: {op_name(node)!r} is an alias, not an op")
+        raise AssertionError(f"node {node.name!r}: {op_name(node)!r} is an alias, not an op")
     return to_plan_node(mapped, name, tensor_name, (node.name,) if outputs is None else outputs)
 
 

@@ -37,7 +37,7 @@ from torch.export import Dim
 from torch.fx import GraphModule
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from quant_core.errors import CaptureError
+from quant_core.errors import CaptureError, DataError
 from quant_torch_fx.autocast_regions import inline_disabled_autocast
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -63,7 +63,7 @@ def as_args(example_inputs: Any) -> tuple[Any, ...]:
         return (example_inputs,)
     if isinstance(example_inputs, list | tuple):
         return tuple(example_inputs)
-    raise ValueError(
+    raise DataError(
         f"example_inputs: {type(example_inputs).__name__} is not allowed; allowed: a tensor or a tuple of tensors"
     )
 

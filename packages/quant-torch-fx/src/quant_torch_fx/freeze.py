@@ -33,6 +33,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from quant_core.bias import encode_layer_bias
+from quant_core.errors import ModelError
 from quant_core.plan import plan_weight_qparams
 from quant_core.qdq import activation_is_absorbed
 from quant_torch_fx.capture import copy_captured
@@ -53,7 +54,7 @@ def freeze(model: nn.Module) -> nn.Module:
     """A frozen copy of ``model`` (see the module docstring); ``model`` is not changed."""
     graphs = quantized_graphs(model)
     if not graphs:
-        raise ValueError(
+        raise ModelError(
             f"model: {type(model).__name__} holds no quantized graph; use ModelQuantizer.quantize_model or prepare_qat"
         )
     for gm in graphs:
@@ -79,7 +80,7 @@ def freeze(model: nn.Module) -> nn.Module:
 def _check_ready(gm: GraphModule) -> None:
     for key, fq in activation_quantizers(gm):
         if fq.qparams is None and not (fq.learning is not None and fq.initialized):
-            raise ValueError(
+            raise ModelError(
                 f"freeze: activation {key!r} has no qparams yet; calibrate the model (or train it a step) first"
             )
 
@@ -131,7 +132,7 @@ def _check_learned_scale(fq: FakeQuantizer) -> None:
         return
     lowest = float(fq.learned.detach().min())
     if lowest <= 0.0:
-        raise ValueError(
+        raise ModelError(
             f"freeze: the learned LSQ scale of {fq.name!r} fell to {lowest:.3g}; training moved it past zero. "
             "Give each scale a learning rate relative to its size: train with train_qat, or build the "
             "optimizer with quant_torch_fx.training.default_optimizer(model, lr, qparam_lr=None)"

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from quant_core.errors import DataError
 from quant_torch_fx.quantizer import FakeQuantizer
 
 
@@ -40,7 +41,7 @@ class GraphBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
-            raise ValueError(f"batch norm: expected an input of rank >= 2, got {input.dim()}")
+            raise DataError(f"batch norm: expected an input of rank >= 2, got {input.dim()}")
 
 
 def batch_norm_factors(bn: nn.modules.batchnorm._BatchNorm) -> tuple[np.ndarray, np.ndarray]:

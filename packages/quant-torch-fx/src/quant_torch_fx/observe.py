@@ -32,6 +32,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from quant_core.errors import DataError
 from quant_core.observers import HistogramObserver, Observer
 from quant_core.observers.grid import HistogramGrid
 
@@ -59,7 +60,7 @@ def channel_min_max(x: torch.Tensor, axis: int | None) -> tuple[torch.Tensor, to
     if axis is None:
         return torch.aminmax(x)
     if not 0 <= axis < x.dim():
-        raise ValueError(
+        raise DataError(
             f"per_channel_axis: {axis} is out of range for a tensor of shape {list(x.shape)}; "
             f"allowed: 0 <= per_channel_axis < {x.dim()}"
         )
@@ -189,14 +190,14 @@ def _finite_pair(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:
 def observe(observer: Observer, x: torch.Tensor, sync: BatchSync | None = None) -> None:
     """Fold one batch of ``x`` into ``observer`` (any kind), reducing it on its device.
 
-    Empty tensors are ignored; NaN or infinite values raise ``ValueError`` (from the
+    Empty tensors are ignored; NaN or infinite values raise ``DataError`` (from the
     observer's range check). With ``sync``, the statistics are those of every process's
     batch together.
     """
     data = x.detach()
     if data.numel() == 0:
         if sync is not None:
-            raise ValueError("observe: an empty batch on one process would leave the others waiting; skip it on all")
+            raise DataError("observe: an empty batch on one process would leave the others waiting; skip it on all")
         return
     if not data.is_floating_point():
         data = data.to(torch.float64)

@@ -41,6 +41,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError, ModelError
 from quant_core.plan import PlanGraph, PlanNode, QuantPlan, activation_kind, plan_quantization, weight_is_transposed
 from quant_core.qparams import QParams
 from quant_torch_fx.aten_map import op_name
@@ -132,12 +133,12 @@ def graph_info(gm: nn.Module) -> QuantGraphInfo:
         >>> graph_info(torch.nn.Linear(1, 1))
         Traceback (most recent call last):
         ...
-        ValueError: model: Linear is not a prepared quantized graph; use ModelQuantizer.quantize_model or prepare_qat
+        quant_core.errors.ModelError: model: Linear is not a prepared quantized graph; use ModelQuantizer.quantize_model or prepare_qat
     """
     meta = getattr(gm, "meta", None)
     info = meta.get(META_KEY) if isinstance(meta, dict) else None
     if not isinstance(info, QuantGraphInfo):
-        raise ValueError(
+        raise ModelError(
             f"model: {type(gm).__name__} is not a prepared quantized graph; "
             "use ModelQuantizer.quantize_model or prepare_qat"
         )
@@ -253,7 +254,7 @@ def prepare_graph(
     ``check_selectors=False`` leaves the check that every config selector selects a node
     to the caller (one region of a model need not hold them all)."""
     if mode not in ("ptq", "qat"):
-        raise ValueError(f"mode: {mode!r} is not allowed; allowed: ptq, qat")
+        raise ConfigError(f"mode: {mode!r} is not allowed; allowed: ptq, qat")
     normalize(gm, fold_batch_norms=mode == "ptq" if fold_batch_norms is None else fold_batch_norms)
     converted = convert_for_npu(gm, config.npu_conversions)
     reports = {} if float_pass is None else float_pass(gm)
@@ -272,7 +273,7 @@ def prepare_graph(
         # One fake quantizer per tensor group here; a layer reading its input at another
         # format than the group's needs a quantizer on that edge, which is not built yet.
         first = plan.requants[0]
-        raise ValueError(
+        raise ConfigError(
             f"config: node {first.node!r} reads {first.tensor!r} as {first.spec.dtype.value}, another format "
             f"than the tensor's other readers ({len(plan.requants)} such input(s)); the torch backend quantizes "
             "each tensor once: give the readers one activation dtype (op_type_overrides / node_overrides), "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from quant_core.errors import ConfigError
 from quant_core.observers import make_observer
 from quant_core.spec import QuantSpec, ScaleType
 from quant_torch_fx.distributed import TorchDistSync
@@ -53,7 +54,7 @@ def enable_qat(model: nn.Module, method: str, *, compiled: bool = False) -> None
     import torch
 
     if method not in QAT_METHODS:
-        raise ValueError(f"qat_method: {method!r} is not allowed; allowed: {', '.join(QAT_METHODS)}")
+        raise ConfigError(f"qat_method: {method!r} is not allowed; allowed: {', '.join(QAT_METHODS)}")
     for gm in quantized_graphs(model):
         info = graph_info(gm)
         for _key, fq in activation_quantizers(gm):

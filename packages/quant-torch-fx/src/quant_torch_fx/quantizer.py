@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.observers import Observer, make_observer
 from quant_core.qparams import QParams, qparams_from_data, qparams_to_data, scale_from_fix_pos
 from quant_core.spec import QuantSpec, ScaleType
@@ -70,7 +71,7 @@ class FakeQuantizer(nn.Module):
     def __init__(self, spec: QuantSpec, *, name: str) -> None:
         super().__init__()
         if not spec.is_quantized:
-            raise ValueError(f"{name}: dtype {spec.dtype.value} keeps the tensor in float; it needs no quantizer")
+            raise ConfigError(f"{name}: dtype {spec.dtype.value} keeps the tensor in float; it needs no quantizer")
         self.spec = spec
         self.name = name
         self.observer: Observer = make_observer(spec)
@@ -113,7 +114,7 @@ class FakeQuantizer(nn.Module):
     def compute_qparams(self) -> QParams:
         """Qparams from what the observer saw (``quant_core``'s math); they are then used."""
         if self.observer.empty:
-            raise ValueError(f"calibration: tensor {self.name!r} was never observed (empty in every batch)")
+            raise DataError(f"calibration: tensor {self.name!r} was never observed (empty in every batch)")
         qp = self.observer.qparams()
         self.set_qparams(qp)
         return qp
@@ -121,7 +122,7 @@ class FakeQuantizer(nn.Module):
     def current_qparams(self) -> QParams:
         """The qparams in use: the learned ones for LSQ/TQT, else the set ones."""
         if self.qparams is None:
-            raise ValueError(f"{self.name}: no qparams yet; calibrate the model first")
+            raise ModelError(f"{self.name}: no qparams yet; calibrate the model first")
         if self.learning is None or self.learned is None:
             return self.qparams
         learned = self.learned.detach().to(torch.float64).cpu().numpy()
@@ -138,16 +139,16 @@ class FakeQuantizer(nn.Module):
         channel for per-channel weights. The parameter exists from now on (so an optimizer or
         DDP created after this sees it) and is initialised from the qparams when they are set."""
         if method not in LEARNING_METHODS:
-            raise ValueError(f"qat method: {method!r} is not allowed; allowed: {', '.join(LEARNING_METHODS)}")
+            raise ConfigError(f"qat method: {method!r} is not allowed; allowed: {', '.join(LEARNING_METHODS)}")
         pow2 = self.spec.scale_type is ScaleType.POWER_OF_TWO
         if method == "tqt" and not (pow2 and self.spec.symmetric):
-            raise ValueError(
+            raise ConfigError(
                 f"{self.name}: qat method 'tqt' learns power-of-two thresholds of symmetric specs; "
                 "this spec has scale_type "
                 f"{self.spec.scale_type.value}, symmetric {self.spec.symmetric}; allowed here: lsq"
             )
         if method == "lsq" and pow2:
-            raise ValueError(f"{self.name}: qat method 'lsq' learns float scales; power-of-two specs allow: tqt")
+            raise ConfigError(f"{self.name}: qat method 'lsq' learns float scales; power-of-two specs allow: tqt")
         self.learning = method
         self.learned = nn.Parameter(torch.zeros(shape, device=self.scale.device))
         if self.qparams is not None:
@@ -191,7 +192,7 @@ class FakeQuantizer(nn.Module):
         try:
             observe(self.observer, x, sync)
         except ValueError as exc:
-            raise ValueError(f"calibration: tensor {self.name!r}: {exc}") from None
+            raise DataError(f"calibration: tensor {self.name!r}: {exc}") from None
 
     def _broadcast(self, value: torch.Tensor, ndim: int) -> torch.Tensor:
         axis = self.axis

@@ -31,7 +31,7 @@ from torch import nn
 from torch.fx import Node
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
-from quant_core.errors import DataError
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_torch_fx.calibrate import model_device
 from quant_torch_fx.data import labels_of, loader_length
 from quant_torch_fx.graph_passes import get_attr_value
@@ -53,7 +53,7 @@ def distillation_loss(student: Any, teacher: Any, temperature: float = 1.0) -> t
     """
     s_leaves, t_leaves = _leaves(student), _leaves(teacher)
     if len(s_leaves) != len(t_leaves):
-        raise ValueError(f"distillation: the student returns {len(s_leaves)} tensors, the teacher {len(t_leaves)}")
+        raise ModelError(f"distillation: the student returns {len(s_leaves)} tensors, the teacher {len(t_leaves)}")
     total = torch.zeros((), device=s_leaves[0].device)
     for s, t in zip(s_leaves, t_leaves, strict=True):
         t = t.detach()
@@ -116,7 +116,7 @@ def default_optimizer(
     rate is too slow for one and too noisy for the other. Learnable qparams must be
     initialised first (see :func:`train_qat`)."""
     if weight_lr_per_step is not None and not weight_lr_per_step > 0:
-        raise ValueError(f"weight_lr_per_step: {weight_lr_per_step!r} is out of range; allowed: a number > 0")
+        raise ConfigError(f"weight_lr_per_step: {weight_lr_per_step!r} is out of range; allowed: a number > 0")
     rate = qparam_lr if qparam_lr is not None else 10 * lr
     learners = learnable_quantizers(model)
     ids = {id(fq.learned) for fq in learners}
@@ -181,7 +181,7 @@ def train_qat(
     ``scheduler`` (if given) steps once per batch; ``lr``, ``qparam_lr`` and
     ``weight_lr_per_step`` make the default optimizer (:func:`default_optimizer`)."""
     if epochs < 1:
-        raise ValueError(f"epochs: {epochs!r} is out of range; allowed: an integer >= 1")
+        raise ConfigError(f"epochs: {epochs!r} is out of range; allowed: an integer >= 1")
     criterion = loss_fn or F.cross_entropy
     device = model_device(model)
     if optimizer is None:

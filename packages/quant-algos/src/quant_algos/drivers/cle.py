@@ -41,6 +41,7 @@ from quant_algos.cle import equalize_chains, expected_min
 from quant_algos.drivers.cle_chains import ChainSearch, LayerRef, Writable, find_chains
 from quant_algos.layer import Layer
 from quant_core.algorithm_config import CLEConfig
+from quant_core.errors import DataError
 from quant_core.plan import GraphView
 
 #: A Clip(0, 6) may become Relu when at most this fraction of its calibration inputs exceeds 6:
@@ -139,7 +140,7 @@ class ChannelMoments:
 
     def mean(self) -> np.ndarray:
         if self._sum is None or not self._count:
-            raise ValueError("ChannelMoments: no values were accumulated")
+            raise DataError("ChannelMoments: no values were accumulated")
         return self._sum / self._count
 
     def std(self) -> np.ndarray:

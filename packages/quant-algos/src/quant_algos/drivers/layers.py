@@ -9,7 +9,8 @@ convolution geometry, the output channel axis and whether a bias may be written.
 
 Example:
     >>> import numpy as np
-    >>> from quant_core.qparams import QParams
+    >>> from quant_core.errors import ModelError
+from quant_core.qparams import QParams
     >>> qp = QParams.per_tensor(0.1, 0, "int8")
     >>> conv = describe_layer("c", "Conv", {"strides": [2, 2], "pads": [1, 1, 1, 1]}, np.ones((4, 3, 3, 3), np.float32),
     ...                       qp, None, None, input_quantized=True)
@@ -28,11 +29,13 @@ import numpy as np
 
 from quant_algos.drivers.runner import QuantLayer
 from quant_algos.reconstruction_data import ConvGeometry
+from quant_core.errors import ModelError
 from quant_core.qparams import QParams
 
 
-class GeometryUnknown(ValueError):
-    """A convolution's padding needs an input size that is not known (``auto_pad`` SAME)."""
+class GeometryUnknown(ModelError):
+    """A convolution's padding needs an input size that is not known (``auto_pad`` SAME);
+    a backend that cannot infer the size leaves the layer alone with a note."""
 
 
 def _ints(value: object, default: list[int]) -> list[int]:

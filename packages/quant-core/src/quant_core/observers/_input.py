@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from quant_core.errors import DataError
+
 # Observers keep ranges as float64; values a float32 model cannot hold are not
 # calibration data (and would overflow the histogram's grid arithmetic).
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -29,11 +31,11 @@ def as_float_array(x: object) -> np.ndarray:
         return a.astype(np.float32)
     if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
         return a.astype(np.float64)
-    raise ValueError(f"x: dtype {a.dtype} is not allowed; allowed: float or integer arrays")
+    raise DataError(f"x: dtype {a.dtype} is not allowed; allowed: float or integer arrays")
 
 
 def check_finite_range(lo: np.ndarray, hi: np.ndarray, what: str = "x") -> None:
-    """Raise a ValueError when a batch's ``min``/``max`` reveal NaN, infinities or
+    """Raise a DataError when a batch's ``min``/``max`` reveal NaN, infinities or
     values beyond float32."""
     if np.ndim(lo) == 0 and np.ndim(hi) == 0:
         # Scalar fast path (one call per tensor per batch): plain floats, no numpy scalars.
@@ -41,11 +43,11 @@ def check_finite_range(lo: np.ndarray, hi: np.ndarray, what: str = "x") -> None:
         if math.isfinite(lo_f) and math.isfinite(hi_f) and max(abs(lo_f), abs(hi_f)) <= FLOAT32_MAX:
             return
     if np.isnan(lo).any() or np.isnan(hi).any():
-        raise ValueError(f"{what}: contains NaN; calibration data must be finite")
+        raise DataError(f"{what}: contains NaN; calibration data must be finite")
     if np.isinf(lo).any() or np.isinf(hi).any():
-        raise ValueError(f"{what}: contains infinite values; calibration data must be finite")
+        raise DataError(f"{what}: contains infinite values; calibration data must be finite")
     if (np.abs(lo) > FLOAT32_MAX).any() or (np.abs(hi) > FLOAT32_MAX).any():
-        raise ValueError(f"{what}: values exceed the float32 range; calibration data must fit float32")
+        raise DataError(f"{what}: values exceed the float32 range; calibration data must fit float32")
 
 
 def min_max(x: np.ndarray, axis: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +62,7 @@ def min_max(x: np.ndarray, axis: int | None = None) -> tuple[np.ndarray, np.ndar
         lo, hi = np.asarray(lo_f), np.asarray(hi_f)
     else:
         if not 0 <= axis < x.ndim:
-            raise ValueError(
+            raise DataError(
                 f"per_channel_axis: {axis} is out of range for a batch of shape {x.shape}; "
                 f"allowed: 0 <= per_channel_axis < {x.ndim}"
             )

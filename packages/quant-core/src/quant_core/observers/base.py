@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from quant_core.errors import ConfigError, DataError
 from quant_core.qparams import QParams, qparams_from_range
 from quant_core.spec import QuantSpec
 
@@ -94,10 +95,10 @@ class Observer(abc.ABC):
             (2.5399999618530273, True)
         """
         if self.empty:
-            raise ValueError(f"{type(self).__name__}: no data observed; call update() first")
+            raise DataError(f"{type(self).__name__}: no data observed; call update() first")
         target = self.spec if spec is None else spec
         if target.observer != self.spec.observer or target.per_channel_axis != self.spec.per_channel_axis:
-            raise ValueError(
+            raise ConfigError(
                 "spec: another format of an observed tensor must keep its observer and per_channel_axis "
                 f"({self.spec.observer!r}, {self.spec.per_channel_axis!r})"
             )
@@ -125,7 +126,7 @@ class Observer(abc.ABC):
 
         kind = state.get("kind")
         if kind not in Observer._registry:
-            raise ValueError(
+            raise ConfigError(
                 f"kind: {kind!r} is not a known observer; allowed: {', '.join(sorted(Observer._registry))}"
             )
         cls = Observer._registry[kind]
@@ -137,4 +138,4 @@ class Observer(abc.ABC):
         if type(other) is not type(self):
             raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
         if other.spec != self.spec:
-            raise ValueError("cannot merge observers built for different specs")
+            raise ConfigError("cannot merge observers built for different specs")

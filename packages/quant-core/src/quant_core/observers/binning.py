@@ -69,7 +69,7 @@ def bin_counts(x: np.ndarray, grid: HistogramGrid) -> np.ndarray:
         ix[...] = ix32
         chunk_counts = np.bincount(ix, minlength=grid.bins)
         if chunk_counts.size != grid.bins:
-            raise ValueError("histogram: values fall outside the grid")
+            raise AssertionError("histogram: values fall outside the grid")
         counts += chunk_counts
     return counts
 

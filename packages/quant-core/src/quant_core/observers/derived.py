@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError
 from quant_core.observer_config import HISTOGRAM_METHODS, MinMax, Percentile
 from quant_core.observers.base import Observer
 from quant_core.observers.factory import make_observer
@@ -91,7 +92,7 @@ def derive_observer(spec: QuantSpec, statistics: Sequence[HistogramObserver]) ->
     saw: the same state, hence the same qparams, bit for bit. Empty statistics give an
     empty observer (the caller's "never observed" check then applies).
 
-    Raises ValueError when ``spec`` is not :func:`derivable` or a statistic's bin count
+    Raises ConfigError when ``spec`` is not :func:`derivable` or a statistic's bin count
     differs from the one ``spec`` needs.
 
     Example:
@@ -102,7 +103,7 @@ def derive_observer(spec: QuantSpec, statistics: Sequence[HistogramObserver]) ->
         [-1.0, 3.0]
     """
     if not derivable(spec):
-        raise ValueError(
+        raise ConfigError(
             f"spec: {spec.observer.method} (per_channel_axis={spec.per_channel_axis!r}) cannot be derived from "
             "histograms; allowed: per-tensor minmax, percentile, entropy, mse, minmse_pow2"
         )
@@ -116,7 +117,7 @@ def derive_observer(spec: QuantSpec, statistics: Sequence[HistogramObserver]) ->
     assert isinstance(observer, HistogramObserver)
     for stat in seen:
         if stat.bins != observer.bins:
-            raise ValueError(f"statistics: {stat.bins}-bin histograms cannot serve a {observer.bins}-bin spec")
+            raise ConfigError(f"statistics: {stat.bins}-bin histograms cannot serve a {observer.bins}-bin spec")
         histogram = stat.histogram()
         observer.update_histogram(histogram.counts, histogram.grid, histogram.min_val, histogram.max_val)
     return observer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from quant_core.errors import ConfigError
 from quant_core.observer_config import HISTOGRAM_METHODS, FixedRange, MovingAverageMinMax
 from quant_core.observers.base import Observer
 from quant_core.observers.histogram import HistogramObserver
@@ -22,10 +23,10 @@ def make_observer(spec: QuantSpec) -> Observer:
         >>> make_observer(QuantSpec(dtype="fp16"))
         Traceback (most recent call last):
         ...
-        ValueError: dtype: fp16 keeps the tensor in float; it needs no observer
+        quant_core.errors.ConfigError: dtype: fp16 keeps the tensor in float; it needs no observer
     """
     if not spec.is_quantized:
-        raise ValueError(f"dtype: {spec.dtype.value} keeps the tensor in float; it needs no observer")
+        raise ConfigError(f"dtype: {spec.dtype.value} keeps the tensor in float; it needs no observer")
     if spec.dynamic:
         return MinMaxObserver(spec)
     if isinstance(spec.observer, MovingAverageMinMax):

@@ -19,6 +19,8 @@ import math
 import attrs
 import numpy as np
 
+from quant_core.errors import DataError
+
 # Bins narrower than the smallest float32 subnormal separate nothing.
 MIN_EXPONENT = -149
 # |offset| <= 2**24 keeps every offset exact in float32, which lets the fast binning
@@ -94,7 +96,7 @@ class HistogramGrid:
         whose grid holds both ends with ``|offset| <= 2**24``; ``offset = floor(lo / w)``.
         Monotone: a wider range never gets a smaller exponent."""
         if not lo <= hi:
-            raise ValueError(f"range: lo={lo!r} must be <= hi={hi!r}")
+            raise DataError(f"range: lo={lo!r} must be <= hi={hi!r}")
         span = hi - lo
         magnitude = max(abs(lo), abs(hi))
         # Start just below the answer; the loop below only ever steps a few times.
@@ -116,14 +118,14 @@ class HistogramGrid:
         when the caller has checked it; see :func:`rebin`."""
         shift = exponent - self.exponent
         if shift < 0:
-            raise ValueError(f"exponent: {exponent} is finer than the grid's {self.exponent}; grids only coarsen")
+            raise DataError(f"exponent: {exponent} is finer than the grid's {self.exponent}; grids only coarsen")
         return HistogramGrid(exponent=exponent, offset=self.offset >> shift, bins=self.bins)
 
 
 def rebin(counts: np.ndarray, source: HistogramGrid, target: HistogramGrid) -> np.ndarray:
     """Counts on ``source`` moved exactly onto the coarser ``target`` (int64).
 
-    Raises ValueError when a non-empty source bin falls outside ``target``.
+    Raises DataError when a non-empty source bin falls outside ``target``.
 
     Example:
         >>> src = HistogramGrid(exponent=0, offset=-2, bins=4)
@@ -132,11 +134,11 @@ def rebin(counts: np.ndarray, source: HistogramGrid, target: HistogramGrid) -> n
     """
     shift = target.exponent - source.exponent
     if shift < 0:
-        raise ValueError(f"exponent: target {target.exponent} is finer than source {source.exponent}")
+        raise DataError(f"exponent: target {target.exponent} is finer than source {source.exponent}")
     counts = np.asarray(counts, np.int64)
     if source == target:  # the common case in calibration: nothing to move
         if counts.shape != (target.bins,):
-            raise ValueError(f"counts: shape {counts.shape} does not match the grid's {target.bins} bins")
+            raise DataError(f"counts: shape {counts.shape} does not match the grid's {target.bins} bins")
         return counts.copy()
     out = np.zeros(target.bins, np.int64)
     nonzero = np.flatnonzero(counts)
@@ -146,7 +148,7 @@ def rebin(counts: np.ndarray, source: HistogramGrid, target: HistogramGrid) -> n
     # |g| < 2**25, so shifting by more than 62 gives the same 0 or -1 and stays defined.
     index = ((nonzero + source.offset) >> min(shift, 62)) - target.offset
     if index[0] < 0 or index[-1] >= target.bins:
-        raise ValueError("histogram: counts fall outside the target grid")
+        raise DataError("histogram: counts fall outside the target grid")
     # ``index`` is sorted, so runs of equal targets can be summed in int64 exactly.
     starts = np.flatnonzero(np.diff(index, prepend=-1))
     out[index[starts]] = np.add.reduceat(counts[nonzero], starts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from quant_core.errors import ConfigError, DataError
 from quant_core.observer_config import HISTOGRAM_METHODS
 from quant_core.observers._input import as_float_array, check_finite_range, min_max
 from quant_core.observers.base import Observer, StateDict
@@ -45,12 +46,12 @@ class HistogramObserver(Observer):
     def __init__(self, spec: QuantSpec) -> None:
         super().__init__(spec)
         if spec.observer.method not in HISTOGRAM_METHODS:
-            raise ValueError(
+            raise ConfigError(
                 f"observer.method: {spec.observer.method!r} is not allowed for HistogramObserver; "
                 f"allowed: {', '.join(sorted(HISTOGRAM_METHODS))}"
             )
         if not spec.is_quantized:
-            raise ValueError(f"dtype: {spec.dtype.value} keeps the tensor in float; it needs no observer")
+            raise ConfigError(f"dtype: {spec.dtype.value} keeps the tensor in float; it needs no observer")
         self.bins: int = spec.observer.bins  # type: ignore[union-attr]
         self.grid: HistogramGrid | None = None
         self.counts = np.zeros(self.bins, np.int64)
@@ -123,15 +124,15 @@ class HistogramObserver(Observer):
         """
         c = np.asarray(counts)
         if c.shape != (self.bins,) or grid.bins != self.bins:
-            raise ValueError(f"counts: shape {c.shape} on a {grid.bins}-bin grid; expected ({self.bins},)")
+            raise DataError(f"counts: shape {c.shape} on a {grid.bins}-bin grid; expected ({self.bins},)")
         if not (np.issubdtype(c.dtype, np.integer) and bool((c >= 0).all())):
-            raise ValueError("counts: must be non-negative integers")
+            raise DataError("counts: must be non-negative integers")
         lo, hi = float(min_val), float(max_val)
         check_finite_range(np.asarray(lo), np.asarray(hi), "range")
         if not lo <= hi:
-            raise ValueError("range: min_val must be <= max_val")
+            raise DataError("range: min_val must be <= max_val")
         if not grid.contains(lo, hi):
-            raise ValueError(f"range: [{lo}, {hi}] lies outside the grid [{grid.lower}, {grid.upper})")
+            raise DataError(f"range: [{lo}, {hi}] lies outside the grid [{grid.lower}, {grid.upper})")
         self._absorb(c.astype(np.int64), grid, lo, hi)
 
     def _absorb(self, counts: np.ndarray, grid: HistogramGrid, lo: float, hi: float) -> None:
@@ -163,7 +164,7 @@ class HistogramObserver(Observer):
     def histogram(self) -> Histogram:
         """The statistic as an immutable :class:`Histogram`."""
         if self.grid is None or self.min_val is None or self.max_val is None:
-            raise ValueError("HistogramObserver: no data observed; call update() first")
+            raise DataError("HistogramObserver: no data observed; call update() first")
         return Histogram(self.counts.copy(), self.grid, self.min_val, self.max_val)
 
     def range(self, spec: QuantSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +190,7 @@ class HistogramObserver(Observer):
         self._selected.clear()
         counts = np.asarray(state["counts"], np.int64)
         if counts.shape != (self.bins,):
-            raise ValueError(f"counts: shape {counts.shape} does not match the spec's {self.bins} bins")
+            raise DataError(f"counts: shape {counts.shape} does not match the spec's {self.bins} bins")
         self.counts = counts.copy()
         exponent, offset = state["exponent"], state["offset"]
         self.grid = (

@@ -12,6 +12,7 @@ import abc
 
 import numpy as np
 
+from quant_core.errors import ConfigError, DataError
 from quant_core.observer_config import FixedRange, MinMax, MovingAverageMinMax
 from quant_core.observers._input import as_float_array, check_finite_range, min_max
 from quant_core.observers.base import Observer, StateDict
@@ -25,7 +26,7 @@ class _RangeObserver(Observer):
     def __init__(self, spec: QuantSpec) -> None:
         super().__init__(spec)
         if not spec.is_quantized:
-            raise ValueError(f"dtype: {spec.dtype.value} keeps the tensor in float; it needs no observer")
+            raise ConfigError(f"dtype: {spec.dtype.value} keeps the tensor in float; it needs no observer")
         self.min_val: np.ndarray | None = None
         self.max_val: np.ndarray | None = None
 
@@ -35,7 +36,7 @@ class _RangeObserver(Observer):
 
     def update(self, x: np.ndarray) -> None:
         """Fold one batch in. Per channel, every axis but ``spec.per_channel_axis`` is
-        reduced. Empty batches are ignored; NaN or infinite values raise ValueError."""
+        reduced. Empty batches are ignored; NaN or infinite values raise DataError."""
         a = as_float_array(x)
         if a.size == 0:
             return
@@ -58,14 +59,14 @@ class _RangeObserver(Observer):
         check_finite_range(lo, hi, "range")
         expected = "scalars" if self.spec.per_channel_axis is None else "1-D arrays, one value per channel"
         if lo.shape != hi.shape or lo.ndim != (0 if self.spec.per_channel_axis is None else 1):
-            raise ValueError(f"range: min_val/max_val of shapes {lo.shape}/{hi.shape}; expected {expected}")
+            raise DataError(f"range: min_val/max_val of shapes {lo.shape}/{hi.shape}; expected {expected}")
         if (lo > hi).any():
-            raise ValueError("range: min_val must be <= max_val")
+            raise DataError("range: min_val must be <= max_val")
         self._fold(lo, hi)
 
     def _check_channels(self, lo: np.ndarray) -> None:
         if self.min_val is not None and self.min_val.shape != lo.shape:
-            raise ValueError(
+            raise DataError(
                 f"per_channel_axis: batch has {lo.shape[0] if lo.ndim else 1} channels, "
                 f"earlier batches had {self.min_val.shape[0] if self.min_val.ndim else 1}"
             )
@@ -76,7 +77,7 @@ class _RangeObserver(Observer):
 
     def range(self, spec: QuantSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
         if self.min_val is None or self.max_val is None:
-            raise ValueError(f"{type(self).__name__}: no data observed; call update() first")
+            raise DataError(f"{type(self).__name__}: no data observed; call update() first")
         return self.min_val.copy(), self.max_val.copy()
 
     def _state(self) -> StateDict:
@@ -112,7 +113,7 @@ class MinMaxObserver(_RangeObserver):
     def __init__(self, spec: QuantSpec) -> None:
         super().__init__(spec)
         if not isinstance(spec.observer, MinMax):
-            raise ValueError(
+            raise ConfigError(
                 f"observer.method: {spec.observer.method!r} is not allowed for MinMaxObserver; allowed: minmax"
             )
 
@@ -155,7 +156,7 @@ class MovingAverageMinMaxObserver(_RangeObserver):
     def __init__(self, spec: QuantSpec) -> None:
         super().__init__(spec)
         if not isinstance(spec.observer, MovingAverageMinMax):
-            raise ValueError(
+            raise ConfigError(
                 f"observer.method: {spec.observer.method!r} is not allowed for "
                 "MovingAverageMinMaxObserver; allowed: moving_average"
             )
@@ -213,7 +214,7 @@ class FixedRangeObserver(MinMaxObserver):
     def __init__(self, spec: QuantSpec) -> None:
         _RangeObserver.__init__(self, spec)
         if not isinstance(spec.observer, FixedRange):
-            raise ValueError(
+            raise ConfigError(
                 f"observer.method: {spec.observer.method!r} is not allowed for FixedRangeObserver; allowed: fixed_range"
             )
 

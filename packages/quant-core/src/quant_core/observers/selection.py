@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from quant_core.errors import ConfigError
 from quant_core.observer_config import MSE, Entropy, MinMax, Percentile, PowerOfTwoMSE
 from quant_core.observers.error_model import expected_squared_error
 from quant_core.observers.snapshot import Histogram
@@ -211,6 +212,6 @@ def select_range(hist: Histogram, spec: QuantSpec) -> Range:
         return mse_range(hist, spec, config)
     if isinstance(config, PowerOfTwoMSE):
         return pow2_mse_range(hist, spec, config)
-    raise ValueError(
+    raise ConfigError(
         f"observer.method: {config.method!r} does not select from a histogram; allowed: percentile, entropy, mse, minmse_pow2"
     )

@@ -34,6 +34,7 @@ import numpy as np
 
 from quant_core.bias import accumulation_headroom, fit_weight_to_bias
 from quant_core.dtypes import DType
+from quant_core.errors import DataError, ModelError
 from quant_core.observers.base import Observer
 from quant_core.observers.derived import derive_observer
 from quant_core.observers.factory import make_observer
@@ -89,7 +90,7 @@ def plan_weight_qparams(
     for slot in plan.weights:
         weight = value(slot.tensor)
         if weight is None:
-            raise ValueError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
+            raise ModelError(f"node {slot.node!r}: weight {slot.tensor!r} is not a constant")
         shapes[slot.node] = np.shape(weight)
         start = None if given is None else given.get(slot.node)
         result[slot.node] = _observed(weight, slot.tensor, slot.spec, cache) if start is None else start
@@ -170,7 +171,7 @@ def calibrated_qparams(
     for group in plan.groups:
         observer = observers[group.key]
         if observer.empty:
-            raise ValueError(f"calibration: tensor {group.key!r} was never observed (empty in every batch)")
+            raise DataError(f"calibration: tensor {group.key!r} was never observed (empty in every batch)")
         ranges[group.key], activations[group.key] = observer.selection(group.spec)
     requants: dict[str, QParams] = {}
     for requant in plan.requants:

@@ -24,6 +24,8 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
+from quant_core.errors import ModelError
+
 ConstantLookup = Callable[[str], "np.ndarray | None"]
 """Tensor name -> its constant value, or ``None`` when it is computed or fed at run time."""
 
@@ -141,7 +143,7 @@ class PlanGraph:
         names: set[str] = set()
         for node in self._nodes:
             if node.name in names:
-                raise ValueError(
+                raise ModelError(
                     f"node {node.name!r} ({node.op_type}): the name is used twice; nodes need unique names"
                 )
             names.add(node.name)

@@ -27,6 +27,7 @@ import attrs
 import numpy as np
 
 from quant_core.dtypes import DType
+from quant_core.errors import ModelError
 from quant_core.plan.graph import ConstantLookup, PlanNode
 
 
@@ -232,7 +233,7 @@ def weight_channel_axis(node: PlanNode, weight_rank: int) -> int | None:
         return 0 if int(node.attr("transB", 0)) == 1 else 1
     if op == "MatMul":
         return weight_rank - 1 if weight_rank >= 2 else None
-    raise ValueError(f"node {node.name!r}: op type {op!r} has no weight; allowed: Conv, ConvTranspose, Gemm, MatMul")
+    raise ModelError(f"node {node.name!r}: op type {op!r} has no weight; allowed: Conv, ConvTranspose, Gemm, MatMul")
 
 
 def weight_is_transposed(node: PlanNode) -> bool:

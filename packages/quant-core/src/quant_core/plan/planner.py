@@ -41,6 +41,7 @@ from collections.abc import Mapping
 import attrs
 
 from quant_core.config import OperatorConfig, QuantConfig
+from quant_core.errors import ConfigError
 from quant_core.plan import selectors
 from quant_core.plan.graph import GraphView, PlanNode
 from quant_core.plan.ops import (
@@ -228,12 +229,12 @@ def _activation_spec(spec: QuantSpec | None, node: PlanNode, field: str) -> Quan
     if spec is None or not spec.is_quantized:
         return None
     if spec.per_channel_axis is not None:
-        raise ValueError(
+        raise ConfigError(
             f"node {node.name!r} ({node.op_type}): {field}.per_channel_axis: {spec.per_channel_axis!r} is not "
             "allowed for activations; allowed: null (per tensor)"
         )
     if spec.dynamic:
-        raise ValueError(
+        raise ConfigError(
             f"node {node.name!r} ({node.op_type}): {field}.dynamic: true needs dynamic quantization; "
             "static quantization allows: false"
         )
@@ -254,7 +255,7 @@ def resolve_weight_spec(node: PlanNode, spec: QuantSpec, weight_rank: int) -> tu
         >>> resolve_weight_spec(mm, QuantSpec(dtype="int8", per_channel_axis=0), 2)
         Traceback (most recent call last):
         ...
-        ValueError: node 'mm' (MatMul): weight.per_channel_axis: 0 is not the output-channel axis of its rank-2 weight; allowed: 1, 'output' or null
+        quant_core.errors.ConfigError: node 'mm' (MatMul): weight.per_channel_axis: 0 is not the output-channel axis of its rank-2 weight; allowed: 1, 'output' or null
     """
     axis = spec.per_channel_axis
     if axis is None:
@@ -268,7 +269,7 @@ def resolve_weight_spec(node: PlanNode, spec: QuantSpec, weight_rank: int) -> tu
         return spec.evolve(per_channel_axis=out_axis), None
     if axis != out_axis:
         allowed = f"{out_axis}, {OUTPUT_CHANNELS!r} or null" if out_axis is not None else "null"
-        raise ValueError(
+        raise ConfigError(
             f"node {node.name!r} ({node.op_type}): weight.per_channel_axis: {axis} is not the output-channel axis "
             f"of its rank-{weight_rank} weight; allowed: {allowed}"
         )

@@ -14,7 +14,7 @@ Example:
     >>> check_selectors(get_preset("a8w8").evolve(exclude=("con1",)), nodes)
     Traceback (most recent call last):
     ...
-    ValueError: exclude: 'con1' matches no node name or op type of the model; allowed: node-name globs or op types, such as conv1, relu1
+    quant_core.errors.ConfigError: exclude: 'con1' matches no node name or op type of the model; allowed: node-name globs or op types, such as conv1, relu1
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import fnmatch
 from collections.abc import Iterable
 
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
 from quant_core.plan.ops import POLICIES
 
 _SHOWN = 8
@@ -50,7 +51,7 @@ def unmatched_selectors(config: QuantConfig, nodes: Iterable[tuple[str, str]]) -
 
 
 def check_selectors(config: QuantConfig, nodes: Iterable[tuple[str, str]]) -> None:
-    """Raise ``ValueError`` naming the first selector of ``config`` that selects none of
+    """Raise ``ConfigError`` naming the first selector of ``config`` that selects none of
     ``nodes`` (``(name, op_type)`` pairs), with some node names to choose from."""
     pairs = list(nodes)
     messages = unmatched_selectors(config, pairs)
@@ -58,4 +59,4 @@ def check_selectors(config: QuantConfig, nodes: Iterable[tuple[str, str]]) -> No
         names = [name for name, _op in pairs]
         shown = ", ".join(names[:_SHOWN]) + (", ..." if len(names) > _SHOWN else "")
         allowed = "node-name globs or op types" if messages[0].startswith("exclude") else "node-name globs"
-        raise ValueError(f"{messages[0]}; allowed: {allowed}, such as {shown}")
+        raise ConfigError(f"{messages[0]}; allowed: {allowed}, such as {shown}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from quant_core.errors import ModelError
 from quant_core.qparams import round_values
 from quant_core.spec import RoundMode
 
@@ -37,7 +38,7 @@ def exact_dtype(bound: float) -> type[np.floating]:
         return np.float32
     if bound < FLOAT64_EXACT:
         return np.float64
-    raise ValueError(f"accumulator bound {bound:.3g} exceeds 2**53: integer results would not be exact")
+    raise ModelError(f"accumulator bound {bound:.3g} exceeds 2**53: integer results would not be exact")
 
 
 def working_dtype(bound: float) -> type[np.floating]:
@@ -170,7 +171,7 @@ def divide_round(numerator: np.ndarray, denominator: np.ndarray, mode: RoundMode
         [3.0, -2.0, inf, inf]
     """
     if numerator.size and float(np.max(np.abs(numerator))) >= 2.0**52:
-        raise ValueError("division: numerator reaches 2**52; the rounded quotient would not be exact")
+        raise ModelError("division: numerator reaches 2**52; the rounded quotient would not be exact")
     with np.errstate(divide="ignore", invalid="ignore"):
         quotient = np.divide(numerator, denominator)
     quotient = np.where(np.isnan(quotient), 0.0, quotient)

@@ -24,6 +24,7 @@ import math
 import attrs
 import numpy as np
 
+from quant_core.errors import ModelError
 from quant_core.qparams import round_values
 from quant_core.spec import RoundMode
 from quant_npu.sim.arith import exact_dtype, requantize, storage_dtype
@@ -48,7 +49,7 @@ class Activation:
     @kind.validator
     def _check(self, _attribute: object, value: str) -> None:
         if value not in ("relu", "clip", "leaky"):
-            raise ValueError(f"activation: {value!r} is not allowed; allowed: relu, clip, leaky")
+            raise ModelError(f"activation: {value!r} is not allowed; allowed: relu, clip, leaky")
 
     @property
     def bounds(self) -> tuple[float, float]:
@@ -65,7 +66,7 @@ class Activation:
             (0, 45)
         """
         if self.kind == "leaky":
-            raise ValueError("a leaky activation is not a clamp")
+            raise AssertionError("a leaky activation is not a clamp")
         lo, hi = out_range
         bounds = [round_values(np.array(math.ldexp(b, position)), mode) for b in self.bounds if math.isfinite(b)]
         low = max(lo, int(bounds[0])) if math.isfinite(self.bounds[0]) else lo
@@ -80,7 +81,7 @@ class Activation:
     def apply(self, values: np.ndarray) -> np.ndarray:
         """A leaky activation on exact integers: the result is at ``bits`` more fraction bits."""
         if self.kind != "leaky":
-            raise ValueError(f"{self.kind} folds into saturation (see saturation)")
+            raise AssertionError(f"{self.kind} folds into saturation (see saturation)")
         return np.where(values >= 0, values * self.scale, values * self.numerator)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from quant_core.errors import ModelError
+
 Params = Sequence[np.ndarray | None]
 Attributes = Mapping[str, Any]
 MoveFunction = Callable[[np.ndarray, Attributes, Params], np.ndarray]
@@ -99,7 +101,7 @@ def pad(x: np.ndarray, attributes: Attributes, params: Params, fill: int = 0) ->
     for i, axis in enumerate(axes):
         widths[axis % x.ndim] = (pads[i], pads[i + half])
     if any(b < 0 or e < 0 for b, e in widths):
-        raise ValueError("Pad: negative pads are not simulated; allowed: pads >= 0")
+        raise ModelError("Pad: negative pads are not simulated; allowed: pads >= 0")
     mode = attributes.get("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode == "constant":
@@ -108,7 +110,7 @@ def pad(x: np.ndarray, attributes: Attributes, params: Params, fill: int = 0) ->
         return np.pad(x, widths, mode="reflect")
     if mode == "edge":
         return np.pad(x, widths, mode="edge")
-    raise ValueError(f"Pad mode {mode!r} is not simulated; allowed: constant, reflect, edge")
+    raise ModelError(f"Pad mode {mode!r} is not simulated; allowed: constant, reflect, edge")
 
 
 _COORDINATES: dict[str, Callable[[np.ndarray, float, int, int], np.ndarray]] = {
@@ -136,13 +138,13 @@ def resize_axes(shape: Sequence[int], attributes: Attributes, params: Params) ->
     (ONNX's coordinate transforms, in float on shapes only)."""
     for name in ("antialias", "exclude_outside"):
         if attributes.get(name, 0):
-            raise ValueError(f"Resize: {name} is not simulated")
+            raise ModelError(f"Resize: {name} is not simulated")
     scales, sizes = _param(params, 1), _param(params, 2)
     if len(params) == 1:  # opset 10: (X, scales)
         scales, sizes = _param(params, 0), None
     transform = _COORDINATES.get(_text(attributes, "coordinate_transformation_mode", "half_pixel"))
     if transform is None:
-        raise ValueError("Resize: coordinate_transformation_mode is not simulated")
+        raise ModelError("Resize: coordinate_transformation_mode is not simulated")
     found = []
     for axis, size_in in enumerate(shape):
         if sizes is not None and np.asarray(sizes).size:
@@ -160,10 +162,10 @@ def resize_axes(shape: Sequence[int], attributes: Attributes, params: Params) ->
 def resize_nearest(x: np.ndarray, attributes: Attributes, params: Params) -> np.ndarray:
     """Nearest-neighbour Resize: the output gathers input codes."""
     if _text(attributes, "mode", "nearest") != "nearest":
-        raise ValueError("Resize: a linear Resize computes; see quant_npu.sim.resize")
+        raise ModelError("Resize: a linear Resize computes; see quant_npu.sim.resize")
     nearest = _NEAREST.get(_text(attributes, "nearest_mode", "round_prefer_floor"))
     if nearest is None:
-        raise ValueError("Resize: nearest_mode is not simulated")
+        raise ModelError("Resize: nearest_mode is not simulated")
     out = x
     for axis, coordinates in resize_axes(x.shape, attributes, params):
         index = np.clip(nearest(coordinates), 0, x.shape[axis] - 1).astype(np.int64)

@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 
 from quant_core.dtypes import DType
+from quant_core.errors import ModelError
 from quant_core.onnx_qdq.graph import node_label
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_core.qparams import QParams, quantize, round_values
@@ -162,8 +163,8 @@ class _Compiler:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
     # ------------------------------------------------------------------ tensors
-    def fail(self, step: Step, message: str) -> ValueError:
-        return ValueError(f"node {step.name!r} ({step.op_type}): {message}")
+    def fail(self, step: Step, message: str) -> ModelError:
+        return ModelError(f"node {step.name!r} ({step.op_type}): {message}")
 
     def pos(self, step: Step, key: str | None) -> int:
         tensor = self.qdq.tensors.get(key) if key else None
@@ -542,7 +543,7 @@ class _Compiler:
             if step is not None:
                 operations.append(self.compile(step))
             elif id(node) not in absorbed and node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-                raise ValueError(f"node {node_label(node)!r} ({node.op_type}): not on the integer data path")
+                raise ModelError(f"node {node_label(node)!r} ({node.op_type}): not on the integer data path")
         for name in self.qdq.host_values:
             value = self.qdq.constant(name)
             if value is not None:
@@ -560,7 +561,7 @@ class _Compiler:
                 continue
             tensor = self.qdq.tensors[key]
             if tensor.position is None:
-                raise ValueError(f"input {source!r}: {tensor.describe()} has no fix position; run legalize first")
+                raise ModelError(f"input {source!r}: {tensor.describe()} has no fix position; run legalize first")
             qp = QParams.per_tensor(float(tensor.scale), int(tensor.zero_point), DType.parse(tensor.numpy_dtype.name))
             found.setdefault(source, []).append((key, qp))
         return {name: tuple(v) for name, v in found.items()}
@@ -578,7 +579,7 @@ class _Compiler:
             dq = self.qdq.producer(output.name)
             key = self.qdq.dequantized.get(output.name) if dq is not None else None
             if key is None or self.qdq.tensors[key].position is None:  # checked before use below
-                raise ValueError(f"graph output {output.name!r}: not a DequantizeLinear of a fix-position tensor")
+                raise ModelError(f"graph output {output.name!r}: not a DequantizeLinear of a fix-position tensor")
             position = self.qdq.tensors[key].position
             assert position is not None
             found[output.name] = (key, position)
@@ -588,7 +589,7 @@ class _Compiler:
 def compile_program(
     model: onnx.ModelProto, profile: NPUProfile, mode: RoundMode, cpu: CpuSelection | None = None
 ) -> Program:
-    """The integer program of a loaded QDQ model; one-line ValueError naming the node when
+    """The integer program of a loaded QDQ model; one-line ModelError naming the node when
     an op has no integer kernel, a tensor has no fix position or a node is off the data path.
     Nodes ``cpu`` selects run in float between their quantized inputs and output."""
     return _Compiler(model, profile, mode, cpu or CpuSelection()).program()

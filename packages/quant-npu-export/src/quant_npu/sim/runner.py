@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import onnx
 
+from quant_core.errors import ConfigError, DataError
 from quant_npu.partitions import CpuSelection
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.sim.program import HostOperation, Program, compile_program, quantize_input
@@ -74,15 +75,15 @@ class NPUSimulator:
         if isinstance(data, Mapping):
             missing = [n for n in names if n not in data]
             if missing:
-                raise ValueError(f"data: input {missing[0]!r} is missing; model inputs: {', '.join(names)}")
+                raise DataError(f"data: input {missing[0]!r} is missing; model inputs: {', '.join(names)}")
             feeds = {n: np.asarray(data[n]) for n in names}
         else:
             if len(names) != 1:
-                raise ValueError(f"data: one array given; the model has inputs {', '.join(names)} (use a .npz)")
+                raise DataError(f"data: one array given; the model has inputs {', '.join(names)} (use a .npz)")
             feeds = {names[0]: np.asarray(data)}
         sizes = {len(v) for v in feeds.values()}
         if len(sizes) != 1:
-            raise ValueError(f"data: inputs have different sample counts {sorted(sizes)}")
+            raise DataError(f"data: inputs have different sample counts {sorted(sizes)}")
         return feeds
 
     def run_batch(
@@ -127,7 +128,7 @@ class NPUSimulator:
         from tqdm import tqdm
 
         if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size: {batch_size} is out of range; allowed: an integer >= 1")
+            raise ConfigError(f"batch_size: {batch_size} is out of range; allowed: an integer >= 1")
         feeds = self._feeds(data)
         count = len(next(iter(feeds.values())))
         if batch_size is None:

@@ -17,6 +17,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from quant_core.errors import ModelError
+
 
 @attrs.frozen
 class Geometry:
@@ -32,7 +34,7 @@ class Geometry:
     @classmethod
     def from_node_attributes(cls, attributes: Mapping[str, Any], kernel: Sequence[int]) -> Geometry:
         if len(kernel) != 2:
-            raise ValueError(f"kernel {list(kernel)}: only 2-D windows are simulated; allowed: [kh, kw]")
+            raise ModelError(f"kernel {list(kernel)}: only 2-D windows are simulated; allowed: [kh, kw]")
         auto_pad = attributes.get("auto_pad", b"NOTSET")
         top, left, bottom, right = (int(p) for p in attributes.get("pads", (0, 0, 0, 0)))
         sh, sw = (int(s) for s in attributes.get("strides", (1, 1)))

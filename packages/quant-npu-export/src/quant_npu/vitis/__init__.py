@@ -13,7 +13,7 @@ Example:
     >>> torch_quantizer("calibrate", net, torch.randn(1, 1, 8, 8))
     Traceback (most recent call last):
     ...
-    ValueError: quant_mode: 'calibrate' is not allowed; allowed: calib, test
+    quant_core.errors.ConfigError: quant_mode: 'calibrate' is not allowed; allowed: calib, test
 """
 
 try:

@@ -9,7 +9,7 @@ Example:
     >>> check_bitwidth(4)
     Traceback (most recent call last):
     ...
-    ValueError: bitwidth: 4 is not allowed; allowed: 8 (the NPU's int8; other widths: a quant_config_file)
+    quant_core.errors.ConfigError: bitwidth: 4 is not allowed; allowed: 8 (the NPU's int8; other widths: a quant_config_file)
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.presets import resolve_config
 from quant_npu.profile import NPUProfile, load_profile
 
@@ -36,14 +37,14 @@ def input_tuple(input_args: Any, name: str = "input_args") -> tuple[torch.Tensor
     values = (input_args,) if isinstance(input_args, torch.Tensor) else input_args
     if not isinstance(values, tuple | list) or not values or not all(isinstance(v, torch.Tensor) for v in values):
         got = type(input_args).__name__
-        raise ValueError(f"{name}: {got} is not allowed; allowed: a tensor, or a tuple of tensors (the model's inputs)")
+        raise DataError(f"{name}: {got} is not allowed; allowed: a tensor, or a tuple of tensors (the model's inputs)")
     return tuple(values)
 
 
 def check_bitwidth(bitwidth: Any) -> int:
     """``bitwidth`` (8: the only width of the NPU's preset)."""
     if bitwidth != 8 or isinstance(bitwidth, bool):
-        raise ValueError(
+        raise ConfigError(
             f"bitwidth: {bitwidth!r} is not allowed; allowed: 8 (the NPU's int8; other widths: a quant_config_file)"
         )
     return 8
@@ -56,7 +57,7 @@ def resolve_device(device: Any) -> torch.device:
     try:
         return torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(
+        raise ConfigError(
             f"device: {device!r} is not allowed; allowed: a torch.device or a name such as 'cpu'"
         ) from None
 
@@ -66,18 +67,18 @@ def resolve_target(target: Target) -> NPUProfile:
     try:
         return load_profile(target)
     except ValueError as exc:
-        raise ValueError(f"target: {exc}") from None
+        raise ConfigError(f"target: {exc}") from None
 
 
 def resolve_quant_config(quant_config_file: str | os.PathLike[str] | QuantConfig | None) -> QuantConfig:
     """The config: a ``quant_core`` config JSON file, a preset name, a config, or the ``xint8`` preset."""
     is_path = isinstance(quant_config_file, os.PathLike) or str(quant_config_file).endswith(".json")
     if is_path and not Path(str(quant_config_file)).is_file():
-        raise ValueError(f"quant_config_file: {str(quant_config_file)!r} does not exist; allowed: a config JSON file")
+        raise ConfigError(f"quant_config_file: {str(quant_config_file)!r} does not exist; allowed: a config JSON file")
     try:
         return resolve_config(quant_config_file, PRESET)
     except ValueError as exc:
-        raise ValueError(f"quant_config_file: {exc}") from None
+        raise ConfigError(f"quant_config_file: {exc}") from None
 
 
 def load_state_dict_file(module: torch.nn.Module, state_dict_file: str | os.PathLike[str] | None) -> torch.nn.Module:
@@ -88,14 +89,14 @@ def load_state_dict_file(module: torch.nn.Module, state_dict_file: str | os.Path
 
     path = Path(state_dict_file)
     if not path.is_file():
-        raise ValueError(f"state_dict_file: {str(path)!r} does not exist; allowed: a file torch.save wrote")
+        raise ConfigError(f"state_dict_file: {str(path)!r} does not exist; allowed: a file torch.save wrote")
     state = torch.load(path, map_location="cpu", weights_only=True)
     loaded = copy.deepcopy(module)
     try:
         loaded.load_state_dict(state)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0]
-        raise ValueError(f"state_dict_file: {str(path)!r} does not fit {type(module).__name__}: {first}") from None
+        raise ModelError(f"state_dict_file: {str(path)!r} does not fit {type(module).__name__}: {first}") from None
     return loaded
 
 
@@ -111,7 +112,7 @@ def check_runs(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], name: 
         shapes = [list(t.shape) for t in inputs]
         text = str(exc).strip()
         first = text.splitlines()[0] if text else type(exc).__name__
-        raise ValueError(f"{name}: the module does not run on inputs of shapes {shapes}: {first}") from None
+        raise DataError(f"{name}: the module does not run on inputs of shapes {shapes}: {first}") from None
     finally:
         module.train(was_training)
 

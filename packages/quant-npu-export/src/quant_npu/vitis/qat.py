@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from quant_core.config import QuantConfig
+from quant_core.errors import ModelError
 from quant_core.serialization import save_config
 from quant_npu.vitis.deploy import deploy
 from quant_npu.vitis.options import (
@@ -62,7 +63,7 @@ class QatProcessor:
         >>> QatProcessor(torch.nn.ReLU(), [torch.zeros(1, 2)], bitwidth=16)
         Traceback (most recent call last):
         ...
-        ValueError: bitwidth: 16 is not allowed; allowed: 8 (the NPU's int8; other widths: a quant_config_file)
+        quant_core.errors.ConfigError: bitwidth: 16 is not allowed; allowed: 8 (the NPU's int8; other widths: a quant_config_file)
     """
 
     def __init__(
@@ -78,7 +79,7 @@ class QatProcessor:
         quiet: bool = False,
     ) -> None:
         if not isinstance(model, nn.Module):
-            raise ValueError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
+            raise ModelError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
         self.model = model
         self.inputs = input_tuple(inputs, "inputs")
         check_runs(model, self.inputs, "inputs")
@@ -100,7 +101,7 @@ class QatProcessor:
         ``quant_info.json`` and ``quant_config.json`` into ``output_dir``. Returns the frozen
         model (eval mode), which computes what the exported model computes."""
         if not isinstance(trained_model, nn.Module) or not quantized_graphs(trained_model):
-            raise ValueError(
+            raise ModelError(
                 f"trained_model: {type(trained_model).__name__} holds no quantized graph; "
                 "allowed: the module trainable_model() returned"
             )

@@ -41,6 +41,7 @@ from torch import nn
 from quant_core.algorithm_config import AdaRoundConfig
 from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_npu.vitis.deploy import deploy, legalized, onnx_name, write_quant_info
 from quant_npu.vitis.options import (
     Target,
@@ -86,7 +87,7 @@ class torch_quantizer:  # the name Vitis AI users know (lower case)
         >>> torch_quantizer("test", torch.nn.ReLU(), torch.zeros(1, 2), output_dir="/nonexistent")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: output_dir: '/nonexistent/quant_config.json' does not exist; quant_mode 'test' needs the files of a 'calib' run ...
+        quant_core.errors.ConfigError: output_dir: '/nonexistent/quant_config.json' does not exist; quant_mode 'test' needs the files of a 'calib' run ...
     """
 
     def __init__(
@@ -104,9 +105,9 @@ class torch_quantizer:  # the name Vitis AI users know (lower case)
         quiet: bool = False,
     ) -> None:
         if not isinstance(quant_mode, str) or quant_mode not in QUANT_MODES:
-            raise ValueError(f"quant_mode: {quant_mode!r} is not allowed; allowed: {', '.join(QUANT_MODES)}")
+            raise ConfigError(f"quant_mode: {quant_mode!r} is not allowed; allowed: {', '.join(QUANT_MODES)}")
         if not isinstance(module, nn.Module):
-            raise ValueError(f"module: {type(module).__name__} is not allowed; allowed: a torch.nn.Module")
+            raise ModelError(f"module: {type(module).__name__} is not allowed; allowed: a torch.nn.Module")
         self.quant_mode = quant_mode
         self.inputs = input_tuple(input_args)
         check_bitwidth(bitwidth)
@@ -146,13 +147,13 @@ class torch_quantizer:  # the name Vitis AI users know (lower case)
     def _require(self, mode: str, what: str) -> None:
         if self.quant_mode != mode:
             other = "export_quant_config, fast_finetune" if mode == "calib" else "export_onnx_model, load_ft_param"
-            raise ValueError(f"{what}: not allowed with quant_mode {self.quant_mode!r}; allowed in {mode!r} ({other})")
+            raise ConfigError(f"{what}: not allowed with quant_mode {self.quant_mode!r}; allowed in {mode!r} ({other})")
 
     def _finish(self) -> None:
         if self._observing is None:
             return
         if self.quant_model.batches_seen == 0:
-            raise ValueError(
+            raise DataError(
                 "export_quant_config: quant_model has not run on any data; allowed: run your evaluation loop "
                 "with quantizer.quant_model over calibration data first"
             )
@@ -197,7 +198,7 @@ class torch_quantizer:  # the name Vitis AI users know (lower case)
         finally:
             self.quant_model.recorded = None
         if not batches:
-            raise ValueError(
+            raise DataError(
                 "fast_finetune: run_fn did not call quant_model; allowed: a function that runs it over data"
             )
         finetuned = finetuner.quantize_model(self.module, self.inputs, batches)
@@ -217,12 +218,14 @@ class torch_quantizer:  # the name Vitis AI users know (lower case)
         self._require("test", "load_ft_param")
         path = self.output_dir / FINETUNE_FILE
         if not path.is_file():
-            raise ValueError(f"output_dir: {str(path)!r} does not exist; run fast_finetune in quant_mode 'calib' first")
+            raise ConfigError(
+                f"output_dir: {str(path)!r} does not exist; run fast_finetune in quant_mode 'calib' first"
+            )
         inner = self.quant_model.inner
         result = inner.load_state_dict(torch.load(path, map_location=self.device, weights_only=True), strict=False)
         missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
         if missing or result.unexpected_keys:
-            raise ValueError(
+            raise ModelError(
                 f"output_dir: {str(path)!r} does not fit this model "
                 f"(missing: {', '.join(missing) or 'none'}; unexpected: {', '.join(result.unexpected_keys) or 'none'})"
             )

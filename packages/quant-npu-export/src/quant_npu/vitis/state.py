@@ -21,6 +21,7 @@ from torch import nn
 
 from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.qparams import qparams_from_data, qparams_to_data
 from quant_core.serialization import config_to_json, load_config, save_config
 from quant_torch_fx import named_quantizers
@@ -60,7 +61,7 @@ def write_state(
 def _required(output_dir: Path, name: str) -> Path:
     path = output_dir / name
     if not path.is_file():
-        raise ValueError(
+        raise ConfigError(
             f"output_dir: {str(path)!r} does not exist; quant_mode 'test' needs the files of a 'calib' run "
             f"({CONFIG_FILE}, {QPARAMS_FILE}: run quant_mode='calib' and export_quant_config() first)"
         )
@@ -71,7 +72,7 @@ def read_config(output_dir: Path, quant_config: QuantConfig | None) -> QuantConf
     """The config calibration used; ``quant_config`` (the test run's, if it named one) must match it."""
     saved = load_config(_required(output_dir, CONFIG_FILE))
     if quant_config is not None and config_to_json(quant_config) != config_to_json(saved):
-        raise ValueError(
+        raise ConfigError(
             f"quant_config_file: differs from the config calibration used ({output_dir / CONFIG_FILE}); "
             "allowed: the same file as in quant_mode 'calib', or none"
         )
@@ -84,14 +85,14 @@ def read_state(output_dir: Path, model: dict[str, Any]) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"output_dir: {str(path)!r} is not JSON ({exc.msg}); run quant_mode='calib' again") from None
+        raise ConfigError(f"output_dir: {str(path)!r} is not JSON ({exc.msg}); run quant_mode='calib' again") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"output_dir: {str(path)!r} is not a qparams file of version {FORMAT_VERSION} ({FORMAT})")
+        raise ConfigError(f"output_dir: {str(path)!r} is not a qparams file of version {FORMAT_VERSION} ({FORMAT})")
     saved = data["model"]
     if saved["class"] != model["class"]:
-        raise ValueError(f"module: {model['class']} is not the model calibrated into {str(path)!r} ({saved['class']})")
+        raise ModelError(f"module: {model['class']} is not the model calibrated into {str(path)!r} ({saved['class']})")
     if saved["input_shapes"] != model["input_shapes"]:
-        raise ValueError(
+        raise DataError(
             f"input_args: shapes {model['input_shapes']} differ from the calibration's {saved['input_shapes']} "
             f"({str(path)!r}); allowed: the same example input shapes"
         )
@@ -103,11 +104,11 @@ def apply_state(prepared: nn.Module, data: dict[str, Any], source: Path) -> None
     graphs = named_quantizers(prepared)
     saved = data["graphs"]
     if len(saved) != len(graphs):
-        raise ValueError(f"output_dir: {str(source)!r} holds {len(saved)} graph(s); this model has {len(graphs)}")
+        raise ModelError(f"output_dir: {str(source)!r} holds {len(saved)} graph(s); this model has {len(graphs)}")
     for named, entries in zip(graphs, saved, strict=True):
         missing, unexpected = sorted(set(named) - set(entries)), sorted(set(entries) - set(named))
         if missing or unexpected:
-            raise ValueError(
+            raise ModelError(
                 f"output_dir: {str(source)!r} does not fit this model's quantizers "
                 f"(missing: {', '.join(missing) or 'none'}; unexpected: {', '.join(unexpected) or 'none'})"
             )

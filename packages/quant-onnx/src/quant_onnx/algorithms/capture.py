@@ -34,7 +34,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES, LiveStore
-from quant_core.errors import DataError, ModelError
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.onnx_qdq.graph import GraphIndex, node_inputs
 from quant_onnx.pipeline.calibrate import inference_session
 
@@ -155,7 +155,7 @@ class TensorCapture:
 
     def __init__(self, model: onnx.ModelProto, outputs: Sequence[str]) -> None:
         if not outputs:
-            raise ValueError("outputs: at least one tensor name is needed")
+            raise ConfigError("outputs: at least one tensor name is needed")
         self.outputs = list(dict.fromkeys(outputs))
         self._session = session(pruned_model(model, self.outputs))
         self._inputs = [i.name for i in self._session.get_inputs()]

@@ -28,6 +28,7 @@ import onnx
 from quant_algos.drivers.mixed_precision import MixedPrecisionReport, run_mixed_precision
 from quant_core.algorithm_config import MixedPrecisionConfig, PrecisionTarget, SensitivityMetric
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
 from quant_core.plan import plan_quantization
 from quant_core.precision import raised_config
 from quant_core.qparams import sqnr_db
@@ -75,7 +76,7 @@ def apply_mixed_precision(
         The chosen QDQ model, its calibrated plan (for the passes after this one) and the report.
     """
     if mp.metric is SensitivityMetric.EVALUATE and evaluate is None:
-        raise ValueError("evaluate: metric 'evaluate' needs an evaluate(model) -> score function")
+        raise ConfigError("evaluate: metric 'evaluate' needs an evaluate(model) -> score function")
     feeds = prepare_batches(batches, mp.num_samples)
     float_model = calibrated.model
     graph = plan_graph(float_model)

@@ -41,6 +41,7 @@ from quant_core.algorithm_config import (
     samples_to_use,
 )
 from quant_core.config import QuantConfig
+from quant_core.errors import DataError
 from quant_onnx.algorithms.capture import Feeds, prepare_batches
 from quant_onnx.algorithms.cle import apply_cle
 from quant_onnx.algorithms.layerwise import apply_bias_correction, apply_reconstruction
@@ -69,7 +70,7 @@ def _reusable(batches: Iterable[Feeds] | None, needed: bool, what: str) -> list[
     """The batches as a list (each pass reads them several times)."""
     if batches is None:
         if needed:
-            raise ValueError(f"calibration data: {what} needs calibration batches")
+            raise DataError(f"calibration data: {what} needs calibration batches")
         return None
     return prepare_batches(batches)
 

@@ -21,6 +21,7 @@ import attrs
 
 from quant_core.algorithm_config import AlgorithmConfig
 from quant_core.config import OperatorConfig, QuantConfig
+from quant_core.errors import ConfigError
 from quant_core.observer_config import PowerOfTwoMSE, observer_config
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
@@ -31,7 +32,7 @@ def _activation(spec: QuantSpec | None, method: str | None) -> QuantSpec | None:
     if spec is None or method is None or not spec.is_quantized:
         return spec
     if method not in CALIB_METHODS:
-        raise ValueError(f"calib_method: {method!r} is not allowed; allowed: {', '.join(CALIB_METHODS)}")
+        raise ConfigError(f"calib_method: {method!r} is not allowed; allowed: {', '.join(CALIB_METHODS)}")
     if method == "mse" and spec.scale_type is ScaleType.POWER_OF_TWO:
         return spec.evolve(observer=PowerOfTwoMSE())  # the MSE search over power-of-two positions
     return spec.evolve(observer=observer_config(method))

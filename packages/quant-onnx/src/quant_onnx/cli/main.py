@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 
 from quant_algos.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
+from quant_core.errors import ConfigError, ModelError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -116,7 +117,7 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
     if args.iterations is not None:
         learned = [a for a in (*chosen, *base.algorithms) if isinstance(a, AdaRoundConfig | AdaQuantConfig)]
         if not learned:
-            raise ValueError(
+            raise ConfigError(
                 f"--iterations: {args.iterations} sets AdaRound/AdaQuant iterations, but neither runs; "
                 "allowed with --adaround, --adaquant, or a preset or config that runs one"
             )
@@ -219,7 +220,7 @@ def _config(args: argparse.Namespace) -> Any:
         from quant_core.serialization import load_config
 
         if not Path(args.config).is_file():
-            raise ValueError(f"--config: file '{args.config}' not found")
+            raise ConfigError(f"--config: file '{args.config}' not found")
         return load_config(args.config)
     return resolve_config(args.preset)
 
@@ -242,7 +243,7 @@ def _check_counts(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         value = getattr(args, name)
         if value is not None and value <= 0:
-            raise ValueError(f"--{name.replace('_', '-')}: {value} is out of range; allowed: an integer > 0")
+            raise ConfigError(f"--{name.replace('_', '-')}: {value} is out of range; allowed: an integer > 0")
 
 
 def _quantize(args: argparse.Namespace) -> int:
@@ -250,7 +251,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from quant_onnx.cli.summary import quantize_summary
 
     if not Path(args.model).is_file():
-        raise ValueError(f"model '{args.model}': file not found")
+        raise ModelError(f"model '{args.model}': file not found")
     base = _config(args)
     config = override_config(
         base,
@@ -275,7 +276,7 @@ def _quantize(args: argparse.Namespace) -> int:
             print(summary)
         return EXIT_OK
     if not args.calib_data:
-        raise ValueError("--calib-data: required for static quantization (or use --dynamic)")
+        raise ConfigError("--calib-data: required for static quantization (or use --dynamic)")
     _check_counts(args, "num_calib", "batch_size")
     from quant_onnx.api import ModelQuantizer
 
@@ -356,9 +357,9 @@ def _search(args: argparse.Namespace) -> int:
 
     _check_counts(args, "num_calib", "batch_size", "num_eval")
     if args.target_agreement is not None and args.metric is not None:
-        raise ValueError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
+        raise ConfigError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
     if not Path(args.model).is_file():
-        raise ValueError(f"model '{args.model}': file not found")
+        raise ModelError(f"model '{args.model}': file not found")
     result = search(
         args.model,
         args.output,

@@ -44,7 +44,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from quant_algos.progress import first_taken, progress_bar
-from quant_core.errors import DataError, ModelError
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.observers.base import Observer
 from quant_core.observers.derived import DEFAULT_STATISTICS_BINS, statistics_observer
 from quant_core.observers.histogram import HistogramObserver
@@ -130,10 +130,10 @@ class CalibratedModel:
         differ: a layer raised to 16 bits), from the same observers, without calibrating
         again."""
         if [g.members for g in plan.groups] != [g.members for g in self.plan.groups]:
-            raise ValueError("plan: its tensor groups differ from the calibrated plan's; calibrate it instead")
+            raise ConfigError("plan: its tensor groups differ from the calibrated plan's; calibrate it instead")
         missing = [key for key in needs_own_observer(plan) if key not in self.observers]
         if missing:
-            raise ValueError(f"plan: requants {missing} observe differently than their groups; calibrate it instead")
+            raise ConfigError(f"plan: requants {missing} observe differently than their groups; calibrate it instead")
         return self.from_observers(self.model, plan, self.observers)
 
     def evolve(self, **changes: Any) -> CalibratedModel:

@@ -37,7 +37,7 @@ def split_indices(count: int, holdout: float, seed: int) -> tuple[np.ndarray, np
         []
     """
     if not 0.0 <= holdout < 1.0:
-        raise ValueError(f"holdout: {holdout!r} is out of range; allowed: 0 <= holdout < 1")
+        raise ConfigError(f"holdout: {holdout!r} is out of range; allowed: 0 <= holdout < 1")
     held = 0 if holdout == 0.0 else min(count - 1, max(1, round(count * holdout)))
     order = np.random.default_rng(seed).permutation(count)
     return np.sort(order[held:]), np.sort(order[:held])

@@ -17,6 +17,7 @@ import re
 import torch
 from torch.fx import GraphModule, Node
 
+from quant_core.errors import ModelError
 from quant_torch_fx.aten_map import op_name
 from quant_torch_fx.graph_passes import get_attr_value
 
@@ -46,7 +47,7 @@ def set_bias(gm: GraphModule, node: Node, value: torch.Tensor) -> str:
         set_constant(gm, current.name, value)
         return current.name
     if op_name(node) not in ("conv1d", "conv2d", "conv3d", "linear"):
-        raise ValueError(f"node {node.name!r}: {op_name(node)} takes no bias")
+        raise ModelError(f"node {node.name!r}: {op_name(node)} takes no bias")
     meta = node.meta.get("val")
     device = meta.device if isinstance(meta, torch.Tensor) else torch.device("cpu")
     base = re.sub(r"\W", "_", f"{node.name}_bias")

@@ -32,6 +32,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES, LiveStore
+from quant_core.errors import ModelError
 from quant_torch_fx.algorithms.probe import Batch
 
 
@@ -108,7 +109,7 @@ class IncrementalGraphRunner:
         wanted = []
         for name in names:
             if name not in self._by_name:
-                raise ValueError(f"tensors: {name!r} is not a node of the graph")
+                raise ModelError(f"tensors: {name!r} is not a node of the graph")
             wanted.append(self._by_name[name])
         live = {self._by_name[name] for name in self._live.names()}
         segment: set[Node] = set()
@@ -118,7 +119,7 @@ class IncrementalGraphRunner:
             if node in live or node in segment:
                 continue
             if node in self._done:
-                raise ValueError(f"tensors: {node.name!r} was already released; request nodes in graph order")
+                raise ModelError(f"tensors: {node.name!r} was already released; request nodes in graph order")
             segment.add(node)
             stack.extend(node.all_input_nodes)
         ordered = sorted(segment, key=self._order.__getitem__)

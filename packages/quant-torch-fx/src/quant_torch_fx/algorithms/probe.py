@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.fx import Graph, GraphModule, Node
 
+from quant_core.errors import ModelError
 from quant_torch_fx.prepare import activation_quantizers, weight_quantizers
 
 Batch = tuple[Any, ...]
@@ -39,7 +40,7 @@ def probe(gm: GraphModule, names: Sequence[str]) -> GraphModule:
     by_name = {node.name: node for node in gm.graph.nodes}
     missing = [name for name in names if name not in by_name]
     if missing:
-        raise ValueError(f"tensors: {missing[0]!r} is not a node of the graph")
+        raise ModelError(f"tensors: {missing[0]!r} is not a node of the graph")
     graph.output(tuple(env[by_name[name]] for name in names))
     cut = GraphModule(gm, graph)
     cut.graph.eliminate_dead_code()

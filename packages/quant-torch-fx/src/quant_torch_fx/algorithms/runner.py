@@ -33,6 +33,7 @@ from quant_algos.drivers.layers import describe_layer
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES
 from quant_algos.drivers.runner import QuantLayer
 from quant_core.bias import accumulation_headroom, encode_bias
+from quant_core.errors import ConfigError
 from quant_core.qparams import QParams, dequantize
 from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
 from quant_torch_fx.algorithms.incremental import IncrementalGraphRunner
@@ -63,7 +64,7 @@ class TorchLayerRunner:
         self.info = graph_info(gm)
         simulated_batch_norm = any(isinstance(m, ConvBn) for m in gm.modules())
         if self.info.frozen or simulated_batch_norm:
-            raise ValueError(
+            raise ConfigError(
                 "algorithms: AdaRound, AdaQuant and bias correction run on a calibrated model before freezing: "
                 "PTQ, or QAT with batch norm folded (prepare_qat(fold_batch_norm=True))"
             )

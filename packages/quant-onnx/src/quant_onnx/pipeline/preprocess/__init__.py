@@ -32,6 +32,7 @@ import attrs
 import onnx
 
 from quant_core.conversions import parse_conversions
+from quant_core.errors import ConfigError
 from quant_core.onnx_qdq.model_io import check_model
 from quant_onnx.pipeline.preprocess.bn_folding import fold_batchnorm, fold_batchnorm_inplace
 from quant_onnx.pipeline.preprocess.constant_folding import fold_constants, fold_constants_inplace
@@ -105,7 +106,7 @@ class PreprocessOptions:
     @target_opset.validator
     def _check_opset(self, _attribute: attrs.Attribute, value: int | None) -> None:
         if value is not None and not (isinstance(value, int) and 13 <= value <= 23):
-            raise ValueError(f"PreprocessOptions.target_opset must be None or an int from 13 to 23, got {value!r}")
+            raise ConfigError(f"PreprocessOptions.target_opset must be None or an int from 13 to 23, got {value!r}")
 
 
 @attrs.frozen
