@@ -103,6 +103,16 @@ def test_export_info_and_targets(files, capsys) -> None:
         (["simulate", "{model}", "--data", "{data}", "--out", "{tmp}/y.npy", "--batch-size", "0"], "batch_size: 0"),
         (["export-info", "{model}", "{tmp}/q.json", "--extra"], "unrecognized arguments: --extra"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (
+            ["simulate", "{model}", "--data", "{tmp}/bad.npy", "--out", "{tmp}/y.npy"],
+            "--data: cannot read '{tmp}/bad.npy'",
+        ),
+        (["simulate", "{model}", "--data", "{tmp}/wide.npy", "--out", "{tmp}/y.npy"], "expected shape [N,"),
+        (
+            ["simulate", "{model}", "--data", "{tmp}/text.npy", "--out", "{tmp}/y.npy"],
+            "has dtype <U1; allowed: numbers",
+        ),
+        (["check", "{model}", "--target", "{tmp}/binary.json"], "target: '{tmp}/binary.json' is not UTF-8 text"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(files, capsys, argv: list[str], message: str) -> None:
@@ -111,6 +121,10 @@ def test_bad_input_is_one_line_and_exit_2(files, capsys, argv: list[str], messag
         legal = tmp / "legal.onnx"
         main(["legalize", str(model), str(legal)])
         model = legal
+    (tmp / "bad.npy").write_bytes(b"\x93NUMPY\x01\x00damaged")  # numpy raises ValueError, a bug were it not caught
+    np.save(tmp / "wide.npy", np.concatenate([np.load(data)] * 2, axis=1))
+    np.save(tmp / "text.npy", np.array(["a", "b"]))
+    (tmp / "binary.json").write_bytes(bytes(range(128, 256)))
     capsys.readouterr()
     before = sorted(p.name for p in tmp.iterdir())
     fill = {"tmp": str(tmp), "model": str(model), "data": str(data)}

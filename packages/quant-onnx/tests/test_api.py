@@ -11,10 +11,11 @@ import pytest
 from model_builders import GraphBuilder, float_island_net, op_zoo, ort_run, random_inputs, small_cnn
 
 import quant_onnx
+from quant_core.errors import ConfigError
 from quant_core.presets import get_preset
 from quant_core.qparams import sqnr_db
 from quant_core.serialization import save_config
-from quant_onnx import DataError, ModelQuantizer, OutputError, quantize
+from quant_onnx import DataError, ModelError, ModelQuantizer, OutputError, quantize
 
 
 def _sha(path) -> str:
@@ -120,6 +121,17 @@ def test_bad_calibration_data_writes_nothing(model_file, tmp_path, data, match) 
         quantize(model_file, out, None, data, quiet=True)
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["float.onnx"]
+
+
+def test_a_bad_preset_is_a_config_error_and_a_malformed_model_a_model_error(model_file, tmp_path) -> None:
+    out = tmp_path / "q.onnx"
+    with pytest.raises(ConfigError, match="preset: 'int7' is not a known preset"):
+        quantize(model_file, out, "int7", random_inputs(small_cnn(), 4), quiet=True)
+    twice = small_cnn()
+    twice.graph.node[1].name = twice.graph.node[0].name
+    with pytest.raises(ModelError, match=f"node '{twice.graph.node[0].name}' .*the name is used twice"):
+        quantize(twice, out, None, random_inputs(small_cnn(), 4), quiet=True)
+    assert not out.exists()
 
 
 def test_phases_and_hooks_form_a_seam(model_file) -> None:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from quant_core.errors import DataError, MissingDependencyError
+from quant_core.errors import ConfigError, DataError, MissingDependencyError
 from quant_onnx.data import (
     CalibrationReader,
     ImageOptions,
@@ -204,11 +204,11 @@ def test_image_folder_resizes_to_model_and_nhwc_grayscale(tmp_path):
 
 
 def test_image_options_validation():
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(ConfigError, match="layout"):
         ImageOptions(layout="chw")
-    with pytest.raises(ValueError, match="std"):
+    with pytest.raises(ConfigError, match="std"):
         ImageOptions(std=(0.0,))
-    with pytest.raises(ValueError, match="resize"):
+    with pytest.raises(ConfigError, match="resize"):
         ImageOptions(resize=(0, 3))
 
 

@@ -6,8 +6,9 @@ Example:
     >>> import argparse
     >>> parser = argparse.ArgumentParser(prog="demo")
     >>> _ = parser.add_subparsers(dest="command").add_parser("fail")
+    >>> from quant_core.errors import DataError
     >>> def fail(args):
-    ...     raise ValueError("calib-data: 'x.npy' does not exist\\nmore detail")
+    ...     raise DataError("calib-data: 'x.npy' does not exist\\nmore detail")
     >>> import contextlib, io
     >>> with contextlib.redirect_stderr(io.StringIO()) as err:
     ...     status = run_command("demo", parser, {"fail": fail}, ["fail"])
@@ -23,6 +24,8 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from quant_core.errors import QuantError
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -85,9 +88,11 @@ def run_command(
 ) -> int:
     """Parse ``argv``, run the chosen command, and turn what it raises into an exit status:
     130 on Ctrl-C (outputs are written atomically, so nothing partial is left), 2 with one
-    line for bad input (``ValueError``, ``OSError``, a missing optional extra's
-    ``ImportError``, onnxruntime's ``RuntimeError`` on what the checks could not see).
-    What ``loggers`` warn of is shown as notes, unless the command has ``--quiet``."""
+    line for bad input (:class:`~quant_core.errors.QuantError`, ``OSError``, a missing
+    optional extra's ``ImportError``, onnxruntime's ``RuntimeError`` on what the checks
+    could not see). Any other ``ValueError`` (numpy's, say) is a bug, not bad input: it
+    keeps its traceback for the report. What ``loggers`` warn of is shown as notes, unless
+    the command has ``--quiet``."""
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -104,7 +109,7 @@ def run_command(
         # shell's own tools do, and keep Python from complaining when it flushes at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    except (ValueError, OSError, ImportError) as exc:
+    except (QuantError, OSError, ImportError) as exc:
         return fail(prog, f"error: {one_line(exc)}", EXIT_BAD_INPUT)
     except RuntimeError as exc:
         return fail(prog, f"error: onnxruntime: {one_line(exc)}", EXIT_BAD_INPUT)

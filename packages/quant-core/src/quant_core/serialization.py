@@ -423,7 +423,12 @@ def load_config(path: str | os.PathLike[str]) -> QuantConfig:
         ...
         quant_core.errors.ConfigError: .../q.json: $.global_config.input.dtype: 'int9' is not allowed; allowed: int4, ...
     """
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{os.fspath(path)}: not UTF-8 text (byte {exc.start}); allowed: a JSON config file"
+        ) from None
     try:
         return config_from_json(text)
     except ValueError as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from quant_algos.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
-from quant_core.errors import DataError, OutputError
+from quant_core.errors import DataError, OutputError, one_line
 
 EXIT_VIOLATIONS = 1
 _LOG = logging.getLogger(__name__)
@@ -106,11 +106,14 @@ def _load_data(path: str) -> np.ndarray | dict[str, np.ndarray]:
     source = Path(path)
     if not source.is_file():
         raise DataError(f"--data: file '{source}' not found")
-    if source.suffix == ".npy":
-        return np.load(source, allow_pickle=False)
-    if source.suffix == ".npz":
-        with np.load(source, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
+    try:
+        if source.suffix == ".npy":
+            return np.load(source, allow_pickle=False)
+        if source.suffix == ".npz":
+            with np.load(source, allow_pickle=False) as archive:
+                return {name: archive[name] for name in archive.files}
+    except ValueError as exc:  # numpy's word for a damaged or pickled file
+        raise DataError(f"--data: cannot read '{source}': {one_line(exc)}") from None
     raise DataError(f"--data: '{source}' is not allowed; allowed: a .npy or .npz file")
 
 

@@ -411,7 +411,9 @@ def load_profile(target: str | os.PathLike[str] | NPUProfile | None = None) -> N
     if not path.is_file():
         raise ConfigError(f"target: file '{path}' not found")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"target: '{path}' is not UTF-8 text (byte {exc.start}); allowed: a JSON profile") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"target: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict):

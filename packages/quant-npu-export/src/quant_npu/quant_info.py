@@ -161,7 +161,9 @@ def load_quant_info(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[
     if not path.is_file():
         raise ModelError(f"quant_info: file '{path}' not found")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"quant_info: '{path}' is not UTF-8 text (byte {exc.start}); allowed: a JSON file") from None
     except json.JSONDecodeError as exc:
         raise ModelError(f"quant_info: '{path}' is not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict):

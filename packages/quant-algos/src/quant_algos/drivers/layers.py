@@ -9,8 +9,7 @@ convolution geometry, the output channel axis and whether a bias may be written.
 
 Example:
     >>> import numpy as np
-    >>> from quant_core.errors import ModelError
-from quant_core.qparams import QParams
+    >>> from quant_core.qparams import QParams
     >>> qp = QParams.per_tensor(0.1, 0, "int8")
     >>> conv = describe_layer("c", "Conv", {"strides": [2, 2], "pads": [1, 1, 1, 1]}, np.ones((4, 3, 3, 3), np.float32),
     ...                       qp, None, None, input_quantized=True)

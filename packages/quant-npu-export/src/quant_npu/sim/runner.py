@@ -81,10 +81,32 @@ class NPUSimulator:
             if len(names) != 1:
                 raise DataError(f"data: one array given; the model has inputs {', '.join(names)} (use a .npz)")
             feeds = {names[0]: np.asarray(data)}
+        for name, value in feeds.items():
+            self._check_input(name, value)
         sizes = {len(v) for v in feeds.values()}
         if len(sizes) != 1:
             raise DataError(f"data: inputs have different sample counts {sorted(sizes)}")
         return feeds
+
+    def _check_input(self, name: str, value: np.ndarray) -> None:
+        """``value`` is numbers in the graph input's shape (axis 0, the samples, any size):
+        what does not fit is the caller's data, not a fault of the simulator."""
+        from quant_core.onnx_qdq.graph import value_info_shape
+
+        if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
+            raise DataError(f"data: input {name!r} has dtype {value.dtype}; allowed: numbers")
+        if value.ndim == 0:
+            raise DataError(f"data: input {name!r} is a scalar; allowed: an array with the samples on axis 0")
+        graph_input = next((vi for vi in self.model.graph.input if vi.name == name), None)
+        dims = value_info_shape(graph_input) if graph_input is not None else None
+        if dims is None:
+            return
+        fits = value.ndim == len(dims) and all(
+            not isinstance(d, int) or d == s for d, s in zip(dims[1:], value.shape[1:], strict=True)
+        )
+        if not fits:
+            shown = ",".join(["N", *(str(d) if d is not None else "?" for d in dims[1:])])
+            raise DataError(f"data: input {name!r} expected shape [{shown}] got {list(value.shape)}")
 
     def run_batch(
         self, feeds: Mapping[str, np.ndarray], integer: bool = False, sizes: list[int] | None = None

@@ -84,8 +84,9 @@ def read_state(output_dir: Path, model: dict[str, Any]) -> dict[str, Any]:
     path = _required(output_dir, QPARAMS_FILE)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"output_dir: {str(path)!r} is not JSON ({exc.msg}); run quant_mode='calib' again") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        detail = exc.msg if isinstance(exc, json.JSONDecodeError) else f"not UTF-8 text at byte {exc.start}"
+        raise ConfigError(f"output_dir: {str(path)!r} is not JSON ({detail}); run quant_mode='calib' again") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
         raise ConfigError(f"output_dir: {str(path)!r} is not a qparams file of version {FORMAT_VERSION} ({FORMAT})")
     saved = data["model"]
