@@ -5,7 +5,9 @@ and op, the data's input or batch, the output path) and what is allowed. All of 
 derive from :class:`QuantError`, itself a ``ValueError``, so a caller that only knows
 "bad input" catches one type, and a caller that wants to tell a bad model from bad data
 catches the subclass. A missing optional dependency is an ``ImportError`` instead
-(:class:`MissingDependencyError`): the fix is an install, not other input.
+(:class:`MissingDependencyError`): the fix is an install, not other input. A broken
+internal invariant is a bug, not bad input: an ``AssertionError``. No other package raises
+a bare ``ValueError`` or defines an error class of its own (a test scans the sources).
 
 Example:
     >>> try:
