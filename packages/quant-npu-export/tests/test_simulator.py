@@ -15,7 +15,9 @@ from builders import GraphBuilder, QDQWriter, activation_net, conv_chain, mobile
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_npu.legalize import legalize_model
+from quant_npu.profile import NPUProfile, get_profile
 from quant_npu.sim import NPUSimulator, simulate
 
 
@@ -107,22 +109,37 @@ def test_shape_computations_run_on_the_host() -> None:
 def test_errors_name_the_node() -> None:
     w = QDQWriter()
     y = w.op("Relu", [w.quantize("x", 0, scale=0.3)], "relu")
-    with pytest.raises(ValueError, match=r"node 'relu' \(Relu\): q\d+: int8 scale 0\.3 has no fix position; run quant"):
+    with pytest.raises(ModelError, match=r"node 'relu' \(Relu\): q\d+: int8 scale 0\.3 has no fix position; run quant"):
         NPUSimulator(w.model([("x", [1, 4])], [w.quantize(y, 4)]))
     w = QDQWriter()
     y = w.op("Sin", [w.quantize("x", 4)], "sin")
-    with pytest.raises(ValueError, match="node 'sin' \\(Sin\\): no integer kernel for Sin"):
+    with pytest.raises(ModelError, match="node 'sin' \\(Sin\\): no integer kernel for Sin"):
         NPUSimulator(w.model([("x", [1, 4])], [w.quantize(y, 4)]))
     w = QDQWriter()
     y = w.op("Relu", [w.quantize("x", 4)], "relu")
     z = w.op("Relu", [y], "relu2")  # float edge: relu writes a float tensor
-    with pytest.raises(ValueError, match="node 'relu' \\(Relu\\): an input or output is not quantized"):
+    with pytest.raises(ModelError, match="node 'relu' \\(Relu\\): an input or output is not quantized"):
         NPUSimulator(w.model([("x", [1, 4])], [w.quantize(z, 4)]))
     simulator = NPUSimulator(legal(conv_chain))
-    with pytest.raises(ValueError, match="data: input 'x' is missing"):
+    with pytest.raises(DataError, match="data: input 'x' is missing"):
         simulator.run({"y": np.zeros((1, 3, 8, 8), np.float32)}, quiet=True)
-    with pytest.raises(ValueError, match="batch_size: 0 is out of range"):
+    with pytest.raises(ConfigError, match="batch_size: 0 is out of range"):
         simulator.run(np.zeros((1, 3, 8, 8), np.float32), batch_size=0, quiet=True)
+    with pytest.raises(DataError, match=r"data: input 'x' expected shape \[N,3,8,8\] got \[1, 3, 8, 9\]"):
+        simulator.run(np.zeros((1, 3, 8, 9), np.float32), quiet=True)
+    with pytest.raises(DataError, match="data: input 'x' has dtype <U1; allowed: numbers"):
+        simulator.run(np.array(["a"]), quiet=True)
+
+
+def test_a_fusion_the_simulator_lacks_is_a_model_error_naming_the_node() -> None:
+    # a profile may fuse LeakyRelu into Add; the integer Add kernel only clamps (Relu, Clip)
+    w = QDQWriter()
+    added = w.op("Add", [w.quantize("x", 4), w.quantize("x", 4)], "add")
+    y = w.op("LeakyRelu", [w.quantize(added, 4)], "leaky", alpha=0.1)
+    fields = get_profile("xint8").to_dict()
+    fields["fusions"] = {**fields["fusions"], "Add": ["Relu", "LeakyRelu"]}
+    with pytest.raises(ModelError, match=r"node 'add' \(Add\): a fused LeakyRelu is not simulated after Add/Sub"):
+        NPUSimulator(w.model([("x", [1, 4])], [w.quantize(y, 4)]), NPUProfile.from_dict(fields))
 
 
 def test_ops_outside_the_target_are_noted() -> None:

@@ -191,7 +191,7 @@ class FakeQuantizer(nn.Module):
     def _observe(self, x: torch.Tensor, sync: BatchSync | None) -> None:
         try:
             observe(self.observer, x, sync)
-        except ValueError as exc:
+        except DataError as exc:  # NaN/Inf or a batch without the channel axis
             raise DataError(f"calibration: tensor {self.name!r}: {exc}") from None
 
     def _broadcast(self, value: torch.Tensor, ndim: int) -> torch.Tensor:

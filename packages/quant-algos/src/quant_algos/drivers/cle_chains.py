@@ -28,6 +28,7 @@ import attrs
 import numpy as np
 
 from quant_algos.layer import Layer
+from quant_core.errors import ModelError
 from quant_core.plan import HOMOGENEOUS_ACTIVATIONS, GraphView, PlanNode, activation_kind, weight_is_transposed
 
 # Ops between two layers that commute with a positive per-channel scale.
@@ -144,7 +145,7 @@ def layer_ref(node: PlanNode, graph: GraphView, writable: Writable) -> LayerRef 
         return None
     try:
         layer = Layer(weight, bias, groups=groups)
-    except ValueError:
+    except ModelError:  # a layout CLE does not handle: the chain is left alone
         return None
     return LayerRef(node, weight_name, bias_name, transposed, layer)
 

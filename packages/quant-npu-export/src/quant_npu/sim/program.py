@@ -332,7 +332,10 @@ class _Compiler:
     def _add(self, step: Step, out_pos: int, out_range: tuple[int, int], subtract: bool = False) -> tuple:
         a, b = self.data(step, (0, 1))
         positions = (self.pos(step, a), self.pos(step, b))
-        kernel = AddKernel(positions, out_pos, self.mode, out_range, subtract, self.activation(step),
+        activation = self.activation(step)
+        if activation is not None and activation.kind == "leaky":  # a profile's fusions may ask for it
+            raise self.fail(step, "a fused LeakyRelu is not simulated after Add/Sub; allowed fused: Relu, Clip")
+        kernel = AddKernel(positions, out_pos, self.mode, out_range, subtract, activation,
                            (self.bound(a), self.bound(b)))  # fmt: skip
         return (a, b), (), kernel
 

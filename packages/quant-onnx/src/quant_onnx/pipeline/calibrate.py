@@ -275,7 +275,7 @@ def observe_tensors(
     def observe(key: str, tensor: str, value: np.ndarray) -> None:
         try:
             observers[key].update(value)
-        except ValueError as exc:  # NaN/Inf: the inputs were checked finite, so the model made them
+        except DataError as exc:  # NaN/Inf: the inputs were checked finite, so the model made them
             raise ModelError(f"calibration: tensor '{tensor}' {_detail(exc)} (the model computes it)") from None
 
     for name, keys in feeds_of.items():
@@ -331,7 +331,7 @@ def observe_tensors(
     return seen
 
 
-def _detail(exc: ValueError) -> str:
+def _detail(exc: DataError) -> str:
     """``'contains NaN'`` from an observer's ``'<what>: contains NaN; ...'``."""
     text = str(exc).split(";")[0]
     return text.split(": ", 1)[-1] if ": " in text else text
