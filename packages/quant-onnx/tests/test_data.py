@@ -163,6 +163,19 @@ def test_npz_keys_are_input_names_and_read_lazily(tmp_path):
     assert [b["b"].shape for b in out] == [(3, 3), (1, 3)]
 
 
+def test_damaged_npz_files_are_data_errors(tmp_path):
+    # numpy says ValueError (an object array) or zipfile.BadZipFile: a bug report unless caught
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x=np.array([{"a": 1}] * 2, dtype=object))
+    with pytest.raises(DataError, match=r"cannot read 'x' of '.*objects\.npz': Object arrays cannot be loaded"):
+        list(calibration_batches(IMG, objects))
+    cut = tmp_path / "cut.npz"
+    np.savez(cut, x=samples(4))
+    cut.write_bytes(cut.read_bytes()[:100])
+    with pytest.raises(DataError, match=r"cannot read '.*cut\.npz': File is not a zip file"):
+        list(calibration_batches(IMG, cut))
+
+
 def test_unsupported_paths(tmp_path):
     (tmp_path / "data.csv").write_text("1,2")
     with pytest.raises(DataError, match=r"unsupported type '\.csv'"):

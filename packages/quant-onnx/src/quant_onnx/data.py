@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -266,23 +267,29 @@ def iter_npz(path: str | os.PathLike[str]) -> Iterator[Batch]:
     """One chunk whose values are read from the archive key by key, when first used."""
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise DataError(f"calibration data: cannot read '{path}': {_first_line(exc)}") from exc
     with archive:
-        yield _LazyArchive(archive)  # type: ignore[misc]
+        yield _LazyArchive(archive, path)  # type: ignore[misc]
 
 
 class _LazyArchive(dict):  # type: ignore[type-arg]
     """dict view of an NpzFile that decompresses a key on first access only."""
 
-    def __init__(self, archive: Any) -> None:
+    def __init__(self, archive: Any, path: str | os.PathLike[str]) -> None:
         super().__init__({k: None for k in archive.files})
         self._archive = archive
+        self._path = path
 
     def __getitem__(self, key: str) -> np.ndarray:
         value = super().__getitem__(key)
         if value is None:
-            value = self._archive[key]
+            try:
+                value = self._archive[key]
+            except (OSError, ValueError, zipfile.BadZipFile) as exc:  # an object array, a damaged member
+                raise DataError(
+                    f"calibration data: cannot read '{key}' of '{self._path}': {_first_line(exc)}"
+                ) from None
             super().__setitem__(key, value)
         return value
 
