@@ -29,7 +29,9 @@ Paths (``--paths``):
 * ``onnx_minmax``, ``onnx_histogram``: ``quant_onnx.quantize`` (``a8w8``, ``xint8``; the whole
   call, in memory) against onnxruntime float inference of the batches (default session);
 * ``onnx_adaround``: ``quant_onnx.quantize`` with ``xint8_adaround`` (``--adaround-iterations``
-  per layer), against the same float inference.
+  per layer; AdaRound's loops on one torch thread, the default), against the same float
+  inference; ``onnx_adaround_torch_threads``: the same with ``num_threads=None`` (torch's
+  thread count, the default before 2026-11-26).
 
 Example:
     $ python -m tools.bench.contention --out .cache/bench/contention.json
@@ -56,7 +58,21 @@ if __package__ in (None, ""):  # run as a file: make `tools.*` importable
 from tools.bench.common import interleaved_medians
 
 CONDITIONS = ("quiet", "torch_neighbour", "torch_short_ops_neighbour", "python_neighbours", "loader")
-PATHS = ("torch_minmax", "torch_histogram", "counting", "onnx_minmax", "onnx_histogram", "onnx_adaround")
+PATHS = (
+    "torch_minmax",
+    "torch_histogram",
+    "counting",
+    "onnx_minmax",
+    "onnx_histogram",
+    "onnx_adaround",
+    "onnx_adaround_torch_threads",
+)
+ONNX_PRESETS = {
+    "onnx_minmax": "a8w8",
+    "onnx_histogram": "xint8",
+    "onnx_adaround": "xint8_adaround",
+    "onnx_adaround_torch_threads": "xint8_adaround",
+}
 TARGET = 1.5
 
 _TORCH_NEIGHBOUR = """
@@ -185,8 +201,10 @@ COUNTED_VALUES = 2_000_000
 
 
 def onnx_pair(
-    model_name: str, preset: str, data: Batches, iterations: int
+    model_name: str, preset: str, data: Batches, iterations: int, torch_threads: bool = False
 ) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """Float inference and ``quant_onnx.quantize`` of the batches; ``torch_threads``: AdaRound's
+    loops on torch's thread count instead of the config's default."""
     import attrs
 
     import quant_onnx
@@ -206,7 +224,9 @@ def onnx_pair(
         config = attrs.evolve(
             config,
             algorithms=tuple(
-                attrs.evolve(a, num_iterations=iterations) if isinstance(a, AdaRoundConfig) else a
+                attrs.evolve(a, num_iterations=iterations, num_threads=None if torch_threads else a.num_threads)
+                if isinstance(a, AdaRoundConfig)
+                else a
                 for a in config.algorithms
             ),
         )
@@ -285,8 +305,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             elif path.startswith("torch"):
                 reference, work = torch_pair(model_name, "a8w8" if path == "torch_minmax" else "xint8", data)
             else:
-                preset = {"onnx_minmax": "a8w8", "onnx_histogram": "xint8", "onnx_adaround": "xint8_adaround"}[path]
-                reference, work = onnx_pair(model_name, preset, data, args.adaround_iterations)
+                torch_threads = path == "onnx_adaround_torch_threads"
+                reference, work = onnx_pair(
+                    model_name, ONNX_PRESETS[path], data, args.adaround_iterations, torch_threads
+                )
             with neighbours(condition):
                 reference()
                 work()  # warm-up of both sides, under the load

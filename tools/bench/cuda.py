@@ -64,22 +64,12 @@ def build(name: str, size: int) -> Any:
     return timm.create_model(name, pretrained=False, num_classes=1000).eval(), torch.zeros(1, 3, size, size)
 
 
-def _qparams(model: Any) -> dict[str, tuple[list[float], list[int]]]:
-    from quant_torch_fx.prepare import activation_quantizers, weight_quantizers
-
-    found = {}
-    for prefix, quantizers in (("a:", activation_quantizers(model)), ("w:", weight_quantizers(model))):
-        for key, fq in quantizers:
-            qp = fq.current_qparams()
-            found[prefix + key] = (qp.scale.reshape(-1).tolist(), qp.zero_point.reshape(-1).tolist())
-    return found
-
-
 def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from quant_torch_fx import ModelQuantizer
     from quant_torch_fx.calibrate import run_batches, start_observing
+    from quant_torch_fx.prepare import qparams_table
 
     model, example = build(name, args.size)
     gen = torch.Generator().manual_seed(1)
@@ -109,8 +99,8 @@ def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
         row[f"{preset}_calib_s_per_batch"] = calib_s / args.timed_batches
         row["infer_s_per_batch"] = infer_s / args.timed_batches
         # The same calibration on the device and on the CPU: identical qparams.
-        on_device = _qparams(q.quantize_model(copy.deepcopy(model).to(args.device), example.to(args.device), [x]))
-        on_cpu = _qparams(q.quantize_model(copy.deepcopy(model), example, [x_cpu]))
+        on_device = qparams_table(q.quantize_model(copy.deepcopy(model).to(args.device), example.to(args.device), [x]))
+        on_cpu = qparams_table(q.quantize_model(copy.deepcopy(model), example, [x_cpu]))
         differing = [k for k in on_cpu if on_cpu[k] != on_device.get(k)]
         row[f"{preset}_qparams_equal_to_cpu"] = not differing
         row[f"{preset}_qparams_differing"] = differing[:5]
@@ -152,6 +142,7 @@ def _ddp_worker(rank: int, init_file: str, out_dir: str, name: str, size: int, b
     import torch.distributed as dist
 
     from quant_torch_fx import ModelQuantizer, train_qat
+    from quant_torch_fx.prepare import qparams_table
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
@@ -160,7 +151,7 @@ def _ddp_worker(rank: int, init_file: str, out_dir: str, name: str, size: int, b
         shard = [b.to(device) for b in data[rank::WORLD]]
         q = ModelQuantizer("xint8", quiet=True)
         t = time.perf_counter()
-        ptq = _qparams(q.quantize_model(copy.deepcopy(model).to(device), example.to(device), shard))
+        ptq = qparams_table(q.quantize_model(copy.deepcopy(model).to(device), example.to(device), shard))
         ptq_s = time.perf_counter() - t
         qat = q.prepare_qat(copy.deepcopy(model).to(device), example.to(device), calib_loader=shard[:1])
         ddp = torch.nn.parallel.DistributedDataParallel(qat)
@@ -168,7 +159,7 @@ def _ddp_worker(rank: int, init_file: str, out_dir: str, name: str, size: int, b
         t = time.perf_counter()
         train_qat(ddp, labelled, epochs=1, lr=1e-4, quiet=True)
         qat_s = time.perf_counter() - t
-        after = _qparams(qat)
+        after = qparams_table(qat)
         torch.save({"ptq": ptq, "after": after, "ptq_s": ptq_s, "qat_s": qat_s}, Path(out_dir) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -186,6 +177,7 @@ def part_ddp(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     from quant_torch_fx import ModelQuantizer
+    from quant_torch_fx.prepare import qparams_table
 
     row: dict[str, Any] = {"model": name, "part": "ddp", "world": WORLD, "backend": "gloo", "device": args.device}
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,7 +191,7 @@ def part_ddp(name: str, args: argparse.Namespace) -> dict[str, Any]:
         )
         ranks = [torch.load(Path(tmp) / f"{r}.pt", weights_only=False) for r in range(WORLD)]
     model, example = build(name, args.size)
-    union = _qparams(
+    union = qparams_table(
         ModelQuantizer("xint8", quiet=True).quantize_model(
             model.to(args.device),
             example.to(args.device),

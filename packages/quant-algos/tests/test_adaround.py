@@ -91,3 +91,29 @@ def test_bad_arguments_are_named():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
             adaround_layer(w, b, qp, xq, target, AdaRoundConfig(device="cuda"), geometry=geo, quiet=True)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, None])
+def test_the_layer_loop_runs_on_the_configs_thread_count_and_restores_torchs(monkeypatch, num_threads):
+    import quant_algos.adaround as adaround_module
+
+    seen = []
+    solver = adaround_module._adaround_layer
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return solver(*args, **kwargs)
+
+    monkeypatch.setattr(adaround_module, "_adaround_layer", recording)
+    w, b, xq, target, geo = _conv_problem()
+    before = torch.get_num_threads()
+    config = AdaRoundConfig(num_iterations=20, batch_size=8, num_threads=num_threads)
+    adaround_layer(w, b, QParams.per_tensor(0.05, 0, "int8"), xq, target, config, geometry=geo, quiet=True)
+    assert seen == [before if num_threads is None else num_threads]
+    assert torch.get_num_threads() == before
+    assert AdaRoundConfig().num_threads == 1
+
+
+def test_a_thread_count_below_one_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"num_threads: 0 is out of range; allowed: null or an integer > 0"):
+        AdaRoundConfig(num_threads=0)

@@ -169,6 +169,17 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], int]] = {
         IMAGE,
         17,
     ),
+    "boolean_masks": (
+        lambda: Lambda(
+            lambda x: (
+                torch.where(((x > 0.5) | (x < -0.5)) & ~(x > 1.5), x, -x)
+                + ((x > 0) ^ (x.abs() < 0.2)).float()
+                + torch.logical_xor(x > 0.3, x < 0.6).float()
+            )
+        ),
+        IMAGE,
+        17,
+    ),
     "nearest_scale": (lambda: nn.Upsample(scale_factor=2, mode="nearest"), IMAGE, 17),
     "nearest_size": (lambda: Lambda(lambda x: F.interpolate(x, size=(12, 5), mode="nearest")), IMAGE, 17),
     "nearest_exact": (lambda: Lambda(lambda x: F.interpolate(x, size=(12, 5), mode="nearest-exact")), IMAGE, 17),

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from models import conv_bn_net, images
 
 from quant_torch_fx import ModelQuantizer, train_qat
-from quant_torch_fx.prepare import activation_quantizers, weight_quantizers
+from quant_torch_fx.prepare import qparams_table
 from quant_torch_fx.training import learnable_quantizers
 
 WORLD = 2
@@ -23,15 +23,6 @@ EXAMPLE = torch.randn(1, 3, 8, 8)
 
 def _data() -> list[torch.Tensor]:
     return images(6, batch=8, seed=21)
-
-
-def _qparams(model: torch.nn.Module) -> dict[str, tuple[list[float], list[int]]]:
-    found = {}
-    for prefix, quantizers in (("a:", activation_quantizers(model)), ("w:", weight_quantizers(model))):
-        for key, fq in quantizers:
-            qp = fq.current_qparams()
-            found[prefix + key] = (qp.scale.reshape(-1).tolist(), qp.zero_point.reshape(-1).tolist())
-    return found
 
 
 def _labelled(batches: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -44,11 +35,11 @@ def _worker(rank: int, init_file: str, out_dir: str, preset: str) -> None:
     try:
         shard = _data()[rank::WORLD]
         q = ModelQuantizer(preset, quiet=True)
-        ptq = _qparams(q.quantize_model(conv_bn_net(), EXAMPLE, shard))
+        ptq = qparams_table(q.quantize_model(conv_bn_net(), EXAMPLE, shard))
         qat = q.prepare_qat(conv_bn_net(), EXAMPLE)
         ddp = torch.nn.parallel.DistributedDataParallel(qat)
         train_qat(ddp, _labelled(shard)[:1], epochs=1, lr=0.0, quiet=True)  # first batch: learnables start
-        init = _qparams(qat)
+        init = qparams_table(qat)
         train_qat(ddp, _labelled(shard), epochs=2, lr=1e-3, quiet=True)
         learned = {name: p.detach().clone() for name, p in qat.named_parameters()}
         thresholds = [fq.learned.detach().clone() for fq in learnable_quantizers(qat)]
@@ -69,7 +60,7 @@ def test_ranks_agree_with_one_process_on_the_union(preset: str) -> None:
         results = [torch.load(Path(tmp) / f"{rank}.pt", weights_only=False) for rank in range(WORLD)]
 
     q = ModelQuantizer(preset, quiet=True)
-    union = _qparams(q.quantize_model(conv_bn_net(), EXAMPLE, _data()))
+    union = qparams_table(q.quantize_model(conv_bn_net(), EXAMPLE, _data()))
     assert results[0]["ptq"] == results[1]["ptq"] == union
 
     # QAT: learnable qparams start from both ranks' first batches together
@@ -77,7 +68,7 @@ def test_ranks_agree_with_one_process_on_the_union(preset: str) -> None:
     first = torch.cat([data[0], data[1]])
     single = q.prepare_qat(conv_bn_net(), EXAMPLE)
     train_qat(single, _labelled([first]), epochs=1, lr=0.0, quiet=True)
-    assert results[0]["init"] == results[1]["init"] == _qparams(single)
+    assert results[0]["init"] == results[1]["init"] == qparams_table(single)
 
     # and stay identical while DDP trains
     for name, value in results[0]["learned"].items():

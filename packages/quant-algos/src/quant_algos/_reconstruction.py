@@ -262,6 +262,8 @@ class _ReconstructionConfig(Protocol):
     def batch_size(self) -> int: ...
     @property
     def num_samples(self) -> int | None: ...
+    @property
+    def num_threads(self) -> int | None: ...
 
 
 Solver = Callable[..., "ReconstructionResult"]
@@ -281,13 +283,12 @@ def solve_layer(
     name: str,
     quiet: bool,
     settings: PoolSettings,
-    num_threads: int | None,
 ) -> ReconstructionResult:
     """What AdaRound and AdaQuant share: import torch (naming the extra when it is
-    missing), pin the thread count, validate and build the layer problem on the
+    missing), pin the config's thread count, validate and build the layer problem on the
     configured device, then run ``solver`` on it."""
     torch = require_torch(algorithm)
-    with torch_threads(torch, num_threads):
+    with torch_threads(torch, config.num_threads):
         device = torch_device(torch, config.device)
         w, problem = make_problem(
             torch,

@@ -51,7 +51,6 @@ def adaquant_layer(
     seed: int = 0,
     positions_per_sample: int = 64,
     max_pool_bytes: int = 64 << 20,
-    num_threads: int | None = None,
 ) -> ReconstructionResult:
     """Learn the weights (and the bias, when the layer has one) of one Conv2d or Gemm
     layer; the arguments are those of :func:`quant_algos.adaround.adaround_layer`.
@@ -75,7 +74,6 @@ def adaquant_layer(
         name=name,
         quiet=quiet,
         settings=settings,
-        num_threads=num_threads,
     )
 
 
@@ -90,7 +88,6 @@ def adaquant_pool(
     name: str = "layer",
     quiet: bool = False,
     settings: PoolSettings | None = None,
-    num_threads: int | None = None,
 ) -> ReconstructionResult:
     """:func:`adaquant_layer` on a pool already drawn from the layer's data (what the
     layer-by-layer driver streams into, :mod:`quant_algos.drivers.reconstruction`)."""
@@ -106,7 +103,6 @@ def adaquant_pool(
         name=name,
         quiet=quiet,
         settings=settings or PoolSettings(),
-        num_threads=num_threads,
     )
 
 

@@ -75,7 +75,6 @@ def adaround_layer(
     seed: int = 0,
     positions_per_sample: int = 64,
     max_pool_bytes: int = 64 << 20,
-    num_threads: int | None = None,
 ) -> ReconstructionResult:
     """Learn the rounding of one Conv2d (``geometry`` given) or Gemm layer.
 
@@ -98,8 +97,6 @@ def adaround_layer(
         seed: minibatch and pool sampling seed (results are deterministic for a seed).
         positions_per_sample: output positions per sample in a minibatch.
         max_pool_bytes: memory for the pool of (patch, target) rows.
-        num_threads: torch intra-op threads during the run (None: torch's default, every
-            core: 1.6x faster than one thread on EfficientNet-Lite0's layers on 2 cores).
 
     Returns:
         :class:`ReconstructionResult`; ``weight`` is ``(floor(w/s) + [h(V) >= 0.5]) * s``
@@ -120,7 +117,6 @@ def adaround_layer(
         name=name,
         quiet=quiet,
         settings=settings,
-        num_threads=num_threads,
     )
 
 
@@ -135,7 +131,6 @@ def adaround_pool(
     name: str = "layer",
     quiet: bool = False,
     settings: PoolSettings | None = None,
-    num_threads: int | None = None,
 ) -> ReconstructionResult:
     """:func:`adaround_layer` on a pool already drawn from the layer's data (what the
     layer-by-layer driver streams into, :mod:`quant_algos.drivers.reconstruction`)."""
@@ -151,7 +146,6 @@ def adaround_pool(
         name=name,
         quiet=quiet,
         settings=settings or PoolSettings(),
-        num_threads=num_threads,
     )
 
 

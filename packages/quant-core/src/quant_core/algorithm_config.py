@@ -45,6 +45,14 @@ DEFAULT_NUM_SAMPLES = 256
 unset (``None``). The layer-wise ones keep per-sample state, so this bounds their time
 and memory; 256 natural images were enough for every benchmark model."""
 
+RECONSTRUCTION_THREADS = 1
+"""torch intra-op threads AdaRound and AdaQuant use by default. Their per-layer loops are
+thousands of small ops: a second thread gains little on a quiet machine, and on a machine
+whose cores are shared every parallel op waits for whichever thread the OS parked (the whole
+``xint8_adaround`` quantization of the Fashion-MNIST MobileNetV2 took 136 s on two threads
+against 23 s on one beside other work, docs/benchmarks.md). One thread also rounds the same
+whatever the machine's core count: torch splits its float sums by thread count."""
+
 _positive_int = _in_range(lambda v: isinstance(v, int) and v > 0, "an integer > 0")
 _optional_positive_int = _in_range(lambda v: v is None or (isinstance(v, int) and v > 0), "null or an integer > 0")
 _positive = _in_range(lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0")
@@ -149,6 +157,11 @@ class AdaRoundConfig:
         warm_start: fraction of the iterations before the regulariser starts.
         early_stop: stop a layer once every rounding has settled.
         num_samples: calibration samples used (``None``: ``DEFAULT_NUM_SAMPLES``).
+        num_threads: torch intra-op threads of the per-layer loops (``None``: torch's
+            setting). One by default: the loops are thousands of small ops that gain little
+            from a second thread and wait on parked threads when cores are shared; one
+            thread also rounds the same whatever the machine's core count
+            (``RECONSTRUCTION_THREADS``).
 
     Example:
         >>> AdaRoundConfig(device="cuda:0", num_iterations=500).device
@@ -166,6 +179,7 @@ class AdaRoundConfig:
     warm_start: float = attrs.field(default=0.2, validator=_unit)
     early_stop: bool = attrs.field(default=True, validator=_bool)
     num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    num_threads: int | None = attrs.field(default=RECONSTRUCTION_THREADS, validator=_optional_positive_int)
 
     @beta_end.validator
     def _falls(self, _attribute: attrs.Attribute, value: float) -> None:  # type: ignore[type-arg]
@@ -188,6 +202,8 @@ class AdaQuantConfig:
         learning_rate: Adam's learning rate for weights and bias.
         early_stop: stop a layer once its score stops improving.
         num_samples: calibration samples used (``None``: ``DEFAULT_NUM_SAMPLES``).
+        num_threads: torch intra-op threads of the per-layer loops (``None``: torch's
+            setting; one by default, as for AdaRound).
 
     Example:
         >>> AdaQuantConfig(learning_rate=1e-5).learning_rate
@@ -201,6 +217,7 @@ class AdaQuantConfig:
     learning_rate: float = attrs.field(default=1e-5, validator=_positive)
     early_stop: bool = attrs.field(default=True, validator=_bool)
     num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    num_threads: int | None = attrs.field(default=RECONSTRUCTION_THREADS, validator=_optional_positive_int)
 
 
 class PrecisionTarget(enum.Enum):

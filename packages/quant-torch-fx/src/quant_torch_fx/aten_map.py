@@ -179,7 +179,11 @@ _PLAIN_UNARY = {
 """One-input ops with the same definition in ONNX that the planner keeps float."""
 
 _COMPARISONS = {"eq": "Equal", "ne": "Not", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
-_LOGICAL = {"logical_and": "And", "logical_or": "Or", "bitwise_and": "And", "bitwise_or": "Or"}
+_LOGICAL = {
+    "logical_and": "And", "logical_or": "Or", "logical_xor": "Xor",
+    "bitwise_and": "And", "bitwise_or": "Or", "bitwise_xor": "Xor",
+    "__and__": "And", "__or__": "Or", "__xor__": "Xor",  # `mask_a | mask_b` in Python
+}  # fmt: skip
 _ALIAS_NAMES = (
     "clone", "contiguous", "alias", "detach", "detach_", "dropout", "feature_dropout", "lift_fresh_copy", "identity",
 )  # fmt: skip

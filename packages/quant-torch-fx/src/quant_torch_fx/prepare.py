@@ -195,6 +195,27 @@ def named_quantizers(model: nn.Module) -> list[dict[str, FakeQuantizer]]:
     return graphs
 
 
+def qparams_table(model: nn.Module) -> dict[str, tuple[list[float], list[int]]]:
+    """Every quantizer's current scale and zero point as plain lists, keyed by
+    ``"<graph index>/<named_quantizers name>"``: what two runs (devices, DDP ranks,
+    processes) compare to tell whether they calibrated alike.
+
+    Example:
+        >>> import torch
+        >>> from quant_torch_fx import ModelQuantizer
+        >>> x = torch.randn(1, 3, 4, 4)
+        >>> calibrated = ModelQuantizer("a8w8", quiet=True).quantize_model(torch.nn.Conv2d(3, 4, 1), x, [x])
+        >>> sorted(qparams_table(calibrated))[-1]
+        '0/weight:conv2d'
+    """
+    table = {}
+    for index, named in enumerate(named_quantizers(model)):
+        for name, fq in named.items():
+            qp = fq.current_qparams()
+            table[f"{index}/{name}"] = (qp.scale.reshape(-1).tolist(), qp.zero_point.reshape(-1).tolist())
+    return table
+
+
 def unique_name(base: str, taken: Collection[str]) -> str:
     """``base``, or ``base_1``, ``base_2``... : the first not in ``taken``.
 
