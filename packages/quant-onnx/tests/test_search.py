@@ -19,6 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_builders import mlp, random_inputs, small_cnn
 
+from quant_algos.search.evaluation import prefix_better, score_outputs
+from quant_algos.search.metrics import Metric
+from quant_algos.search.space import TIER_8BIT
 from quant_core.algorithm_config import CLEConfig
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError, DataError
@@ -42,9 +45,6 @@ from quant_onnx.recipe_search import (
     search,
     split_indices,
 )
-from quant_onnx.recipe_search.evaluation import prefix_better, score_outputs
-from quant_onnx.recipe_search.metrics import Metric
-from quant_onnx.recipe_search.space import TIER_8BIT
 
 CALIBRATION = CalibrationConfig(batch_size=16)
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import onnx
 
 from quant_core.config import QuantConfig
 from quant_core.serialization import to_data
@@ -32,14 +31,15 @@ class CandidateResult:
 
     Attributes:
         name: ``format/observer[+algorithm...]``.
-        config: the whole recipe (``quant-onnx quantize --config`` runs it as is).
+        config: the whole recipe (``quant-onnx quantize --config`` or ``ModelQuantizer(config)`` runs it as is).
         tier, cost: the order's keys (``recipe_search.space``).
         status: one of :data:`STATUSES`.
         score: the metric on the selection part (``None`` if not scored in full).
         bound: the most the metric could have reached (``score`` when complete).
         samples: samples scored.
-        latency_ms: onnxruntime time per evaluation batch (median), ``None`` if not run.
-        size_bytes: the deployed model's serialized size.
+        latency_ms: time per evaluation batch (median) in the deployment's runtime
+            (onnxruntime; torch for quant-torch-fx), ``None`` if not run.
+        size_bytes: the deployed model's serialized size (ONNX bytes; torch: its ``state_dict``).
         wide_share: share of the quantized activation tensors (and layer inputs mixed
             precision requantizes) stored in 16 bits.
         legal: against the deployment's rules (``None``: it has none).
@@ -103,10 +103,11 @@ class StatisticsPass:
 
 @attrs.frozen(eq=False)
 class SearchResult:
-    """What :func:`quant_onnx.search` returns.
+    """What :func:`quant_onnx.search` and :func:`quant_torch_fx.search` return.
 
     Attributes:
-        model: the chosen model as deployed (the winner's, else the best candidate's).
+        model: the chosen model as deployed (the winner's, else the best candidate's): an
+            ``onnx.ModelProto`` from quant-onnx, a frozen ``nn.Module`` from quant-torch-fx.
         chosen: the chosen candidate's row (``None`` when no candidate could be built).
         met: whether ``chosen`` meets the target on the selection part.
         target, metric, deployment: what was searched for, and where.
@@ -128,7 +129,7 @@ class SearchResult:
         report: the JSON report (also written when a report path was given).
     """
 
-    model: onnx.ModelProto | None
+    model: Any
     chosen: CandidateResult | None
     met: bool
     target: float
