@@ -23,6 +23,12 @@ run (issue 27: same or better metric, at most 0.3x its time).
     python -m tools.bench.search                     # the default above
     python -m tools.bench.search --models fmnist_resnet18 --target-agreement 0.99 --no-npu
     python -m tools.bench.search --quark             # and Quark's auto_search beside it
+    python -m tools.bench.search --backend torch     # quant_torch_fx.search, the same default
+
+With ``--backend torch``, the same search through ``quant_torch_fx.search`` on the torch
+definition of the model (``tools/reference_models/torch_weights.py``), against the winning
+recipe alone (``ModelQuantizer(config).quantize_model`` + ``freeze``), one torch thread
+unless ``--threads`` says otherwise.
 """
 
 from __future__ import annotations
@@ -187,6 +193,77 @@ def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: i
     print(f"searched model byte-identical to the recipe alone's: {same}")
 
 
+def bench_torch(name: str, target: float, npu: str | None, num_calib: int, num_eval: int, threads: int) -> None:
+    """``quant_torch_fx.search`` on the torch definition of ``name`` against the winning
+    recipe alone (``ModelQuantizer(config).quantize_model`` + ``freeze``, the same
+    calibration batches), timed twice after the search in the same process; and whether
+    the searched model is the recipe alone's (same ``state_dict``)."""
+    common.use_checkout_packages()
+    import torch
+
+    from quant_torch_fx import ModelQuantizer
+    from quant_torch_fx import search as torch_search
+    from quant_torch_fx.recipe_search import torch_runner
+    from tools.bench.torch_fx import load_torch_model
+
+    torch.set_num_threads(threads)
+    model = load_torch_model(name)
+    data = load_data(MODELS[name], num_calib=num_calib, num_eval=num_eval)
+    calib = np.load(data.calib_path)
+    example = torch.from_numpy(calib[:1])
+    batches = [torch.from_numpy(np.ascontiguousarray(calib[i : i + 32])) for i in range(0, len(calib), 32)]
+
+    def recipe_alone(config):  # the peer: the same calls a user makes with the winning config
+        started = time.perf_counter()
+        q = ModelQuantizer(config, quiet=True)
+        frozen = q.freeze(q.quantize_model(model, example, batches))
+        return frozen, time.perf_counter() - started
+
+    started = time.perf_counter()
+    result = torch_search(model, example, calib, data.eval_x, target=target, deployment=npu, batch_size=32, quiet=True)
+    search_seconds = time.perf_counter() - started
+    from quant_onnx.recipe_search import format_table
+
+    print(f"\n## {name} (torch, {threads} thread(s)): {result.deployment}, {result.metric} >= {target:g}\n")
+    print(format_table(result.candidates))
+    if result.chosen is None or result.model is None:
+        print("no candidate could be built")
+        return
+    chosen = result.chosen
+    alone, after_seconds = recipe_alone(chosen.config)
+    alone, again_seconds = recipe_alone(chosen.config)
+    alone_seconds = (after_seconds + again_seconds) / 2
+    started = time.perf_counter()
+    for run in (torch_runner(model, ["x"], None), torch_runner(alone, ["x"], None)):
+        for i in range(0, len(data.eval_x), 32):
+            run({"x": data.eval_x[i : i + 32]})
+    checking_seconds = time.perf_counter() - started
+    logits = torch_runner(result.model, ["x"], None)({"x": data.eval_x})[0]
+    accuracy = None if data.eval_labels is None else common.accuracy(common.top1(logits), data.eval_labels)
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(alone.state_dict().values(), result.model.state_dict().values(), strict=True)
+        if isinstance(a, torch.Tensor)
+    )
+    print(f"\nchosen: {chosen.name} ({'met' if result.met else 'missed'}; stopped by {result.stopped_by})")
+    print(f"{result.metric}: selection {chosen.score:.4f} ({result.select_samples} samples), ", end="")
+    print(f"held out {common.fmt(result.holdout_score, 4)} ({result.holdout_samples} samples)")
+    print(f"accuracy vs labels (all {len(data.eval_x)} evaluation images): {common.fmt(accuracy, 4)}")
+    print(f"statistics passes: {[(p.pre_passes, len(p.served), round(p.seconds, 2)) for p in result.statistics]}")
+    print(f"reuse: {result.reuse}")
+    candidates = sum(r.seconds for r in result.candidates)
+    print(
+        f"search {search_seconds:.2f} s (float reference {result.reference_seconds:.2f} s, candidates {candidates:.2f} s)"
+    )
+    print(f"recipe alone {after_seconds:.2f} s, again {again_seconds:.2f} s (mean {alone_seconds:.2f} s); ", end="")
+    print(f"checking it on the evaluation set {checking_seconds:.2f} s")
+    print(f"ratio {common.fmt(common.ratio(search_seconds, alone_seconds), 2)}x (target <= 1.5x); ", end="")
+    checked = alone_seconds + checking_seconds
+    print(f"against the recipe alone and checked {common.fmt(common.ratio(search_seconds, checked), 2)}x; ", end="")
+    print(f"floor {common.fmt(common.ratio(checked, alone_seconds), 2)}x")
+    print(f"searched model the recipe alone's (same state_dict tensors): {same}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["fmnist_mobilenetv2"], choices=sorted(MODELS))
@@ -198,7 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-eval", type=int, default=1000)
     parser.add_argument("--budget-s", type=float)
     parser.add_argument("--quark", action="store_true", help="also Quark's auto_search over the shared space")
+    parser.add_argument("--backend", default="onnx", choices=("onnx", "torch"), help="torch: quant_torch_fx.search")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (--backend torch)")
     args = parser.parse_args(argv)
+    if args.backend == "torch":
+        for name in args.models:
+            npu = None if args.no_npu else args.target
+            bench_torch(name, args.target_agreement, npu, args.num_calib, args.num_eval, args.threads)
+        return 0
     if args.quark and args.no_npu:
         parser.error("--quark: the shared space is xint8's; drop --no-npu")
     for name in args.models:

@@ -9,14 +9,18 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
 from quant_core.serialization import to_data
 
 #: Row statuses: the target was met; scored in full and missed; stopped early (the target
@@ -232,3 +236,21 @@ def format_table(rows: Sequence[CandidateResult]) -> str:
             f"{number:>3} {name:<44} {row.status:<8} {metric:>9} {latency:>9} {size:>9} {wide:>7} {legal:>5} {row.seconds:>7.1f}s"
         )
     return "\n".join(lines)
+
+
+def write_search_report(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write a search's JSON report (:meth:`SearchResult.to_dict`) atomically."""
+    return atomic_write(path, json.dumps(report, indent=2, sort_keys=False) + "\n")
+
+
+def check_report_path(path: str | os.PathLike[str] | None) -> None:
+    """A one-line error when the report's folder does not exist (checked before any work).
+
+    Example:
+        >>> check_report_path("/no/such/folder/report.json")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: report_path: folder '/no/such/folder' does not exist
+    """
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise ConfigError(f"report_path: folder '{Path(path).parent}' does not exist")

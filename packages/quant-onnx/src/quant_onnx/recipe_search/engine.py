@@ -50,7 +50,7 @@ import onnx
 from quant_algos.drivers.schedule import schedule
 from quant_algos.search.evaluation import Runner, Scored, check_metric, collect
 from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
-from quant_algos.search.results import SearchResult, StatisticsPass, format_table
+from quant_algos.search.results import SearchResult, StatisticsPass, format_table, write_search_report
 from quant_algos.search.space import Candidate, SearchSpace
 from quant_algos.search.statistics import StatisticsLedger, pre_label, wide_share
 from quant_algos.search.walk import Build, check_arguments, latency_runs, median_batch_ms, search_with
@@ -62,7 +62,6 @@ from quant_onnx.data import CalibrationReader, ImageOptions
 from quant_onnx.pipeline.calibrate import CalibratedModel, collect_statistics, from_filled_observers
 from quant_onnx.recipe_search.deployment import Deployment, deployment_for, onnxruntime_runner
 from quant_onnx.recipe_search.evaluation import load_evaluation_data
-from quant_onnx.reporting.report import write_report
 
 _LOG = logging.getLogger("quant_onnx")
 PreKey = tuple[int, tuple[Any, ...]]
@@ -299,7 +298,7 @@ def search(
     result = attrs.evolve(result, output_path=path)
     report = result.to_dict()
     if report_path is not None:
-        write_report(report, report_path)
+        write_search_report(report, report_path)
     _LOG.debug("search:\n%s", format_table(result.candidates))
     return attrs.evolve(result, report=report)
 
