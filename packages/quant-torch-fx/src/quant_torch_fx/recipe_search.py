@@ -336,7 +336,7 @@ def search(
         raise ConfigError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
     check_report_path(report_path)  # before any work
     check_arguments(target, budget_s)
-    check_target(deployment)
+    check_target(deployment, "deployment")
     if eval_batch_size < 1:
         raise ConfigError(f"eval_batch_size: {eval_batch_size!r} is out of range; allowed: an integer >= 1")
     if isinstance(labels, torch.Tensor):

@@ -25,8 +25,9 @@ from quant_core.spec import ScaleType
 TARGETS = ("xint8",)
 
 
-def check_target(target: str | None) -> str | None:
-    """``target`` if it is ``None`` or one of :data:`TARGETS`; else a one-line error.
+def check_target(target: str | None, field: str = "target") -> str | None:
+    """``target`` if it is ``None`` or one of :data:`TARGETS`; else a one-line error naming
+    ``field`` (the argument that gave it).
 
     Example:
         >>> check_target("dpu")
@@ -35,7 +36,7 @@ def check_target(target: str | None) -> str | None:
         quant_core.errors.ConfigError: target: 'dpu' is not allowed; allowed: xint8
     """
     if target is not None and target not in TARGETS:
-        raise ConfigError(f"target: {target!r} is not allowed; allowed: {', '.join(TARGETS)}")
+        raise ConfigError(f"{field}: {target!r} is not allowed; allowed: {', '.join(TARGETS)}")
     return target
 
 
