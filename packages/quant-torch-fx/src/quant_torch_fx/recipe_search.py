@@ -64,8 +64,9 @@ from quant_core.observers.histogram import HistogramObserver
 from quant_torch_fx.algorithms.passes import SUPPORTED, pre_pass, run_post_passes
 from quant_torch_fx.api import ModelQuantizer
 from quant_torch_fx.calibrate import calibrate, finish_calibration, model_device
-from quant_torch_fx.capture import as_args, capture
+from quant_torch_fx.capture import as_args, capture, copy_captured
 from quant_torch_fx.data import InputSignature, batches
+from quant_torch_fx.freeze import freeze_in_place
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.observe import observe
 from quant_torch_fx.prepare import graph_info, quantizer
@@ -244,9 +245,9 @@ class _TorchBackend:
 
     def build(self, candidate: Candidate) -> Build:
         config = candidate.config
-        quantizer_ = ModelQuantizer(config, quiet=True)
+        recipe = ModelQuantizer(config, quiet=True)
         pre = schedule(config, SUPPORTED, backend="torch").before_calibration
-        gm = quantizer_._instrument(copy.deepcopy(self.captured), "ptq", pre_pass(config, self.held) if pre else None)
+        gm = recipe._instrument(copy_captured(self.captured), "ptq", pre_pass(config, self.held) if pre else None)
         plan = graph_info(gm).plan
 
         def collect(missing: list[str], bins: int) -> dict[str, HistogramObserver]:
@@ -268,7 +269,7 @@ class _TorchBackend:
             finish_calibration(gm, observing)
         if schedule(config, SUPPORTED, backend="torch").after_calibration:
             run_post_passes(gm, config, self.held, quiet=True)
-        frozen = quantizer_.freeze(gm.eval())
+        frozen = freeze_in_place(gm.eval())  # the instrumented copy is this candidate's alone
         return Build(frozen, _digest(frozen), _size_bytes(frozen), wide_share(plan), None, "", source)
 
     def runner(self, build: Build) -> Runner:
