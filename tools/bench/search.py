@@ -235,7 +235,7 @@ def bench_torch(name: str, target: float, npu: str | None, num_calib: int, num_e
     started = time.perf_counter()
     result = torch_search(model, example, calib, data.eval_x, target=target, deployment=npu, batch_size=32, quiet=True)
     search_seconds = time.perf_counter() - started
-    from quant_onnx.recipe_search import format_table
+    from quant_algos.search import format_table
 
     print(f"\n## {name} (torch, {threads} thread(s)): {result.deployment}, {result.metric} >= {target:g}\n")
     print(format_table(result.candidates))

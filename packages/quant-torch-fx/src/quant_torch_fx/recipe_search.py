@@ -50,13 +50,21 @@ from torch import nn
 from torch.fx import GraphModule, Interpreter, Node
 
 from quant_algos.drivers.schedule import schedule
-from quant_algos.search.evaluation import EvaluationData, Runner, Scored, check_metric, collect, evaluation_data
+from quant_algos.search.evaluation import EvaluationData, Runner, Scored, evaluation_data
 from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
-from quant_algos.search.results import SearchResult, StatisticsPass, check_report_path, write_search_report
+from quant_algos.search.results import SearchResult, StatisticsPass, check_report_path
 from quant_algos.search.space import Candidate, SearchSpace
 from quant_algos.search.statistics import StatisticsLedger, pre_label, wide_share
 from quant_algos.search.targets import check_target, target_reason, target_space
-from quant_algos.search.walk import Build, check_arguments, latency_runs, median_batch_ms, search_with
+from quant_algos.search.walk import (
+    Build,
+    check_arguments,
+    float_reference,
+    latency_runs,
+    median_batch_ms,
+    search_with,
+    with_report,
+)
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError, DataError
 from quant_core.observers.derived import statistics_observer
@@ -358,11 +366,8 @@ def search(
     evaluation: EvaluationData = evaluation_data(
         dict(zip(names, arrays, strict=True)), labels=labels, holdout=holdout, seed=seed, batch_size=eval_batch_size
     )
-    reference_started = time.perf_counter()
-    reference = collect(torch_runner(float_model, names, device), evaluation, np.arange(evaluation.count))
-    reference_seconds = time.perf_counter() - reference_started
-    output_names = [f"output_{i}" for i in range(len(reference))]
-    check_metric(chosen_metric, output_names, reference, evaluation)
+    run_float = torch_runner(float_model, names, device)
+    reference, output_names, reference_seconds = float_reference(run_float, evaluation, chosen_metric)
     held = calibration_batches(calibration_data, signature, device, calibration.batch_size, calibration.num_samples)
     captured = capture(float_model, args, dynamic_batch=True)
     backend = _TorchBackend(captured, held, signature, names, device, deployment)
@@ -381,7 +386,4 @@ def search(
         reference_seconds=reference_seconds,
         quiet=quiet,
     )
-    report = result.to_dict()
-    if report_path is not None:
-        write_search_report(report, report_path)
-    return attrs.evolve(result, report=report)
+    return with_report(result, report_path)

@@ -26,6 +26,7 @@ Example: see :func:`quant_onnx.search` and :func:`quant_torch_fx.search`.
 
 from __future__ import annotations
 
+import os
 import statistics as stats
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,9 +36,17 @@ import attrs
 import numpy as np
 
 from quant_algos.progress import progress_bar
-from quant_algos.search.evaluation import EvaluationData, Runner, Scored, prefix_better, score_outputs
+from quant_algos.search.evaluation import (
+    EvaluationData,
+    Runner,
+    Scored,
+    check_metric,
+    collect,
+    prefix_better,
+    score_outputs,
+)
 from quant_algos.search.metrics import Metric
-from quant_algos.search.results import CandidateResult, SearchResult, StatisticsPass, mark_pareto
+from quant_algos.search.results import CandidateResult, SearchResult, StatisticsPass, mark_pareto, write_search_report
 from quant_algos.search.space import (
     TIER_MIXED,
     Candidate,
@@ -132,6 +141,39 @@ def check_arguments(target: Any, budget_s: Any) -> None:
         raise ConfigError(f"target: {target!r} is not allowed; allowed: a finite number")
     if budget_s is not None and not budget_s > 0:
         raise ConfigError(f"budget_s: {budget_s!r} is out of range; allowed: a number > 0")
+
+
+def float_reference(
+    run: Runner, evaluation: EvaluationData, metric: Metric, output_names: Sequence[str] | None = None
+) -> tuple[list[np.ndarray], list[str], float]:
+    """The float model's outputs on every evaluation sample (run once; every candidate is
+    scored against them), the output names (``None``: ``output_0``, ``output_1``...) and
+    the seconds it took; the metric is tried on them first (``check_metric``), so a metric
+    that cannot work fails before any candidate is built.
+
+    Example:
+        >>> from quant_algos.search.evaluation import evaluation_data
+        >>> from quant_algos.search.metrics import resolve_metric
+        >>> data = evaluation_data({"x": np.eye(4, dtype=np.float32)}, holdout=0.0)
+        >>> reference, names, _ = float_reference(lambda feeds: [feeds["x"]], data, resolve_metric(None))
+        >>> names, reference[0].shape
+        (['output_0'], (4, 4))
+    """
+    started = time.perf_counter()
+    reference = collect(run, evaluation, np.arange(evaluation.count))
+    seconds = time.perf_counter() - started
+    names = list(output_names) if output_names is not None else [f"output_{i}" for i in range(len(reference))]
+    check_metric(metric, names, reference, evaluation)
+    return reference, names, seconds
+
+
+def with_report(result: SearchResult, report_path: str | os.PathLike[str] | None) -> SearchResult:
+    """``result`` with its JSON report (:meth:`SearchResult.to_dict`), also written to
+    ``report_path`` when given."""
+    report = result.to_dict()
+    if report_path is not None:
+        write_search_report(report, report_path)
+    return attrs.evolve(result, report=report)
 
 
 def median_batch_ms(run: Runner, feeds: Mapping[str, np.ndarray], timed: Sequence[float], runs: int = 3) -> float:

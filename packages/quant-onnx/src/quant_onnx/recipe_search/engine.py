@@ -48,12 +48,20 @@ import numpy as np
 import onnx
 
 from quant_algos.drivers.schedule import schedule
-from quant_algos.search.evaluation import Runner, Scored, check_metric, collect
+from quant_algos.search.evaluation import Runner, Scored
 from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
-from quant_algos.search.results import SearchResult, StatisticsPass, format_table, write_search_report
+from quant_algos.search.results import SearchResult, StatisticsPass, format_table
 from quant_algos.search.space import Candidate, SearchSpace
 from quant_algos.search.statistics import StatisticsLedger, pre_label, wide_share
-from quant_algos.search.walk import Build, check_arguments, latency_runs, median_batch_ms, search_with
+from quant_algos.search.walk import (
+    Build,
+    check_arguments,
+    float_reference,
+    latency_runs,
+    median_batch_ms,
+    search_with,
+    with_report,
+)
 from quant_core.config import CalibrationConfig
 from quant_core.onnx_qdq.model_io import check_output_paths, load_model, save_model
 from quant_core.plan import WeightCache
@@ -262,11 +270,9 @@ def search(
         num_samples=eval_samples,
         image_options=image_options,
     )
-    reference_started = time.perf_counter()
-    reference = collect(onnxruntime_runner(source), evaluation, np.arange(evaluation.count))
-    reference_seconds = time.perf_counter() - reference_started
-    output_names = [o.name for o in source.graph.output]
-    check_metric(chosen_metric, output_names, reference, evaluation)
+    reference, output_names, reference_seconds = float_reference(
+        onnxruntime_runner(source), evaluation, chosen_metric, [o.name for o in source.graph.output]
+    )
     feeds = list(
         CalibrationReader(
             source,
@@ -295,12 +301,8 @@ def search(
     path = None
     if output is not None and result.model is not None:
         path = save_model(result.model, output, input_path=input_path)
-    result = attrs.evolve(result, output_path=path)
-    report = result.to_dict()
-    if report_path is not None:
-        write_search_report(report, report_path)
     _LOG.debug("search:\n%s", format_table(result.candidates))
-    return attrs.evolve(result, report=report)
+    return with_report(attrs.evolve(result, output_path=path), report_path)
 
 
 def deployment_of(deployment: Deployment | str | None) -> Deployment:
