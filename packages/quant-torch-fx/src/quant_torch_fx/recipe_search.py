@@ -14,15 +14,15 @@ candidate is built and run (:class:`_TorchBackend`):
   observed tensor; every candidate on that float graph gets its activation observers
   derived from them (:class:`~quant_algos.search.statistics.StatisticsLedger`), the same
   observers, so the same qparams, as its own calibration gives. A candidate whose specs
-  cannot be derived calibrates itself (its row says ``"calibrated"``);
+  cannot be derived calibrates itself (its row says ``"calibrated"``); a weight's range
+  is selected once per spec on each float graph, whichever candidates ask for it;
 - **the candidate as deployed**: the frozen model (``ModelQuantizer.freeze``), run in
   torch on the evaluation batches; its digest is its ``state_dict``'s tensors (two
   observer choices selecting the same scales give the same digest: not run twice).
 
 What this backend lacks: SmoothQuant and mixed precision (quant-onnx runs them;
 ``ModelQuantizer`` refuses them), so their candidates are rows marked ``skipped`` with the
-reason; weight qparams are selected per candidate (``quant_core.plan.plan_weight_qparams``
-is called by the calibration without a cache); NPU legality (``quant_npu`` sits above
+reason; NPU legality (``quant_npu`` sits above
 this package): ``deployment="xint8"`` restricts the space to power-of-two symmetric int8.
 
 Example:
@@ -274,7 +274,7 @@ class _TorchBackend:
                 fq.observer = observers[key]
                 fq.observing, fq.quantizing = False, False
                 observing.append(fq)
-            finish_calibration(gm, observing)
+            finish_calibration(gm, observing, weight_cache=self.ledger.weight_cache(pre, plan))
         if schedule(config, SUPPORTED, backend="torch").after_calibration:
             run_post_passes(gm, config, self.held, quiet=True)
         frozen = freeze_in_place(gm.eval())  # the instrumented copy is this candidate's alone
@@ -290,7 +290,7 @@ class _TorchBackend:
         return tuple(self.ledger.passes.values())
 
     def reuse(self) -> dict[str, Any]:
-        return {"statistics_passes": len(self.ledger.passes)}
+        return self.ledger.reuse()
 
 
 def search(

@@ -32,7 +32,7 @@ from quant_algos.search.results import StatisticsPass
 from quant_core.observers import Observer
 from quant_core.observers.derived import DEFAULT_STATISTICS_BINS, derivable, statistics_bins
 from quant_core.observers.histogram import HistogramObserver
-from quant_core.plan import QuantPlan, observer_feeds, observer_specs, observers_from_statistics
+from quant_core.plan import QuantPlan, WeightCache, observer_feeds, observer_specs, observers_from_statistics
 from quant_core.plan.calibrated import DerivedCache
 
 #: ``(tensor names, bins) -> tensor -> histogram``: a backend's pass over the calibration set.
@@ -82,12 +82,16 @@ def wide_share(plan: QuantPlan) -> float:
 @attrs.define
 class StatisticsLedger:
     """The histograms of each float model (keyed by the backend: its pre-passes and
-    whatever else makes a different float model) and what each pass served."""
+    whatever else makes a different float model), what each pass served, and each float
+    model's weight qparams (:data:`quant_core.plan.WeightCache`: a weight's range is
+    selected once per spec, whichever candidates ask for it)."""
 
     statistics: dict[tuple[Hashable, int], dict[str, HistogramObserver]] = attrs.field(factory=dict)
     derived: dict[tuple[Hashable, int], DerivedCache] = attrs.field(factory=dict)
     passes: dict[tuple[Hashable, int], StatisticsPass] = attrs.field(factory=dict)
     pass_seconds: list[float] = attrs.field(factory=list)
+    weights: dict[Hashable, WeightCache] = attrs.field(factory=dict)
+    weight_lookups: int = 0
 
     def observers(
         self, key: Hashable, label: str, plan: QuantPlan, candidate: str, collect: Collect
@@ -112,3 +116,23 @@ class StatisticsLedger:
         self.passes[entry] = attrs.evolve(found, served=(*found.served, candidate))
         observers = observers_from_statistics(plan, have, self.derived.setdefault(entry, {}))
         return observers, f"statistics pass {list(self.passes).index(entry) + 1} ({label})"
+
+    def weight_cache(self, key: Hashable, plan: QuantPlan) -> WeightCache:
+        """The weight qparams selected so far on float model ``key``, for a derived
+        candidate of ``plan`` to read and fill (counted for :meth:`reuse`)."""
+        self.weight_lookups += len(plan.weights)
+        return self.weights.setdefault(key, {})
+
+    def reuse(self) -> dict[str, int]:
+        """What the derived candidates shared, for the report.
+
+        Example:
+            >>> StatisticsLedger().reuse()
+            {'statistics_passes': 0, 'weight_qparams_selected': 0, 'weight_qparams_reused': 0}
+        """
+        selected = sum(len(cache) for cache in self.weights.values())
+        return {
+            "statistics_passes": len(self.passes),
+            "weight_qparams_selected": selected,
+            "weight_qparams_reused": self.weight_lookups - selected,
+        }

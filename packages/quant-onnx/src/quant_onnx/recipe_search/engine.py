@@ -64,7 +64,6 @@ from quant_algos.search.walk import (
 )
 from quant_core.config import CalibrationConfig
 from quant_core.onnx_qdq.model_io import check_output_paths, load_model, save_model
-from quant_core.plan import WeightCache
 from quant_onnx.api import ModelQuantizer, PreparedModel
 from quant_onnx.data import CalibrationReader, ImageOptions
 from quant_onnx.pipeline.calibrate import CalibratedModel, collect_statistics, from_filled_observers
@@ -85,8 +84,6 @@ class _Shared:
     prepared: dict[int, PreparedModel] = attrs.field(factory=dict)
     pre: dict[PreKey, tuple[PreparedModel, dict[str, Any]]] = attrs.field(factory=dict)
     ledger: StatisticsLedger = attrs.field(factory=StatisticsLedger)
-    weights: dict[PreKey, WeightCache] = attrs.field(factory=dict)
-    weight_lookups: int = 0
 
     def base(self, quantizer: ModelQuantizer) -> PreparedModel:
         opset = quantizer.required_opset()
@@ -125,18 +122,8 @@ class _Shared:
         if derived is None:
             return quantizer.calibrate(prepared, self.feeds), "calibrated"
         observers, label = derived
-        self.weight_lookups += len(prepared.plan.weights)
-        weights = self.weights.setdefault(key, {})
+        weights = self.ledger.weight_cache(key, prepared.plan)
         return from_filled_observers(prepared.model, prepared.plan, observers, weights), label
-
-    def reuse(self) -> dict[str, int]:
-        """What the derived candidates shared, for the report."""
-        selected = sum(len(cache) for cache in self.weights.values())
-        return {
-            "statistics_passes": len(self.ledger.passes),
-            "weight_qparams_selected": selected,
-            "weight_qparams_reused": self.weight_lookups - selected,
-        }
 
 
 @attrs.define
@@ -196,7 +183,7 @@ class _OnnxBackend:
         return tuple(self.shared.ledger.passes.values())
 
     def reuse(self) -> dict[str, Any]:
-        return self.shared.reuse()
+        return self.shared.ledger.reuse()
 
 
 def search(
