@@ -14,7 +14,7 @@ from quant_algos.search import SearchSpace, observer_stage, split_indices
 from quant_core.algorithm_config import CLEConfig, SmoothQuantConfig
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError
-from quant_core.observer_config import MSE, MinMax, Percentile
+from quant_core.observer_config import MSE, MinMax, Percentile, PowerOfTwoMSE
 from quant_torch_fx import ModelQuantizer, search
 
 CALIBRATION = CalibrationConfig(batch_size=16)
@@ -161,3 +161,35 @@ def test_bad_arguments_fail_with_one_line_naming_the_field(net, calib, evaluatio
         search(model, calib[:1], calib, eval_data, quiet=True, **arguments)
     message = str(error.value)
     assert message.startswith(f"{field}: ") and "\n" not in message
+
+
+def test_every_derived_candidate_is_its_own_quantization_bit_for_bit(net, calib, evaluation, monkeypatch):
+    """Histograms of one pass and weight ranges selected once serve every candidate: each
+    built model equals the recipe quantized and frozen alone, and the reuse is reported."""
+    from quant_torch_fx import recipe_search
+
+    built = {}
+    build = recipe_search._TorchBackend.build
+
+    def recording(self, candidate):
+        found = build(self, candidate)
+        built[candidate.name] = (candidate.config, found.model)
+        return found
+
+    monkeypatch.setattr(recipe_search._TorchBackend, "build", recording)
+    space = SearchSpace(
+        formats=("xint8",),
+        activation_observers=(MinMax(), PowerOfTwoMSE(), Percentile(99.0)),
+        weight_observers=(None, PowerOfTwoMSE()),
+    )
+    candidates = observer_stage(space, CALIBRATION)
+    result = search(net, calib[:1], calib, evaluation, target=1.01, space=candidates, batch_size=16, quiet=True)
+    assert set(built) == {c.name for c in candidates}
+    for name, (config, model) in built.items():
+        own = alone(net, calib, config).state_dict()
+        for key, value in model.state_dict().items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, own[key]), f"{name}: {key}"
+    reuse = result.report["reuse"]
+    assert reuse["statistics_passes"] == 1 and reuse["weight_qparams_reused"] > 0
+    assert all(row.statistics.startswith("statistics pass 1") for row in result.candidates)
