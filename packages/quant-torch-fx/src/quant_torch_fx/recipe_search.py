@@ -7,8 +7,8 @@ candidate space and cost order, metrics, evaluation split, exact early stop, sam
 skip, budget rule, held-out check, Pareto table and report. What is torch's is how a
 candidate is built and run (:class:`_TorchBackend`):
 
-- **one capture**: the model is captured with ``torch.export`` once; each candidate
-  instruments its own copy of the captured graph;
+- **one capture**: the model is captured with ``torch.export`` and normalised (the exact
+  rewrites, batch norm folded) once; each candidate plans and instruments its own copy;
 - **one statistics pass per float model**: the float graph (after a candidate's CLE)
   runs once over the calibration batches in an FX interpreter that fills a histogram per
   observed tensor; every candidate on that float graph gets its activation observers
@@ -77,7 +77,7 @@ from quant_torch_fx.data import InputSignature, batches
 from quant_torch_fx.freeze import freeze_in_place
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.observe import observe
-from quant_torch_fx.prepare import graph_info, quantizer
+from quant_torch_fx.prepare import graph_info, normalize, prepare_graph, quantizer
 
 
 def _outputs(value: Any) -> list[np.ndarray]:
@@ -225,7 +225,7 @@ def _size_bytes(model: nn.Module) -> int:
 class _TorchBackend:
     """:class:`quant_algos.search.walk.Backend` over :class:`~quant_torch_fx.api.ModelQuantizer`."""
 
-    captured: GraphModule
+    normalized: GraphModule  # the capture, normalised for PTQ (batch norm folded) once
     held: list[tuple[Any, ...]]
     signature: InputSignature
     input_names: list[str]
@@ -253,9 +253,10 @@ class _TorchBackend:
 
     def build(self, candidate: Candidate) -> Build:
         config = candidate.config
-        recipe = ModelQuantizer(config, quiet=True)
+        ModelQuantizer(config, quiet=True)  # the config checks a recipe alone gets
         pre = schedule(config, SUPPORTED, backend="torch").before_calibration
-        gm = recipe._instrument(copy_captured(self.captured), "ptq", pre_pass(config, self.held) if pre else None)
+        float_pass = pre_pass(config, self.held) if pre else None
+        gm = prepare_graph(copy_captured(self.normalized), config, mode="ptq", float_pass=float_pass, normalized=True)
         plan = graph_info(gm).plan
 
         def collect(missing: list[str], bins: int) -> dict[str, HistogramObserver]:
@@ -369,8 +370,9 @@ def search(
     run_float = torch_runner(float_model, names, device)
     reference, output_names, reference_seconds = float_reference(run_float, evaluation, chosen_metric)
     held = calibration_batches(calibration_data, signature, device, calibration.batch_size, calibration.num_samples)
-    captured = capture(float_model, args, dynamic_batch=True)
-    backend = _TorchBackend(captured, held, signature, names, device, deployment)
+    normalized = capture(float_model, args, dynamic_batch=True)
+    normalize(normalized, fold_batch_norms=True)  # what prepare_graph does first in PTQ, once
+    backend = _TorchBackend(normalized, held, signature, names, device, deployment)
     result = search_with(
         backend,
         evaluation,
