@@ -193,3 +193,12 @@ def test_every_derived_candidate_is_its_own_quantization_bit_for_bit(net, calib,
     reuse = result.report["reuse"]
     assert reuse["statistics_passes"] == 1 and reuse["weight_qparams_reused"] > 0
     assert all(row.statistics.startswith("statistics pass 1") for row in result.candidates)
+
+
+def test_numpy_data_in_another_float_dtype_is_fed_in_the_models(net, calib, evaluation):
+    space = SearchSpace(formats=("a8w8",), activation_observers=(MinMax(),))
+    result = search(
+        net, calib[:1], calib.double().numpy(), evaluation.double().numpy(), target=0.0, space=space, quiet=True
+    )
+    as_float32 = search(net, calib[:1], calib, evaluation, target=0.0, space=space, quiet=True)
+    assert result.met and result.chosen.score == as_float32.chosen.score

@@ -112,11 +112,12 @@ def torch_runner(model: nn.Module, names: Sequence[str], device: torch.device | 
     return run
 
 
-def _as_arrays(data: Any, field: str) -> list[np.ndarray]:
-    """Samples (first axis) per model input: a tensor or array, or a tuple of them."""
+def _as_arrays(data: Any, field: str, signature: InputSignature) -> list[np.ndarray]:
+    """Samples (first axis) per model input: a tensor or array, or a tuple of them, each
+    in its example input's dtype (a float64 array feeds a float32 model)."""
     items = list(data) if isinstance(data, tuple) else [data]
     arrays = []
-    for item in items:
+    for index, item in enumerate(items):
         if isinstance(item, torch.Tensor):
             item = item.detach().cpu().numpy()
         if not isinstance(item, np.ndarray) or item.ndim == 0:
@@ -124,6 +125,9 @@ def _as_arrays(data: Any, field: str) -> list[np.ndarray]:
                 f"{field}: {type(item).__name__} is not allowed; allowed: a tensor or array of samples "
                 "(first axis), or a tuple of them (one per model input)"
             )
+        dtype = signature.dtypes[index] if index < len(signature.dtypes) else None
+        if dtype is not None and dtype.is_floating_point and np.issubdtype(item.dtype, np.floating):
+            item = item.astype(torch.empty((), dtype=dtype).numpy().dtype, copy=False)
         arrays.append(item)
     if len({len(a) for a in arrays}) > 1:
         raise DataError(f"{field}: the inputs hold different sample counts {[len(a) for a in arrays]}")
@@ -143,7 +147,7 @@ def calibration_batches(
         [4, 4, 2]
     """
     if isinstance(data, torch.Tensor | np.ndarray | tuple):
-        arrays = _as_arrays(data, "calibration_data")
+        arrays = _as_arrays(data, "calibration_data", signature)
         count = len(arrays[0]) if num_samples is None else min(num_samples, len(arrays[0]))
         data = [
             tuple(torch.from_numpy(np.ascontiguousarray(a[i : i + batch_size])) for a in arrays)
@@ -358,7 +362,7 @@ def search(
     float_model = copy.deepcopy(model).eval()
     device = model_device(float_model)
     signature = InputSignature.of(args, True)
-    arrays = _as_arrays(eval_data, "eval_data")
+    arrays = _as_arrays(eval_data, "eval_data", signature)
     if eval_samples is not None:
         arrays = [a[:eval_samples] for a in arrays]
     if len(arrays) != len(args):
