@@ -36,7 +36,7 @@ class CandidateResult:
     Attributes:
         name: ``format/observer[+algorithm...]``.
         config: the whole recipe (``quant-onnx quantize --config`` or ``ModelQuantizer(config)`` runs it as is).
-        tier, cost: the order's keys (``recipe_search.space``).
+        tier, cost: the order's keys (:mod:`quant_algos.search.space`).
         status: one of :data:`STATUSES`.
         score: the metric on the selection part (``None`` if not scored in full).
         bound: the most the metric could have reached (``score`` when complete).
