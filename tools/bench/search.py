@@ -23,6 +23,12 @@ run (issue 27: same or better metric, at most 0.3x its time).
     python -m tools.bench.search                     # the default above
     python -m tools.bench.search --models fmnist_resnet18 --target-agreement 0.99 --no-npu
     python -m tools.bench.search --quark             # and Quark's auto_search beside it
+    python -m tools.bench.search --backend torch     # quant_torch_fx.search, the same default
+
+With ``--backend torch``, the same search through ``quant_torch_fx.search`` on the torch
+definition of the model (``tools/reference_models/torch_weights.py``), against the winning
+recipe alone (``ModelQuantizer(config).quantize_model`` + ``freeze``), one torch thread
+unless ``--threads`` says otherwise.
 """
 
 from __future__ import annotations
@@ -115,6 +121,31 @@ def against_quark(name: str, path: Path, calib_path: Path, eval_x: np.ndarray, t
     print(f"metric ours {common.fmt(chosen.score if chosen else None, 4)} vs quark's best {common.fmt(best, 4)}")
 
 
+def summary(result, evaluated: int, accuracy, timings: tuple[float, float, float, float]) -> None:
+    """The lines both backends' benches print after the table: the chosen recipe, its
+    selection and held-out scores, what was reused, and the time ratios (``timings``: the
+    search, the recipe alone after it and again, checking the recipe on the evaluation set)."""
+    search_seconds, after_seconds, again_seconds, checking_seconds = timings
+    alone_seconds = (after_seconds + again_seconds) / 2
+    chosen = result.chosen
+    print(f"\nchosen: {chosen.name} ({'met' if result.met else 'missed'}; stopped by {result.stopped_by})")
+    print(f"{result.metric}: selection {chosen.score:.4f} ({result.select_samples} samples), ", end="")
+    print(f"held out {common.fmt(result.holdout_score, 4)} ({result.holdout_samples} samples)")
+    print(f"accuracy vs labels (all {evaluated} evaluation images): {common.fmt(accuracy, 4)}")
+    print(f"statistics passes: {[(p.pre_passes, len(p.served), round(p.seconds, 2)) for p in result.statistics]}")
+    print(f"reuse: {result.reuse}")
+    candidates = sum(r.seconds for r in result.candidates)
+    print(
+        f"search {search_seconds:.2f} s (float reference {result.reference_seconds:.2f} s, candidates {candidates:.2f} s)"
+    )
+    print(f"recipe alone {after_seconds:.2f} s, again {again_seconds:.2f} s (mean {alone_seconds:.2f} s); ", end="")
+    print(f"checking it on the evaluation set {checking_seconds:.2f} s")
+    print(f"ratio {common.fmt(common.ratio(search_seconds, alone_seconds), 2)}x (target <= 1.5x); ", end="")
+    checked = alone_seconds + checking_seconds
+    print(f"against the recipe alone and checked {common.fmt(common.ratio(search_seconds, checked), 2)}x; ", end="")
+    print(f"floor {common.fmt(common.ratio(checked, alone_seconds), 2)}x")
+
+
 def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: int, budget_s: float | None) -> None:
     common.use_checkout_packages()
     from quant_onnx.api import ModelQuantizer
@@ -155,7 +186,6 @@ def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: i
     # The first timing of the peer ran after the search had warmed imports and caches
     # up; a second one measures the drift of the machine's load.
     alone, again_seconds = recipe_alone(chosen.config)
-    alone_seconds = (after_seconds + again_seconds) / 2
 
     started = time.perf_counter()
     float_model = onnx.load(str(path))
@@ -168,23 +198,68 @@ def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: i
     logits = onnxruntime_runner(result.model)({input_name(path): data.eval_x})[0]
     accuracy = None if data.eval_labels is None else common.accuracy(common.top1(logits), data.eval_labels)
     same = alone.model.SerializeToString() == result.model.SerializeToString()
-    print(f"\nchosen: {chosen.name} ({'met' if result.met else 'missed'}; stopped by {result.stopped_by})")
-    print(f"{result.metric}: selection {chosen.score:.4f} ({result.select_samples} samples), ", end="")
-    print(f"held out {common.fmt(result.holdout_score, 4)} ({result.holdout_samples} samples)")
-    print(f"accuracy vs labels (all {len(data.eval_x)} evaluation images): {common.fmt(accuracy, 4)}")
-    print(f"statistics passes: {[(p.pre_passes, len(p.served), round(p.seconds, 2)) for p in result.statistics]}")
-    print(f"reuse: {getattr(result, 'reuse', 'not reported')}")
-    candidates = sum(r.seconds for r in result.candidates)
-    print(
-        f"search {search_seconds:.2f} s (float reference {result.reference_seconds:.2f} s, candidates {candidates:.2f} s)"
-    )
-    print(f"recipe alone {after_seconds:.2f} s, again {again_seconds:.2f} s (mean {alone_seconds:.2f} s); ", end="")
-    print(f"checking it on the evaluation set {checking_seconds:.2f} s")
-    print(f"ratio {common.fmt(common.ratio(search_seconds, alone_seconds), 2)}x (target <= 1.5x); ", end="")
-    checked = alone_seconds + checking_seconds
-    print(f"against the recipe alone and checked {common.fmt(common.ratio(search_seconds, checked), 2)}x; ", end="")
-    print(f"floor {common.fmt(common.ratio(checked, alone_seconds), 2)}x")
+    timings = (search_seconds, after_seconds, again_seconds, checking_seconds)
+    summary(result, len(data.eval_x), accuracy, timings)
     print(f"searched model byte-identical to the recipe alone's: {same}")
+
+
+def bench_torch(name: str, target: float, npu: str | None, num_calib: int, num_eval: int, threads: int) -> None:
+    """``quant_torch_fx.search`` on the torch definition of ``name`` against the winning
+    recipe alone (``ModelQuantizer(config).quantize_model`` + ``freeze``, the same
+    calibration batches), timed twice after the search in the same process; and whether
+    the searched model is the recipe alone's (same ``state_dict``)."""
+    common.use_checkout_packages()
+    import torch
+
+    from quant_torch_fx import ModelQuantizer
+    from quant_torch_fx import search as torch_search
+    from quant_torch_fx.recipe_search import torch_runner
+    from tools.bench.torch_fx import load_torch_model
+
+    torch.set_num_threads(threads)
+    model = load_torch_model(name)
+    data = load_data(MODELS[name], num_calib=num_calib, num_eval=num_eval)
+    calib = np.load(data.calib_path)
+    example = torch.from_numpy(calib[:1])
+    batches = [torch.from_numpy(np.ascontiguousarray(calib[i : i + 32])) for i in range(0, len(calib), 32)]
+
+    def recipe_alone(config):  # the peer: the same calls a user makes with the winning config
+        started = time.perf_counter()
+        q = ModelQuantizer(config, quiet=True)
+        frozen = q.freeze(q.quantize_model(model, example, batches))
+        return frozen, time.perf_counter() - started
+
+    # torch.export's first call in a process pays for imports and caches (seconds): made
+    # before anything is timed, so neither side carries it.
+    ModelQuantizer("xint8", quiet=True).prepare(model, example)
+    started = time.perf_counter()
+    result = torch_search(model, example, calib, data.eval_x, target=target, deployment=npu, batch_size=32, quiet=True)
+    search_seconds = time.perf_counter() - started
+    from quant_algos.search import format_table
+
+    print(f"\n## {name} (torch, {threads} thread(s)): {result.deployment}, {result.metric} >= {target:g}\n")
+    print(format_table(result.candidates))
+    if result.chosen is None or result.model is None:
+        print("no candidate could be built")
+        return
+    chosen = result.chosen
+    alone, after_seconds = recipe_alone(chosen.config)
+    alone, again_seconds = recipe_alone(chosen.config)
+    started = time.perf_counter()
+    for run in (torch_runner(model, ["x"], None), torch_runner(alone, ["x"], None)):
+        for i in range(0, len(data.eval_x), 32):
+            run({"x": data.eval_x[i : i + 32]})
+    checking_seconds = time.perf_counter() - started
+    logits = torch_runner(result.model, ["x"], None)({"x": data.eval_x})[0]
+    accuracy = None if data.eval_labels is None else common.accuracy(common.top1(logits), data.eval_labels)
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(alone.state_dict().values(), result.model.state_dict().values(), strict=True)
+        if isinstance(a, torch.Tensor)
+    )
+    timings = (search_seconds, after_seconds, again_seconds, checking_seconds)
+    summary(result, len(data.eval_x), accuracy, timings)
+    print(f"searched model the recipe alone's (same state_dict tensors): {same}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-eval", type=int, default=1000)
     parser.add_argument("--budget-s", type=float)
     parser.add_argument("--quark", action="store_true", help="also Quark's auto_search over the shared space")
+    parser.add_argument("--backend", default="onnx", choices=("onnx", "torch"), help="torch: quant_torch_fx.search")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (--backend torch)")
     args = parser.parse_args(argv)
+    if args.backend == "torch":
+        for name in args.models:
+            npu = None if args.no_npu else args.target
+            bench_torch(name, args.target_agreement, npu, args.num_calib, args.num_eval, args.threads)
+        return 0
     if args.quark and args.no_npu:
         parser.error("--quark: the shared space is xint8's; drop --no-npu")
     for name in args.models:

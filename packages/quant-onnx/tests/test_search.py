@@ -15,10 +15,9 @@ import json
 import attrs
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from model_builders import mlp, random_inputs, small_cnn
 
+from quant_algos.search.space import TIER_8BIT
 from quant_core.algorithm_config import CLEConfig
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError, DataError
@@ -31,7 +30,6 @@ from quant_onnx.api import ModelQuantizer
 from quant_onnx.cli.main import main
 from quant_onnx.pipeline.calibrate import calibrate, kernel_values
 from quant_onnx.recipe_search import (
-    EvaluationData,
     OnnxRuntime,
     SearchSpace,
     deployment_for,
@@ -42,9 +40,6 @@ from quant_onnx.recipe_search import (
     search,
     split_indices,
 )
-from quant_onnx.recipe_search.evaluation import prefix_better, score_outputs
-from quant_onnx.recipe_search.metrics import Metric
-from quant_onnx.recipe_search.space import TIER_8BIT
 
 CALIBRATION = CalibrationConfig(batch_size=16)
 
@@ -236,49 +231,6 @@ def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, capsys, extra, field):
     assert main([*args, *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert field in err and len(err.splitlines()) == 1
-
-
-def _given_scores(values: np.ndarray) -> Metric:
-    """A per-sample metric that returns ``values`` at the scored sample indices (the runner
-    is irrelevant): the early stop sees exactly the per-sample scores we choose."""
-
-    def function(outputs, reference, samples):
-        return values[samples.indices]
-
-    return Metric("given", function, per_sample=True)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    scores=st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=1, max_size=60),
-    target=st.floats(0.0, 1.0),
-    batch=st.integers(1, 16),
-)
-def test_early_stop_never_stops_a_candidate_that_meets_the_target(scores, target, batch):
-    values = np.array(scores)
-    count = len(values)
-    data = EvaluationData(
-        {"x": np.zeros((count, 1), np.float32)}, None, np.arange(count), np.array([], int), batch, None
-    )
-    reference = [np.zeros((count, 1), np.float32)]
-    scored = score_outputs(
-        lambda feeds: [feeds["x"]], ["y"], reference, _given_scores(values), data, data.select, target=target
-    )
-    full = float(np.mean(values))  # independent: the mean over every sample
-    if full >= target:
-        assert scored.complete and scored.score == pytest.approx(full)
-    if not scored.complete:
-        assert full < target and scored.bound < target
-        assert full <= scored.bound + 1e-12  # the bound is an upper bound of the full score
-        assert scored.running == pytest.approx(float(np.mean(values[: scored.samples])))
-    else:
-        assert scored.samples == count
-
-
-def test_prefix_ranking_compares_the_samples_both_ran():
-    assert prefix_better(np.array([1.0, 1.0]), np.array([1.0, 0.0, 0.0]))
-    assert not prefix_better(np.array([1.0, 0.0]), np.array([1.0, 0.0]))  # a tie keeps the incumbent
-    assert not prefix_better(np.array([]), np.array([1.0]))
 
 
 class Recording(OnnxRuntime):

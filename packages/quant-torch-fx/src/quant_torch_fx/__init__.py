@@ -21,6 +21,7 @@ from quant_torch_fx.export import DEFAULT_OPSET
 from quant_torch_fx.fake_quantize import fake_quantize, qparams_to_tensors
 from quant_torch_fx.prepare import named_quantizers, quantized_graphs
 from quant_torch_fx.quantizer import FakeQuantizer
+from quant_torch_fx.recipe_search import search
 from quant_torch_fx.training import distillation_loss, train_qat
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "named_quantizers",
     "qparams_to_tensors",
     "quantized_graphs",
+    "search",
     "start_observing",
     "train_qat",
 ]

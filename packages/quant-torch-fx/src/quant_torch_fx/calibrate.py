@@ -36,7 +36,7 @@ from tqdm.auto import tqdm  # type: ignore[import-untyped]
 from quant_algos.progress import first_taken
 from quant_core.errors import DataError
 from quant_core.observers import make_observer
-from quant_core.plan import constant_input_note, plan_weight_qparams
+from quant_core.plan import WeightCache, constant_input_note, plan_weight_qparams
 from quant_torch_fx.data import InputSignature, batches, loader_length
 from quant_torch_fx.distributed import merge_observers
 from quant_torch_fx.prepare import (
@@ -106,8 +106,12 @@ def run_batches(
     return seen
 
 
-def finish_calibration(model: nn.Module, observing: list[FakeQuantizer]) -> None:
-    """Merge across ranks, set activation and weight qparams, switch fake quantization on."""
+def finish_calibration(
+    model: nn.Module, observing: list[FakeQuantizer], *, weight_cache: WeightCache | None = None
+) -> None:
+    """Merge across ranks, set activation and weight qparams, switch fake quantization on.
+    ``weight_cache``: weight qparams already selected on this float model
+    (:data:`quant_core.plan.WeightCache`, one graph; a recipe search keeps it)."""
     merge_observers(observing)
     for gm in quantized_graphs(model):
         info = graph_info(gm)
@@ -117,7 +121,9 @@ def finish_calibration(model: nn.Module, observing: list[FakeQuantizer]) -> None
             fq.quantizing = True
         _note_constant_inputs(gm)
         learned = {node: fq.current_qparams() for node, fq in weight_quantizers(gm) if fq.learning is not None}
-        qparams, notes = plan_weight_qparams(info.plan, constant_lookup(gm), activation_qparams_lookup(gm), learned)
+        qparams, notes = plan_weight_qparams(
+            info.plan, constant_lookup(gm), activation_qparams_lookup(gm), learned, weight_cache
+        )
         info.notes.extend(note for note in notes if note not in info.notes)
         for node, fq in weight_quantizers(gm):
             if fq.learning is None:

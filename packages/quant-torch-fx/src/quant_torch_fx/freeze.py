@@ -52,6 +52,18 @@ from quant_torch_fx.quantizer import FakeQuantizer
 
 def freeze(model: nn.Module) -> nn.Module:
     """A frozen copy of ``model`` (see the module docstring); ``model`` is not changed."""
+    _check_freezable(model)
+    return _freeze(copy_captured(model))
+
+
+def freeze_in_place(model: nn.Module) -> nn.Module:
+    """:func:`freeze` without the copy: ``model`` itself is frozen and returned (for a
+    caller that throws the unfrozen model away, as a recipe search does)."""
+    _check_freezable(model)
+    return _freeze(model)
+
+
+def _check_freezable(model: nn.Module) -> None:
     graphs = quantized_graphs(model)
     if not graphs:
         raise ModelError(
@@ -59,7 +71,9 @@ def freeze(model: nn.Module) -> nn.Module:
         )
     for gm in graphs:
         _check_ready(gm)
-    frozen = copy_captured(model)
+
+
+def _freeze(frozen: nn.Module) -> nn.Module:
     for gm in quantized_graphs(frozen):
         if graph_info(gm).frozen:
             continue

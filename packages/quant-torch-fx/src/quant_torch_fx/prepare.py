@@ -265,6 +265,7 @@ def prepare_graph(
     float_pass: Callable[[GraphModule], dict[str, Any]] | None = None,
     fold_batch_norms: bool | None = None,
     check_selectors: bool = True,
+    normalized: bool = False,
 ) -> GraphModule:
     """Normalise, plan and instrument ``gm`` (a captured graph module; changed in place and
     returned). ``mode``: ``"ptq"`` or ``"qat"``. Module exclusions become node exclusions in
@@ -273,10 +274,13 @@ def prepare_graph(
     its reports by algorithm kind. Batch norm after a convolution is folded into it with
     ``fold_batch_norms`` (default: in PTQ only; QAT otherwise simulates it, see ``ConvBn``).
     ``check_selectors=False`` leaves the check that every config selector selects a node
-    to the caller (one region of a model need not hold them all)."""
+    to the caller (one region of a model need not hold them all). ``normalized``: ``gm`` is
+    a copy of a graph :func:`normalize` already rewrote with the same ``fold_batch_norms``
+    (a recipe search normalises its capture once for every candidate)."""
     if mode not in ("ptq", "qat"):
         raise ConfigError(f"mode: {mode!r} is not allowed; allowed: ptq, qat")
-    normalize(gm, fold_batch_norms=mode == "ptq" if fold_batch_norms is None else fold_batch_norms)
+    if not normalized:
+        normalize(gm, fold_batch_norms=mode == "ptq" if fold_batch_norms is None else fold_batch_norms)
     converted = convert_for_npu(gm, config.npu_conversions)
     reports = {} if float_pass is None else float_pass(gm)
     if converted:

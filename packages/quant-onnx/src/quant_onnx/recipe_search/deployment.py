@@ -24,12 +24,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from quant_algos.search.evaluation import Runner
+from quant_algos.search.space import SearchSpace
+from quant_algos.search.targets import check_target, power_of_two_reason, target_space
 from quant_core.config import QuantConfig
-from quant_core.errors import ConfigError
-from quant_core.spec import ScaleType
 from quant_onnx.ort_session import inference_session
-from quant_onnx.recipe_search.evaluation import Runner
-from quant_onnx.recipe_search.space import SearchSpace, activation_and_weight_specs, default_space, power_of_two_space
 
 
 @attrs.frozen(eq=False)
@@ -126,18 +125,12 @@ class OnnxRuntime:
         return "onnxruntime:xint8" if self.power_of_two else "onnxruntime"
 
     def space(self) -> SearchSpace:
-        return power_of_two_space() if self.power_of_two else default_space()
+        return target_space("xint8" if self.power_of_two else None)
 
     def allows(self, config: QuantConfig | None) -> str | None:
         if not self.power_of_two or config is None:
             return None
-        for role, specs in zip(("activation", "weight"), activation_and_weight_specs(config), strict=True):
-            for spec in specs:
-                if spec.scale_type is not ScaleType.POWER_OF_TWO:
-                    return f"{role} spec: scale_type {spec.scale_type.value}; allowed: power_of_two"
-                if spec.dtype.bits != 8 or not spec.symmetric:
-                    return f"{role} spec: {spec.dtype.value} symmetric={spec.symmetric}; allowed: int8 symmetric"
-        return None
+        return power_of_two_reason(config)
 
     def finish(self, model: onnx.ModelProto) -> Finished:
         return Finished(model, None)
@@ -146,12 +139,9 @@ class OnnxRuntime:
         return onnxruntime_runner(model)
 
 
-#: ``quant-onnx search --target``'s values.
-TARGETS = ("xint8",)
-
-
 def deployment_for(target: str | None) -> OnnxRuntime:
-    """The deployment of ``--target`` (``None``: onnxruntime with every format).
+    """The deployment of ``--target`` (``None``: onnxruntime with every format; the
+    targets and what they allow: :mod:`quant_algos.search.targets`).
 
     Example:
         >>> deployment_for("xint8").name
@@ -161,8 +151,4 @@ def deployment_for(target: str | None) -> OnnxRuntime:
         ...
         quant_core.errors.ConfigError: target: 'dpu' is not allowed; allowed: xint8
     """
-    if target is None:
-        return OnnxRuntime()
-    if target not in TARGETS:
-        raise ConfigError(f"target: {target!r} is not allowed; allowed: {', '.join(TARGETS)}")
-    return OnnxRuntime(power_of_two=True)
+    return OnnxRuntime(power_of_two=check_target(target) is not None)

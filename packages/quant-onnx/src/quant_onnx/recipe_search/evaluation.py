@@ -1,83 +1,28 @@
-"""The evaluation data of a search: held in memory, split once (seeded) into the part the
-search selects on and a held-out part it never sees, and run batch by batch through a
-candidate with early stopping.
+"""Reading a search's evaluation data for an ONNX model: any form calibration data takes
+(arrays, ``.npy`` files, image folders), into memory, then split as every search splits
+it (:func:`quant_algos.search.evaluation.evaluation_data`).
 
 Example:
-    >>> select, holdout = split_indices(10, 0.3, seed=0)
-    >>> len(select), len(holdout), sorted([*select, *holdout]) == list(range(10))
-    (7, 3, True)
-    >>> split_indices(10, 0.3, seed=0)[1].tolist() == holdout.tolist()  # the same split every time
-    True
+    >>> from onnx import helper, TensorProto
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])
+    >>> model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    >>> data = load_evaluation_data(model, np.zeros((10, 2), np.float32))
+    >>> len(data.select), len(data.holdout), data.fixed_batch
+    (7, 3, None)
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import attrs
 import numpy as np
 import onnx
 
-from quant_core.errors import ConfigError, DataError, one_line
+from quant_algos.search.evaluation import EvaluationData, evaluation_data
+from quant_core.errors import DataError
 from quant_onnx.data import CalibrationReader, ImageOptions, model_inputs
-from quant_onnx.recipe_search.metrics import Metric, Outputs, Samples
-
-Runner = Callable[[Mapping[str, np.ndarray]], Sequence[np.ndarray]]
-"""``feeds -> outputs``: a candidate as the deployment runs it, outputs in the model's order."""
-
-
-def split_indices(count: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(select, holdout)`` sample indices, each sorted: a seeded random ``holdout``
-    fraction of ``count`` samples (at least one each when ``0 < holdout < 1``).
-
-    Example:
-        >>> split_indices(4, 0.0, seed=1)[1].tolist()
-        []
-    """
-    if not 0.0 <= holdout < 1.0:
-        raise ConfigError(f"holdout: {holdout!r} is out of range; allowed: 0 <= holdout < 1")
-    held = 0 if holdout == 0.0 else min(count - 1, max(1, round(count * holdout)))
-    order = np.random.default_rng(seed).permutation(count)
-    return np.sort(order[held:]), np.sort(order[:held])
-
-
-@attrs.frozen(eq=False)
-class EvaluationData:
-    """Every evaluation sample (``inputs``: input name -> array, first axis = samples),
-    the labels if any, and the seeded split.
-
-    Example:
-        >>> data = EvaluationData({"x": np.zeros((4, 2), np.float32)}, None, np.arange(3), np.array([3]), 2, None)
-        >>> [b.tolist() for b in data.chunks(data.select)]
-        [[0, 1], [2]]
-    """
-
-    inputs: Mapping[str, np.ndarray]
-    labels: np.ndarray | None
-    select: np.ndarray
-    holdout: np.ndarray
-    batch_size: int
-    fixed_batch: int | None
-
-    @property
-    def count(self) -> int:
-        return len(next(iter(self.inputs.values())))
-
-    def chunks(self, indices: np.ndarray) -> list[np.ndarray]:
-        """``indices`` in runs of the batch size (of the model's fixed batch, if it has one)."""
-        size = self.fixed_batch or self.batch_size
-        return [indices[i : i + size] for i in range(0, len(indices), size)]
-
-    def feeds(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """The inputs of ``indices``; a model with a fixed batch gets it, the last sample repeated."""
-        if self.fixed_batch is not None and len(indices) < self.fixed_batch:
-            indices = np.concatenate([indices, np.full(self.fixed_batch - len(indices), indices[-1])])
-        return {name: np.ascontiguousarray(values[indices]) for name, values in self.inputs.items()}
-
-    def samples(self, indices: np.ndarray) -> Samples:
-        return Samples(indices, None if self.labels is None else self.labels[indices])
 
 
 def load_evaluation_data(
@@ -92,171 +37,18 @@ def load_evaluation_data(
     image_options: ImageOptions | None = None,
 ) -> EvaluationData:
     """Read ``data`` (any form calibration data takes) for ``model``'s inputs into memory
-    and split it (:func:`split_indices`). ``labels``: an array or ``.npy`` path, one per
-    sample."""
+    and split it. ``labels``: an array or ``.npy`` path, one per sample."""
     reader = CalibrationReader(model, data, batch_size=batch_size, num_samples=num_samples, image_options=image_options)
     batches = list(reader)
     if not batches:
         raise DataError("evaluation data: no samples")
     inputs = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
-    count = len(next(iter(inputs.values())))
-    if count < 2 and holdout > 0:
-        raise DataError(f"evaluation data: {count} sample; a held-out part needs at least 2")
-    label_array = None if labels is None else _labels(labels, count)
-    select, held = split_indices(count, holdout, seed)
     fixed = {spec.fixed_batch for spec in model_inputs(model)} - {None}
-    return EvaluationData(inputs, label_array, select, held, batch_size, fixed.pop() if fixed else None)
-
-
-def _labels(labels: Any, count: int) -> np.ndarray:
-    if isinstance(labels, str) or hasattr(labels, "__fspath__"):
-        try:
-            labels = np.load(labels, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise DataError(f"labels: cannot read '{labels}': {exc}") from None
-    array = np.asarray(labels)
-    if len(array) < count:
-        raise DataError(f"labels: {len(array)} labels for {count} evaluation samples; allowed: one per sample")
-    return array[:count]
-
-
-def as_outputs(names: Sequence[str], values: Sequence[np.ndarray]) -> Outputs:
-    """What a metric receives: the one array of a single-output model, else name -> array."""
-    return np.asarray(values[0]) if len(names) == 1 else dict(zip(names, values, strict=True))
-
-
-def check_metric(metric: Metric, names: Sequence[str], reference: Sequence[np.ndarray], data: EvaluationData) -> None:
-    """Score the float model against itself on the first selection batch, so a metric that
-    cannot work (labels missing, wrong return shape, an exception of its own) fails once,
-    before any candidate is built, instead of failing every candidate.
-
-    Example:
-        >>> from quant_onnx.recipe_search.metrics import resolve_metric
-        >>> data = EvaluationData({"x": np.zeros((2, 3), np.float32)}, None, np.arange(2), np.array([], int), 2, None)
-        >>> check_metric(resolve_metric("accuracy"), ["y"], [np.eye(2, 3)], data)
-        Traceback (most recent call last):
-        ...
-        quant_core.errors.DataError: metric 'accuracy': needs labels (--eval-labels, or labels= in Python)
-    """
-    chunk = data.chunks(data.select)[0]
-    expected = as_outputs(names, [r[chunk] for r in reference])
-    try:
-        metric.score(expected, expected, data.samples(chunk))
-    except (ConfigError, DataError):
-        raise
-    except Exception as exc:  # the user's function failed: say which, in one line
-        detail = one_line(f"{type(exc).__name__}: {exc}")
-        raise DataError(f"metric {metric.name!r}: raised {detail} on the float model's outputs") from None
-
-
-def collect(runner: Runner, data: EvaluationData, indices: np.ndarray) -> list[np.ndarray]:
-    """``runner``'s outputs over ``indices``, concatenated (the float reference)."""
-    parts: list[list[np.ndarray]] = []
-    for chunk in data.chunks(indices):
-        values = runner(data.feeds(chunk))
-        parts.append([np.asarray(v)[: len(chunk)] for v in values])
-    return [np.concatenate(column) for column in zip(*parts, strict=True)]
-
-
-@attrs.frozen
-class Scored:
-    """A candidate's score over a part of the evaluation data.
-
-    Attributes:
-        score: the metric (``None`` when scoring stopped early).
-        bound: the most the metric could still have reached when scoring stopped (the
-            score itself when complete).
-        samples: samples run.
-        complete: whether every sample was scored.
-        batch_seconds: wall time of each full-size batch the runner ran.
-        sample_scores: a per-sample metric's score of each sample run, in scoring order
-            (``None`` for a metric over the whole set): how a stage ranks candidates that
-            stopped early, on the samples they have in common.
-
-    Example:
-        >>> Scored(None, 0.8, 64, False, ()).complete
-        False
-        >>> Scored(None, 0.8, 2, False, (), np.array([1.0, 0.0])).running
-        0.5
-    """
-
-    score: float | None
-    bound: float
-    samples: int
-    complete: bool
-    batch_seconds: tuple[float, ...]
-    sample_scores: np.ndarray | None = attrs.field(default=None, eq=False)
-
-    @property
-    def running(self) -> float | None:
-        """The metric over the samples run so far (``score`` for a whole-set metric)."""
-        if self.sample_scores is None or not len(self.sample_scores):
-            return self.score
-        return float(np.mean(self.sample_scores))
-
-
-def prefix_better(challenger: np.ndarray, incumbent: np.ndarray) -> bool:
-    """Whether per-sample scores ``challenger`` beat ``incumbent`` on the samples both ran
-    (a common prefix: every candidate scores the selection part in the same order); a tie
-    keeps the incumbent.
-
-    Example:
-        >>> prefix_better(np.array([1.0, 1.0, 0.0]), np.array([1.0, 0.0, 0.0, 1.0]))  # 2 to 1 on three samples
-        True
-        >>> prefix_better(np.array([1.0]), np.array([1.0, 0.0]))
-        False
-    """
-    common = min(len(challenger), len(incumbent))
-    return bool(common) and float(np.sum(challenger[:common])) > float(np.sum(incumbent[:common]))
-
-
-def score_outputs(
-    runner: Runner,
-    output_names: Sequence[str],
-    reference: Sequence[np.ndarray],
-    metric: Metric,
-    data: EvaluationData,
-    indices: np.ndarray,
-    *,
-    target: float | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-) -> Scored:
-    """Score ``runner`` on ``indices`` (``reference``: the float outputs of every evaluation
-    sample). A per-sample metric with a ``target`` stops as soon as the target is out of
-    reach: even if every remaining sample scored 1 the mean would stay below it. The bound
-    is exact, not statistical: a candidate stopped here scores below ``target`` on the full
-    ``indices`` whatever its remaining samples give."""
-    total = len(indices)
-    if total == 0:
-        raise DataError("evaluation data: no samples to score")
-    chunk_size = data.fixed_batch or data.batch_size
-    seconds: list[float] = []
-    parts: list[list[np.ndarray]] = []
-    per_sample: list[np.ndarray] = []
-    reached = 0.0
-    seen = 0
-    for chunk in data.chunks(indices):
-        feeds = data.feeds(chunk)
-        started = clock()
-        values = runner(feeds)
-        if len(chunk) == chunk_size:
-            seconds.append(clock() - started)
-        values = [np.asarray(v)[: len(chunk)] for v in values]
-        seen += len(chunk)
-        if metric.per_sample:
-            outputs = as_outputs(output_names, values)
-            expected = as_outputs(output_names, [r[chunk] for r in reference])
-            per_sample.append(metric.sample_scores(outputs, expected, data.samples(chunk)))
-            reached += float(per_sample[-1].sum())
-            bound = (reached + total - seen) / total
-            if target is not None and bound < target and seen < total:
-                return Scored(None, bound, seen, False, tuple(seconds), np.concatenate(per_sample))
-        else:
-            parts.append(values)
-    if metric.per_sample:
-        value = reached / total
-        return Scored(value, value, seen, True, tuple(seconds), np.concatenate(per_sample))
-    outputs = as_outputs(output_names, [np.concatenate(c) for c in zip(*parts, strict=True)])
-    expected = as_outputs(output_names, [r[indices] for r in reference])
-    value = metric.score(outputs, expected, data.samples(indices))
-    return Scored(value, value, seen, True, tuple(seconds))
+    return evaluation_data(
+        inputs,
+        labels=labels,
+        holdout=holdout,
+        seed=seed,
+        batch_size=batch_size,
+        fixed_batch=fixed.pop() if fixed else None,
+    )

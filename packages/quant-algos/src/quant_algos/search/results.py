@@ -9,15 +9,18 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
-import onnx
 
+from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
 from quant_core.serialization import to_data
 
 #: Row statuses: the target was met; scored in full and missed; stopped early (the target
@@ -32,14 +35,15 @@ class CandidateResult:
 
     Attributes:
         name: ``format/observer[+algorithm...]``.
-        config: the whole recipe (``quant-onnx quantize --config`` runs it as is).
-        tier, cost: the order's keys (``recipe_search.space``).
+        config: the whole recipe (``quant-onnx quantize --config`` or ``ModelQuantizer(config)`` runs it as is).
+        tier, cost: the order's keys (:mod:`quant_algos.search.space`).
         status: one of :data:`STATUSES`.
         score: the metric on the selection part (``None`` if not scored in full).
         bound: the most the metric could have reached (``score`` when complete).
         samples: samples scored.
-        latency_ms: onnxruntime time per evaluation batch (median), ``None`` if not run.
-        size_bytes: the deployed model's serialized size.
+        latency_ms: time per evaluation batch (median) in the deployment's runtime
+            (onnxruntime; torch for quant-torch-fx), ``None`` if not run.
+        size_bytes: the deployed model's serialized size (ONNX bytes; torch: its ``state_dict``).
         wide_share: share of the quantized activation tensors (and layer inputs mixed
             precision requantizes) stored in 16 bits.
         legal: against the deployment's rules (``None``: it has none).
@@ -103,10 +107,11 @@ class StatisticsPass:
 
 @attrs.frozen(eq=False)
 class SearchResult:
-    """What :func:`quant_onnx.search` returns.
+    """What :func:`quant_onnx.search` and :func:`quant_torch_fx.search` return.
 
     Attributes:
-        model: the chosen model as deployed (the winner's, else the best candidate's).
+        model: the chosen model as deployed (the winner's, else the best candidate's): an
+            ``onnx.ModelProto`` from quant-onnx, a frozen ``nn.Module`` from quant-torch-fx.
         chosen: the chosen candidate's row (``None`` when no candidate could be built).
         met: whether ``chosen`` meets the target on the selection part.
         target, metric, deployment: what was searched for, and where.
@@ -128,7 +133,7 @@ class SearchResult:
         report: the JSON report (also written when a report path was given).
     """
 
-    model: onnx.ModelProto | None
+    model: Any
     chosen: CandidateResult | None
     met: bool
     target: float
@@ -231,3 +236,21 @@ def format_table(rows: Sequence[CandidateResult]) -> str:
             f"{number:>3} {name:<44} {row.status:<8} {metric:>9} {latency:>9} {size:>9} {wide:>7} {legal:>5} {row.seconds:>7.1f}s"
         )
     return "\n".join(lines)
+
+
+def write_search_report(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write a search's JSON report (:meth:`SearchResult.to_dict`) atomically."""
+    return atomic_write(path, json.dumps(report, indent=2, sort_keys=False) + "\n")
+
+
+def check_report_path(path: str | os.PathLike[str] | None) -> None:
+    """A one-line error when the report's folder does not exist (checked before any work).
+
+    Example:
+        >>> check_report_path("/no/such/folder/report.json")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: report_path: folder '/no/such/folder' does not exist
+    """
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise ConfigError(f"report_path: folder '{Path(path).parent}' does not exist")

@@ -1,0 +1,212 @@
+"""quant_algos.search, the loop both backends run: the exact early stop, ranking on common
+samples, the stages and their order, the same-model skip, the budget, the fallback and
+held-out check, the Pareto table, the statistics ledger and the xint8 rule, on a fake
+backend whose "models" are numpy functions (no onnx, no torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quant_algos.search import (
+    Build,
+    EvaluationData,
+    SearchSpace,
+    StatisticsPass,
+    default_space,
+    evaluation_data,
+    format_table,
+    observer_stage,
+    power_of_two_reason,
+    resolve_metric,
+    search_with,
+    target_space,
+)
+from quant_algos.search.evaluation import collect, prefix_better, score_outputs
+from quant_algos.search.metrics import Metric
+from quant_algos.search.statistics import StatisticsLedger, statistics_bins_of
+from quant_algos.search.walk import median_batch_ms
+from quant_core.algorithm_config import CLEConfig
+from quant_core.config import CalibrationConfig
+from quant_core.errors import ConfigError
+from quant_core.observer_config import MinMax, Percentile
+from quant_core.plan import QuantPlan, TensorGroup
+from quant_core.presets import get_preset
+from quant_core.spec import QuantSpec
+
+
+def _given_scores(values: np.ndarray) -> Metric:
+    """A per-sample metric that returns ``values`` at the scored sample indices (the runner
+    is irrelevant): the early stop sees exactly the per-sample scores we choose."""
+
+    def function(outputs, reference, samples):
+        return values[samples.indices]
+
+    return Metric("given", function, per_sample=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    scores=st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=1, max_size=60),
+    target=st.floats(0.0, 1.0),
+    batch=st.integers(1, 16),
+)
+def test_early_stop_never_stops_a_candidate_that_meets_the_target(scores, target, batch):
+    values = np.array(scores)
+    count = len(values)
+    data = EvaluationData(
+        {"x": np.zeros((count, 1), np.float32)}, None, np.arange(count), np.array([], int), batch, None
+    )
+    reference = [np.zeros((count, 1), np.float32)]
+    scored = score_outputs(
+        lambda feeds: [feeds["x"]], ["y"], reference, _given_scores(values), data, data.select, target=target
+    )
+    full = float(np.mean(values))  # independent: the mean over every sample
+    if full >= target:
+        assert scored.complete and scored.score == pytest.approx(full)
+    if not scored.complete:
+        assert full < target and scored.bound < target
+        assert full <= scored.bound + 1e-12  # the bound is an upper bound of the full score
+        assert scored.running == pytest.approx(float(np.mean(values[: scored.samples])))
+    else:
+        assert scored.samples == count
+
+
+def test_prefix_ranking_compares_the_samples_both_ran():
+    assert prefix_better(np.array([1.0, 1.0]), np.array([1.0, 0.0, 0.0]))
+    assert not prefix_better(np.array([1.0, 0.0]), np.array([1.0, 0.0]))  # a tie keeps the incumbent
+    assert not prefix_better(np.array([]), np.array([1.0]))
+
+
+class FakeBackend:
+    """Each candidate's "model" flips the float model's top-1 class on a fixed share of the
+    samples (``flips``: candidate name -> share); equal shares build equal models."""
+
+    name = "fake"
+    requires_legal = False
+
+    def __init__(self, flips, refuse=()):
+        self.flips = flips
+        self.refuse = refuse
+        self.built = []
+        self.pass_seconds = [1.0]
+
+    def allows(self, config):
+        return "refused here" if config.name in self.refuse else None
+
+    def build(self, candidate):
+        self.built.append(candidate.name)
+        share = self.flips[candidate.name]
+        return Build(share, repr(share).encode(), 100, 0.0, None, "", "fake")
+
+    def runner(self, build):
+        share = build.model
+
+        def run(feeds):
+            x = feeds["x"]
+            wrong = (x[:, 0] * 1000).astype(int) % 100 < share * 100
+            return [np.where(wrong[:, None], -x, x)]
+
+        return run
+
+    def latency_ms(self, build, runner, feeds, scored):
+        return median_batch_ms(runner, feeds, scored.batch_seconds, 1)
+
+    def statistics(self):
+        return (StatisticsPass("none", 2048, 1, 0.0, tuple(self.built)),)
+
+    def reuse(self):
+        return {"statistics_passes": 1}
+
+
+def run_fake(flips, target, space, **kwargs):
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 3)).astype(np.float32)
+    x[:, 1] += 0.5  # the float top-1 is class 1 on every sample: a flip moves it
+    data = evaluation_data({"x": x}, batch_size=kwargs.pop("batch_size", 20))
+    reference = collect(lambda feeds: [feeds["x"]], data, np.arange(data.count))
+    backend = FakeBackend(flips, kwargs.pop("refuse", ()))
+    clock = kwargs.pop("clock", lambda: 0.0)
+    result = search_with(
+        backend, data, reference, ["y"], resolve_metric(None), target, space, CalibrationConfig(),
+        budget_s=kwargs.pop("budget_s", None), clock=clock, started=0.0, reference_seconds=0.0, quiet=True,
+    )  # fmt: skip
+    return result, backend, data
+
+
+SPACE = SearchSpace(formats=("a8w8",), activation_observers=(MinMax(), Percentile(99.9)), corrections=((CLEConfig(),),))
+
+
+def test_the_first_candidate_meeting_the_target_in_cost_order_wins_and_is_rescored_held_out():
+    flips = {"a8w8/minmax": 0.3, "a8w8/percentile(99.9)": 0.2, "a8w8/percentile(99.9)+cle": 0.0}
+    result, backend, data = run_fake(flips, 0.95, SPACE)
+    # Observers first (cheapest first), then CLE on the best of them.
+    assert backend.built == ["a8w8/minmax", "a8w8/percentile(99.9)", "a8w8/percentile(99.9)+cle"]
+    assert result.met and result.chosen.name == "a8w8/percentile(99.9)+cle" and result.chosen.score == 1.0
+    assert result.holdout_score == 1.0 and result.holdout_met and result.stopped_by == "target"
+    assert [row.status for row in result.candidates] == ["stopped", "stopped", "met"]
+    assert result.to_dict()["split"] == {"select": len(data.select), "holdout": len(data.holdout)}
+    assert result.reuse["samples_scored"] < result.reuse["samples_if_scored_in_full"]
+    assert "a8w8/percentile(99.9)+cle *" in format_table(result.candidates)
+
+
+def test_the_same_model_is_not_run_twice_and_a_refused_recipe_is_a_skipped_row():
+    flips = {"a8w8/minmax": 0.1, "a8w8/percentile(99.9)": 0.1, "a8w8/minmax+cle": 0.1}
+    result, backend, _ = run_fake(flips, 0.99, SPACE, refuse=("a8w8/minmax+cle",))
+    rows = {row.name: row for row in result.candidates}
+    assert rows["a8w8/percentile(99.9)"].same_as == "a8w8/minmax"
+    assert rows["a8w8/minmax+cle"].status == "skipped" and rows["a8w8/minmax+cle"].error == "fake: refused here"
+    assert "a8w8/minmax+cle" not in backend.built
+    # No winner: the best candidate is scored in full and chosen, marked as missed.
+    assert not result.met and result.chosen.name == "a8w8/minmax" and result.chosen.status == "missed"
+    assert result.chosen.score == pytest.approx(0.9, abs=0.05) and result.stopped_by == "space"
+
+
+def test_the_budget_skips_what_no_longer_fits_but_always_runs_the_first():
+    flips = {"a8w8/minmax": 0.3, "a8w8/percentile(99.9)": 0.2, "a8w8/minmax+cle": 0.0}
+    result, backend, _ = run_fake(flips, 0.95, SPACE, budget_s=0.1, clock=lambda: 0.0)
+    assert backend.built == ["a8w8/minmax"]  # percentile costs 0.5 passes of 1 s: does not fit 0.1 s
+    assert result.stopped_by == "budget" and result.candidates[1].status == "skipped"
+
+
+def test_the_targets_rule_and_spaces():
+    assert target_space("xint8").formats == ("xint8",) and target_space(None) == default_space()
+    assert power_of_two_reason(get_preset("xint8")) is None
+    assert power_of_two_reason(get_preset("a16w8")) is not None
+    with pytest.raises(ConfigError, match=r"^deployment: 'dpu' is not allowed; allowed: xint8$"):
+        from quant_algos.search.targets import check_target
+
+        check_target("dpu", "deployment")
+    assert [c.name for c in observer_stage(SPACE, CalibrationConfig())] == ["a8w8/minmax", "a8w8/percentile(99.9)"]
+
+
+def test_the_ledger_runs_one_pass_per_float_model_and_only_for_new_tensors():
+    def plan(*tensors, observer=None):
+        spec = QuantSpec(dtype="int8", observer=observer or MinMax())
+        return QuantPlan(tuple(TensorGroup(t, spec, (t,), (t,)) for t in tensors), (), (), (), (), ())
+
+    asked = []
+
+    def collect_(tensors, bins):
+        from quant_core.observers.derived import statistics_observer
+
+        asked.append(list(tensors))
+        found = {}
+        for t in tensors:
+            found[t] = statistics_observer(bins)
+            found[t].update(np.array([-1.0, 2.0], np.float32))
+        return found
+
+    ledger = StatisticsLedger()
+    first = ledger.observers("none", "none", plan("a", "b"), "c1", collect_)
+    ledger.observers("none", "none", plan("a", "b", "c"), "c2", collect_)
+    ledger.observers("cle", "cle", plan("a"), "c3", collect_)
+    assert asked == [["a", "b"], ["c"], ["a"]]
+    assert first is not None and first[1] == "statistics pass 1 (none)"
+    assert [p.served for p in ledger.passes.values()] == [("c1", "c2"), ("c3",)]
+    assert statistics_bins_of(plan("a", observer=Percentile(bins=512))) == 512
+    from quant_core.observer_config import MovingAverageMinMax
+
+    assert ledger.observers("none", "none", plan("a", observer=MovingAverageMinMax()), "c4", collect_) is None
