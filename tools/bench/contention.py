@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -109,7 +110,9 @@ def neighbours(condition: str) -> Iterator[None]:
         "torch_short_ops_neighbour": [_TORCH_SHORT_OPS_NEIGHBOUR],
         "python_neighbours": [_PYTHON_NEIGHBOUR] * 2,
     }.get(condition, [])
-    procs = [subprocess.Popen([sys.executable, "-c", c]) for c in code]
+    # The neighbours keep torch's own OpenMP wait policy whatever the measured process uses.
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    procs = [subprocess.Popen([sys.executable, "-c", c], env=env) for c in code]
     try:
         if procs:
             time.sleep(2.0)  # let them reach their loops (torch's import takes a second)
@@ -314,6 +317,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 work()  # warm-up of both sides, under the load
                 ref_s, work_s = interleaved_medians(reference, work, args.repeats)
             row = {"condition": condition, "path": path, "model": model_name, "reference_s": ref_s, "path_s": work_s}
+            row["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default")
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.out:
@@ -329,18 +333,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     """One line per path and model: its time against float per condition, and the target figure."""
     from tools.bench.common import fmt, markdown_table
 
-    quiet = {(r["path"], r["model"]): r for r in rows if r["condition"] == "quiet"}
+    def key(r: dict[str, Any]) -> tuple[str, str, str]:
+        return r["path"], r["model"], r.get("omp_wait_policy", "default")
+
+    quiet = {key(r): r for r in rows if r["condition"] == "quiet"}
     out = []
     for r in rows:
-        base = quiet.get((r["path"], r["model"]))
+        base = quiet.get(key(r))
         if r["condition"] == "quiet" or base is None:
             continue
         ref_slowdown = r["reference_s"] / base["reference_s"]
         path_slowdown = r["path_s"] / base["path_s"]
         relative = path_slowdown / ref_slowdown
+        policy = r.get("omp_wait_policy", "default")
         out.append(
             [
-                r["path"],
+                r["path"] if policy == "default" else f"{r['path']} (OMP_WAIT_POLICY={policy})",
                 r["model"],
                 r["condition"],
                 fmt(base["path_s"] / base["reference_s"]),
@@ -371,12 +379,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count and reduce on the intra-op pool always (the behaviour before issue 28)",
     )
+    parser.add_argument(
+        "--omp-passive",
+        action="store_true",
+        help="measure with OMP_WAIT_POLICY=PASSIVE (set before torch loads OpenMP; the neighbours keep the default)",
+    )
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--report", type=Path, help="print the table of an earlier --out file and exit")
+    parser.add_argument("--report", type=Path, nargs="+", help="print the table of earlier --out files and exit")
     args = parser.parse_args(argv)
     if args.report:
-        print(table(json.loads(args.report.read_text())["rows"]))
+        print(table([row for path in args.report for row in json.loads(path.read_text())["rows"]]))
         return 0
+    if args.omp_passive:
+        if "torch" in sys.modules:
+            parser.error("--omp-passive: torch is already imported; OpenMP read its wait policy then")
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     if "quiet" not in args.conditions:
         parser.error("--conditions: quiet is the baseline of every figure; allowed: quiet plus any of the others")
     args.conditions = ["quiet", *[c for c in args.conditions if c != "quiet"]]
