@@ -50,6 +50,7 @@ from quant_torch_fx.prepare import (
     weight_quantizers,
 )
 from quant_torch_fx.quantizer import FakeQuantizer
+from quant_torch_fx.shared_cores import warn_if_openmp_spins
 
 
 def model_device(model: nn.Module) -> torch.device | None:
@@ -84,6 +85,7 @@ def run_batches(
     quiet: bool = False,
 ) -> int:
     """Run ``model`` (eval mode, no grad) over the loader's checked batches; returns how many ran."""
+    warn_if_openmp_spins()
     total = loader_length(loader)
     if num_batches is not None:
         total = num_batches if total is None else min(total, num_batches)
