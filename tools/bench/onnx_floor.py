@@ -6,11 +6,12 @@ variant alike: float inference of the crops at the calibration batch size (timed
 process, after imports and loading: the floor), then ``quant-onnx quantize`` as a user runs it
 (the whole process's wall time: imports, loading, pre-processing, calibration, writing), once
 per observed-bytes budget in ``--chunk-mb`` (``quant_onnx.pipeline.calibrate.CHUNK_BYTES``: a
-batch whose observed tensors exceed it runs in pieces). Prints the medians and each one's
-ratio to the floor.
+batch whose observed tensors exceed it runs in pieces) and per ``--spinning`` setting
+(``quant_onnx.ort_session.ALLOW_SPINNING``). The float inference runs in onnxruntime's
+default session, as a user runs it. Prints the medians and each one's ratio to the floor.
 
 Example:
-    $ python -m tools.bench.onnx_floor --chunk-mb 32 512 --rounds 3
+    $ python -m tools.bench.onnx_floor --chunk-mb 32 512 --spinning sleep spin --rounds 3
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ print(time.perf_counter() - start)
 
 _QUANTIZE = """
 import sys
+import quant_onnx.ort_session as ort_session
 import quant_onnx.pipeline.calibrate as calibrate
 calibrate.CHUNK_BYTES = int(sys.argv[1]) << 20
+ort_session.ALLOW_SPINNING = sys.argv[2] == "spin"
 from quant_onnx.cli.main import main
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[3:]))
 """
 
 
@@ -61,30 +64,36 @@ def float_seconds(batch: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def quantize_seconds(chunk_mb: int, preset: str, batch: int, out: Path) -> float:
+def quantize_seconds(chunk_mb: int, spin: bool, preset: str, batch: int, out: Path) -> float:
     args = ["quantize", str(MODEL), str(out), "--calib-data", str(CROPS), "--preset", preset]
     args += ["--batch-size", str(batch), "--quiet"]
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", _QUANTIZE, str(chunk_mb), *args], check=True, capture_output=True)
+    spinning = "spin" if spin else "sleep"
+    subprocess.run([sys.executable, "-c", _QUANTIZE, str(chunk_mb), spinning, *args], check=True, capture_output=True)
     return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunk-mb", type=int, nargs="+", default=[32, 512], help="CHUNK_BYTES budgets, MiB")
+    parser.add_argument(
+        "--spinning", nargs="+", default=["sleep"], choices=["sleep", "spin"], help="ALLOW_SPINNING settings"
+    )
     parser.add_argument("--preset", default="a8w8")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     if not MODEL.exists() or not CROPS.exists():
         sys.exit(f"needs {MODEL} and {CROPS}: run `python -m tools.bench.onnx_ptq --quick` once to build them")
-    times: dict[str, list[float]] = {"float inference": []} | {f"quantize, {mb} MiB": [] for mb in args.chunk_mb}
+    variants = [(mb, spin) for mb in args.chunk_mb for spin in args.spinning]
+    times: dict[str, list[float]] = {"float inference": []}
+    times |= {f"quantize, {mb} MiB, threads {spin}": [] for mb, spin in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             times["float inference"].append(float_seconds(args.batch))
-            for mb in args.chunk_mb:
-                seconds = quantize_seconds(mb, args.preset, args.batch, Path(tmp) / f"q{mb}.onnx")
-                times[f"quantize, {mb} MiB"].append(seconds)
+            for mb, spin in variants:
+                seconds = quantize_seconds(mb, spin == "spin", args.preset, args.batch, Path(tmp) / "q.onnx")
+                times[f"quantize, {mb} MiB, threads {spin}"].append(seconds)
     floor = statistics.median(times["float inference"])
     rows = [
         [name, f"{statistics.median(v):.2f}", " ".join(f"{t:.1f}" for t in v), f"{statistics.median(v) / floor:.2f}"]

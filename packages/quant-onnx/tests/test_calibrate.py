@@ -109,12 +109,14 @@ def test_quiet_shows_no_progress_bar(capsys) -> None:
 class _RecordingSession:
     """Wraps an onnxruntime session and records the batch size of every run."""
 
-    def __init__(self, session, sizes: list[int]) -> None:
-        self._session, self._sizes = session, sizes
+    def __init__(self, session, sizes: list[int], output_bytes: list[int]) -> None:
+        self._session, self._sizes, self._output_bytes = session, sizes, output_bytes
 
     def run(self, outputs, feeds):
         self._sizes.append(len(next(iter(feeds.values()))))
-        return self._session.run(outputs, feeds)
+        values = self._session.run(outputs, feeds)
+        self._output_bytes.append(sum(v.nbytes for v in values))
+        return values
 
 
 def _record_runs(monkeypatch) -> list[int]:
@@ -124,8 +126,17 @@ def _record_runs(monkeypatch) -> list[int]:
 
     sizes: list[int] = []
     real = calibrate_module.inference_session
-    monkeypatch.setattr(calibrate_module, "inference_session", lambda *a: _RecordingSession(real(*a), sizes))
+    monkeypatch.setattr(calibrate_module, "inference_session", lambda *a: _RecordingSession(real(*a), sizes, []))
     return sizes
+
+
+def _observed_bytes_per_sample(monkeypatch, model, ann, x) -> int:
+    calibrate_module = importlib.import_module("quant_onnx.pipeline.calibrate")
+    output_bytes: list[int] = []
+    real = calibrate_module.inference_session
+    monkeypatch.setattr(calibrate_module, "inference_session", lambda *a: _RecordingSession(real(*a), [], output_bytes))
+    calibrate(model, ann, _batches(x[:1], 1), quiet=True)
+    return output_bytes[0]
 
 
 def test_large_batches_run_in_chunks_with_the_same_ranges(monkeypatch) -> None:
@@ -133,18 +144,23 @@ def test_large_batches_run_in_chunks_with_the_same_ranges(monkeypatch) -> None:
         "quant_onnx.pipeline.calibrate"
     )  # the package re-exports a function of that name
 
-    model, left, _ = _concat_model()
+    model, _, _ = _concat_model()
     x = random_inputs(model, 10)
     ann = plan_model(model, get_preset("a8w8"))
     whole = calibrate(model, ann, _batches(x, 10), quiet=True)
+    per_sample = _observed_bytes_per_sample(monkeypatch, model, ann, x)
     sizes = _record_runs(monkeypatch)
-    # Room for about three samples' observed tensors per run.
-    per_sample = sum(v[:1].nbytes for v in ort_run(augmented_model(model, [left]), x, "basic")[1:])
+    # Room for three samples' observed tensors per run.
     monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 3 * per_sample + 1)
     chunked = calibrate(model, ann, _batches(x, 10), quiet=True)
-    assert sizes[0] == 1 and max(sizes) < 10 and sum(sizes) == 10
+    assert sizes == [1, 3, 3, 3]
     for key, (lo, hi) in whole.activation_ranges.items():
         assert (float(lo), float(hi)) == tuple(float(v) for v in chunked.activation_ranges[key])
+    # Room for four: the nine rows after the sizing run go as three runs of three, not 4 + 4 + 1.
+    sizes.clear()
+    monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 4 * per_sample + 1)
+    calibrate(model, ann, _batches(x, 10), quiet=True)
+    assert sizes == [1, 3, 3, 3]
 
 
 def test_moving_average_sees_the_users_batches(monkeypatch) -> None:

@@ -87,12 +87,21 @@ class CheckedSession:
         return getattr(self.session, name)
 
 
+#: Whether the toolkit's sessions let onnxruntime's idle intra-op threads spin. They do not:
+#: a spinning thread takes the core the thread it waits for needs when other work shares
+#: the cores (EfficientNet-Lite0's calibration runs 2x faster beside other work without
+#: spinning), and a quiet machine loses about nothing (docs/benchmarks.md, issue 28).
+ALLOW_SPINNING = False
+
+
 def session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
-    """Options for the toolkit's sessions: ``level`` of graph optimisation, log at fatal
-    only (failures reach the user as ModelError instead)."""
+    """Options for the toolkit's sessions: ``level`` of graph optimisation, idle threads
+    sleeping instead of spinning (:data:`ALLOW_SPINNING`), log at fatal only (failures reach
+    the user as ModelError instead)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = level
     options.log_severity_level = 4
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if ALLOW_SPINNING else "0")
     return options
 
 

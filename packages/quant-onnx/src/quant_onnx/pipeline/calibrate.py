@@ -188,6 +188,20 @@ def _batch_rows(feeds: Mapping[str, np.ndarray]) -> int | None:
     return sizes.pop() if len(sizes) == 1 and -1 not in sizes else None
 
 
+def even_step(count: int, most: int) -> int:
+    """Rows per run that split ``count`` rows into as few runs of at most ``most`` as
+    possible, all of about one size (a short last run costs nearly a full one).
+
+    Example:
+        >>> even_step(15, 8), even_step(16, 8), even_step(9, 4)
+        (8, 8, 3)
+    """
+    if count <= 0:
+        return max(1, most)
+    runs = -(-count // most)
+    return -(-count // runs)
+
+
 def _rows(feeds: Mapping[str, np.ndarray], start: int, stop: int) -> dict[str, np.ndarray]:
     return {name: value[start:stop] for name, value in feeds.items()}
 
@@ -321,8 +335,9 @@ def observe_tensors(
                     if rows_per_run is None:  # one sample first, to size the chunks from its outputs
                         rows_per_run = max(1, int(CHUNK_BYTES // max(observe_run(_rows(feeds, 0, 1)), 1.0)))
                         first = 1
-                    for start in range(first, rows, rows_per_run):
-                        observe_run(_rows(feeds, start, start + rows_per_run))
+                    step = even_step(rows - first, rows_per_run)
+                    for start in range(first, rows, step):
+                        observe_run(_rows(feeds, start, start + step))
             seen += 1
             bar.update(1)
     session = None  # onnxruntime holds its own copy of the weights: free it before reading them
