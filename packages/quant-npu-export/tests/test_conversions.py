@@ -228,6 +228,14 @@ def test_a_concat_that_only_writes_the_results_runs_on_the_cpu_at_the_end() -> N
     assert sqnr_db(before[:, :4], after[:, :4]) > 30  # the boxes keep their own position
     asked = legalize_model(quantized_model, cpu="Concat@output")
     assert [p.op_types for p in asked.remaining.partitions] == [("Concat",)]
+    # check and the simulator read the legalised model through the same selection: it
+    # passes check as saved, and the simulator joins the results in float on the CPU.
+    checked = check(result.model)
+    assert checked.ok, checked.format_text()
+    assert [p.op_types for p in checked.partitions] == [("Concat",)]
+    (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, after)
 
 
 @pytest.mark.parametrize("mean", ["GlobalAveragePool", "ReduceMean"])
