@@ -2,8 +2,9 @@
 simulate, with the model's accuracy after each step and the time legalize and simulate take.
 
 For each config row (``a8w8`` as the CPU peer; ``xint8``, ``xint8_adaround``; ``+ conv``:
-``QuantConfig.npu_conversions`` converts Sigmoid/SiLU/HardSigmoid before calibration) the
-record holds:
+``QuantConfig.npu_conversions`` converts Sigmoid/SiLU/HardSigmoid to the device's
+HardSigmoid before calibration; ``+ tanh``: every Sigmoid, SiLU's included, becomes the
+exact ``0.5 * Tanh(0.5 x) + 0.5`` instead) the record holds:
 
 * ``qdq``: the quantized model as written, in onnxruntime (graph optimisations off);
 * ``check_before`` / ``check_after``: violations by rule of the default target before and
@@ -93,6 +94,8 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "xint8 + conv": ("xint8", ("silu", "sigmoid", "hard_sigmoid")),
     "xint8_adaround": ("xint8_adaround", ()),
     "xint8_adaround + conv": ("xint8_adaround", ("silu", "sigmoid", "hard_sigmoid")),
+    "xint8 + tanh": ("xint8", ("sigmoid_tanh", "hard_sigmoid")),
+    "xint8_adaround + tanh": ("xint8_adaround", ("sigmoid_tanh", "hard_sigmoid")),
 }
 """Row label -> (preset, conversions before calibration)."""
 
