@@ -264,3 +264,26 @@ def test_one_sided_rows_leave_the_other_side_float() -> None:
     activations = ROWS["xint8_cle_activations_only"].build().global_config  # type: ignore[misc]
     assert weights.input is None and weights.output is None and weights.weight is not None
     assert activations.weight is None and activations.input is not None and activations.output is not None
+
+
+def test_npu_detector_map_is_one_for_outputs_that_encode_the_items() -> None:
+    """tools/npu_models.py's decoding: an output holding each item's centre cell, class,
+    offset and size (what the detector is trained to write) scores mAP@0.5 = 1; shifting
+    every box by half its size scores 0."""
+    from tools import npu_models
+
+    truth = [
+        (np.array([[5.0, 9.0, 33.0, 37.0], [30.0, 20.0, 58.0, 48.0]]), np.array([3, 7])),
+        (np.array([[0.0, 36.0, 28.0, 64.0]]), np.array([3])),
+    ]
+    out = np.zeros((2, 15, 16, 16))
+    for n, (boxes, classes) in enumerate(truth):
+        for (left, top, _r, _b), c in zip(boxes, classes, strict=True):
+            cy, cx = top + 14, left + 14
+            gy, gx = int(cy // 4), int(cx // 4)
+            out[n, 0, gy, gx] = out[n, 1 + c, gy, gx] = 1.0
+            out[n, 11:13, gy, gx] = ((cy % 4) / 4, (cx % 4) / 4)
+            out[n, 13:15, gy, gx] = 28 / 64
+    assert npu_models.map50(out, truth) == 1.0
+    shifted = [(boxes + 14.0, classes) for boxes, classes in truth]
+    assert npu_models.map50(out, shifted) == 0.0

@@ -198,7 +198,7 @@ class NpuModel:
     name: str
     build: Callable[[], object]
     loss: Callable[[object, object], object]
-    metric: str  # "sqnr" (dense outputs against float) plus "iou" for the segmenter
+    metric: str  # besides output SQNR against float: "map50" (the detector), "iou" (the segmenter)
     steps: int = 300
 
     def path(self) -> Path:
@@ -217,7 +217,7 @@ class NpuModel:
 NPU_MODELS: dict[str, NpuModel] = {
     m.name: m
     for m in (
-        NpuModel("yolo_silu", yolo_silu, _detector_loss, "sqnr"),
+        NpuModel("yolo_silu", yolo_silu, _detector_loss, "map50"),
         NpuModel("se_decoder", se_decoder, _segmenter_loss, "iou"),
     )
 }
@@ -258,6 +258,48 @@ def eval_data(count: int = 256, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Evaluation canvases (test split) and their masks."""
     x, masks, _ = mosaics(count, seed=seed, split="test")
     return x, masks
+
+
+def eval_boxes(count: int = 256, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The evaluation canvases' items as ``(xyxy boxes [n, 4], classes [n])`` per canvas."""
+    _x, _masks, boxes = mosaics(count, seed=seed, split="test")
+    return [
+        (
+            np.array([(left, top, left + 28, top + 28) for _c, top, left in items], np.float64).reshape(-1, 4),
+            np.array([c for c, _t, _l in items], np.int64),
+        )
+        for items in boxes
+    ]
+
+
+def decode(outputs: np.ndarray) -> np.ndarray:
+    """The detector's ``[N, 15, 16, 16]`` as ``[N, 4 + 10, cells]``: xyxy boxes in canvas
+    pixels (cell corner + offset * stride, size * canvas) and class scores (objectness times
+    class probability), the layout :func:`tools.bench.tasks.decode_detections` reads.
+
+    Example:
+        >>> out = np.zeros((1, 15, 16, 16)); out[0, 0, 5, 6] = out[0, 3, 5, 6] = 1.0
+        >>> out[0, 11:13, 5, 6] = 0.5; out[0, 13:15, 5, 6] = 28 / 64
+        >>> decoded = decode(out)
+        >>> decoded[0, :4, 5 * 16 + 6].tolist(), float(decoded[0, 4 + 2, 5 * 16 + 6])
+        ([12.0, 8.0, 40.0, 36.0], 1.0)
+    """
+    out = np.asarray(outputs, np.float64)
+    n, _c, h, w = out.shape
+    gy, gx = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    cy, cx = (gy + out[:, 11]) * GRID, (gx + out[:, 12]) * GRID
+    half_h, half_w = out[:, 13] * CANVAS / 2, out[:, 14] * CANVAS / 2
+    boxes = np.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], 1)
+    scores = out[:, :1] * out[:, 1:11]
+    return np.concatenate([boxes, scores], 1).reshape(n, 14, h * w)
+
+
+def map50(outputs: np.ndarray, truth: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """mAP@0.5 of the decoded detections against the canvases' items."""
+    from tools.bench.tasks import decode_detections, mean_average_precision
+
+    detections = decode_detections(decode(outputs))
+    return mean_average_precision(detections, [b for b, _ in truth], [c for _, c in truth], num_classes=10)
 
 
 def calibration_data(count: int = 128, seed: int = 2) -> np.ndarray:

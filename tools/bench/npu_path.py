@@ -2,8 +2,9 @@
 simulate, with the model's accuracy after each step and the time legalize and simulate take.
 
 For each config row (``a8w8`` as the CPU peer; ``xint8``, ``xint8_adaround``; ``+ conv``:
-``QuantConfig.npu_conversions`` converts Sigmoid/SiLU/HardSigmoid before calibration) the
-record holds:
+``QuantConfig.npu_conversions`` converts Sigmoid/SiLU/HardSigmoid to the device's
+HardSigmoid before calibration; ``+ tanh``: every Sigmoid, SiLU's included, becomes the
+exact ``0.5 * Tanh(0.5 x) + 0.5`` instead) the record holds:
 
 * ``qdq``: the quantized model as written, in onnxruntime (graph optimisations off);
 * ``check_before`` / ``check_after``: violations by rule of the default target before and
@@ -56,15 +57,16 @@ class PathModel:
         name: row label.
         float_path: returns the float ONNX path (building it on first use).
         calibration: returns calibration inputs (first axis = samples).
-        evaluation: returns ``(inputs, truth)``; truth: masks (``"iou"``), labels
-            (``"accuracy"``) or None.
-        metric: ``"sqnr"`` (dense outputs), ``"iou"`` or ``"accuracy"`` (output SQNR is always reported).
+        evaluation: returns ``(inputs, truth)``; truth: masks (``"iou"``), per-image
+            ``(boxes, classes)`` (``"map50"``), labels (``"accuracy"``) or None.
+        metric: ``"sqnr"`` (dense outputs), ``"iou"``, ``"map50"`` or ``"accuracy"`` (output
+            SQNR is always reported).
     """
 
     name: str
     float_path: Callable[[], Any]
     calibration: Callable[[], np.ndarray]
-    evaluation: Callable[[], tuple[np.ndarray, np.ndarray | None]]
+    evaluation: Callable[[], tuple[np.ndarray, Any]]
     metric: str
 
 
@@ -72,13 +74,12 @@ def _detector(name: str) -> PathModel:
     from tools import npu_models
 
     spec = npu_models.NPU_MODELS[name]
-    return PathModel(
-        name,
-        spec.ensure,
-        lambda: npu_models.calibration_data(CALIB_COUNT),
-        lambda: npu_models.eval_data(EVAL_COUNT),
-        spec.metric,
-    )
+
+    def evaluation() -> tuple[np.ndarray, Any]:
+        x, masks = npu_models.eval_data(EVAL_COUNT)
+        return x, (npu_models.eval_boxes(EVAL_COUNT) if spec.metric == "map50" else masks)
+
+    return PathModel(name, spec.ensure, lambda: npu_models.calibration_data(CALIB_COUNT), evaluation, spec.metric)
 
 
 PATH_MODELS: dict[str, Callable[[], PathModel]] = {
@@ -93,6 +94,8 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "xint8 + conv": ("xint8", ("silu", "sigmoid", "hard_sigmoid")),
     "xint8_adaround": ("xint8_adaround", ()),
     "xint8_adaround + conv": ("xint8_adaround", ("silu", "sigmoid", "hard_sigmoid")),
+    "xint8 + tanh": ("xint8", ("sigmoid_tanh", "hard_sigmoid")),
+    "xint8_adaround + tanh": ("xint8_adaround", ("sigmoid_tanh", "hard_sigmoid")),
 }
 """Row label -> (preset, conversions before calibration)."""
 
@@ -163,17 +166,36 @@ def run_ort(model: Any, x: np.ndarray) -> np.ndarray:
     )
 
 
-def output_step(model: Any) -> float:
-    """The scale of the DequantizeLinear writing the model's (first) output."""
+def output_step(model: Any) -> float | np.ndarray:
+    """The scale of the DequantizeLinear writing the model's (first) output; for the
+    planner's float result Concat, each input's scale over its channels (an array that
+    broadcasts against the output)."""
     import onnx
 
     output = model.graph.output[0].name
-    dq = next(n for n in model.graph.node if output in n.output)
+    producer = next(n for n in model.graph.node if output in n.output)
+    if producer.op_type != "Concat":
+        return _dq_scale(model, producer)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred.graph.value_info}
+    axis = next((a.i for a in producer.attribute if a.name == "axis"), 0)
+    steps = []
+    for name in producer.input:
+        dq = next(n for n in model.graph.node if name in n.output)
+        rank = len(shapes[name])
+        axis = axis % rank
+        steps.append(np.full(shapes[name][axis], _dq_scale(model, dq)))
+    return np.concatenate(steps).reshape([-1 if i == axis else 1 for i in range(rank)])
+
+
+def _dq_scale(model: Any, dq: Any) -> float:
+    import onnx
+
     scale = next(t for t in model.graph.initializer if t.name == dq.input[1])
     return float(onnx.numpy_helper.to_array(scale).reshape(-1)[0])
 
 
-def score(model: PathModel, outputs: np.ndarray, reference: np.ndarray, truth: np.ndarray | None) -> dict[str, float]:
+def score(model: PathModel, outputs: np.ndarray, reference: np.ndarray, truth: Any) -> dict[str, float]:
     from quant_core.qparams import sqnr_db
 
     scores = {"sqnr_db": float(sqnr_db(reference, outputs))}
@@ -181,12 +203,16 @@ def score(model: PathModel, outputs: np.ndarray, reference: np.ndarray, truth: n
         from tools.npu_models import iou
 
         scores["iou"] = iou(outputs, truth)
+    elif model.metric == "map50" and truth is not None:
+        from tools.npu_models import map50
+
+        scores["map50"] = map50(outputs, truth)
     elif model.metric == "accuracy" and truth is not None:
         scores["accuracy"] = common.accuracy(common.top1(outputs), truth)
     return scores
 
 
-def agreement(model: PathModel, simulated: np.ndarray, expected: np.ndarray, step: float) -> float:
+def agreement(model: PathModel, simulated: np.ndarray, expected: np.ndarray, step: float | np.ndarray) -> float:
     if model.metric == "accuracy":
         return common.agreement(common.top1(simulated), common.top1(expected))
     return float(np.mean(np.abs(simulated.astype(np.float64) - expected) <= step * (1 + 1e-6)))

@@ -4,9 +4,12 @@ and ConvTranspose as zero insertion + Conv against a direct scatter implementati
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quant_core.config import QuantConfig
 from quant_core.conversions import (
@@ -69,6 +72,34 @@ def test_silu_and_sigmoid_are_told_apart() -> None:
     found = [(m.rule, m.node, m.related) for m in find_matches(view, ("tanh", "hard_sigmoid", "sigmoid", "silu"))]
     assert found == [("silu", "s1", ("m1",)), ("sigmoid", "s2", ()), ("hard_sigmoid", "h", ()), ("tanh", "t", ())]
     assert [m.node for m in find_matches(view, ("sigmoid",))] == ["s2"]
+
+
+def test_sigmoid_tanh_takes_every_sigmoid_the_other_rules_leave() -> None:
+    """``sigmoid_tanh`` rewrites a Sigmoid wherever it is (SiLU's included); listed with
+    ``silu``, the SiLUs go to ``silu`` (RULES order) and the rest to ``sigmoid_tanh``."""
+    nodes = [
+        PlanNode("s1", "Sigmoid", ("x",), ("g1",)),
+        PlanNode("m1", "Mul", ("g1", "x"), ("a",)),
+        PlanNode("s2", "Sigmoid", ("a",), ("y",)),
+    ]
+    view = float_view(_graph(nodes))
+    assert [(m.rule, m.node) for m in find_matches(view, ("sigmoid_tanh",))] == [
+        ("sigmoid_tanh", "s1"),
+        ("sigmoid_tanh", "s2"),
+    ]
+    assert [(m.rule, m.node) for m in find_matches(view, ("sigmoid_tanh", "silu"))] == [
+        ("silu", "s1"),
+        ("sigmoid_tanh", "s2"),
+    ]
+    assert RULES["sigmoid_tanh"].exact
+
+
+@given(st.floats(-30.0, 30.0))
+def test_sigmoid_tanh_constants_give_the_sigmoid(x: float) -> None:
+    from quant_core.conversions import SIGMOID_TANH_OFFSET, SIGMOID_TANH_SCALE
+
+    expected = 1.0 / (1.0 + math.exp(-x))
+    assert abs(SIGMOID_TANH_SCALE * math.tanh(SIGMOID_TANH_SCALE * x) + SIGMOID_TANH_OFFSET - expected) < 1e-12
 
 
 def test_sigmoid_read_by_another_op_is_not_a_silu() -> None:

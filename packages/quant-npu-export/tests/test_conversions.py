@@ -11,6 +11,7 @@ import onnx
 import pytest
 from builders import GraphBuilder, ort_run, quantize, random_inputs
 
+from quant_core.presets import get_preset
 from quant_npu import check, legalize_model
 from quant_npu.cli import main
 from quant_npu.conversions import convert_for_target
@@ -182,6 +183,31 @@ def test_split_and_erf_gelu_in_a_qdq_model() -> None:
     np.testing.assert_array_equal(got, expected)
 
 
+def test_sigmoid_tanh_after_calibration_and_before_it(quantized: onnx.ModelProto) -> None:
+    """A profile listing ``sigmoid_tanh`` before ``silu``/``sigmoid`` writes every Sigmoid
+    as ``0.5 * Tanh(0.5 x) + 0.5``: the halvings are one position finer (exact), the Tanh
+    output at position 7; check passes and the simulator's codes equal onnxruntime's. A model
+    converted before calibration has nothing left to convert."""
+    target = NPUProfile(name="with_tanh", conversions=("sigmoid_tanh", "hard_sigmoid"))
+    result = legalize_model(quantized, target)
+    assert result.remaining.ok, result.remaining.format_text()
+    assert sorted(c.after for c in result.changes if c.kind == "conversion").count("Mul + Tanh + Mul + Add") == 3
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "Sigmoid" not in ops and ops.count("Tanh") == 3
+    x = random_inputs(detector(), 48, seed=7)
+    (expected,) = ort_run(result.model, x)
+    (got,) = simulate(result.model, x, target, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, expected)
+    before = quantize(detector(), get_preset("xint8").evolve(npu_conversions=("sigmoid_tanh", "hard_sigmoid")), n=64)
+    assert "Sigmoid" not in [n.op_type for n in before.graph.node]
+    legal = legalize_model(before)
+    assert legal.remaining.ok, legal.remaining.format_text()
+    assert not [c for c in legal.changes if c.kind == "conversion"]
+    (expected,) = ort_run(legal.model, x)
+    (got,) = simulate(legal.model, x, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, expected)
+
+
 def _boxes_and_scores(transpose: bool) -> onnx.ModelProto:
     """``concat([boxes, sigmoid(scores)])`` (a YOLOv8 head), written out or (``transpose``)
     read by a Transpose as a head that lays its results out does."""
@@ -228,6 +254,14 @@ def test_a_concat_that_only_writes_the_results_runs_on_the_cpu_at_the_end() -> N
     assert sqnr_db(before[:, :4], after[:, :4]) > 30  # the boxes keep their own position
     asked = legalize_model(quantized_model, cpu="Concat@output")
     assert [p.op_types for p in asked.remaining.partitions] == [("Concat",)]
+    # check and the simulator read the legalised model through the same selection: it
+    # passes check as saved, and the simulator joins the results in float on the CPU.
+    checked = check(result.model)
+    assert checked.ok, checked.format_text()
+    assert [p.op_types for p in checked.partitions] == [("Concat",)]
+    (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, after)
 
 
 @pytest.mark.parametrize("mean", ["GlobalAveragePool", "ReduceMean"])

@@ -53,6 +53,18 @@ def test_each_rule_computes_its_function(rule, build, function) -> None:
     assert "Sigmoid" not in op_types(converted) and "Tanh" not in op_types(converted)
 
 
+@pytest.mark.parametrize("build", [_silu, lambda: _unary("Sigmoid")], ids=["silu", "sigmoid"])
+def test_sigmoid_tanh_computes_the_sigmoid(build) -> None:
+    """``sigmoid_tanh``: every Sigmoid (SiLU's too) becomes ``0.5 * Tanh(0.5 x) + 0.5``, the
+    same function as onnxruntime's own Sigmoid up to float32 rounding."""
+    model = build()
+    converted = apply_npu_conversions(model, ("sigmoid_tanh",))
+    onnx.checker.check_model(converted)
+    assert "Sigmoid" not in op_types(converted) and op_types(converted).count("Tanh") == 1
+    (expected,), (got,) = run_ort(model, {"x": X}), run_ort(converted, {"x": X})
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
 def test_rules_not_asked_for_change_nothing() -> None:
     model = _silu()
     assert op_types(apply_npu_conversions(model, ("sigmoid", "tanh"))) == op_types(model)  # SiLU is not "sigmoid"

@@ -62,6 +62,21 @@ def test_each_rule_computes_its_function(rules: tuple[str, ...]) -> None:
     assert ("Sigmoid" in ops) == (not {"silu", "sigmoid"} <= set(rules))
 
 
+def test_sigmoid_tanh_computes_the_sigmoid_with_tanh() -> None:
+    """``sigmoid_tanh`` rewrites every sigmoid (SiLU's too) as ``0.5 * tanh(0.5 x) + 0.5``:
+    the same outputs, and no sigmoid left for the planner."""
+    model = Activations().eval()
+    x = torch.randn(2, 3, 6, 6) * 3
+    gm = capture(model, (x,))
+    normalize(gm, fold_batch_norms=True)
+    done = convert_for_npu(gm, ("sigmoid_tanh",))
+    assert [c.rule for c in done] == ["sigmoid_tanh", "sigmoid_tanh"]
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), atol=1e-5, rtol=1e-5)
+    ops = [n.op_type for n in build_plan_graph(gm).graph.nodes]
+    assert "Sigmoid" not in ops and ops.count("Tanh") == 3  # the model's own tanh and two new ones
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -47,6 +47,9 @@ GELU_SIGMOID_SCALE = 1.702
 """GELU(x) ~ x * sigmoid(1.702 x) (Hendrycks & Gimpel), then the sigmoid as HardSigmoid."""
 TANH_SLOPE = 2.0 / 3.0
 """tanh(x) ~ 2 * hardsigmoid(2x) - 1 = clip(2x/3, -1, 1)."""
+SIGMOID_TANH_SCALE = 0.5
+SIGMOID_TANH_OFFSET = 0.5
+"""sigmoid(x) = 0.5 * tanh(0.5 x) + 0.5: both multiplications are one fix position."""
 GLOBAL_POOL_MAX_ELEMENTS = 512
 """Larger global average pools run as two pools (Quark's ``SplitLargeKernelPool``)."""
 
@@ -106,6 +109,16 @@ RULES: Mapping[str, ConversionRule] = {
             constants=_DEVICE_HARD_SIGMOID,
             source=f"{_QUARK}: convert_sigmoid_to_hard_sigmoid, then convert_hard_sigmoid_to_dpu_version",
             produces=("HardSigmoid",),
+        ),
+        ConversionRule(
+            "sigmoid_tanh",
+            "Sigmoid (standalone or inside x * Sigmoid(x))",
+            "0.5 * Tanh(0.5 x) + 0.5 (the same function: the NPU runs Tanh)",
+            exact=True,
+            constants={"scale": SIGMOID_TANH_SCALE, "offset": SIGMOID_TANH_OFFSET},
+            source="sigmoid(x) = (1 + tanh(x / 2)) / 2; Tanh is in the Ryzen AI XINT8 operator table "
+            "(the device's Tanh implementation is not public: the simulator rounds the exact function once)",
+            produces=("Mul", "Tanh", "Mul", "Add"),
         ),
         ConversionRule(
             "hard_sigmoid",
@@ -198,7 +211,7 @@ def parse_conversions(value: Any, field: str = "npu_conversions") -> tuple[str, 
         >>> parse_conversions(["swish"])
         Traceback (most recent call last):
         ...
-        quant_core.errors.ConfigError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose, reduce_mean, global_pool, split
+        quant_core.errors.ConfigError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, sigmoid_tanh, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose, reduce_mean, global_pool, split
     """
     items = (value,) if isinstance(value, str) else tuple(value)
     for item in items:

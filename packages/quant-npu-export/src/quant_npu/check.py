@@ -32,7 +32,7 @@ from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
 from quant_npu.conversions import applicable_matches, conv_transpose_issues
 from quant_npu.formats import activation_issues, bias_issues, weight_issues
-from quant_npu.partitions import CpuSelection, Partition, cpu_steps, partitions
+from quant_npu.partitions import CpuSelection, Partition, cpu_steps, deployment_selection, partitions
 from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish, plan, step_label
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.shifts import (
@@ -415,10 +415,12 @@ def check(
     """Every rule of ``target`` (a profile, a built-in name or a ``.json`` file; default
     ``xint8``) that ``model`` (a path or ModelProto, never modified) breaks. Nodes ``cpu``
     selects (op types or node-name globs) run on the CPU: no rule applies to them, and the
-    result lists the partitions they make."""
+    result lists the partitions they make; so does a float Concat that only assembles the
+    model's results (:func:`~quant_npu.partitions.deployment_selection`)."""
     from quant_core.onnx_qdq.model_io import load_model
 
-    return check_loaded(load_model(model), load_profile(target), CpuSelection.parse(cpu))
+    loaded = load_model(model)
+    return check_loaded(loaded, load_profile(target), deployment_selection(loaded, cpu))
 
 
 def check_loaded(model: onnx.ModelProto, profile: NPUProfile, cpu: CpuSelection | None = None) -> CheckResult:

@@ -57,9 +57,10 @@ from quant_npu.positions import covering_position, initial_position
 from quant_npu.profile import NPUProfile
 from quant_npu.rewrite import ModelEditor, quantize_real
 
-_ROLE_SHIFT = {"scaled": 1, "moved": 0}
+_ROLE_SHIFT = {"scaled": 1, "moved": 0, "halved": -1}
 """Positions coarser than the source for a new tensor: ``x * 1.702`` or ``x * 2/3`` needs one
-more integer bit at most; moved data keeps its source's position."""
+more integer bit at most; moved data keeps its source's position; ``x * 0.5`` is the same
+codes one position finer (exact)."""
 
 
 class QDQView:
@@ -126,6 +127,8 @@ class QDQConversions(OnnxConversions):
         position, elem_type, zero_point = self.format_of(source)
         if role == "hard_sigmoid":
             position = self.profile.hard_sigmoid_output_min
+        elif role == "tanh":  # (-1, 1) on every code of the signed activation
+            position = self.profile.activation_bits - 1
         else:
             position -= _ROLE_SHIFT[role]
         output = self.editor.quantize_tensor(tensor, position, zero_point, elem_type)

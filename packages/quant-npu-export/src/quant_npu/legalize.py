@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -37,14 +36,14 @@ import attrs
 import numpy as np
 import onnx
 
-from quant_core.onnx_qdq.graph import GraphIndex, float_attribute, node_label
+from quant_core.onnx_qdq.graph import float_attribute, node_label
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_npu.approximations import device_leaky_relu_alpha
 from quant_npu.check import CheckResult, check_loaded
 from quant_npu.conversions import conversion_costs, convert_for_target
 from quant_npu.formats import activation_issues, storage
 from quant_npu.parameters import ParameterLegalizer, legalize_operand
-from quant_npu.partitions import CpuSelection, writes_output
+from quant_npu.partitions import CpuSelection, deployment_selection, float_result_concats, writes_output
 from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, plan
 from quant_npu.positions import PositionSolver, covering_position, representable_range
 from quant_npu.profile import NPUProfile, load_profile
@@ -279,25 +278,6 @@ def decouple_hard_sigmoids(
     return editor.finish(), changes
 
 
-def float_result_concats(model: onnx.ModelProto) -> tuple[str, ...]:
-    """Float Concats that read dequantized tensors and only write graph outputs: the
-    planner leaves them float (:data:`quant_core.plan.planner.RESULT_CONCAT_REASON`), and
-    the device hands their inputs to the CPU, which joins them."""
-    index = GraphIndex(model.graph)
-
-    def dequantized(tensor: str) -> bool:
-        producer = index.producer(tensor)
-        return producer is not None and producer.op_type == "DequantizeLinear"
-
-    return tuple(
-        node.name
-        for node in model.graph.node
-        if node.op_type == "Concat"
-        and all(index.is_graph_output(o) and not index.consumers(o) for o in node.output)
-        and all(dequantized(i) for i in node.input if i)
-    )
-
-
 def _json_number(value: float) -> float | str:
     return value if np.isfinite(value) else str(value)
 
@@ -320,7 +300,7 @@ def legalize_model(
     profile = load_profile(target)
     work = load_model(model)
     result_concats = float_result_concats(work)
-    selection = CpuSelection.parse(cpu).including(glob.escape(name) for name in result_concats)
+    selection = deployment_selection(work, cpu)
     converted = convert_for_target(work, profile, selection)
     costs = conversion_costs(work, profile, data, selection) if data is not None and converted.converted else {}
     decoupled, requantized = decouple_hard_sigmoids(converted.model, profile, selection)

@@ -24,12 +24,14 @@ Example:
 from __future__ import annotations
 
 import fnmatch
+import glob
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
 import onnx
 
+from quant_core.onnx_qdq.graph import GraphIndex
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.plan import Step
 
@@ -171,3 +173,30 @@ def _read_outside(qdq: QDQGraph, name: str, members: Sequence[Step]) -> bool:
     readers = qdq.readers(name) if name in qdq.tensors else qdq.consumers(name)
     outside = [r for r in readers if id(r) not in own and r.op_type != "QuantizeLinear"]
     return bool(outside) or qdq.is_graph_output_key(name) or qdq.index.is_graph_output(name)
+
+
+def float_result_concats(model: onnx.ModelProto) -> tuple[str, ...]:
+    """Float Concats that read dequantized tensors and only write graph outputs: the
+    planner leaves them float (:data:`quant_core.plan.planner.RESULT_CONCAT_REASON`), and
+    the device hands their inputs to the CPU, which joins them."""
+    index = GraphIndex(model.graph)
+
+    def dequantized(tensor: str) -> bool:
+        producer = index.producer(tensor)
+        return producer is not None and producer.op_type == "DequantizeLinear"
+
+    return tuple(
+        node.name
+        for node in model.graph.node
+        if node.op_type == "Concat"
+        and all(index.is_graph_output(o) and not index.consumers(o) for o in node.output)
+        and all(dequantized(i) for i in node.input if i)
+    )
+
+
+def deployment_selection(model: onnx.ModelProto, cpu: CpuSelection | Iterable[str] | str | None) -> CpuSelection:
+    """``cpu`` plus the planner's float result Concats (:func:`float_result_concats`): the
+    nodes that run on the CPU of a deployment. ``check``, ``legalize`` and the simulator
+    read a model through this one selection, so a legalised model that ``legalize`` calls
+    done also passes ``check`` and runs in the simulator without naming the Concat."""
+    return CpuSelection.parse(cpu).including(glob.escape(name) for name in float_result_concats(model))

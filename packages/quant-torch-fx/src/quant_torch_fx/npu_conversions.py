@@ -7,6 +7,7 @@ planner's view of the graph.
 - ``silu``, ``sigmoid``: ``sigmoid`` -> ``hardsigmoid`` (torch's ``x/6 + 1/2``: the ONNX
   export writes it, and ``quant-npu legalize`` gives it the device's ``2731 / 2**14``,
   0.012% apart, by the ``hard_sigmoid`` rule; that rule has nothing to do here);
+- ``sigmoid_tanh``: ``sigmoid(x)`` -> ``0.5 * tanh(0.5 x) + 0.5`` (exact);
 - ``hard_swish``: ``hardswish(x)`` -> ``x * hardsigmoid(x)``;
 - ``tanh``: ``tanh(x)`` -> ``hardtanh(x * 2/3, -1, 1)``;
 - ``gelu``: ``gelu(x)`` -> ``x * hardsigmoid(x * 1.702)``;
@@ -41,6 +42,8 @@ from torch.fx import GraphModule, Node
 
 from quant_core.conversions import (
     GELU_SIGMOID_SCALE,
+    SIGMOID_TANH_OFFSET,
+    SIGMOID_TANH_SCALE,
     TANH_SLOPE,
     ConvTransposeAsConv,
     Match,
@@ -142,6 +145,16 @@ def _scaled(editor: _Editor, x: Node, value: float, node: Node) -> Node:
 
 _hard_swish = _replacing(lambda e, x, n: _x_times(e, x, x, n))
 _tanh = _replacing(lambda e, x, n: e.call(aten.hardtanh.default, (_scaled(e, x, TANH_SLOPE, n), -1.0, 1.0), n))
+_sigmoid_tanh = _replacing(
+    lambda e, x, n: e.call(
+        aten.add.Tensor,
+        (
+            _scaled(e, e.call(aten.tanh.default, (_scaled(e, x, SIGMOID_TANH_SCALE, n),), n), SIGMOID_TANH_SCALE, n),
+            _scalar(e, SIGMOID_TANH_OFFSET, n),
+        ),
+        n,
+    )
+)
 _gelu = _replacing(lambda e, x, n: _x_times(e, x, _scaled(e, x, GELU_SIGMOID_SCALE, n), n))
 
 
@@ -234,6 +247,7 @@ def _global_pool(editor: _Editor, node: Node) -> tuple[str, ...]:
 _HANDLERS: dict[str, Callable[[_Editor, Node], tuple[str, ...] | None]] = {
     "silu": _sigmoid,
     "sigmoid": _sigmoid,
+    "sigmoid_tanh": _sigmoid_tanh,
     "hard_swish": _hard_swish,
     "tanh": _tanh,
     "gelu": _gelu,

@@ -39,6 +39,8 @@ from quant_core.conversions import (
     DEVICE_HARD_SIGMOID_BETA,
     GELU_SIGMOID_SCALE,
     GLOBAL_POOL_MAX_ELEMENTS,
+    SIGMOID_TANH_OFFSET,
+    SIGMOID_TANH_SCALE,
     TANH_SLOPE,
     ConvTransposeAsConv,
     Match,
@@ -85,7 +87,7 @@ class OnnxConversions:
     # ------------------------------------------------------------------ hooks
     def edge(self, tensor: str, source: str, role: str) -> str:
         """A new intermediate tensor ``tensor`` (computed from ``source``; ``role`` says
-        what it holds: ``hard_sigmoid``, ``scaled``, ``moved``); returns the name its
+        what it holds: ``hard_sigmoid``, ``tanh``, ``scaled``, ``halved``, ``moved``); returns the name its
         readers read. Float graph: the tensor itself."""
         return tensor
 
@@ -146,6 +148,7 @@ class OnnxConversions:
             "silu": self._to_hard_sigmoid,
             "sigmoid": self._to_hard_sigmoid,
             "hard_sigmoid": self._to_hard_sigmoid,
+            "sigmoid_tanh": self._sigmoid_tanh,
             "hard_swish": self._hard_swish,
             "tanh": self._tanh,
             "gelu": self._gelu,
@@ -164,6 +167,29 @@ class OnnxConversions:
     def _to_hard_sigmoid(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...]:
         self.replace(node, [self.hard_sigmoid(list(node.input[:1]), list(node.output[:1]), node.name)])
         return ("HardSigmoid",)
+
+    def _sigmoid_tanh(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...]:
+        x, y = node.input[0], node.output[0]
+        halved, tanh, scaled = self.tensor(f"{y}_halved"), self.tensor(f"{y}_tanh"), self.tensor(f"{y}_tanh_halved")
+        first = helper.make_node(
+            "Mul",
+            [x, self.operand(f"{node.name}_scale", SIGMOID_TANH_SCALE)],
+            [halved],
+            name=self.tensor(f"{node.name}_halve"),
+        )
+        tanh_node = helper.make_node(
+            "Tanh", [self.edge(halved, x, "halved")], [tanh], name=self.tensor(f"{node.name}_tanh")
+        )
+        second = helper.make_node(
+            "Mul",
+            [self.edge(tanh, halved, "tanh"), self.operand(f"{node.name}_tanh_scale", SIGMOID_TANH_SCALE)],
+            [scaled],
+            name=self.tensor(f"{node.name}_tanh_halve"),
+        )
+        offset = self.operand(f"{node.name}_offset", SIGMOID_TANH_OFFSET)
+        add = helper.make_node("Add", [self.edge(scaled, tanh, "halved"), offset], [y], name=node.name)
+        self.replace(node, [first, tanh_node, second, add])
+        return ("Mul", "Tanh", "Mul", "Add")
 
     def _hard_swish(self, node: onnx.NodeProto, _match: Match) -> tuple[str, ...]:
         x, y = node.input[0], node.output[0]

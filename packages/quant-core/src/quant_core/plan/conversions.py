@@ -160,6 +160,8 @@ def _matches(view: ConversionView, node: PlanNode, rule: str) -> Match | None:
         if (rule == "silu") == (muls is not None):
             return Match(rule, node.name, muls or ())
         return None
+    if rule == "sigmoid_tanh" and op == "Sigmoid":
+        return Match(rule, node.name)
     if rule == "hard_sigmoid" and op == "HardSigmoid":
         alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
         return Match(rule, node.name) if is_nominal_hard_sigmoid(alpha, beta) else None

@@ -137,7 +137,7 @@ class Program:
     raw_inputs: Mapping[str, tuple[str, int]]  # integer graph input read by a DequantizeLinear -> (key, zp)
     operations: tuple[Operation | HostOperation, ...]
     constants: Mapping[str, np.ndarray]
-    outputs: Mapping[str, tuple[str, int]]  # graph output -> (key, position)
+    outputs: Mapping[str, tuple[str, int | None]]  # graph output -> (key, position; None: a CPU node's float)
     mode: RoundMode
     notes: tuple[str, ...] = ()
 
@@ -160,6 +160,7 @@ class _Compiler:
         self.on_cpu = {id(step) for step in cpu_steps(self.qdq, self.steps, cpu)}
         self.constants: dict[str, np.ndarray] = {}
         self.notes: list[str] = []
+        self.float_outputs: set[str] = set()  # graph outputs a CPU node writes in float
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
     # ------------------------------------------------------------------ tensors
@@ -396,12 +397,14 @@ class _Compiler:
         if step.activation is not None:
             raise self.fail(step, "a fused activation on a CPU node; keep both or neither on the CPU")
         out = step.output
-        out_pos = self.pos(step, out)
-        assert out is not None
-        out_range = self.range(out)
         opsets = {o.domain or "": o.version for o in self.model.opset_import}
         evaluator: Any = ReferenceEvaluator(node, opsets=opsets)
         self.notes.append(f"node {step.name!r}: {step.op_type} runs on the CPU in float")
+        if out is None and node.output and self.qdq.index.is_graph_output(node.output[0]):
+            return self._cpu_result(step, evaluator)
+        out_pos = self.pos(step, out)
+        assert out is not None
+        out_range = self.range(out)
         if step.op_type in ELEMENTWISE_FLOAT_OPS and len([n for n in node.input if n]) == 1:
             x, ipos = self._unary(step)
 
@@ -431,6 +434,26 @@ class _Compiler:
             return np.clip(scaled, *out_range).astype(dtype)
 
         return Operation(step.name, step.op_type, keys, tuple(others[i] for i in order), out, run)
+
+    def _cpu_result(self, step: Step, evaluator: Any) -> Operation:
+        """A CPU node writing a float graph output (the planner's result Concat): float
+        on its dequantized inputs, not requantized."""
+        node = step.node
+        indices = tuple(i for i, k in enumerate(step.data_inputs) if k is not None)
+        if len(indices) != len([n for n in node.input if n]):
+            raise self.fail(step, "a CPU node writing a float graph output reads a tensor that is not quantized")
+        keys = self.data(step, indices)
+        positions = [self.pos(step, k) for k in keys]
+        self.float_outputs.add(node.output[0])
+
+        def run(*arguments: np.ndarray) -> np.ndarray:
+            feeds = {
+                node.input[i]: np.ldexp(a.astype(np.float32), -p)
+                for i, a, p in zip(indices, arguments, positions, strict=True)
+            }
+            return np.asarray(evaluator.run(None, feeds)[0], np.float32)
+
+        return Operation(step.name, step.op_type, keys, (), node.output[0], run)
 
     def _hardswish(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
@@ -576,9 +599,12 @@ class _Compiler:
             if not t.is_constant and key not in self.qdq.quantizers and self.qdq.index.is_graph_input(key)
         }
 
-    def outputs(self) -> dict[str, tuple[str, int]]:
-        found = {}
+    def outputs(self) -> dict[str, tuple[str, int | None]]:
+        found: dict[str, tuple[str, int | None]] = {}
         for output in self.model.graph.output:
+            if output.name in self.float_outputs:
+                found[output.name] = (output.name, None)
+                continue
             dq = self.qdq.producer(output.name)
             key = self.qdq.dequantized.get(output.name) if dq is not None else None
             if key is None or self.qdq.tensors[key].position is None:  # checked before use below

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from quant_core.errors import ConfigError, DataError
-from quant_npu.partitions import CpuSelection
+from quant_npu.partitions import CpuSelection, deployment_selection
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.sim.program import HostOperation, Program, compile_program, quantize_input
 
@@ -29,7 +29,8 @@ class NPUSimulator:
         rounding: ``"device"`` (the profile's rounding, half-up by default) or ``"onnx"``
             (half-to-even, what onnxruntime's QuantizeLinear does), or a RoundMode name.
         cpu: op types or node-name globs that run on the CPU in float (``legalize``'s
-            ``cpu``): computed between their quantized inputs and output.
+            ``cpu``): computed between their quantized inputs and output; the planner's
+            float result Concat runs there too, as ``legalize`` says.
 
     Example:
         >>> import numpy as np
@@ -60,7 +61,9 @@ class NPUSimulator:
         self.profile = load_profile(target)
         self.rounding = self.profile.rounding_for(rounding)
         self.model = load_model(model)
-        self.program: Program = compile_program(self.model, self.profile, self.rounding, CpuSelection.parse(cpu))
+        self.program: Program = compile_program(
+            self.model, self.profile, self.rounding, deployment_selection(self.model, cpu)
+        )
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -133,7 +136,10 @@ class NPUSimulator:
         outputs = {}
         for name, (key, position) in program.outputs.items():
             codes = values[key]
-            outputs[name] = codes if integer else np.ldexp(codes.astype(np.float32), -position).astype(np.float32)
+            if position is None:  # a CPU node's float result
+                outputs[name] = codes
+            else:
+                outputs[name] = codes if integer else np.ldexp(codes.astype(np.float32), -position).astype(np.float32)
         return outputs
 
     def run(
