@@ -129,21 +129,24 @@ def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
     assert group is not None and group.spec.observer == FixedRange(0.0, 1.0)
     # GELU internals, its input (only the GELU reads it), the linear products before a bias, the scores: float.
     internals = {"erf": ["g_d", "g_e", "g_a", "hb"], "tanh": ["t_p", "t_c3", "t_s", "t_ks", "t_t", "t_a", "hb"],
-                 "op": []}[gelu]  # fmt: skip
+                 "op": ["hb"]}[gelu]  # fmt: skip
     if decomposed:
         internals += ["ln1_m", "ln1_d", "ln1_sq", "ln1_v", "ln1_ve", "ln1_s", "ln1_n", "ln1_ng"]
     for tensor in [*internals, "op", "h", "f", "s"]:  # "s": the attention scores into the softmax
         assert plan.group_of(tensor) is None, tensor
+    # The linear layers' constant biases (the Adds after their MatMuls): float, as PT2E keeps them.
+    for bias in ("bo", "b1", "b2"):
+        assert plan.group_of(bias) is None, bias
     # The GELU output and the norm outputs feed MatMuls: 8 bits.
     assert dtype_of(plan, "ge") == dtype_of(plan, "n1") == dtype_of(plan, "n2") == "uint8"
     assert any(note.startswith("transformer recipe: 3 LayerNorm, 1 GELU, 1 Softmax") for note in plan.notes)
 
 
 def test_recipe_off_plans_by_the_op_table() -> None:
-    graph = block()
+    graph = block(gelu="op")
     plan = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
     assert dtype_of(plan, "r1") == "uint8"
-    assert plan.group_of("g_e") is not None and plan.group_of("op") is not None
+    assert all(plan.group_of(t) is not None for t in ("op", "hb", "bo", "b1", "b2"))
     assert plan.group_of("p").spec.observer == MinMax()  # type: ignore[union-attr]
     assert not any("transformer recipe" in note for note in plan.notes)
 
@@ -255,3 +258,21 @@ def test_swin_shapes_stage_start_and_biased_scores() -> None:
     assert plan.group_of("s") is None and plan.group_of("sb") is None
     assert dtype_of(plan, "r") == "uint16" and dtype_of(plan, "t") == "uint8"
     assert plan.group_of("p").spec.observer == FixedRange(0.0, 1.0)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("path", [("Gather",), ("Slice", "Gather"), ("Slice", "Gather", "Identity")])
+def test_class_token_is_quantized_where_the_head_reads_it(path: tuple[str, ...]) -> None:
+    """ViT's class token: the final norm output and every data-movement step after it are
+    float; only the tensor the head reads is quantized, on its own range (torch's export
+    slices then selects; ONNX gathers)."""
+    nodes = [n("add", "Add", ("x", "x2"), ("r",)), n("ln", "LayerNormalization", ("r", "g1", "beta1"), ("t0",))]
+    for i, op in enumerate(path):
+        nodes.append(n(f"m{i}", op, (f"t{i}",), (f"t{i + 1}",)))
+    nodes.append(n("head", "Gemm", (f"t{len(path)}", "wq"), ("y",)))
+    graph = PlanGraph(nodes, inputs=("x", "x2"), outputs=("y",), constant=CONSTANTS.get)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    assert [plan.group_of(f"t{i}") for i in range(len(path))] == [None] * len(path)
+    head_input = plan.group_of(f"t{len(path)}")
+    assert head_input is not None and head_input.observed == (f"t{len(path)}",)
+    # An integer-only device (power-of-two formats) runs no float op: the chain keeps its format.
+    assert plan_quantization(graph, get_preset("xint8")).group_of("t0") is not None
