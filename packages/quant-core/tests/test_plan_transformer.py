@@ -112,9 +112,10 @@ def dtype_of(plan, tensor: str) -> str | None:
 def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
     graph = block(decomposed, gelu)
     plan = plan_quantization(graph, get_preset("a8w8"))
-    # Residual stream (x + attention, + MLP, and x itself, which ln1 and res1 read): 16 bits.
+    # Residual stream (x + attention, + MLP, and x itself, which ln1 and res1 read): float,
+    # as PT2E leaves it (no integer kernel reads it; 16 bits under power-of-two formats).
     for tensor in ("x", "r1", "r2"):
-        assert dtype_of(plan, tensor) == "uint16", tensor
+        assert plan.group_of(tensor) is None, tensor
     # The branch outputs into it, a Linear's output (MatMul + bias Add): float, so the layer
     # keeps an integer kernel with a float output.
     assert plan.group_of("ob") is None and plan.group_of("fb") is None
@@ -153,24 +154,49 @@ def test_recipe_off_plans_by_the_op_table() -> None:
 
 def test_xint8_widens_to_int16_power_of_two() -> None:
     plan = plan_quantization(block(), get_preset("xint8"))
-    spec = plan.group_of("r1").spec  # type: ignore[union-attr]
-    assert spec.dtype is DType.INT16 and spec.scale_type.value == "power_of_two"
+    for tensor in ("x", "r1", "r2"):
+        spec = plan.group_of(tensor).spec  # type: ignore[union-attr]
+        assert spec.dtype is DType.INT16 and spec.scale_type.value == "power_of_two", tensor
     assert dtype_of(plan, "n1") == "int8"
 
 
-def test_a16w8_is_already_wide() -> None:
+def test_a16w8_keeps_the_stream_float() -> None:
     plan = plan_quantization(block(), get_preset("a16w8"))
-    assert dtype_of(plan, "r1") == dtype_of(plan, "n1") == "uint16"
+    assert plan.group_of("r1") is None and dtype_of(plan, "n1") == "uint16"
 
 
-def test_a_layer_reading_the_residual_stream_gets_its_own_8_bit_input() -> None:
+@pytest.mark.parametrize(("preset", "direct", "stream"), [("a8w8", "uint8", None), ("xint8", "int8", "int16")])
+def test_a_layer_reading_the_residual_stream_gets_an_8_bit_input(preset: str, direct: str, stream: str | None) -> None:
+    """a8w8: the stream tensor a MatMul reads is quantized for it at 8 bits (no 16-bit copy);
+    xint8: 16 bits, and the MatMul gets its own 8-bit requantization."""
     nodes = [n("add", "Add", ("x", "x2"), ("r",)), n("ln", "LayerNormalization", ("r", "g1", "beta1"), ("y",)),
              n("fc", "MatMul", ("r", "wq"), ("z",))]  # fmt: skip
     graph = PlanGraph(nodes, inputs=("x", "x2"), outputs=("y", "z"), constant=CONSTANTS.get)
-    plan = plan_quantization(graph, get_preset("a8w8"))
-    assert dtype_of(plan, "r") == "uint16"
+    plan = plan_quantization(graph, get_preset(preset))
     requant = plan.requant_of("fc", "r")
-    assert requant is not None and requant.spec.dtype is DType.UINT8
+    if stream is None:
+        assert dtype_of(plan, "r") == direct and requant is None
+    else:
+        assert dtype_of(plan, "r") == stream and requant is not None and requant.spec.dtype.value == direct
+
+
+def test_class_and_distillation_tokens_joined_to_the_stream_stay_float() -> None:
+    """ViT/DeiT: learned tokens concatenated with the patch embedding (a Conv) start the
+    stream. a8w8: the Concat and the tokens are float (one 8-bit scale with the patches
+    wiped out DeiT's distillation token), the Conv output keeps its 8 bits; xint8: one group."""
+    nodes = [n("conv", "Conv", ("img", "wc"), ("c",)), n("flat", "Reshape", ("c", "shape"), ("p",)),
+             n("tok", "Expand", ("cls", "shape"), ("t",)), n("cat", "Concat", ("t", "p"), ("e",), axis=1),
+             n("pos", "Add", ("e", "pos_embed"), ("x",)), n("ln", "LayerNormalization", ("x", "g1", "beta1"), ("n1",)),
+             n("fc", "MatMul", ("n1", "wq"), ("h",)), n("res", "Add", ("x", "h"), ("r",)),
+             n("ln_f", "LayerNormalization", ("r", "g2", "beta2"), ("y",))]  # fmt: skip
+    consts = {**CONSTANTS, "wc": RNG.standard_normal((D, 3, 2, 2)).astype(np.float32), "shape": np.ones(3),
+              "cls": np.full((1, 1, D), 0.02, np.float32), "pos_embed": np.zeros((1, 3, D), np.float32)}  # fmt: skip
+    graph = PlanGraph(nodes, inputs=("img",), outputs=("y",), constant=consts.get)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    assert [plan.group_of(t) for t in ("t", "e", "x", "pos_embed", "r")] == [None] * 5
+    assert dtype_of(plan, "c") == "uint8" and dtype_of(plan, "n1") == "uint8"
+    npu = plan_quantization(graph, get_preset("xint8"))
+    assert npu.group_of("e") is not None and npu.group_of("e") == npu.group_of("t")
 
 
 def test_cnn_plan_is_unchanged() -> None:
@@ -236,7 +262,7 @@ def test_logits_stay_float_their_inputs_do_not() -> None:
     graph = PlanGraph(nodes, inputs=("x", "x2"), outputs=("y",), constant=CONSTANTS.get)
     plan = plan_quantization(graph, get_preset("a8w8"))
     assert [plan.group_of(t) for t in ("a", "b", "s", "y")] == [None] * 4
-    assert dtype_of(plan, "t") == "uint8" and dtype_of(plan, "r") == "uint16"
+    assert dtype_of(plan, "t") == "uint8" and plan.group_of("r") is None
     off = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
     assert all(off.group_of(t) is not None for t in ("a", "b", "s", "y"))
 
@@ -245,7 +271,7 @@ def test_swin_shapes_stage_start_and_biased_scores() -> None:
     """A stage that starts with a Linear (Swin's patch merging): its output is the stream a
     norm and the residual Add read (float, so the layer keeps an integer kernel with a float
     output); attention scores plus a position bias into the softmax: float; the data-movement
-    copy of the stream the norm reads: 16 bits."""
+    copy of the stream the norm reads: float like the stream (a8w8)."""
     nodes = [n("merge", "MatMul", ("x", "wq"), ("m",)), n("view", "Reshape", ("m", "shape"), ("mv",)),
              n("ln", "LayerNormalization", ("mv", "g1", "beta1"), ("t",)),
              n("q", "MatMul", ("t", "wk"), ("q",)), n("qk", "MatMul", ("q", "t"), ("s",)),
@@ -254,9 +280,9 @@ def test_swin_shapes_stage_start_and_biased_scores() -> None:
              n("res", "Add", ("mv", "po"), ("r",)), n("ln2", "LayerNormalization", ("r", "g2", "beta2"), ("y",))]  # fmt: skip
     graph = PlanGraph(nodes, inputs=("x", "pos"), outputs=("y",), constant={**CONSTANTS, "shape": np.ones(2)}.get)
     plan = plan_quantization(graph, get_preset("a8w8"))
-    assert plan.group_of("m") is None and dtype_of(plan, "mv") == "uint16"
+    assert plan.group_of("m") is None and plan.group_of("mv") is None
     assert plan.group_of("s") is None and plan.group_of("sb") is None
-    assert dtype_of(plan, "r") == "uint16" and dtype_of(plan, "t") == "uint8"
+    assert plan.group_of("r") is None and dtype_of(plan, "t") == "uint8"
     assert plan.group_of("p").spec.observer == FixedRange(0.0, 1.0)  # type: ignore[union-attr]
 
 

@@ -3,20 +3,23 @@ graph, and say which of their tensors need another format than the preset's.
 
 Measured on random-weight timm ViT-Tiny (96 px, a8w8, quant-onnx; ``docs/transformers.md``):
 the residual stream (the Add outputs a LayerNorm reads) at 8 bits alone costs ~13 dB of
-output SQNR (24 dB -> 33-34 dB with it at 16 bits); every other tensor class costs < 1 dB.
+output SQNR (24 dB -> 33-34 dB with it at 16 bits, +0.15 dB more float); the linear biases at
+8 bits 0.7 dB.
 So, under any preset, :func:`find_blocks` marks
 
 - **residual-stream tensors** (an Add output a recognised norm reads, possibly through
-  data-movement ops): quantized with the preset's activation format widened to 16 bits
-  (:func:`widened`). No integer kernel reads them on onnxruntime (LayerNorm, the next
-  residual Add at mixed widths run in float); a weighted op that reads one directly gets
-  its own 8-bit quantize/dequantize (the planner's input requantization);
+  data-movement ops, and the learned tokens a Concat joins to it): float, as PT2E leaves
+  them; no integer kernel reads them on onnxruntime (LayerNorm, the residual Adds run in
+  float). A Conv/Gemm/MatMul that reads one directly quantizes it at the preset's format.
+  Under power-of-two formats (an integer-only NPU, which runs no float op) they are
+  quantized with the preset's activation format widened to 16 bits (:func:`widened`), and
+  a weighted op that reads one gets its own 8-bit requantization;
 - **block internals** (inside a decomposed LayerNorm ``ReduceMean/Sub/Pow/Sqrt/Div``
   and an ``Erf``/``Tanh`` GELU, and a GELU's input when only the GELU reads it): left
   float. These ops have no integer kernel anywhere; a quantize/dequantize pair between
   them only adds error. A tensor a Conv/Gemm/MatMul reads is never among them;
 - **a layer's output that is a graph output** (the classifier's logits), and a linear
-  layer's product before its constant bias Add: float (no integer kernel reads them;
+  layer's product before its constant bias Add, and that bias: float (no integer kernel reads them;
   onnxruntime runs the layer with a float output, as PT2E leaves ``linear`` outputs float);
 - **attention scores** (from the ``Q.K^T`` MatMul through bias/mask Adds into the
   softmax): float (no integer kernel reads them; the MatMul runs with a float output);
@@ -33,7 +36,7 @@ Example (a residual Add feeding a LayerNorm, then a Softmax):
     ...          PlanNode("sm", "Softmax", ("n",), ("p",)), PlanNode("av", "MatMul", ("p", "v"), ("o",))]
     >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y", "v"), outputs=("o",)))
     >>> sorted(blocks.residual), sorted(blocks.softmax_outputs), blocks.summary()
-    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor at 16 bits, 1 block-internal tensor float, 1 Softmax output on the fixed [0, 1] grid')
+    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor (float, 16 bits on power-of-two formats), 1 block-internal tensor float, 1 Softmax output on the fixed [0, 1] grid')
 """
 
 from __future__ import annotations
@@ -72,7 +75,9 @@ class TransformerBlocks:
             first ReduceMean).
         gelus: names of the recognised GELU nodes (an ``Erf``/``Tanh`` form by that node).
         softmaxes: names of the Softmax nodes.
-        residual: residual-stream tensors (16 bits).
+        residual: residual-stream tensors (16 bits under power-of-two formats).
+        float_stream: the residual-stream tensors no Conv/Gemm/MatMul reads: float under
+            every other format (no integer kernel reads them), as PT2E leaves the stream.
         float_tensors: block-internal tensors left float.
         softmax_outputs: Softmax outputs (fixed ``[0, 1]`` grid).
 
@@ -85,6 +90,7 @@ class TransformerBlocks:
     gelus: tuple[str, ...] = ()
     softmaxes: tuple[str, ...] = ()
     residual: frozenset[str] = frozenset()
+    float_stream: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
     softmax_outputs: frozenset[str] = frozenset()
 
@@ -94,7 +100,8 @@ class TransformerBlocks:
             return ""
         return (
             f"{len(self.norms)} LayerNorm, {len(self.gelus)} GELU, {len(self.softmaxes)} Softmax; "
-            f"{len(self.residual)} residual-stream tensor{'s' * (len(self.residual) != 1)} at 16 bits, "
+            f"{len(self.residual)} residual-stream tensor{'s' * (len(self.residual) != 1)} "
+            "(float, 16 bits on power-of-two formats), "
             f"{len(self.float_tensors)} block-internal tensor{'s' * (len(self.float_tensors) != 1)} float, "
             f"{len(self.softmax_outputs)} Softmax output{'s' * (len(self.softmax_outputs) != 1)} "
             "on the fixed [0, 1] grid"
@@ -338,6 +345,30 @@ def _branch_outputs(graph: GraphView, residual: set[str]) -> set[str]:
     return found
 
 
+def _joined_tokens(graph: GraphView, stream: set[str]) -> set[str]:
+    """Learned tokens a Concat joins to the stream (ViT's class token, DeiT's distillation
+    token: a constant, possibly through ``Expand``/data movement): float with the stream
+    where it is float. Quantized with the patch embedding's scale, DeiT's distillation
+    token (values ~0.02) rounds to a few codes."""
+    found = set()
+    for tensor in stream:
+        producer = graph.producer(tensor)
+        if producer is None or producer.op_type != "Concat":
+            continue
+        for start in producer.inputs:
+            chain, current = [start], start
+            for _ in range(8):
+                if graph.constant(current) is not None:
+                    found.update(chain)
+                    break
+                step = graph.producer(current)
+                if step is None or step.op_type not in _MOVEMENT | {"Expand", "Tile"}:
+                    break
+                current = step.input(0)
+                chain.append(current)
+    return found
+
+
 def _weighted_inputs(nodes: Iterable[PlanNode]) -> set[str]:
     return {name for node in nodes if node.op_type in WEIGHTED_OPS for name in node.inputs}
 
@@ -486,6 +517,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         gelus=tuple(b.name for b in gelus),
         softmaxes=tuple(n.name for n in softmaxes),
         residual=frozenset(residual),
+        float_stream=frozenset((residual | _joined_tokens(graph, residual)) - keep),
         float_tensors=frozenset(internal),
         softmax_outputs=frozenset(n.outputs[0] for n in softmaxes),
     )
