@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
-from quant_core.observer_config import FixedRange, MinMax
+from quant_core.observer_config import FixedRange, MinMax, Percentile
 from quant_core.observers import FixedRangeObserver, make_observer
 from quant_core.plan import PlanGraph, PlanNode, plan_quantization
 from quant_core.plan.transformer import find_blocks, widened
@@ -125,9 +125,12 @@ def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
             data = [t for t in node.inputs if graph.constant(t) is None]
             assert data and all(dtype_of(plan, t) == "uint8" for t in data), (node.name, data)
     assert {t for node in graph.nodes if node.op_type == "MatMul" for t in node.inputs} >= {"qs", "kt", "p", "v"}
-    # Softmax output on the fixed [0, 1] grid.
+    # Softmax output: its observed range (min-max; the fixed [0, 1] grid under power-of-two
+    # formats). Every other MatMul input: the 99.99th percentile of each tail.
     group = plan.group_of("p")
-    assert group is not None and group.spec.observer == FixedRange(0.0, 1.0)
+    assert group is not None and group.spec.observer == MinMax()
+    for tensor in ("n1", "n2", "qs", "v", "ge"):  # (kt joins its producer k's group: k's observer)
+        assert plan.group_of(tensor).spec.observer == Percentile(99.99), tensor  # type: ignore[union-attr]
     # GELU internals, its input (only the GELU reads it), the linear products before a bias, the scores: float.
     internals = {"erf": ["g_d", "g_e", "g_a", "hb"], "tanh": ["t_p", "t_c3", "t_s", "t_ks", "t_t", "t_a", "hb"],
                  "op": ["hb"]}[gelu]  # fmt: skip
@@ -148,7 +151,7 @@ def test_recipe_off_plans_by_the_op_table() -> None:
     plan = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
     assert dtype_of(plan, "r1") == "uint8"
     assert all(plan.group_of(t) is not None for t in ("op", "hb", "bo", "b1", "b2"))
-    assert plan.group_of("p").spec.observer == MinMax()  # type: ignore[union-attr]
+    assert plan.group_of("p").spec.observer == plan.group_of("n1").spec.observer == MinMax()  # type: ignore[union-attr]
     assert not any("transformer recipe" in note for note in plan.notes)
 
 
@@ -283,7 +286,8 @@ def test_swin_shapes_stage_start_and_biased_scores() -> None:
     assert plan.group_of("m") is None and plan.group_of("mv") is None
     assert plan.group_of("s") is None and plan.group_of("sb") is None
     assert plan.group_of("r") is None and dtype_of(plan, "t") == "uint8"
-    assert plan.group_of("p").spec.observer == FixedRange(0.0, 1.0)  # type: ignore[union-attr]
+    assert plan.group_of("p").spec.observer == MinMax()  # type: ignore[union-attr]
+    assert plan_quantization(graph, get_preset("xint8")).group_of("p").spec.observer == FixedRange(0.0, 1.0)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("path", [("Gather",), ("Slice", "Gather"), ("Slice", "Gather", "Identity")])

@@ -53,7 +53,7 @@ from quant_core.plan.ops import (
     policy_for,
     weight_channel_axis,
 )
-from quant_core.plan.transformer import TransformerBlocks, find_blocks, softmax_spec, widened
+from quant_core.plan.transformer import TransformerBlocks, clipped, find_blocks, softmax_spec, widened
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 RESULT_CONCAT_REASON = (
@@ -334,6 +334,8 @@ class _Planner:
             spec = widened(spec)
         elif tensor in self.blocks.softmax_outputs:
             spec = softmax_spec(spec)
+        elif tensor in self.blocks.layer_inputs:
+            spec = clipped(spec)
         self.groups.add(tensor)
         if tensor not in self.specs:
             self.order.append(tensor)
