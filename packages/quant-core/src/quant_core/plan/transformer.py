@@ -23,8 +23,11 @@ So, under any preset, :func:`find_blocks` marks
   onnxruntime runs the layer with a float output, as PT2E leaves ``linear`` outputs float);
 - **attention scores** (from the ``Q.K^T`` MatMul through bias/mask Adds into the
   softmax): float (no integer kernel reads them; the MatMul runs with a float output);
-- **attention Softmax outputs** (a MatMul reads them): on the fixed grid ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`):
-  the values softmax can take, independent of calibration data.
+- **attention Softmax outputs** (a MatMul reads them): their observed range (finer than
+  ``[0, 1]`` where attention is spread out); under power-of-two formats the fixed grid
+  ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`), the values softmax can take;
+- **every other Gemm/MatMul input** (norm and GELU outputs, Q/K/V, the class token): under
+  a min-max preset, the 99.99th percentile of each tail (:func:`clipped`).
 
 None of these blocks occurs in a plain CNN (no LayerNorm, GELU or attention; a classifier's
 Softmax is not read by a MatMul), whose plan is unchanged by the recipe.
@@ -36,7 +39,7 @@ Example (a residual Add feeding a LayerNorm, then a Softmax):
     ...          PlanNode("sm", "Softmax", ("n",), ("p",)), PlanNode("av", "MatMul", ("p", "v"), ("o",))]
     >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y", "v"), outputs=("o",)))
     >>> sorted(blocks.residual), sorted(blocks.softmax_outputs), blocks.summary()
-    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor (float, 16 bits on power-of-two formats), 1 block-internal tensor float, 1 Softmax output on the fixed [0, 1] grid')
+    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor (float, 16 bits on power-of-two formats), 1 block-internal tensor float, 1 Softmax output (observed range, [0, 1] on power-of-two formats)')
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class TransformerBlocks:
         float_stream: the residual-stream tensors no Conv/Gemm/MatMul reads: float under
             every other format (no integer kernel reads them), as PT2E leaves the stream.
         float_tensors: block-internal tensors left float.
-        softmax_outputs: Softmax outputs (fixed ``[0, 1]`` grid).
+        softmax_outputs: Softmax outputs (observed range; fixed ``[0, 1]`` grid under power-of-two formats).
         layer_inputs: the activations a Gemm/MatMul reads (:func:`clipped` observers).
 
     Example:
@@ -106,7 +109,7 @@ class TransformerBlocks:
             "(float, 16 bits on power-of-two formats), "
             f"{len(self.float_tensors)} block-internal tensor{'s' * (len(self.float_tensors) != 1)} float, "
             f"{len(self.softmax_outputs)} Softmax output{'s' * (len(self.softmax_outputs) != 1)} "
-            "on the fixed [0, 1] grid"
+            "(observed range, [0, 1] on power-of-two formats)"
         )
 
 
