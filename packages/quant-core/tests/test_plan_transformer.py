@@ -129,7 +129,7 @@ def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
     # formats). Every other MatMul input: the 99.99th percentile of each tail.
     group = plan.group_of("p")
     assert group is not None and group.spec.observer == MinMax()
-    for tensor in ("n1", "n2", "qs", "v", "ge"):  # (kt joins its producer k's group: k's observer)
+    for tensor in ("n1", "n2", "qs", "kt", "v", "ge"):
         assert plan.group_of(tensor).spec.observer == Percentile(99.99), tensor  # type: ignore[union-attr]
     # GELU internals, its input (only the GELU reads it), the linear products before a bias, the scores: float.
     internals = {"erf": ["g_d", "g_e", "g_a", "hb"], "tanh": ["t_p", "t_c3", "t_s", "t_ks", "t_t", "t_a", "hb"],

@@ -334,8 +334,6 @@ class _Planner:
             spec = widened(spec)
         elif tensor in self.blocks.softmax_outputs:
             spec = softmax_spec(spec)
-        elif tensor in self.blocks.layer_inputs:
-            spec = clipped(spec)
         self.groups.add(tensor)
         if tensor not in self.specs:
             self.order.append(tensor)
@@ -494,6 +492,8 @@ class _Planner:
             differing = sorted(n for n in names if self.specs[n][1] != spec)
             if differing:
                 self.notes.append(f"tensors {differing} share qparams with {best!r} and use its spec")
+            if self.blocks.layer_inputs.intersection(names) and not self.blocks.softmax_outputs.intersection(names):
+                spec = clipped(spec)  # a Gemm/MatMul input of a transformer (its group's, whatever wrote it)
             observed = tuple(n for n in names if n not in self.unobserved)
             if not observed:  # e.g. Concat of constants: observe every member instead
                 observed = tuple(names)
