@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
-from quant_core.observer_config import FixedRange, MinMax, Percentile
+from quant_core.observer_config import FixedRange, MinMax
 from quant_core.observers import FixedRangeObserver, make_observer
 from quant_core.plan import PlanGraph, PlanNode, plan_quantization
 from quant_core.plan.transformer import find_blocks, widened
@@ -126,11 +126,12 @@ def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
             assert data and all(dtype_of(plan, t) == "uint8" for t in data), (node.name, data)
     assert {t for node in graph.nodes if node.op_type == "MatMul" for t in node.inputs} >= {"qs", "kt", "p", "v"}
     # Softmax output: its observed range (min-max; the fixed [0, 1] grid under power-of-two
-    # formats). Every other MatMul input: the 99.99th percentile of each tail.
+    # formats); every other MatMul input keeps the preset's min-max observer (a percentile
+    # clipped the trained fmnist_deit's outlier features: 32.3 -> 25.3 dB).
     group = plan.group_of("p")
     assert group is not None and group.spec.observer == MinMax()
     for tensor in ("n1", "n2", "qs", "kt", "v", "ge"):
-        assert plan.group_of(tensor).spec.observer == Percentile(99.99), tensor  # type: ignore[union-attr]
+        assert plan.group_of(tensor).spec.observer == MinMax(), tensor  # type: ignore[union-attr]
     # GELU internals, its input (only the GELU reads it), the linear products before a bias, the scores: float.
     internals = {"erf": ["g_d", "g_e", "g_a", "hb"], "tanh": ["t_p", "t_c3", "t_s", "t_ks", "t_t", "t_a", "hb"],
                  "op": ["hb"]}[gelu]  # fmt: skip

@@ -53,7 +53,7 @@ from quant_core.plan.ops import (
     policy_for,
     weight_channel_axis,
 )
-from quant_core.plan.transformer import TransformerBlocks, clipped, find_blocks, softmax_spec, widened
+from quant_core.plan.transformer import TransformerBlocks, find_blocks, softmax_spec, widened
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 RESULT_CONCAT_REASON = (
@@ -492,8 +492,6 @@ class _Planner:
             differing = sorted(n for n in names if self.specs[n][1] != spec)
             if differing:
                 self.notes.append(f"tensors {differing} share qparams with {best!r} and use its spec")
-            if self.blocks.layer_inputs.intersection(names) and not self.blocks.softmax_outputs.intersection(names):
-                spec = clipped(spec)  # a Gemm/MatMul input of a transformer (its group's, whatever wrote it)
             observed = tuple(n for n in names if n not in self.unobserved)
             if not observed:  # e.g. Concat of constants: observe every member instead
                 observed = tuple(names)

@@ -26,8 +26,6 @@ So, under any preset, :func:`find_blocks` marks
 - **attention Softmax outputs** (a MatMul reads them): their observed range (finer than
   ``[0, 1]`` where attention is spread out); under power-of-two formats the fixed grid
   ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`), the values softmax can take;
-- **every other Gemm/MatMul input** (norm and GELU outputs, Q/K/V, the class token): under
-  a min-max preset, the 99.99th percentile of each tail (:func:`clipped`).
 
 None of these blocks occurs in a plain CNN (no LayerNorm, GELU or attention; a classifier's
 Softmax is not read by a MatMul), whose plan is unchanged by the recipe.
@@ -50,7 +48,7 @@ import attrs
 import numpy as np
 
 from quant_core.dtypes import DType
-from quant_core.observer_config import FixedRange, MinMax, Percentile
+from quant_core.observer_config import FixedRange
 from quant_core.plan.graph import GraphView, PlanNode
 from quant_core.spec import QuantSpec, ScaleType
 
@@ -83,7 +81,6 @@ class TransformerBlocks:
             every other format (no integer kernel reads them), as PT2E leaves the stream.
         float_tensors: block-internal tensors left float.
         softmax_outputs: Softmax outputs (observed range; fixed ``[0, 1]`` grid under power-of-two formats).
-        layer_inputs: the activations a Gemm/MatMul reads (:func:`clipped` observers).
 
     Example:
         >>> TransformerBlocks().summary()
@@ -97,7 +94,6 @@ class TransformerBlocks:
     float_stream: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
     softmax_outputs: frozenset[str] = frozenset()
-    layer_inputs: frozenset[str] = frozenset()
 
     def summary(self) -> str:
         """One line for the report; ``""`` when nothing was recognised."""
@@ -143,27 +139,6 @@ def softmax_spec(spec: QuantSpec) -> QuantSpec:
     if not spec.is_quantized or spec.scale_type is not ScaleType.POWER_OF_TWO:
         return spec
     return spec.evolve(observer=SOFTMAX_GRID)
-
-
-LAYER_INPUT_OBSERVER = Percentile(percentile=99.99)
-"""The observer of a Gemm/MatMul input in a transformer under a min-max preset."""
-
-
-def clipped(spec: QuantSpec) -> QuantSpec:
-    """``spec`` observing the 99.99th percentile of each tail instead of the extremes when it
-    is a float-scale min-max spec (a Gemm/MatMul input in a transformer); others unchanged.
-    A block's 8-bit layer inputs (norm and GELU outputs, Q/K/V, the class token) have a few
-    outliers that min-max lets set the step: +0.4 dB on ViT-Tiny, +0.6 dB on DeiT-Tiny.
-
-    Example:
-        >>> clipped(QuantSpec(dtype="uint8", symmetric=False)).observer
-        Percentile(percentile=99.99, bins=2048)
-        >>> clipped(QuantSpec(dtype="int8", scale_type="power_of_two")).observer
-        MinMax()
-    """
-    if not spec.is_quantized or spec.scale_type is ScaleType.POWER_OF_TWO or spec.observer != MinMax():
-        return spec
-    return spec.evolve(observer=LAYER_INPUT_OBSERVER)
 
 
 def _constant_value(graph: GraphView, tensor: str) -> float | None:
@@ -553,11 +528,4 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         float_stream=frozenset((residual | _joined_tokens(graph, residual)) - keep),
         float_tensors=frozenset(internal),
         softmax_outputs=frozenset(n.outputs[0] for n in softmaxes),
-        layer_inputs=frozenset(
-            t
-            for node in graph.nodes
-            if node.op_type in FLOAT_OUTPUT_KERNELS and (norms or gelus or softmaxes)
-            for t in node.inputs[:2]
-            if t and graph.constant(t) is None
-        ),
     )
