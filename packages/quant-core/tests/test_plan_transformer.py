@@ -307,3 +307,20 @@ def test_class_token_is_quantized_where_the_head_reads_it(path: tuple[str, ...])
     assert head_input is not None and head_input.observed == (f"t{len(path)}",)
     # An integer-only device (power-of-two formats) runs no float op: the chain keeps its format.
     assert plan_quantization(graph, get_preset("xint8")).group_of("t0") is not None
+
+
+def test_copies_of_the_stream_stay_float_with_it() -> None:
+    """Swin's patch merging: slices of the stream concatenated into a norm, then a Linear.
+    a8w8: the slices and the Concat are float like the stream (quantized they rounded it to
+    8 bits on their own); the Linear's input (the norm output) 8 bits. xint8: 16 bits."""
+    nodes = [n("res", "Add", ("x", "x2"), ("r",)), n("ln0", "LayerNormalization", ("r", "g1", "beta1"), ("n0",)),
+             n("fc0", "MatMul", ("n0", "wq"), ("h",)), n("res2", "Add", ("r", "h"), ("r2",)),
+             n("ln1", "LayerNormalization", ("r2", "g1", "beta1"), ("y0",)),
+             n("s0", "Slice", ("r2",), ("a",)), n("s1", "Slice", ("r2",), ("b",)),
+             n("cat", "Concat", ("a", "b"), ("m",), axis=-1), n("ln2", "LayerNormalization", ("m", "g2", "beta2"), ("mn",)),
+             n("reduce", "MatMul", ("mn", "wk"), ("y",))]  # fmt: skip
+    graph = PlanGraph(nodes, inputs=("x", "x2"), outputs=("y", "y0"), constant=CONSTANTS.get)
+    plan = plan_quantization(graph, get_preset("a8w8"))
+    assert [plan.group_of(t) for t in ("r2", "a", "b", "m")] == [None] * 4
+    assert dtype_of(plan, "mn") == "uint8"
+    assert dtype_of(plan_quantization(graph, get_preset("xint8")), "m") == "int16"
