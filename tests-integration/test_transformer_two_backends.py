@@ -74,7 +74,69 @@ def test_both_backends_recognise_the_same_blocks(block: type[Block]) -> None:
     fx_plan = graph_info(gm).plan
     fx = recognised(fx_plan.notes)
     assert fx == recognised(onnx_plan.notes)
-    assert fx.startswith("transformer recipe: 3 LayerNorm, 1 GELU, 1 Softmax; 3 residual-stream tensors at 16 bits")
+    assert fx.startswith("transformer recipe: 3 LayerNorm, 1 GELU, 1 Softmax; 3 residual-stream tensors (float")
     # Q.K^T and attn.V quantized on both (the ONNX export writes the four Linears as MatMuls too)
     assert sum(op == "MatMul" for _name, op in fx_plan.quantized_nodes) == 2
     assert sum(op == "MatMul" for _name, op in onnx_plan.quantized_nodes) == 2 + 4
+
+
+class TinyViT(torch.nn.Module):
+    """Patch embedding, class and distillation tokens joined by a Concat, position
+    embedding, one block, the final norm, the class token into a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.patch = torch.nn.Conv2d(3, D, 4, stride=4)
+        self.tokens = torch.nn.Parameter(torch.randn(1, 2, D) * 0.02)
+        self.pos = torch.nn.Parameter(torch.randn(1, 6, D) * 0.02)
+        self.block, self.head = Block(), torch.nn.Linear(D, 5)
+        for linear in (self.block.qkv, self.block.proj, self.block.fc1, self.block.fc2):
+            torch.nn.init.normal_(linear.bias, std=0.1)
+
+    def forward(self, img):  # type: ignore[no-untyped-def]
+        x = self.patch(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.tokens.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        return self.head(self.block(x)[:, 0])
+
+
+def _dequantized_reads(model: onnx.ModelProto) -> tuple[list[str], set[str]]:
+    """Compute-node inputs (Conv/Gemm/MatMul) no DequantizeLinear feeds, and the tensors
+    any QuantizeLinear reads."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    unfed = [
+        f"{n.name}:{i}"
+        for n in model.graph.node
+        if n.op_type in ("Conv", "Gemm", "MatMul")
+        for i in n.input[:2]
+        if getattr(producers.get(i), "op_type", None) != "DequantizeLinear"
+    ]
+    return unfed, {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+
+
+def test_both_files_feed_every_layer_from_a_dequantize_and_keep_the_stream_float(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """a8w8: every Conv/Gemm/MatMul input of both backends' files (both attention matmuls,
+    the head) is DequantizeLinear-fed, while no residual Add output, learned token or linear
+    bias is quantized (float, as PT2E leaves them)."""
+    import numpy as np
+
+    import quant_onnx
+
+    model, images = TinyViT().eval(), torch.randn(8, 3, 8, 8)
+    q = ModelQuantizer("a8w8", quiet=True)
+    fx_path = q.export_onnx(q.quantize_model(model, images[:1], [images]), images[:1], tmp_path / "fx.onnx")
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (images[:1],), buffer, dynamo=False, opset_version=17)
+    onnx_file = quant_onnx.quantize(buffer.getvalue(), None, "a8w8", images.numpy(), quiet=True).model
+    for name, proto in (("quant-torch-fx", onnx.load(str(fx_path))), ("quant-onnx", onnx_file)):
+        unfed, quantized = _dequantized_reads(proto)
+        assert unfed == [], (name, unfed)
+        producers = {o: n for n in proto.graph.node for o in n.output}
+        residual = [t for t in quantized if getattr(producers.get(t), "op_type", None) == "Add"
+                    and any(c.op_type == "LayerNormalization" for c in proto.graph.node if t in c.input)]  # fmt: skip
+        assert residual == [], (name, residual)
+        initializers = {i.name: onnx.numpy_helper.to_array(i) for i in proto.graph.initializer}
+        stored = [initializers[n.input[0]] for n in proto.graph.node
+                  if n.op_type == "DequantizeLinear" and n.input[0] in initializers]  # fmt: skip
+        # Weights (int8, 2-D and up), int32 Conv/Gemm biases, scalars; no 8/16-bit bias or token.
+        assert all((a.ndim >= 2 and a.dtype == np.int8) or a.dtype == np.int32 or a.size == 1 for a in stored), name

@@ -81,16 +81,17 @@ def test_tensor_formats(quantized: tuple[onnx.ModelProto, onnx.ModelProto, onnx.
     _, on, _ = quantized
     qs = quantize_ops(on)
     zero_point_dtype = {t: initializer(on, q.input[2]).dtype for t, q in qs.items()}
-    # The residual stream LayerNorms read (the input too): 16 bits; the last Add, which no
-    # norm reads (the graph output), keeps the preset's 8 bits.
+    # The residual stream LayerNorms read (the input too): float, as PT2E leaves it (16 bits
+    # under power-of-two presets); the last Add, which no norm reads (the graph output),
+    # keeps the preset's 8 bits.
     for tensor in ("x", "r1"):
-        assert zero_point_dtype[tensor] == np.uint16, tensor
+        assert tensor not in qs, tensor
     assert zero_point_dtype["fb"] == np.uint8
-    # The layers' inputs: 8 bits; the attention softmax on the fixed [0, 1] grid.
+    # The layers' inputs: 8 bits; the attention softmax on its observed range [0, max].
     for tensor in ("n1", "n2", "qs", "kt", "p", "v", "o", "gelu"):
         assert zero_point_dtype.get(tensor) == np.uint8, tensor
     q = qs["p"]
-    assert float(initializer(on, q.input[1])) == pytest.approx(1 / 255) and int(initializer(on, q.input[2])) == 0
+    assert float(initializer(on, q.input[1])) <= 1 / 255 + 1e-9 and int(initializer(on, q.input[2])) == 0
     # GELU internals, its input, the linear products before their bias Add, the attention
     # scores and the attention branch's output into the residual Add stay float.
     for tensor in ("gd", "ge", "ga", "gm", "hb", "op", "h", "f", "s", "ob"):

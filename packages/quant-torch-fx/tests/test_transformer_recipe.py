@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quant_core.observer_config import FixedRange
+from quant_core.observer_config import FixedRange, MinMax
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.prepare import graph_info
 
@@ -41,9 +41,15 @@ def test_torch_fx_plan_follows_the_recipe() -> None:
     by_dtype: dict[str, int] = {}
     for group in plan.groups:
         by_dtype[group.spec.dtype.value] = by_dtype.get(group.spec.dtype.value, 0) + 1
-    assert by_dtype.get("uint16", 0) >= 2  # the residual stream and a branch output into it
-    softmax = [g for g in plan.groups if g.spec.observer == FixedRange(0.0, 1.0)]
-    assert len(softmax) == 1
+    assert set(by_dtype) == {"uint8"}  # the residual stream float, as PT2E leaves it
+    assert not any(m.startswith("add") for g in plan.groups for m in g.members)
+    softmax = [g for g in plan.groups if any(m.startswith("softmax") for m in g.members)]
+    assert len(softmax) == 1 and softmax[0].spec.observer == MinMax()  # its observed range
+    # Under power-of-two formats (an NPU runs no float op): the stream at 16 bits, the softmax
+    # on the fixed [0, 1] grid.
+    npu = graph_info(ModelQuantizer("xint8", quiet=True).prepare(Block().eval(), example())).plan
+    assert sum(g.spec.dtype.value == "int16" for g in npu.groups) >= 2
+    assert sum(g.spec.observer == FixedRange(0.0, 1.0) for g in npu.groups) == 1
     # The two activation-activation matmuls (Q.K^T, attn.V): both inputs quantized at 8 bits.
     graph_nodes = {name: op for name, op in plan.quantized_nodes}
     assert sum(op == "MatMul" for op in graph_nodes.values()) == 2

@@ -180,8 +180,9 @@ class QuantConfig:
             and SiLU become the device's HardSigmoid). Empty: the graph is left as it is.
         transformer_recipe: recognise LayerNorm, GELU, Softmax and residual blocks and
             give their tensors the formats that serve them under this config's specs:
-            residual-stream tensors widened to 16 bits, LayerNorm/GELU internals float,
-            Softmax outputs on the fixed ``[0, 1]`` grid (``docs/transformers.md``). A CNN
+            the residual stream, LayerNorm/GELU internals and linear biases float, Softmax
+            outputs on their observed range (power-of-two formats: the stream at 16 bits,
+            the softmax on the fixed ``[0, 1]`` grid; ``docs/transformers.md``). A CNN
             without these blocks plans the same either way. ``false``: every tensor by
             the op table only.
     """

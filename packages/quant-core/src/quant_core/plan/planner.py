@@ -14,8 +14,9 @@ and returns a :class:`QuantPlan`:
 - every node left in float, with the reason.
 
 Under ``config.transformer_recipe`` (the default) the recognised transformer blocks
-(:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors widened to
-16 bits, LayerNorm/GELU internals float, Softmax outputs on the fixed ``[0, 1]`` grid.
+(:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors float (widened
+to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax outputs on
+the fixed ``[0, 1]`` grid.
 
 Nothing is computed from data here: a backend's calibration turns each group's
 observations into qparams, so the same graph, config and data give the same scales on
@@ -318,13 +319,19 @@ class _Planner:
         if self.blocks.summary():
             self.notes.append(f"transformer recipe: {self.blocks.summary()}")
 
+    def kept_float(self, tensor: str, spec: QuantSpec) -> bool:
+        """The transformer recipe leaves ``tensor`` float: a block internal, or the residual
+        stream where no Conv/Gemm/MatMul reads it (no integer kernel reads either). Power-of-two
+        formats are an integer-only device's (the NPU presets), which runs no float op: there
+        these tensors keep the preset's format (the stream widened to 16 bits)."""
+        if spec.scale_type is ScaleType.POWER_OF_TWO:
+            return False
+        return tensor in self.blocks.float_tensors or tensor in self.blocks.float_stream
+
     def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
-        if tensor in self.blocks.float_tensors and spec.scale_type is not ScaleType.POWER_OF_TWO:
-            # Read by no integer kernel (never a Conv/Gemm/MatMul input). Power-of-two formats
-            # are an integer-only device's (the NPU presets), which runs no float op: there
-            # these tensors keep the preset's format.
+        if self.kept_float(tensor, spec):
             return
-        if tensor in self.blocks.residual:
+        if tensor in self.blocks.residual and spec.scale_type is ScaleType.POWER_OF_TWO:
             spec = widened(spec)
         elif tensor in self.blocks.softmax_outputs:
             spec = softmax_spec(spec)
@@ -440,7 +447,9 @@ class _Planner:
             self.request(name, self.specs[inputs[0]][1], priority=2)
 
     def concat(self, inputs: list[str], outputs: list[str], spec: QuantSpec | None) -> None:
-        if spec is None:
+        if spec is None or all(self.kept_float(name, spec) for name in outputs):
+            # A float output (ViT's class token joined to the patch tokens, the stream's
+            # start): its inputs keep the formats their producers and other readers give them.
             return
         for name in inputs:
             self.request(name, spec, priority=1)

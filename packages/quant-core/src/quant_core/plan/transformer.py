@@ -3,25 +3,29 @@ graph, and say which of their tensors need another format than the preset's.
 
 Measured on random-weight timm ViT-Tiny (96 px, a8w8, quant-onnx; ``docs/transformers.md``):
 the residual stream (the Add outputs a LayerNorm reads) at 8 bits alone costs ~13 dB of
-output SQNR (24 dB -> 33-34 dB with it at 16 bits); every other tensor class costs < 1 dB.
+output SQNR (24 dB -> 33-34 dB with it at 16 bits, +0.15 dB more float); the linear biases at
+8 bits 0.7 dB.
 So, under any preset, :func:`find_blocks` marks
 
 - **residual-stream tensors** (an Add output a recognised norm reads, possibly through
-  data-movement ops): quantized with the preset's activation format widened to 16 bits
-  (:func:`widened`). No integer kernel reads them on onnxruntime (LayerNorm, the next
-  residual Add at mixed widths run in float); a weighted op that reads one directly gets
-  its own 8-bit quantize/dequantize (the planner's input requantization);
+  data-movement ops, and the learned tokens a Concat joins to it): float, as PT2E leaves
+  them; no integer kernel reads them on onnxruntime (LayerNorm, the residual Adds run in
+  float). A Conv/Gemm/MatMul that reads one directly quantizes it at the preset's format.
+  Under power-of-two formats (an integer-only NPU, which runs no float op) they are
+  quantized with the preset's activation format widened to 16 bits (:func:`widened`), and
+  a weighted op that reads one gets its own 8-bit requantization;
 - **block internals** (inside a decomposed LayerNorm ``ReduceMean/Sub/Pow/Sqrt/Div``
   and an ``Erf``/``Tanh`` GELU, and a GELU's input when only the GELU reads it): left
   float. These ops have no integer kernel anywhere; a quantize/dequantize pair between
   them only adds error. A tensor a Conv/Gemm/MatMul reads is never among them;
 - **a layer's output that is a graph output** (the classifier's logits), and a linear
-  layer's product before its constant bias Add: float (no integer kernel reads them;
+  layer's product before its constant bias Add, and that bias: float (no integer kernel reads them;
   onnxruntime runs the layer with a float output, as PT2E leaves ``linear`` outputs float);
 - **attention scores** (from the ``Q.K^T`` MatMul through bias/mask Adds into the
   softmax): float (no integer kernel reads them; the MatMul runs with a float output);
-- **attention Softmax outputs** (a MatMul reads them): on the fixed grid ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`):
-  the values softmax can take, independent of calibration data.
+- **attention Softmax outputs** (a MatMul reads them): their observed range (finer than
+  ``[0, 1]`` where attention is spread out); under power-of-two formats the fixed grid
+  ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`), the values softmax can take;
 
 None of these blocks occurs in a plain CNN (no LayerNorm, GELU or attention; a classifier's
 Softmax is not read by a MatMul), whose plan is unchanged by the recipe.
@@ -33,7 +37,7 @@ Example (a residual Add feeding a LayerNorm, then a Softmax):
     ...          PlanNode("sm", "Softmax", ("n",), ("p",)), PlanNode("av", "MatMul", ("p", "v"), ("o",))]
     >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y", "v"), outputs=("o",)))
     >>> sorted(blocks.residual), sorted(blocks.softmax_outputs), blocks.summary()
-    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor at 16 bits, 1 block-internal tensor float, 1 Softmax output on the fixed [0, 1] grid')
+    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor (float, 16 bits on power-of-two formats), 1 block-internal tensor float, 1 Softmax output (observed range, [0, 1] on power-of-two formats)')
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import numpy as np
 from quant_core.dtypes import DType
 from quant_core.observer_config import FixedRange
 from quant_core.plan.graph import GraphView, PlanNode
-from quant_core.spec import QuantSpec
+from quant_core.spec import QuantSpec, ScaleType
 
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 """Ops whose data inputs must stay quantized (an integer kernel reads them)."""
@@ -72,9 +76,11 @@ class TransformerBlocks:
             first ReduceMean).
         gelus: names of the recognised GELU nodes (an ``Erf``/``Tanh`` form by that node).
         softmaxes: names of the Softmax nodes.
-        residual: residual-stream tensors (16 bits).
+        residual: residual-stream tensors (16 bits under power-of-two formats).
+        float_stream: the residual-stream tensors no Conv/Gemm/MatMul reads: float under
+            every other format (no integer kernel reads them), as PT2E leaves the stream.
         float_tensors: block-internal tensors left float.
-        softmax_outputs: Softmax outputs (fixed ``[0, 1]`` grid).
+        softmax_outputs: Softmax outputs (observed range; fixed ``[0, 1]`` grid under power-of-two formats).
 
     Example:
         >>> TransformerBlocks().summary()
@@ -85,6 +91,7 @@ class TransformerBlocks:
     gelus: tuple[str, ...] = ()
     softmaxes: tuple[str, ...] = ()
     residual: frozenset[str] = frozenset()
+    float_stream: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
     softmax_outputs: frozenset[str] = frozenset()
 
@@ -94,10 +101,11 @@ class TransformerBlocks:
             return ""
         return (
             f"{len(self.norms)} LayerNorm, {len(self.gelus)} GELU, {len(self.softmaxes)} Softmax; "
-            f"{len(self.residual)} residual-stream tensor{'s' * (len(self.residual) != 1)} at 16 bits, "
+            f"{len(self.residual)} residual-stream tensor{'s' * (len(self.residual) != 1)} "
+            "(float, 16 bits on power-of-two formats), "
             f"{len(self.float_tensors)} block-internal tensor{'s' * (len(self.float_tensors) != 1)} float, "
             f"{len(self.softmax_outputs)} Softmax output{'s' * (len(self.softmax_outputs) != 1)} "
-            "on the fixed [0, 1] grid"
+            "(observed range, [0, 1] on power-of-two formats)"
         )
 
 
@@ -117,13 +125,20 @@ def widened(spec: QuantSpec) -> QuantSpec:
 
 
 def softmax_spec(spec: QuantSpec) -> QuantSpec:
-    """``spec`` on the fixed softmax grid ``[0, 1]`` (float specs unchanged).
+    """``spec`` on the fixed softmax grid ``[0, 1]`` under power-of-two formats (an NPU's
+    softmax writes that grid); other specs unchanged: float scales keep the observed range,
+    finer where attention is spread out (random-weight ViT-Tiny +0.3 dB, DeiT-Tiny +0.5 dB,
+    the trained ``fmnist_deit`` +0.6 dB of output SQNR) and ``[0, max]`` where it peaks.
 
     Example:
-        >>> softmax_spec(QuantSpec(dtype="uint8", symmetric=False)).observer
+        >>> softmax_spec(QuantSpec(dtype="int8", scale_type="power_of_two")).observer
         FixedRange(min_val=0.0, max_val=1.0)
+        >>> softmax_spec(QuantSpec(dtype="uint8", symmetric=False)).observer
+        MinMax()
     """
-    return spec.evolve(observer=SOFTMAX_GRID) if spec.is_quantized else spec
+    if not spec.is_quantized or spec.scale_type is not ScaleType.POWER_OF_TWO:
+        return spec
+    return spec.evolve(observer=SOFTMAX_GRID)
 
 
 def _constant_value(graph: GraphView, tensor: str) -> float | None:
@@ -338,6 +353,48 @@ def _branch_outputs(graph: GraphView, residual: set[str]) -> set[str]:
     return found
 
 
+def _joined_tokens(graph: GraphView, stream: set[str]) -> set[str]:
+    """Learned tokens a Concat joins to the stream (ViT's class token, DeiT's distillation
+    token: a constant, possibly through ``Expand``/data movement): float with the stream
+    where it is float. Quantized with the patch embedding's scale, DeiT's distillation
+    token (values ~0.02) rounds to a few codes."""
+    found = set()
+    for tensor in stream:
+        producer = graph.producer(tensor)
+        if producer is None or producer.op_type != "Concat":
+            continue
+        for start in producer.inputs:
+            chain, current = [start], start
+            for _ in range(8):
+                if graph.constant(current) is not None:
+                    found.update(chain)
+                    break
+                step = graph.producer(current)
+                if step is None or step.op_type not in _MOVEMENT | {"Expand", "Tile"}:
+                    break
+                current = step.input(0)
+                chain.append(current)
+    return found
+
+
+def _stream_copies(graph: GraphView, stream: set[str], keep: set[str]) -> set[str]:
+    """``stream`` and what data movement and Concat make of it up to the tensors a
+    Conv/Gemm/MatMul reads (Swin's window shifts and patch merging's four slices
+    concatenated into a norm): float with the stream. Quantized, each copy would round the
+    stream to 8 bits on its own (Swin-Tiny in quant-torch-fx: 32.75 -> 32.34 dB)."""
+    found, stack = set(stream), list(stream)
+    while stack:
+        tensor = stack.pop()
+        if tensor in keep:
+            continue
+        for consumer in graph.consumers(tensor):
+            if consumer.op_type in _SELECTS or consumer.op_type in ("Concat", "Pad"):
+                fresh = [o for o in consumer.outputs if o and o not in found and not graph.is_graph_output(o)]
+                found.update(fresh)
+                stack.extend(fresh)
+    return found
+
+
 def _weighted_inputs(nodes: Iterable[PlanNode]) -> set[str]:
     return {name for node in nodes if node.op_type in WEIGHTED_OPS for name in node.inputs}
 
@@ -357,6 +414,33 @@ def _linear_products(graph: GraphView) -> set[str]:
         if other is not None and graph.constant(other) is not None:
             products.add(out)
     return products
+
+
+def _linear_biases(graph: GraphView, products: set[str]) -> set[str]:
+    """The constant bias of each linear product's Add. Float, as PT2E keeps a ``linear``
+    bias and onnxruntime's ``MatMulIntegerToFloat`` takes it (fused with the Add): an 8-bit
+    per-tensor bias only adds rounding (0.7 dB of ViT-Tiny's output SQNR)."""
+    biases = set()
+    for product in products:
+        add = graph.consumers(product)[0]
+        biases |= {i for i in add.inputs if i != product and graph.constant(i) is not None}
+    return biases
+
+
+def _selected_only(graph: GraphView, tensor: str) -> set[str]:
+    """``tensor`` and the tensors after it while only data movement reads them (a norm
+    output from which ViT takes its class token: ``Slice``, ``Gather``...): float, so the
+    layer after the movement quantizes only what it reads, on that range."""
+    found: set[str] = set()
+    for _ in range(8):
+        consumers = graph.consumers(tensor)
+        if not consumers or graph.is_graph_output(tensor) or any(c.op_type not in _SELECTS for c in consumers):
+            break
+        found.add(tensor)
+        if len(consumers) != 1 or not consumers[0].outputs:
+            break
+        tensor = consumers[0].outputs[0]
+    return found
 
 
 def _head_outputs(graph: GraphView) -> set[str]:
@@ -423,7 +507,9 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
             if block is not None:
                 norms.append(block)
         elif node.op_type == "Gelu":
-            gelus.append(_Block(node.name, node.input(0), node.outputs[0], ()))
+            x = node.input(0)
+            only_gelu = [c.name for c in graph.consumers(x)] == [node.name] and not graph.is_graph_output(x)
+            gelus.append(_Block(node.name, x, node.outputs[0], (x,) if only_gelu else ()))
         elif node.op_type in _GELU_CORE:
             block = _gelu(graph, node)
             if block is not None:
@@ -444,23 +530,20 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
     internal = {t for block in (*norms, *gelus) for t in block.internal} | written
     # A norm output only data-movement reads (ViT's class-token Gather before the head):
     # quantized where a layer reads it, on the range of what that layer reads.
-    internal |= {
-        norm.output
-        for norm in norms
-        if graph.consumers(norm.output)
-        and all(c.op_type in _SELECTS for c in graph.consumers(norm.output))
-        and not graph.is_graph_output(norm.output)
-    }
+    for norm in norms:
+        internal |= _selected_only(graph, norm.output)
     for softmax in softmaxes:
         internal |= _scores(graph, softmax.input(0))
     if norms or gelus or softmaxes:
-        internal |= _linear_products(graph) | _head_outputs(graph)
+        products = _linear_products(graph)
+        internal |= products | _linear_biases(graph, products) | _head_outputs(graph)
     internal -= keep | residual
     return TransformerBlocks(
         norms=tuple(b.name for b in norms),
         gelus=tuple(b.name for b in gelus),
         softmaxes=tuple(n.name for n in softmaxes),
         residual=frozenset(residual),
+        float_stream=frozenset(_stream_copies(graph, residual | _joined_tokens(graph, residual), keep) - keep),
         float_tensors=frozenset(internal),
         softmax_outputs=frozenset(n.outputs[0] for n in softmaxes),
     )
