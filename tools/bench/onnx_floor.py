@@ -51,7 +51,7 @@ import sys
 import quant_onnx.ort_session as ort_session
 import quant_onnx.pipeline.calibrate as calibrate
 calibrate.CHUNK_BYTES = int(sys.argv[1]) << 20
-ort_session.ALLOW_SPINNING = sys.argv[2] == "spin"
+ort_session.ALLOW_SPINNING = {"spin": True, "sleep": False}.get(sys.argv[2])
 from quant_onnx.cli.main import main
 sys.exit(main(sys.argv[3:]))
 """
@@ -64,11 +64,10 @@ def float_seconds(batch: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def quantize_seconds(chunk_mb: int, spin: bool, preset: str, batch: int, out: Path) -> float:
+def quantize_seconds(chunk_mb: int, spinning: str, preset: str, batch: int, out: Path) -> float:
     args = ["quantize", str(MODEL), str(out), "--calib-data", str(CROPS), "--preset", preset]
     args += ["--batch-size", str(batch), "--quiet"]
     start = time.perf_counter()
-    spinning = "spin" if spin else "sleep"
     subprocess.run([sys.executable, "-c", _QUANTIZE, str(chunk_mb), spinning, *args], check=True, capture_output=True)
     return time.perf_counter() - start
 
@@ -77,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunk-mb", type=int, nargs="+", default=[32, 512], help="CHUNK_BYTES budgets, MiB")
     parser.add_argument(
-        "--spinning", nargs="+", default=["sleep"], choices=["sleep", "spin"], help="ALLOW_SPINNING settings"
+        "--spinning",
+        nargs="+",
+        default=["load"],
+        choices=["load", "sleep", "spin"],
+        help="ALLOW_SPINNING settings (load: decided by the machine's load, the default)",
     )
     parser.add_argument("--preset", default="a8w8")
     parser.add_argument("--batch", type=int, default=16)
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             times["float inference"].append(float_seconds(args.batch))
             for mb, spin in variants:
-                seconds = quantize_seconds(mb, spin == "spin", args.preset, args.batch, Path(tmp) / "q.onnx")
+                seconds = quantize_seconds(mb, spin, args.preset, args.batch, Path(tmp) / "q.onnx")
                 times[f"quantize, {mb} MiB, threads {spin}"].append(seconds)
     floor = statistics.median(times["float inference"])
     rows = [

@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from quant_algos.shared_cores import machine_is_busy
 from quant_core.errors import ModelError, one_line
 from quant_core.onnx_qdq.tensor_data import bound_folders, without_basepath
 
@@ -87,21 +88,22 @@ class CheckedSession:
         return getattr(self.session, name)
 
 
-#: Whether the toolkit's sessions let onnxruntime's idle intra-op threads spin. They do not:
-#: a spinning thread takes the core the thread it waits for needs when other work shares
-#: the cores (EfficientNet-Lite0's calibration runs 2x faster beside other work without
-#: spinning), and a quiet machine loses about nothing (docs/benchmarks.md, issue 28).
-ALLOW_SPINNING = False
+#: Whether the toolkit's sessions let onnxruntime's idle intra-op threads spin: ``None``
+#: decides per session from the load (:func:`quant_algos.shared_cores.machine_is_busy`):
+#: spinning on a quiet machine (one-sample calibration runs 0.33 against 0.43 s), sleeping
+#: when other work shares the cores (2.2 against 1.1 s). Spinning changes no result.
+ALLOW_SPINNING: bool | None = None
 
 
 def session_options(level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
     """Options for the toolkit's sessions: ``level`` of graph optimisation, idle threads
-    sleeping instead of spinning (:data:`ALLOW_SPINNING`), log at fatal only (failures reach
-    the user as ModelError instead)."""
+    spinning or sleeping (:data:`ALLOW_SPINNING`), log at fatal only (failures reach the
+    user as ModelError instead)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = level
     options.log_severity_level = 4
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if ALLOW_SPINNING else "0")
+    spin = not machine_is_busy() if ALLOW_SPINNING is None else ALLOW_SPINNING
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     return options
 
 

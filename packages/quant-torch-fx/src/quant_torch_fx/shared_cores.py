@@ -6,8 +6,9 @@ for is often parked by the OS while its partner spins on the core it needs: cali
 EfficientNet-Lite0 beside other work took 44-83 s per pass against 4.7-5.7 s with
 ``OMP_WAIT_POLICY=PASSIVE`` (float inference 15-17 s against 4.2 s; docs/benchmarks.md).
 OpenMP reads the policy once, when torch loads it, so a library cannot change it for a
-running process: the hint tells the user to start the process with it. It is only a
-message; nothing computed depends on it.
+running process, and on a quiet machine the passive policy costs (calibration 1.4x, a small
+model's 1.8x): the hint tells the user, only when the machine is busy, to start the process
+with it. It is only a message; nothing computed depends on it.
 
 Example:
     >>> spinning_hint(load=9.0, cores=2, threads=2, policy=None) is not None
@@ -23,14 +24,15 @@ import warnings
 
 import torch
 
+from quant_algos.shared_cores import machine_is_busy
+
 _HINTED = False
 
 
 def spinning_hint(load: float, cores: int, threads: int, policy: str | None) -> str | None:
-    """The hint's text when the machine is busier than its cores (one-minute load average
-    above ``cores + 1``), torch runs more than one intra-op thread and no OpenMP wait policy
-    was chosen; else ``None``."""
-    if policy is not None or threads < 2 or load <= cores + 1:
+    """The hint's text when the machine is busy (:func:`quant_algos.shared_cores.machine_is_busy`),
+    torch runs more than one intra-op thread and no OpenMP wait policy was chosen; else ``None``."""
+    if policy is not None or threads < 2 or not machine_is_busy(load, cores):
         return None
     return (
         f"the machine is busy (load average {load:.1f} on {cores} cores) and torch's OpenMP threads "
