@@ -253,7 +253,7 @@ def logical(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """``logical_and``/``_or``/``_xor`` and the ``bitwise_*``/``__and__``/``__or__``/``__xor__``
     forms on booleans (``mask_a | mask_b``). On integers those compute bits, not truth values:
     refused rather than written as a logical op."""
-    if not node.target.__name__.startswith("logical_"):
+    if not getattr(node.target, "__name__", "").startswith("logical_"):
         dtypes = {getattr(a.meta.get("val"), "dtype", None) for a in node.args if isinstance(a, Node)}
         if dtypes != {torch.bool}:
             raise ctx.error(f"bitwise op on {sorted(map(str, dtypes))} tensors; allowed: bool tensors (masks)")
