@@ -331,7 +331,9 @@ class _Planner:
     def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
         if self.kept_float(tensor, spec):
             return
-        if tensor in self.blocks.residual and spec.scale_type is ScaleType.POWER_OF_TWO:
+        if spec.scale_type is ScaleType.POWER_OF_TWO and (
+            tensor in self.blocks.residual or tensor in self.blocks.norm_internals
+        ):
             spec = widened(spec)
         elif tensor in self.blocks.softmax_outputs:
             spec = softmax_spec(spec)

@@ -80,6 +80,8 @@ class TransformerBlocks:
         float_stream: the residual-stream tensors no Conv/Gemm/MatMul reads: float under
             every other format (no integer kernel reads them), as PT2E leaves the stream.
         float_tensors: block-internal tensors left float.
+        norm_internals: the tensors inside a decomposed LayerNorm (16 bits under
+            power-of-two formats, as the stream: a variance in 8 bits loses the model).
         softmax_outputs: Softmax outputs (observed range; fixed ``[0, 1]`` grid under power-of-two formats).
 
     Example:
@@ -93,6 +95,7 @@ class TransformerBlocks:
     residual: frozenset[str] = frozenset()
     float_stream: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
+    norm_internals: frozenset[str] = frozenset()
     softmax_outputs: frozenset[str] = frozenset()
 
     def summary(self) -> str:
@@ -545,5 +548,6 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         residual=frozenset(residual),
         float_stream=frozenset(_stream_copies(graph, residual | _joined_tokens(graph, residual), keep) - keep),
         float_tensors=frozenset(internal),
+        norm_internals=frozenset(t for block in norms for t in block.internal) - keep - residual,
         softmax_outputs=frozenset(n.outputs[0] for n in softmaxes),
     )
