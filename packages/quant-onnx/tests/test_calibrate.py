@@ -119,24 +119,19 @@ class _RecordingSession:
         return values
 
 
-def _record_runs(monkeypatch) -> list[int]:
+def _record_runs(monkeypatch) -> tuple[list[int], list[int]]:
+    """From now on, every calibration run's batch size and observed output bytes."""
     calibrate_module = importlib.import_module(
         "quant_onnx.pipeline.calibrate"
     )  # the package re-exports a function of that name
 
     sizes: list[int] = []
-    real = calibrate_module.inference_session
-    monkeypatch.setattr(calibrate_module, "inference_session", lambda *a: _RecordingSession(real(*a), sizes, []))
-    return sizes
-
-
-def _observed_bytes_per_sample(monkeypatch, model, ann, x) -> int:
-    calibrate_module = importlib.import_module("quant_onnx.pipeline.calibrate")
     output_bytes: list[int] = []
     real = calibrate_module.inference_session
-    monkeypatch.setattr(calibrate_module, "inference_session", lambda *a: _RecordingSession(real(*a), [], output_bytes))
-    calibrate(model, ann, _batches(x[:1], 1), quiet=True)
-    return output_bytes[0]
+    monkeypatch.setattr(
+        calibrate_module, "inference_session", lambda *a: _RecordingSession(real(*a), sizes, output_bytes)
+    )
+    return sizes, output_bytes
 
 
 def test_large_batches_run_in_chunks_with_the_same_ranges(monkeypatch) -> None:
@@ -148,8 +143,10 @@ def test_large_batches_run_in_chunks_with_the_same_ranges(monkeypatch) -> None:
     x = random_inputs(model, 10)
     ann = plan_model(model, get_preset("a8w8"))
     whole = calibrate(model, ann, _batches(x, 10), quiet=True)
-    per_sample = _observed_bytes_per_sample(monkeypatch, model, ann, x)
-    sizes = _record_runs(monkeypatch)
+    sizes, output_bytes = _record_runs(monkeypatch)
+    calibrate(model, ann, _batches(x[:1], 1), quiet=True)
+    per_sample = output_bytes[0]
+    sizes.clear()
     # Room for three samples' observed tensors per run.
     monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 3 * per_sample + 1)
     chunked = calibrate(model, ann, _batches(x, 10), quiet=True)
@@ -174,7 +171,7 @@ def test_moving_average_sees_the_users_batches(monkeypatch) -> None:
     moving = MovingAverageMinMax()
     ops = attrs.evolve(ops, input=ops.input.evolve(observer=moving), output=ops.output.evolve(observer=moving))
     config = config.evolve(global_config=ops)
-    sizes = _record_runs(monkeypatch)
+    sizes, _ = _record_runs(monkeypatch)
     monkeypatch.setattr(calibrate_module, "CHUNK_BYTES", 1)
     calibrate(model, plan_model(model, config), _batches(random_inputs(model, 10), 4), quiet=True)
     assert sizes == [4, 4, 2]
