@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from algorithms_models import batches_for, mobilenet_block, quantize_for_passes
+from algorithms_models import batches_for, conv_relu_conv, mobilenet_block, quantize_for_passes
 
 from quant_core.errors import DataError, ModelError
 from quant_onnx.algorithms.capture import IncrementalRunner, TensorCapture, count_samples, prepare_batches, pruned_model
@@ -85,3 +85,33 @@ def test_bias_correction_walk_is_identical_when_spilled():
         correct_biases(runner, BiasCorrectionConfig(), quiet=True)
         models.append(runner.model.SerializeToString())
     assert models[0] == models[1]
+
+
+@pytest.mark.parametrize("drop_bias", [False, True])
+def test_a_bias_correction_walk_indexes_each_graph_once_and_again_only_after_adding_nodes(monkeypatch, drop_bias):
+    """The layer-wise walk indexes the QDQ graph once (finding the layers), each of its two
+    walks once, and the quantized walk again only after a layer gained a bias node: not
+    once or more per layer, which cost bias correction most of its time."""
+    from quant_core.algorithm_config import BiasCorrectionConfig
+    from quant_core.onnx_qdq.graph import GraphIndex
+    from quant_onnx.algorithms import capture, runner
+    from quant_onnx.algorithms.layerwise import apply_bias_correction
+
+    builds: list[int] = []
+
+    class CountingIndex(GraphIndex):
+        def __init__(self, *args, **kwargs):
+            builds.append(1)
+            super().__init__(*args, **kwargs)
+
+    model = conv_relu_conv()
+    if drop_bias:  # conv1 gains a bias (a DequantizeLinear node) before conv2 runs
+        del next(n for n in model.graph.node if n.name == "conv1").input[2]
+    batches = batches_for(model, count=2)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    monkeypatch.setattr(capture, "GraphIndex", CountingIndex)
+    monkeypatch.setattr(runner, "GraphIndex", CountingIndex)
+    corrected, _ = apply_bias_correction(calibrated, qdq, batches, BiasCorrectionConfig(), quiet=True)
+    added = len(corrected.graph.node) - len(qdq.graph.node)
+    assert added == (1 if drop_bias else 0)
+    assert len(builds) == 3 + added

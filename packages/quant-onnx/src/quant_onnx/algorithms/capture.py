@@ -187,6 +187,23 @@ def _node_key(node: onnx.NodeProto) -> str:
     return next(o for o in node.output if o)
 
 
+class _Structure:
+    """What :class:`IncrementalRunner` looks up in one model's graph: the index and every
+    node's place in a topological order. Built once per model and rebuilt only when the
+    model gains nodes (the only structural edit the runner allows), so a layer-by-layer
+    walk indexes its graph a few times instead of several times per layer. Structure only:
+    initializer values change between calls and are read from the graph itself."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.num_nodes = len(model.graph.node)
+        self.index = GraphIndex(model.graph)
+        self.position = {_node_key(n): i for i, n in enumerate(self.index.topological_order())}
+
+    def describes(self, model: onnx.ModelProto) -> bool:
+        return model is self.model and len(model.graph.node) == self.num_nodes
+
+
 class IncrementalRunner:
     """Runs a model piece by piece over fixed batches, keeping each batch's live tensors.
 
@@ -208,8 +225,8 @@ class IncrementalRunner:
         >>> runner = IncrementalRunner([{"x": np.array([-1.0, 2.0], np.float32)}])
         >>> runner.concat(model, "r").tolist(), runner.concat(model, "y").tolist()
         ([0.0, 2.0], [-0.0, -2.0])
-        >>> runner.nodes_run
-        2
+        >>> runner.nodes_run, runner.index_builds
+        (2, 1)
     """
 
     def __init__(self, batches: Sequence[Feeds], memory_budget: int = LIVE_MEMORY_BYTES) -> None:
@@ -218,10 +235,29 @@ class IncrementalRunner:
             for name, value in batch.items():
                 self._live.put(i, name, np.asarray(value))
         self._done: set[str] = set()
+        self._structure: _Structure | None = None
+        self._index_builds = 0
 
     @property
     def nodes_run(self) -> int:
         return len(self._done)
+
+    @property
+    def index_builds(self) -> int:
+        """How many times a graph was indexed (once per model, again after nodes were added)."""
+        return self._index_builds
+
+    def index(self, model: onnx.ModelProto) -> GraphIndex:
+        """The index of ``model``'s graph as it is now, built again only when ``model`` is
+        another model or gained nodes. Its structure is current; read initializer values
+        from the graph (they may have been rewritten since it was built)."""
+        return self._structure_of(model).index
+
+    def _structure_of(self, model: onnx.ModelProto) -> _Structure:
+        if self._structure is None or not self._structure.describes(model):
+            self._structure = _Structure(model)
+            self._index_builds += 1
+        return self._structure
 
     @property
     def spilled(self) -> int:
@@ -244,7 +280,8 @@ class IncrementalRunner:
     def compute(
         self, model: onnx.ModelProto, tensors: Sequence[str], *, commit: bool = True
     ) -> Iterator[dict[str, np.ndarray]]:
-        index = GraphIndex(model.graph)
+        structure = self._structure_of(model)
+        index = structure.index
         live = self._live.names()
         segment: dict[str, onnx.NodeProto] = {}
         inputs: set[str] = set()
@@ -273,12 +310,12 @@ class IncrementalRunner:
                 for out in node.output:
                     if out and any(_node_key(c) not in finished for c in index.consumers(out)):
                         keep.append(out)
-        return self._batches(model, index, segment, sorted(inputs), wanted, keep, commit)
+        return self._batches(model, structure, segment, sorted(inputs), wanted, keep, commit)
 
     def _batches(
         self,
         model: onnx.ModelProto,
-        index: GraphIndex,
+        structure: _Structure,
         segment: dict[str, onnx.NodeProto],
         inputs: list[str],
         wanted: list[str],
@@ -286,7 +323,7 @@ class IncrementalRunner:
         commit: bool,
     ) -> Iterator[dict[str, np.ndarray]]:
         outputs = list(dict.fromkeys(wanted + keep))
-        sess = self._segment_session(model, index, list(segment.values()), inputs, outputs) if segment else None
+        sess = self._segment_session(model, structure, list(segment.values()), inputs, outputs) if segment else None
         for i in range(len(self._live)):
             values: dict[str, np.ndarray] = {}
             if sess is not None:
@@ -298,7 +335,7 @@ class IncrementalRunner:
             yield {t: values[t] if t in values else self._live.get(i, t) for t in wanted}
         if commit and segment:
             self._done |= segment.keys()
-            self._release(index)
+            self._release(structure.index)
 
     def _release(self, index: GraphIndex) -> None:
         """Drop the live tensors no pending node reads any more."""
@@ -309,13 +346,12 @@ class IncrementalRunner:
     def _segment_session(
         self,
         model: onnx.ModelProto,
-        index: GraphIndex,
+        structure: _Structure,
         nodes: list[onnx.NodeProto],
         inputs: list[str],
         outputs: list[str],
     ) -> ort.InferenceSession:
-        order = {_node_key(n): i for i, n in enumerate(index.topological_order())}
-        nodes = sorted(nodes, key=lambda n: order[_node_key(n)])
+        nodes = sorted(nodes, key=lambda n: structure.position[_node_key(n)])
         read = {name for node in nodes for name in node_inputs(node)}
         graph = helper.make_graph(
             nodes,
@@ -324,7 +360,7 @@ class IncrementalRunner:
                 helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(self._live.get(0, t).dtype), None)
                 for t in inputs
             ],
-            [output_info(index, t) for t in outputs],
+            [output_info(structure.index, t) for t in outputs],
             [t for t in model.graph.initializer if t.name in read],
         )
         return session(with_graph(model, graph))

@@ -278,7 +278,10 @@ class OnnxLayerRunner:
         return None
 
     def _store_bias(self, name: str, codes: np.ndarray, qp: QParams) -> None:
-        index = GraphIndex(self.model.graph)
+        # The quantized walk's index of this model: its structure is current (adding the
+        # bias's nodes below makes the walk index the model again); values are read below
+        # only from the graph.
+        index = self._quantized.index(self.model)
         node = next(n for n in self.model.graph.node if n.name == name)
         dq = index.producer(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         scale = np.asarray(qp.scale, np.float32)
@@ -293,7 +296,7 @@ class OnnxLayerRunner:
             if qp.axis is not None:  # a broadcast bias stored per tensor is now one code per channel
                 set_attr(dq, "axis", 0)
             return
-        if dq is not None or (len(node.input) > 2 and node.input[2] and index.constant(node.input[2]) is None):
+        if dq is not None or (len(node.input) > 2 and node.input[2] and not index.is_constant(node.input[2])):
             raise ModelError(
                 f"node {name!r} ({node.op_type}): its bias is neither a float constant nor an integer "
                 "initializer behind a DequantizeLinear"
