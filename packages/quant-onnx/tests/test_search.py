@@ -371,3 +371,41 @@ def test_rows_record_the_running_score_of_a_stopped_candidate(model, calib, eval
         assert row.score is not None and row.samples == result.select_samples
     assert row.running == pytest.approx(row.score)
     assert attrs.evolve(row).to_dict()["running"] == row.running
+
+
+def test_candidates_share_a_pre_pass_and_their_plans_and_each_is_its_own_quantization(monkeypatch):
+    """Candidates with the same CLE config share one CLE run; the planner's graph of each
+    float model is built once and a plan is made once per planning config (the
+    algorithms aside); every built model is still its recipe's own quantization."""
+    from quant_algos.search.space import refine
+    from quant_core.algorithm_config import BiasCorrectionConfig
+
+    cnn = small_cnn(seed=5)
+    calib, evaluation = random_inputs(cnn, 32, seed=1), random_inputs(cnn, 40, seed=2)
+    (base,) = observer_stage(SearchSpace(formats=("xint8",), activation_observers=(MinMax(),)), CALIBRATION)
+    refined = refine(base, [(CLEConfig(),), (CLEConfig(), BiasCorrectionConfig()), (BiasCorrectionConfig(),)])
+    cle, cle_bc = (
+        next(c for c in refined if c.name == f"{base.name}{suffix}") for suffix in ("+cle", "+cle+bias_correction")
+    )
+    candidates = [base, *refined]
+    calls = {"pre": 0, "graph": 0}
+    pre_passes, graph_of = engine.run_pre_passes, engine.plan_graph
+
+    def counting(name, function):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(engine, "run_pre_passes", counting("pre", pre_passes))
+    monkeypatch.setattr(engine, "plan_graph", counting("graph", graph_of))
+    where = Recording()
+    result = search(cnn, None, calib, evaluation, target=2.0, space=candidates, deployment=where, quiet=True)
+    reuse = result.report["reuse"]
+    assert calls == {"pre": 1, "graph": 2}  # the prepared model and the one after CLE
+    assert reuse["pre_passes_run"] == 1 and reuse["pre_passes_shared"] == {cle.name: [cle_bc.name]}
+    assert (reuse["plan_graphs"], reuse["plans_made"], reuse["plans_reused"]) == (2, 2, 2)
+    for candidate, built in zip(candidates, where.finished, strict=True):
+        alone = ModelQuantizer(candidate.config, quiet=True).quantize(cnn, None, calib, batch_size=16)
+        assert built.SerializeToString() == alone.model.SerializeToString(), candidate.name

@@ -57,7 +57,7 @@ from quant_core.onnx_qdq.model_io import (
     save_model,
     source_label,
 )
-from quant_core.plan import QuantPlan
+from quant_core.plan import PlanGraph, QuantPlan
 from quant_core.qdq import encode_activation_dtype, required_opset
 from quant_core.spec import QuantSpec
 from quant_onnx.algorithms.mixed_precision import EvaluateFn
@@ -216,6 +216,11 @@ class ModelQuantizer:
 
     def prepare(self, model: ModelSource) -> PreparedModel:
         """Phase 1 (see the module docstring). ``model`` is never modified."""
+        return self.replan(*self.preprocess(model))
+
+    def preprocess(self, model: ModelSource) -> tuple[onnx.ModelProto, dict[str, int]]:
+        """Phase 1 without the plan: the pre-processed float model (named nodes, the
+        config's model hooks run) and what pre-processing changed."""
         loaded = load_model(model)
         check_float32(loaded, source_label(model))
         options = self.preprocess_options
@@ -230,11 +235,14 @@ class ModelQuantizer:
         for hook in self.model_hooks:
             float_model = hook(float_model)
             ensure_node_names(float_model)
-        return self.replan(float_model, dict(result.changes))
+        return float_model, dict(result.changes)
 
-    def replan(self, float_model: onnx.ModelProto, preprocess_changes: Mapping[str, int]) -> PreparedModel:
-        """A :class:`PreparedModel` for an edited float model (same inputs and node names)."""
-        plan = plan_model(float_model, self.config, share_concat_scales=self.share_concat_scales)
+    def replan(
+        self, float_model: onnx.ModelProto, preprocess_changes: Mapping[str, int], *, graph: PlanGraph | None = None
+    ) -> PreparedModel:
+        """A :class:`PreparedModel` for an edited float model (same inputs and node names);
+        ``graph``: its :func:`~quant_onnx.pipeline.annotate.plan_graph`, when already made."""
+        plan = plan_model(float_model, self.config, share_concat_scales=self.share_concat_scales, graph=graph)
         return PreparedModel(float_model, plan, dict(preprocess_changes))
 
     def calibration_batches(

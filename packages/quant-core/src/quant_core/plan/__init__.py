@@ -57,6 +57,7 @@ from quant_core.plan.planner import (
     TensorGroup,
     WeightSlot,
     plan_quantization,
+    planning_key,
     resolve_weight_spec,
 )
 from quant_core.plan.selectors import check_selectors, unmatched_selectors
@@ -93,6 +94,7 @@ __all__ = [
     "observers_from_statistics",
     "plan_quantization",
     "plan_weight_qparams",
+    "planning_key",
     "policy_for",
     "resolve_weight_spec",
     "unmatched_selectors",

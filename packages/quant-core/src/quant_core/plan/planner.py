@@ -41,7 +41,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from quant_core.config import OperatorConfig, QuantConfig
+from quant_core.config import CalibrationConfig, OperatorConfig, QuantConfig
 from quant_core.errors import ConfigError
 from quant_core.plan import selectors
 from quant_core.plan.graph import GraphView, PlanNode
@@ -529,3 +529,22 @@ def plan_quantization(
     if check_selectors:
         selectors.check_selectors(config, ((node.name, node.op_type) for node in graph.nodes))
     return _Planner(graph, config, share_concat_scales).run()
+
+
+def planning_key(config: QuantConfig) -> QuantConfig:
+    """``config`` without the fields :func:`plan_quantization` never reads: its algorithms
+    (they run before planning, on the float model, or after it, on the written model), its
+    calibration settings and its name. Two configs with equal keys give equal plans of the
+    same graph, so a caller that plans one model under many configs (a recipe search) may
+    plan once per key.
+
+    Example:
+        >>> from quant_core.algorithm_config import CLEConfig
+        >>> from quant_core.presets import get_preset
+        >>> a8w8 = get_preset("a8w8")
+        >>> planning_key(a8w8.evolve(algorithms=(CLEConfig(),), name="x")) == planning_key(a8w8)
+        True
+        >>> planning_key(a8w8) == planning_key(get_preset("xint8"))
+        False
+    """
+    return config.evolve(algorithms=(), calibration=CalibrationConfig(), name=None)

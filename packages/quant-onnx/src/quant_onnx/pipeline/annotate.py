@@ -40,10 +40,15 @@ def plan_graph(model: onnx.ModelProto) -> PlanGraph:
     return onnx_plan_graph(model, typed_index(model))
 
 
-def plan_model(model: onnx.ModelProto, config: QuantConfig, *, share_concat_scales: bool = True) -> QuantPlan:
+def plan_model(
+    model: onnx.ModelProto, config: QuantConfig, *, share_concat_scales: bool = True, graph: PlanGraph | None = None
+) -> QuantPlan:
     """The planner's :class:`~quant_core.plan.QuantPlan` for ``model`` (not modified; its
-    nodes must be named, see :func:`ensure_node_names`) under ``config``."""
-    return plan_quantization(plan_graph(model), config, share_concat_scales=share_concat_scales)
+    nodes must be named, see :func:`ensure_node_names`) under ``config``. ``graph``: the
+    model's :func:`plan_graph` when the caller already has it (it depends on the model
+    only, so one serves every config)."""
+    graph = plan_graph(model) if graph is None else graph
+    return plan_quantization(graph, config, share_concat_scales=share_concat_scales)
 
 
 def ensure_node_names(model: onnx.ModelProto) -> None:

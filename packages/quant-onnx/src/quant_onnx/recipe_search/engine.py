@@ -62,10 +62,13 @@ from quant_algos.search.walk import (
     search_with,
     with_report,
 )
-from quant_core.config import CalibrationConfig
+from quant_core.config import CalibrationConfig, QuantConfig
 from quant_core.onnx_qdq.model_io import check_output_paths, load_model, save_model
+from quant_core.plan import PlanGraph, QuantPlan, planning_key
+from quant_onnx.algorithms.passes import PassesResult, run_pre_passes
 from quant_onnx.api import ModelQuantizer, PreparedModel
 from quant_onnx.data import CalibrationReader, ImageOptions
+from quant_onnx.pipeline.annotate import plan_graph
 from quant_onnx.pipeline.calibrate import CalibratedModel, collect_statistics, from_filled_observers
 from quant_onnx.recipe_search.deployment import Deployment, deployment_for, onnxruntime_runner
 from quant_onnx.recipe_search.evaluation import load_evaluation_data
@@ -75,35 +78,87 @@ PreKey = tuple[int, tuple[Any, ...]]
 
 
 @attrs.define
+class _Plans:
+    """Plans shared between candidates: the planner's graph of each float model is built
+    once, and a model is planned once per planning config
+    (:func:`quant_core.plan.planning_key`: candidates that differ only in their algorithms
+    get the same plan, as the planner reads none of them). Models are told apart by
+    identity: the search holds each float model it makes (prepared, pre-passed) until it ends.
+    """
+
+    graphs: dict[int, tuple[onnx.ModelProto, PlanGraph]] = attrs.field(factory=dict)
+    plans: list[tuple[int, QuantConfig, bool, QuantPlan]] = attrs.field(factory=list)
+    lookups: int = 0
+
+    def prepared(
+        self, quantizer: ModelQuantizer, model: onnx.ModelProto, preprocess_changes: Mapping[str, int]
+    ) -> PreparedModel:
+        """``model`` planned under ``quantizer``'s config, as ``quantizer.replan`` plans it."""
+        self.lookups += 1
+        key, share = planning_key(quantizer.config), quantizer.share_concat_scales
+        plan = next((p for i, k, s, p in self.plans if i == id(model) and s == share and k == key), None)
+        if plan is not None:
+            return PreparedModel(model, plan, dict(preprocess_changes))
+        if id(model) not in self.graphs:
+            self.graphs[id(model)] = (model, plan_graph(model))
+        prepared = quantizer.replan(model, preprocess_changes, graph=self.graphs[id(model)][1])
+        self.plans.append((id(model), key, share, prepared.plan))
+        return prepared
+
+    def reuse(self) -> dict[str, int]:
+        return {
+            "plan_graphs": len(self.graphs),
+            "plans_made": len(self.plans),
+            "plans_reused": self.lookups - len(self.plans),
+        }
+
+
+@attrs.define
 class _Shared:
-    """What candidates share: prepared float models, pre-passes, statistics, weight qparams."""
+    """What candidates share: prepared float models, pre-passes, plans, statistics, weight qparams."""
 
     source: onnx.ModelProto
     feeds: list[dict[str, np.ndarray]]
     quiet: bool
-    prepared: dict[int, PreparedModel] = attrs.field(factory=dict)
-    pre: dict[PreKey, tuple[PreparedModel, dict[str, Any]]] = attrs.field(factory=dict)
+    prepared: dict[int, tuple[onnx.ModelProto, dict[str, int]]] = attrs.field(factory=dict)
+    pre: dict[PreKey, PassesResult] = attrs.field(factory=dict)
+    pre_users: dict[PreKey, list[str]] = attrs.field(factory=dict)
+    plans: _Plans = attrs.field(factory=_Plans)
     ledger: StatisticsLedger = attrs.field(factory=StatisticsLedger)
 
-    def base(self, quantizer: ModelQuantizer) -> PreparedModel:
+    def base(self, quantizer: ModelQuantizer) -> tuple[onnx.ModelProto, dict[str, int]]:
+        """The pre-processed float model (and its changes) of ``quantizer``'s opset."""
         opset = quantizer.required_opset()
         if opset not in self.prepared:
-            self.prepared[opset] = quantizer.prepare(self.source)
+            self.prepared[opset] = quantizer.preprocess(self.source)
         return self.prepared[opset]
 
     def key(self, quantizer: ModelQuantizer) -> PreKey:
         return (quantizer.required_opset(), schedule(quantizer.config).before_calibration)
 
-    def after_pre_passes(self, quantizer: ModelQuantizer) -> PreparedModel:
-        """The candidate's prepared model after its CLE/SmoothQuant (shared by key)."""
+    def after_pre_passes(self, quantizer: ModelQuantizer, candidate: Candidate) -> PreparedModel:
+        """The candidate's prepared model after its CLE/SmoothQuant (run once per key: the
+        same pre-pass configs on the same float model edit it the same way), planned."""
         key = self.key(quantizer)
-        base = self.base(quantizer)
-        if not key[1]:
-            return quantizer.replan(base.model, base.preprocess_changes)
-        if key not in self.pre:
-            self.pre[key] = quantizer.run_pre_passes(quantizer.replan(base.model, base.preprocess_changes), self.feeds)
-        edited, reports = self.pre[key]
-        return quantizer.replan(edited.model, edited.preprocess_changes) if reports else edited
+        model, changes = self.base(quantizer)
+        if key[1]:
+            if key not in self.pre:
+                self.pre[key] = run_pre_passes(model, quantizer.config, self.feeds, quiet=quantizer.quiet)
+            self.pre_users.setdefault(key, []).append(candidate.name)
+            if self.pre[key].reports:
+                model = self.pre[key].model
+        return self.plans.prepared(quantizer, model, changes)
+
+    def reuse(self) -> dict[str, Any]:
+        """What the pre-passes and plans shared (candidates after the first of a pre-pass
+        reused its edited model), beside the statistics' reuse."""
+        shared = {users[0]: users[1:] for users in self.pre_users.values() if len(users) > 1}
+        return {
+            **self.ledger.reuse(),
+            "pre_passes_run": len(self.pre),
+            "pre_passes_shared": shared,
+            **self.plans.reuse(),
+        }
 
     def calibrated(
         self, quantizer: ModelQuantizer, candidate: Candidate, prepared: PreparedModel
@@ -152,7 +207,7 @@ class _OnnxBackend:
     def build(self, candidate: Candidate) -> Build:
         shared = self.shared
         quantizer = ModelQuantizer(candidate.config, quiet=True)
-        prepared = shared.after_pre_passes(quantizer)
+        prepared = shared.after_pre_passes(quantizer, candidate)
         calibrated, source = shared.calibrated(quantizer, candidate, prepared)
         model = quantizer.write(calibrated).model
         if schedule(candidate.config).after_calibration:
@@ -183,7 +238,7 @@ class _OnnxBackend:
         return tuple(self.shared.ledger.passes.values())
 
     def reuse(self) -> dict[str, Any]:
-        return self.shared.ledger.reuse()
+        return self.shared.reuse()
 
 
 def search(
