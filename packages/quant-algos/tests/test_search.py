@@ -210,3 +210,24 @@ def test_the_ledger_runs_one_pass_per_float_model_and_only_for_new_tensors():
     from quant_core.observer_config import MovingAverageMinMax
 
     assert ledger.observers("none", "none", plan("a", observer=MovingAverageMinMax()), "c4", collect_) is None
+
+
+def test_each_stage_is_ordered_by_the_cost_table(monkeypatch):
+    """The order is a function of ``ALGORITHM_COST`` (measured: AdaQuant costs less than
+    AdaRound, so it is tried first); change the table and the order follows."""
+    from quant_algos.search import space
+
+    base = observer_stage(space.power_of_two_space(), CalibrationConfig())[0]
+
+    def learned_order() -> list[str]:
+        return [c.name.rsplit("+", 1)[1] for c in space.refine(base, [(a,) for a in space.LEARNED])]
+
+    def corrections_order() -> list[str]:
+        return [c.name.split("+", 1)[1] for c in space.refine(base, space.CORRECTIONS)]
+
+    assert learned_order() == ["adaquant", "adaround"]
+    assert corrections_order() == ["cle", "smoothquant", "bias_correction", "cle+bias_correction"]
+    monkeypatch.setitem(space.ALGORITHM_COST, "adaquant", space.ALGORITHM_COST["adaround"] + 1)
+    monkeypatch.setitem(space.ALGORITHM_COST, "cle", space.ALGORITHM_COST["bias_correction"] + 1)
+    assert learned_order() == ["adaround", "adaquant"]
+    assert corrections_order() == ["smoothquant", "bias_correction", "cle", "cle+bias_correction"]
