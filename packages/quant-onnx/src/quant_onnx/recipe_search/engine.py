@@ -13,7 +13,10 @@ What it shares between candidates:
   percentile, entropy, MSE, power-of-two MinMSE). A candidate whose specs cannot be
   derived calibrates itself (the report says ``"calibrated"``);
 - **the pre-passes**: candidates with the same CLE/SmoothQuant settings share the edited
-  float model;
+  float model (the report's ``pre_passes_shared``);
+- **the plans**: the planner's graph of each float model is built once, and candidates
+  whose configs differ only in what the planner never reads (their algorithms,
+  :func:`quant_core.plan.planning_key`) share one plan (``plans_reused``);
 - **the weights' qparams**: a weight's range is selected once per spec on each float
   model (power-of-two MinMSE over every weight costs about a calibration pass on a small
   model), whichever candidates ask for it;
