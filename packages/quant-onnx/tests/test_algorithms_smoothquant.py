@@ -128,3 +128,29 @@ def test_activation_with_a_non_dense_reader_is_left_alone():
     out, report = apply_smoothquant_with_report(model, batches, SmoothQuantConfig())
     assert report.smoothed == () and report.notes
     assert out.SerializeToString() == model.SerializeToString()
+
+
+def test_smoothing_indexes_the_graph_once_per_activation_and_infers_no_shapes(monkeypatch):
+    """Each smoothed activation reads the weights as earlier smoothing left them from one
+    fresh index (plus one to find the candidates); folding into the producer needs no
+    element types, so neither a second index nor shape inference per activation."""
+    from quant_core.onnx_qdq.graph import GraphIndex
+    from quant_onnx.algorithms import smoothquant
+    from quant_onnx.pipeline.preprocess import shape_inference
+
+    builds: list[int] = []
+
+    class CountingIndex(GraphIndex):
+        def __init__(self, *args, **kwargs):
+            builds.append(1)
+            super().__init__(*args, **kwargs)
+
+    model, batches = gemm_producer_model()
+    monkeypatch.setattr(smoothquant, "GraphIndex", CountingIndex)
+    monkeypatch.setattr(shape_inference, "GraphIndex", CountingIndex)
+    _, report = apply_smoothquant_with_report(model, batches, SmoothQuantConfig(alpha=0.5))
+    assert report.smoothed and any(s.folded.startswith("into:") for s in report.smoothed)
+    groups, _ = smoothquant._candidates(model)
+    builds.clear()
+    apply_smoothquant_with_report(model, batches, SmoothQuantConfig(alpha=0.5))
+    assert len(builds) == 1 + len(groups)

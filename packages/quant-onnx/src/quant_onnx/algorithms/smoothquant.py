@@ -33,11 +33,10 @@ from quant_algos.drivers.cle_chains import layer_ref
 from quant_algos.layer import scale_outputs
 from quant_algos.smoothquant import ActivationAbsMax, smooth_layers
 from quant_core.algorithm_config import SmoothQuantConfig, samples_to_use
-from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, plan_node
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, plan_graph, plan_node
 from quant_core.plan import HOMOGENEOUS_ACTIVATIONS, activation_kind
 from quant_onnx.algorithms.capture import Feeds, TensorCapture, prepare_batches
 from quant_onnx.graph_edit import copy_model, set_initializer
-from quant_onnx.pipeline.annotate import plan_graph
 
 _OUTPUTS_PER_RUN = 32
 
@@ -164,7 +163,9 @@ def _fold_into_producer(
             current, crossed = node.input[0], True
             continue
         break
-    ref = layer_ref(plan_node(node), plan_graph(model), lambda name: index.initializer_proto(name) is not None)
+    # The layer's weights and readers as ``index`` (current) holds them; no element types
+    # are needed, so no shape inference.
+    ref = layer_ref(plan_node(node), plan_graph(model, index), lambda name: index.initializer_proto(name) is not None)
     if ref is not None and ref.family == family:
         scaled = scale_outputs(ref.layer, 1.0 / mult)
         set_initializer(model.graph, ref.weight_name, np.ascontiguousarray(ref.stored_weight(scaled.weight)))
@@ -236,12 +237,11 @@ def apply_smoothquant_with_report(
     absmax, ranks = _measure(model, groups, prepare_batches(batches, samples_to_use(config)))
     smoothed = []
     for tensor, readers in groups.items():
-        current = GraphIndex(out.graph)  # weights as earlier smoothing left them
-        weights = [np.asarray(current.constant(r.weight_name)) for r in readers]
+        index = GraphIndex(out.graph)  # weights as earlier smoothing left them
+        weights = [np.asarray(index.constant(r.weight_name)) for r in readers]
         result = smooth_layers(absmax[tensor], [(w, r.in_axis) for w, r in zip(weights, readers, strict=True)], config)
         if np.allclose(result.scales, 1.0):
             continue
-        index = GraphIndex(out.graph)
         rank = ranks[tensor]
         family = readers[0].family
         folded = _fold_into_producer(out, index, tensor, family, rank, result.input_multiplier)
