@@ -256,6 +256,21 @@ def test_algos_rows_build_configs() -> None:
     assert kinds == ["cle", "adaquant"]
 
 
+def test_algorithm_costs_times_the_search_own_candidates() -> None:
+    """tools/bench/algorithm_costs.py measures each algorithm as the search adds it (the
+    cost table's basis): the plain min-max candidate and that candidate refined."""
+    from quant_algos.search.space import ADAROUND
+    from tools.bench.algorithm_costs import _candidates
+
+    chosen = _candidates(["cle", "adaround", "mixed_precision"])
+    assert {name: (plain.name, refined.name) for name, (plain, refined) in chosen.items()} == {
+        "cle": ("xint8/minmax", "xint8/minmax+cle"),
+        "adaround": ("xint8/minmax", "xint8/minmax+adaround"),
+        "mixed_precision": ("a8w8/minmax", "a8w8/minmax+mixed_precision(30dB)"),
+    }
+    assert chosen["adaround"][1].config.algorithms == (ADAROUND,)
+
+
 def test_one_sided_rows_leave_the_other_side_float() -> None:
     pytest.importorskip("quant_core.presets")
     from tools.bench.algos import ROWS
