@@ -26,7 +26,7 @@ def test_the_hint_fires_only_on_a_busy_machine_with_spinning_threads(load, cores
 
 def test_the_warning_comes_once_per_process(monkeypatch):
     monkeypatch.setattr(shared_cores, "_HINTED", False)
-    monkeypatch.setattr(shared_cores.os, "getloadavg", lambda: (50.0, 50.0, 50.0))
+    monkeypatch.setattr(shared_cores, "current_load", lambda: 50.0)
     monkeypatch.setattr(shared_cores.torch, "get_num_threads", lambda: 2)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with pytest.warns(UserWarning, match="OMP_WAIT_POLICY=PASSIVE"):
@@ -37,3 +37,60 @@ def test_the_warning_comes_once_per_process(monkeypatch):
         warnings.simplefilter("always")
         shared_cores.warn_if_openmp_spins()
     assert not caught
+
+
+@pytest.fixture
+def two_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_observers_reduce_on_one_thread_only_while_the_machine_is_busy(monkeypatch, two_threads, busy):
+    import numpy as np
+    import torch
+
+    import quant_torch_fx.observe as observe_module
+    from quant_core.observer_config import Percentile
+    from quant_core.observers import make_observer
+    from quant_core.spec import QuantSpec
+
+    seen_threads = []
+    counts = observe_module.histogram_counts
+
+    def recording(x, grid):
+        seen_threads.append(torch.get_num_threads())
+        return counts(x, grid)
+
+    monkeypatch.setattr(observe_module, "histogram_counts", recording)
+    x = torch.randn(1 << 17, generator=torch.Generator().manual_seed(0))  # above the parallel threshold
+    spec = QuantSpec(dtype="int8", observer=Percentile(99.9, bins=512))
+    monkeypatch.setattr(shared_cores, "machine_is_busy", lambda: busy)
+    observed = make_observer(spec)
+    observe_module.observe(observed, x)
+    monkeypatch.setattr(shared_cores, "SERIAL_OBSERVERS", not busy)  # the other way, forced
+    other = make_observer(spec)
+    observe_module.observe(other, x)
+
+    assert seen_threads == ([1, 2] if busy else [2, 1])
+    assert torch.get_num_threads() == 2
+    np.testing.assert_array_equal(observed.counts, other.counts)  # the thread count changes no count
+    assert observed.qparams() == other.qparams()
+
+
+def test_the_thread_count_is_restored_when_an_observer_refuses_its_batch(monkeypatch, two_threads):
+    import torch
+
+    from quant_core.errors import DataError
+    from quant_core.observers import make_observer
+    from quant_core.spec import QuantSpec
+    from quant_torch_fx.observe import observe
+
+    monkeypatch.setattr(shared_cores, "SERIAL_OBSERVERS", True)
+    with pytest.raises(DataError):
+        observe(make_observer(QuantSpec(dtype="int8")), torch.tensor([0.0, float("nan")]))
+    assert torch.get_num_threads() == 2

@@ -20,12 +20,33 @@ import os
 
 
 def machine_is_busy(load: float | None = None, cores: int | None = None) -> bool:
-    """One-minute load average above ``cores + 1`` (this process's own threads plus one
-    more are normal): ``load`` and ``cores`` default to this machine's, now; ``False``
-    where the platform has no load average."""
+    """Load above ``cores + 1`` (this process's own threads plus one more are normal).
+    ``load`` and ``cores`` default to this machine's, now (:func:`current_load`); ``False``
+    where the platform reports no load."""
     if load is None:
-        if not hasattr(os, "getloadavg"):
+        load = current_load()
+        if load is None:
             return False
-        load = os.getloadavg()[0]
     cores = cores or os.cpu_count() or 1
     return load > cores + 1
+
+
+def current_load() -> float | None:
+    """The larger of the one-minute load average and the threads runnable at this instant
+    (:func:`runnable_now`): the average lags a neighbour that has just started by about a
+    minute. ``None`` where the platform reports neither."""
+    average = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    now = runnable_now()
+    if average is None and now is None:
+        return None
+    return max(average or 0.0, float(now or 0))
+
+
+def runnable_now() -> int | None:
+    """Threads runnable on the machine at this instant, the caller included (Linux:
+    ``/proc/loadavg``'s fourth field); ``None`` where it cannot be read."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None

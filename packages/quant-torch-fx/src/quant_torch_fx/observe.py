@@ -4,7 +4,8 @@ A batch is reduced where it lives: ``torch.aminmax`` (per tensor, or per channel
 moving the channel axis first) for the min-max observers, and a histogram on the grid
 the observer hands out (:meth:`HistogramObserver.grid_for`) for the histogram methods
 (percentile, entropy, MSE, power-of-two MinMSE), counted by ``torch.bincount`` on an
-accelerator and by a scatter-add split over the intra-op threads on the CPU. Only the reduction (two
+accelerator and by a scatter-add split over the intra-op threads on the CPU (one thread while
+the machine is busy: :func:`quant_torch_fx.shared_cores.observer_threads`). Only the reduction (two
 numbers, one per channel, or ``bins`` counts) crosses to the host; the
 observer then makes its decision with ``quant_core``'s one implementation of the math, so
 the statistics, and the qparams, are those the numpy path gives for the same data.
@@ -35,6 +36,7 @@ import torch
 from quant_core.errors import DataError
 from quant_core.observers import HistogramObserver, Observer
 from quant_core.observers.grid import HistogramGrid
+from quant_torch_fx.shared_cores import observer_threads
 
 
 class BatchSync(Protocol):
@@ -194,6 +196,11 @@ def observe(observer: Observer, x: torch.Tensor, sync: BatchSync | None = None) 
     observer's range check). With ``sync``, the statistics are those of every process's
     batch together.
     """
+    with observer_threads():
+        _observe(observer, x, sync)
+
+
+def _observe(observer: Observer, x: torch.Tensor, sync: BatchSync | None) -> None:
     data = x.detach()
     if data.numel() == 0:
         if sync is not None:
