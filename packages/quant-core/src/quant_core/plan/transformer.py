@@ -67,6 +67,8 @@ _GELU_CORE = frozenset({"Erf", "Tanh"})
 _MAX_GELU_NODES = 8
 SOFTMAX_GRID = FixedRange(min_val=0.0, max_val=1.0)
 """The range of every softmax output."""
+NORM_OUTPUT_OBSERVER = MSE()
+"""The range of a norm output a layer reads, at 8 bits with float scales."""
 
 
 @attrs.frozen
@@ -530,7 +532,7 @@ def norm_output_spec(spec: QuantSpec) -> QuantSpec:
         or not isinstance(spec.observer, MinMax)
     ):
         return spec
-    return spec.evolve(observer=MSE())
+    return spec.evolve(observer=NORM_OUTPUT_OBSERVER)
 
 
 def find_blocks(graph: GraphView) -> TransformerBlocks:
