@@ -457,17 +457,24 @@ def _linear_biases(graph: GraphView, products: set[str]) -> set[str]:
 
 def _selected_only(graph: GraphView, tensor: str) -> set[str]:
     """``tensor`` and the tensors after it while only data movement reads them (a norm
-    output from which ViT takes its class token: ``Slice``, ``Gather``...): float, so the
-    layer after the movement quantizes only what it reads, on that range."""
+    output from which ViT takes its class token: ``Slice``, ``Gather``...), along every
+    reader (DeiT's class and distillation tokens, torch's ``slice`` then ``select`` each):
+    float, so each layer after the movement quantizes only what it reads, on that range."""
     found: set[str] = set()
-    for _ in range(8):
-        consumers = graph.consumers(tensor)
-        if not consumers or graph.is_graph_output(tensor) or any(c.op_type not in _SELECTS for c in consumers):
-            break
-        found.add(tensor)
-        if len(consumers) != 1 or not consumers[0].outputs:
-            break
-        tensor = consumers[0].outputs[0]
+    pending = [(tensor, 0)]
+    while pending:
+        name, depth = pending.pop()
+        consumers = graph.consumers(name)
+        if (
+            depth >= 8
+            or name in found
+            or not consumers
+            or graph.is_graph_output(name)
+            or any(c.op_type not in _SELECTS for c in consumers)
+        ):
+            continue
+        found.add(name)
+        pending.extend((out, depth + 1) for c in consumers for out in c.outputs if out)
     return found
 
 
