@@ -101,11 +101,18 @@ def noise(num: int, size: int, seed: int) -> np.ndarray:
 
 
 def model_job(
-    name: str, size: int, num_calib: int, num_eval: int, threads: int, pt2e: bool = True, measures: bool = True
+    name: str,
+    size: int,
+    num_calib: int,
+    num_eval: int,
+    threads: int,
+    pt2e: bool = True,
+    measures: bool = True,
+    seed: int = 0,
 ) -> Callable[[], dict[str, Any]]:
-    """Subprocess setup (``common.measure_in_subprocess``): build ``name`` and its data; the work
-    runs the flows (PT2E unless ``pt2e`` is False; coverage and fidelity unless ``measures`` is
-    False) and returns their results."""
+    """Subprocess setup (``common.measure_in_subprocess``): build ``name`` with the random
+    weights of ``seed``, and its data; the work runs the flows (PT2E unless ``pt2e`` is False;
+    coverage and fidelity unless ``measures`` is False) and returns their results."""
     import torch
 
     from tools.bench import zoo_flows
@@ -113,7 +120,7 @@ def model_job(
 
     torch.set_num_threads(threads)
     entry = ZOO[name]
-    model = entry.build(size)
+    model = entry.build(size, seed)
     side = entry.input_size(size)
     calib, evaluate = noise(num_calib, side, DATA_SEEDS["calib"]), noise(num_eval, side, DATA_SEEDS["eval"])
     work = WORK_DIR / "files"
@@ -161,6 +168,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "threads": args.threads,
             "pt2e": not args.no_pt2e,
             "measures": not args.no_measures,
+            "seed": args.seed,
         },
         timeout_s=args.timeout,
         threads=args.threads,
@@ -369,6 +377,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "EXPECTED_FAILURES, or a listed failure no longer fails")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a --json file; run nothing")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (compare over several)")
     parser.add_argument("--threads", type=int, default=common.DEFAULT_THREADS)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model (a watchdog)")
     args = parser.parse_args(argv)
@@ -405,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
                         "machine": platform.machine(), "threads": args.threads, "size": describe_size(args.size),
                         "calibration": args.calib, "evaluation": args.eval, "data": "seeded N(0, 1) noise",
+                        "weight_seed": args.seed,
                         "command": " ".join(["python -m tools.bench.zoo", *(argv if argv is not None else sys.argv[1:])])},
         "models": results,
     }  # fmt: skip
