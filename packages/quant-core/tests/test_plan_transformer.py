@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
-from quant_core.observer_config import MSE, FixedRange, MinMax, Percentile, PowerOfTwoMSE
+from quant_core.observer_config import FixedRange, MinMax
 from quant_core.observers import FixedRangeObserver, make_observer
 from quant_core.plan import PlanGraph, PlanNode, plan_quantization
 from quant_core.plan.transformer import find_blocks, widened
@@ -126,15 +126,12 @@ def test_block_formats_under_a8w8(decomposed: bool, gelu: str) -> None:
             assert data and all(dtype_of(plan, t) == "uint8" for t in data), (node.name, data)
     assert {t for node in graph.nodes if node.op_type == "MatMul" for t in node.inputs} >= {"qs", "kt", "p", "v"}
     # Softmax output: its observed range (min-max; the fixed [0, 1] grid under power-of-two
-    # formats). The norm outputs the QKV and fc1 linears read: the MSE range (ViT-Tiny +0.26 dB
-    # mean over four weight seeds); every other MatMul input keeps the preset's min-max
-    # observer (a percentile clipped the trained fmnist_deit's outlier features: 32.3 -> 25.3
-    # dB; MSE on the GELU output cost it 1 dB).
+    # formats); every MatMul input keeps the preset's min-max observer (a percentile clipped
+    # the trained fmnist_deit's outlier features: 32.3 -> 25.3 dB; MSE on the GELU outputs cost
+    # it 1.6 dB, MSE on the norm outputs gained nothing on the trained models).
     group = plan.group_of("p")
     assert group is not None and group.spec.observer == MinMax()
-    for tensor in ("n1", "n2"):
-        assert plan.group_of(tensor).spec.observer == MSE(), tensor  # type: ignore[union-attr]
-    for tensor in ("qs", "kt", "v", "ge"):
+    for tensor in ("n1", "n2", "qs", "kt", "v", "ge"):
         assert plan.group_of(tensor).spec.observer == MinMax(), tensor  # type: ignore[union-attr]
     # GELU internals, its input (only the GELU reads it), the linear products before a bias, the scores: float.
     internals = {"erf": ["g_d", "g_e", "g_a", "hb"], "tanh": ["t_p", "t_c3", "t_s", "t_ks", "t_t", "t_a", "hb"],
@@ -178,21 +175,6 @@ def test_xint8_widens_a_decomposed_layernorms_internals_to_int16() -> None:
         assert spec.dtype is DType.INT16 and spec.scale_type.value == "power_of_two", tensor
     # The norm's output feeds the MatMuls: the preset's 8 bits.
     assert dtype_of(plan, "n1") == "int8"
-
-
-@pytest.mark.parametrize(
-    ("preset", "observer"),
-    [("a8w8", MSE()), ("a16w8", MinMax()), ("xint8", PowerOfTwoMSE()), ("a8w8_percentile", Percentile())],
-)
-def test_norm_outputs_into_layers_get_the_mse_range_at_8_bits(preset: str, observer: object) -> None:
-    """A LayerNorm output a linear reads is near-normal per token; min-max spends the 8-bit
-    grid on its extremes (random-weight ViT-Tiny +0.11..+0.44 dB over four weight seeds with
-    MSE). Only the 8-bit float-scale min-max formats change: 16 bits keep the full range, a
-    power-of-two format its position search, a chosen observer stays."""
-    plan = plan_quantization(block(decomposed=True), get_preset(preset))
-    for tensor in ("n1", "n2"):
-        assert plan.group_of(tensor).spec.observer == observer, tensor  # type: ignore[union-attr]
-    assert any("2 norm outputs into layers (MSE range at 8 bits)" in note for note in plan.notes)
 
 
 def test_a16w8_keeps_the_stream_float() -> None:

@@ -16,8 +16,7 @@ and returns a :class:`QuantPlan`:
 Under ``config.transformer_recipe`` (the default) the recognised transformer blocks
 (:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors float (widened
 to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax outputs on
-the fixed ``[0, 1]`` grid under power-of-two formats, norm outputs a layer reads on the MSE
-range at 8 bits with float scales.
+the fixed ``[0, 1]`` grid.
 
 Nothing is computed from data here: a backend's calibration turns each group's
 observations into qparams, so the same graph, config and data give the same scales on
@@ -55,7 +54,7 @@ from quant_core.plan.ops import (
     policy_for,
     weight_channel_axis,
 )
-from quant_core.plan.transformer import TransformerBlocks, find_blocks, norm_output_spec, softmax_spec, widened
+from quant_core.plan.transformer import TransformerBlocks, find_blocks, softmax_spec, widened
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 RESULT_CONCAT_REASON = (
@@ -338,8 +337,6 @@ class _Planner:
             spec = widened(spec)
         elif tensor in self.blocks.softmax_outputs:
             spec = softmax_spec(spec)
-        elif tensor in self.blocks.norm_outputs:
-            spec = norm_output_spec(spec)
         self.groups.add(tensor)
         if tensor not in self.specs:
             self.order.append(tensor)

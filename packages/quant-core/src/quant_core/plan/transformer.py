@@ -26,8 +26,6 @@ So, under any preset, :func:`find_blocks` marks
 - **attention Softmax outputs** (a MatMul reads them): their observed range (finer than
   ``[0, 1]`` where attention is spread out); under power-of-two formats the fixed grid
   ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`), the values softmax can take;
-- **norm outputs a layer reads** (the QKV and first MLP linears' input): the MSE range
-  instead of min-max at 8 bits with float scales (:func:`norm_output_spec`);
 
 None of these blocks occurs in a plain CNN (no LayerNorm, GELU or attention; a classifier's
 Softmax is not read by a MatMul), whose plan is unchanged by the recipe.
@@ -39,7 +37,7 @@ Example (a residual Add feeding a LayerNorm, then a Softmax):
     ...          PlanNode("sm", "Softmax", ("n",), ("p",)), PlanNode("av", "MatMul", ("p", "v"), ("o",))]
     >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y", "v"), outputs=("o",)))
     >>> sorted(blocks.residual), sorted(blocks.softmax_outputs), blocks.summary()
-    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor (float, 16 bits on power-of-two formats), 1 block-internal tensor float, 1 Softmax output (observed range, [0, 1] on power-of-two formats), 0 norm outputs into layers (MSE range at 8 bits)')
+    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor (float, 16 bits on power-of-two formats), 1 block-internal tensor float, 1 Softmax output (observed range, [0, 1] on power-of-two formats)')
 """
 
 from __future__ import annotations
@@ -50,7 +48,7 @@ import attrs
 import numpy as np
 
 from quant_core.dtypes import DType
-from quant_core.observer_config import MSE, FixedRange, MinMax
+from quant_core.observer_config import FixedRange
 from quant_core.plan.graph import GraphView, PlanNode
 from quant_core.spec import QuantSpec, ScaleType
 
@@ -67,8 +65,6 @@ _GELU_CORE = frozenset({"Erf", "Tanh"})
 _MAX_GELU_NODES = 8
 SOFTMAX_GRID = FixedRange(min_val=0.0, max_val=1.0)
 """The range of every softmax output."""
-NORM_OUTPUT_OBSERVER = MSE()
-"""The range of a norm output a layer reads, at 8 bits with float scales."""
 
 
 @attrs.frozen
@@ -87,9 +83,6 @@ class TransformerBlocks:
         norm_internals: the tensors inside a decomposed LayerNorm (16 bits under
             power-of-two formats, as the stream: a variance in 8 bits loses the model).
         softmax_outputs: Softmax outputs (observed range; fixed ``[0, 1]`` grid under power-of-two formats).
-        norm_outputs: the outputs of the recognised norms a Conv/Gemm/MatMul reads (directly or
-            through data movement) that stay quantized: the MSE range at 8 bits with float
-            scales (:func:`norm_output_spec`).
 
     Example:
         >>> TransformerBlocks().summary()
@@ -104,7 +97,6 @@ class TransformerBlocks:
     float_tensors: frozenset[str] = frozenset()
     norm_internals: frozenset[str] = frozenset()
     softmax_outputs: frozenset[str] = frozenset()
-    norm_outputs: frozenset[str] = frozenset()
 
     def summary(self) -> str:
         """One line for the report; ``""`` when nothing was recognised."""
@@ -116,9 +108,7 @@ class TransformerBlocks:
             "(float, 16 bits on power-of-two formats), "
             f"{len(self.float_tensors)} block-internal tensor{'s' * (len(self.float_tensors) != 1)} float, "
             f"{len(self.softmax_outputs)} Softmax output{'s' * (len(self.softmax_outputs) != 1)} "
-            "(observed range, [0, 1] on power-of-two formats), "
-            f"{len(self.norm_outputs)} norm output{'s' * (len(self.norm_outputs) != 1)} into layers "
-            "(MSE range at 8 bits)"
+            "(observed range, [0, 1] on power-of-two formats)"
         )
 
 
@@ -408,21 +398,6 @@ def _stream_copies(graph: GraphView, stream: set[str], keep: set[str]) -> set[st
     return found
 
 
-def _layer_reads(graph: GraphView, tensor: str, depth: int = 0) -> bool:
-    """A Conv/Gemm/MatMul reads ``tensor``, directly or through data movement and Concat
-    (Swin's window partition between a norm and its QKV linear)."""
-    movement = _SELECTS | {"Concat", "Pad"}
-    return any(
-        consumer.op_type in WEIGHTED_OPS
-        or (
-            consumer.op_type in movement
-            and depth < 8
-            and any(_layer_reads(graph, o, depth + 1) for o in consumer.outputs if o)
-        )
-        for consumer in graph.consumers(tensor)
-    )
-
-
 def _weighted_inputs(nodes: Iterable[PlanNode]) -> set[str]:
     return {name for node in nodes if node.op_type in WEIGHTED_OPS for name in node.inputs}
 
@@ -512,36 +487,6 @@ def _feeds(graph: GraphView, tensor: str, heads: set[str]) -> bool:
     )
 
 
-def norm_output_spec(spec: QuantSpec) -> QuantSpec:
-    """``spec`` with the MSE range (:class:`~quant_core.observer_config.MSE`) instead of
-    min-max for a norm output a layer reads, where the format has float scales and at most
-    8 bits; other specs unchanged (a power-of-two format keeps its own position search, a
-    16-bit one its full range, a chosen non-min-max observer stays).
-
-    A LayerNorm output is close to normal per token, and min-max spends the 8-bit grid on
-    its few extreme values: random-weight ViT-Tiny at 96 px (quant-onnx ``a8w8``, weight
-    seeds 0-3) 37.39 -> 37.65 dB mean output SQNR, +0.11 to +0.44 dB on every seed; the
-    trained ``fmnist_deit`` 32.31 -> 32.15 dB, top-1 0.8475 -> 0.8478, and the trained
-    ``ocr_ctc`` 31.49 -> 31.52 dB, CER 1.130% -> 1.135%. The same observer on the other layer inputs
-    (GELU outputs above all) gained more on random weights and cost the trained
-    ``fmnist_deit`` 1.6 dB: it clips the long tail a trained GELU output carries.
-
-    Example:
-        >>> norm_output_spec(QuantSpec(dtype="uint8", symmetric=False)).observer
-        MSE(bins=2048, num_candidates=100)
-        >>> norm_output_spec(QuantSpec(dtype="uint16", symmetric=False)).observer
-        MinMax()
-    """
-    if (
-        not spec.is_quantized
-        or spec.scale_type is not ScaleType.FLOAT
-        or spec.dtype.bits > 8
-        or not isinstance(spec.observer, MinMax)
-    ):
-        return spec
-    return spec.evolve(observer=NORM_OUTPUT_OBSERVER)
-
-
 def find_blocks(graph: GraphView) -> TransformerBlocks:
     """Recognise the transformer blocks of ``graph`` (see the module docstring).
 
@@ -612,5 +557,4 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         float_tensors=frozenset(internal),
         norm_internals=frozenset(t for block in norms for t in block.internal) - keep - residual,
         softmax_outputs=frozenset(n.outputs[0] for n in softmaxes),
-        norm_outputs=frozenset(b.output for b in norms if _layer_reads(graph, b.output)) - internal - residual,
     )
