@@ -6,6 +6,13 @@ import quant_algos.shared_cores as shared_cores
 from quant_algos.shared_cores import current_load, machine_is_busy, runnable_now
 
 
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch):
+    """Each test starts with no running mean and no earlier decision."""
+    monkeypatch.setattr(shared_cores, "_STATE", shared_cores._LoadState())
+    monkeypatch.setattr(shared_cores.os, "cpu_count", lambda: 2)
+
+
 @pytest.mark.parametrize(
     "average, now, busy",
     [
@@ -22,9 +29,8 @@ def test_busy_follows_the_larger_of_the_average_and_the_threads_runnable_now(mon
     else:
         monkeypatch.setattr(shared_cores.os, "getloadavg", lambda: (average, average, average))
     monkeypatch.setattr(shared_cores, "runnable_now", lambda: now)
-    monkeypatch.setattr(shared_cores.os, "cpu_count", lambda: 2)
     assert machine_is_busy() is busy
-    assert current_load() == max(average or 0.0, now or 0)
+    assert current_load() == max(average or 0.0, now or 0)  # a constant sample: its mean
 
 
 def test_no_load_reported_is_not_busy(monkeypatch):
@@ -36,3 +42,26 @@ def test_no_load_reported_is_not_busy(monkeypatch):
 def test_runnable_now_counts_at_least_the_caller_where_linux_reports_it():
     now = runnable_now()
     assert now is None or now >= 1
+
+
+def _samples(monkeypatch, values):
+    monkeypatch.setattr(shared_cores.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    feed = iter(values)
+    monkeypatch.setattr(shared_cores, "runnable_now", lambda: next(feed))
+
+
+def test_a_sample_hovering_at_the_threshold_does_not_flip_the_answer(monkeypatch):
+    """This process's waiting thread is runnable at one instant and not at the next: on 2
+    cores beside two busy processes the samples alternate 3 and 4. Flipping between one and
+    two threads per call was slower than either."""
+    _samples(monkeypatch, [3, 4] * 20)
+    answers = [machine_is_busy() for _ in range(40)]
+    first_busy = answers.index(True)
+    assert first_busy <= 3 and all(answers[first_busy:])
+
+
+def test_busy_ends_once_the_load_falls_to_the_cores(monkeypatch):
+    _samples(monkeypatch, [6] * 5 + [3] * 30 + [1] * 30)
+    answers = [machine_is_busy() for _ in range(65)]
+    assert all(answers[:35])  # 3 is not above 2 + 1, but the machine was busy: it stays so
+    assert not answers[-1]  # back at one runnable thread: quiet again
