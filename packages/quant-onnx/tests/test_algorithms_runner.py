@@ -80,6 +80,27 @@ def test_a_different_float_model_is_rejected():
         OnnxLayerRunner(calibrated, other, batches)
 
 
+def test_codes_a_learned_pass_moved_far_are_accepted_only_as_learned():
+    """AdaQuant learns the weights themselves: on EfficientNet-Lite0 it moved more than a
+    step in over a tenth of a layer's codes, and bias correction after it refused the model
+    as "not written from this float model" after five minutes of AdaQuant."""
+    model = mobilenet_block(seed=0)
+    batches = batches_for(model, count=1)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    moved = onnx.ModelProto()
+    moved.CopyFrom(qdq)
+    name = next(n for n in moved.graph.node if n.name == "conv1").input[1]
+    dq = next(n for n in moved.graph.node if name in n.output)
+    codes = next(i for i in moved.graph.initializer if i.name == dq.input[0])
+    values = onnx.numpy_helper.to_array(codes)
+    shifted = np.clip(values.astype(np.int64) + 3, -127, 127).astype(values.dtype)
+    codes.CopyFrom(onnx.numpy_helper.from_array(shifted, codes.name))
+    with pytest.raises(ModelError, match=r"conv1.*does not quantize"):
+        OnnxLayerRunner(calibrated, moved, batches)
+    runner = OnnxLayerRunner(calibrated, moved, batches, learned_codes=True)
+    assert "conv1" in [layer.name for layer in runner.layers()]
+
+
 def test_a_gemm_alpha_folded_by_the_writer_is_in_the_layers_float_weight():
     # The writer quantizes alpha * B (integer Gemm needs alpha 1); the runner once compared
     # the stored codes with B itself and refused the model ("does not quantize").

@@ -30,9 +30,14 @@ TORCH_EXTRA = "quant-onnx[torch]"
 
 
 def _runner(
-    calibrated: CalibratedModel, qdq_model: onnx.ModelProto, batches: Iterable[Feeds], config: object
+    calibrated: CalibratedModel,
+    qdq_model: onnx.ModelProto,
+    batches: Iterable[Feeds],
+    config: object,
+    learned_codes: bool = False,
 ) -> OnnxLayerRunner:
-    return OnnxLayerRunner(calibrated, qdq_model, prepare_batches(batches, samples_to_use(config)))
+    feeds = prepare_batches(batches, samples_to_use(config))
+    return OnnxLayerRunner(calibrated, qdq_model, feeds, learned_codes=learned_codes)
 
 
 def apply_reconstruction(
@@ -41,6 +46,7 @@ def apply_reconstruction(
     batches: Iterable[Feeds],
     config: AdaRoundConfig | AdaQuantConfig,
     *,
+    learned_codes: bool = False,
     quiet: bool = False,
 ) -> tuple[onnx.ModelProto, ReconstructionReport]:
     """AdaRound (``AdaRoundConfig``) or AdaQuant (``AdaQuantConfig``) over every quantized
@@ -50,7 +56,7 @@ def apply_reconstruction(
         ImportError: PyTorch is not installed (names the ``quant-onnx[torch]`` extra).
     """
     check_torch("AdaQuant" if isinstance(config, AdaQuantConfig) else "AdaRound", TORCH_EXTRA)
-    runner = _runner(calibrated, qdq_model, batches, config)
+    runner = _runner(calibrated, qdq_model, batches, config, learned_codes)
     try:
         report = reconstruct_layers(runner, config, quiet=quiet)
     finally:
@@ -66,12 +72,14 @@ def apply_bias_correction(
     batches: Iterable[Feeds],
     config: BiasCorrectionConfig,
     *,
+    learned_codes: bool = False,
     quiet: bool = False,
 ) -> tuple[onnx.ModelProto, list[str]]:
     """Empirical bias correction of every quantized Conv/Gemm of ``qdq_model`` (the mean
     output error on the calibration samples removed, layer by layer): a new model and
-    notes on layers left alone."""
-    runner = _runner(calibrated, qdq_model, batches, config)
+    notes on layers left alone. ``learned_codes``: AdaRound or AdaQuant wrote
+    ``qdq_model``'s weight codes (:class:`~quant_onnx.algorithms.runner.OnnxLayerRunner`)."""
+    runner = _runner(calibrated, qdq_model, batches, config, learned_codes)
     try:
         notes = correct_biases(runner, config, quiet=quiet)
     finally:

@@ -122,6 +122,7 @@ def run_post_passes(
     scheduled = schedule(config).after_calibration
     feeds = _reusable(batches, bool(scheduled), ", ".join(a.kind for a in scheduled))
     model = qdq_model
+    learned = False  # a reconstruction pass has written the weight codes
     for algorithm in scheduled:
         assert feeds is not None
         if isinstance(algorithm, MixedPrecisionConfig):
@@ -137,9 +138,14 @@ def run_post_passes(
             )
             reports["mixed_precision"] = mp_report.to_dict()
         elif isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig)):
-            model, rec_report = apply_reconstruction(calibrated, model, feeds, algorithm, quiet=quiet)
+            model, rec_report = apply_reconstruction(
+                calibrated, model, feeds, algorithm, learned_codes=learned, quiet=quiet
+            )
             reports[algorithm.kind] = rec_report.to_dict()
+            learned = True
         elif isinstance(algorithm, BiasCorrectionConfig):
-            model, notes = apply_bias_correction(calibrated, model, feeds, algorithm, quiet=quiet)
+            model, notes = apply_bias_correction(
+                calibrated, model, feeds, algorithm, learned_codes=learned, quiet=quiet
+            )
             reports["bias_correction"] = {"num_samples": samples_to_use(algorithm), "notes": notes}
     return PassesResult(model, reports, calibrated)
