@@ -150,7 +150,14 @@ def summary(result, evaluated: int, accuracy, timings: tuple[float, float, float
 
 
 def bench(
-    name: str, target: float, npu: str | None, num_calib: int, num_eval: int, budget_s: float | None, confidence: float
+    name: str,
+    target: float,
+    npu: str | None,
+    num_calib: int,
+    num_eval: int,
+    budget_s: float | None,
+    confidence: float,
+    metric: str = "agreement",
 ) -> None:
     common.use_checkout_packages()
     from quant_onnx.api import ModelQuantizer
@@ -178,6 +185,8 @@ def bench(
         deployment=deployment_for(npu),
         budget_s=budget_s,
         confidence=confidence,
+        metric=metric,
+        labels=data.eval_labels if metric == "accuracy" else None,
         quiet=True,
     )
     search_seconds = time.perf_counter() - started
@@ -283,7 +292,7 @@ def bench_torch(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["fmnist_mobilenetv2"], choices=sorted(MODELS))
-    parser.add_argument("--target-agreement", type=float, default=0.885)
+    parser.add_argument("--target-agreement", type=float, default=0.885, help="the target of --metric")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--target", default="xint8", choices=("xint8",))
     where.add_argument("--no-npu", action="store_true")
@@ -291,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-eval", type=int, default=1000)
     parser.add_argument("--budget-s", type=float)
     parser.add_argument("--confidence", type=float, default=0.9, help="the search's (0.5: the score itself)")
+    parser.add_argument(
+        "--metric", default="agreement", choices=("agreement", "accuracy"), help="accuracy: against the labels"
+    )
     parser.add_argument("--quark", action="store_true", help="also Quark's auto_search over the shared space")
     parser.add_argument("--backend", default="onnx", choices=("onnx", "torch"), help="torch: quant_torch_fx.search")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (--backend torch)")
@@ -304,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--quark: the shared space is xint8's; drop --no-npu")
     for name in args.models:
         npu = None if args.no_npu else args.target
-        bench(name, args.target_agreement, npu, args.num_calib, args.num_eval, args.budget_s, args.confidence)
+        bench(
+            name, args.target_agreement, npu, args.num_calib, args.num_eval, args.budget_s, args.confidence, args.metric
+        )
         if args.quark:
             model = MODELS[name]
             data = load_data(model, num_calib=args.num_calib, num_eval=args.num_eval)
