@@ -277,7 +277,7 @@ class _TorchBackend:
             observing = []
             for key, path in info.activation.items():
                 fq = quantizer(gm, path)
-                fq.observer = observers[key]
+                fq.observer = observers.get(key, fq.observer)  # a derived group has none
                 fq.observing, fq.quantizing = False, False
                 observing.append(fq)
             finish_calibration(gm, observing, weight_cache=self.ledger.weight_cache(pre, plan))
