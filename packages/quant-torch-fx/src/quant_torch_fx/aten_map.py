@@ -275,7 +275,13 @@ ATEN_OPS: dict[str, AtenOp] = {
     **_ops(("clamp_max", "clamp_max_"), "Clip", _clamp_bound("max"), rules.clamp, ("Min",)),
     **_unary("Sigmoid", "sigmoid"),
     **_ops(("hardswish", "hardswish_"), "HardSwish", _first("HardSwish"), rules.hard_swish),
-    **_ops(("hardsigmoid", "hardsigmoid_"), "HardSigmoid", _first("HardSigmoid"), rules.hard_sigmoid),
+    # torch's hardsigmoid is relu6(x + 3) / 6: ONNX's HardSigmoid with alpha 1/6 (its default is 0.2).
+    **_ops(
+        ("hardsigmoid", "hardsigmoid_"),
+        "HardSigmoid",
+        lambda node: ("HardSigmoid", [_arg(node, 0, "self")], {"alpha": 1.0 / 6.0, "beta": 0.5}),
+        rules.hard_sigmoid,
+    ),
     **_unary("Tanh", "tanh"),
     **_ops(("leaky_relu", "leaky_relu_"), "LeakyRelu", _first("LeakyRelu"), rules.leaky_relu),
     **_ops(

@@ -36,7 +36,15 @@ from tqdm.auto import tqdm  # type: ignore[import-untyped]
 from quant_algos.progress import first_taken
 from quant_core.errors import DataError
 from quant_core.observers import make_observer
-from quant_core.plan import WeightCache, constant_input_note, derived_selection, plan_weight_qparams
+from quant_core.plan import (
+    RangeBound,
+    WeightCache,
+    constant_input_note,
+    derived_selection,
+    group_selection,
+    plan_weight_qparams,
+)
+from quant_core.qparams import QParams
 from quant_torch_fx.data import InputSignature, batches, loader_length
 from quant_torch_fx.distributed import merge_observers
 from quant_torch_fx.prepare import (
@@ -121,7 +129,7 @@ def finish_calibration(
             fq = quantizer(gm, path)
             fq.observing = False
             if info.plan.derived_of(key) is None:
-                fq.compute_qparams()
+                fq.set_qparams(selected_qparams(fq, info.plan.bound_of(key)))
             fq.quantizing = True
         _set_derived_qparams(gm)
         _note_constant_inputs(gm)
@@ -136,6 +144,14 @@ def finish_calibration(
             fq.quantizing = True
 
 
+def selected_qparams(fq: FakeQuantizer, bound: RangeBound | None) -> QParams:
+    """What ``fq``'s observer selects, cut at the group's saturation ``bound``
+    (``quant_core.plan.group_selection``: the ONNX backend's rule)."""
+    if fq.observer.empty:
+        raise DataError(f"calibration: tensor {fq.name!r} was never observed (empty in every batch)")
+    return group_selection(fq.observer, fq.observer.spec, bound)[1]
+
+
 def _set_derived_qparams(gm: GraphModule) -> None:
     """Qparams of the groups whose range the plan derives from other groups' selected
     ranges (masked attention scores: :class:`quant_core.plan.DerivedRange`)."""
@@ -144,7 +160,8 @@ def _set_derived_qparams(gm: GraphModule) -> None:
 
     def selection(key: str) -> Any:
         if key not in selected:
-            selected[key] = quantizer(gm, info.activation[key]).observer.selection()[0]
+            fq = quantizer(gm, info.activation[key])
+            selected[key] = group_selection(fq.observer, fq.observer.spec, info.plan.bound_of(key))[0]
         return selected[key]
 
     for derived in info.plan.derived:

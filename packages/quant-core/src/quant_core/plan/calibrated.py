@@ -40,7 +40,7 @@ from quant_core.observers.derived import derive_observer
 from quant_core.observers.factory import make_observer
 from quant_core.observers.histogram import HistogramObserver
 from quant_core.plan.graph import ConstantLookup
-from quant_core.plan.planner import DerivedRange, QuantPlan
+from quant_core.plan.planner import DerivedRange, QuantPlan, RangeBound
 from quant_core.qparams import QParams, qparams_from_range
 from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
@@ -174,7 +174,7 @@ def calibrated_qparams(
         observer = observers[group.key]
         if observer.empty:
             raise DataError(f"calibration: tensor {group.key!r} was never observed (empty in every batch)")
-        ranges[group.key], activations[group.key] = observer.selection(group.spec)
+        ranges[group.key], activations[group.key] = group_selection(observer, group.spec, plan.bound_of(group.key))
     for derived in plan.derived:
         ranges[derived.group], activations[derived.group] = derived_selection(plan, derived, ranges.__getitem__)
     requants: dict[str, QParams] = {}
@@ -192,6 +192,28 @@ def calibrated_qparams(
 
     weights, notes = plan_weight_qparams(plan, value, input_qparams, cache=weight_cache)
     return CalibratedQParams(activations, ranges, requants, weights, tuple(notes))
+
+
+def group_selection(
+    observer: Observer, spec: QuantSpec, bound: RangeBound | None
+) -> tuple[tuple[np.ndarray, np.ndarray], QParams]:
+    """The range ``observer`` selects for a group of ``spec`` and its qparams, cut at the
+    group's saturation ``bound`` when it has one (:class:`~quant_core.plan.planner.RangeBound`).
+    How both backends turn an observed group into qparams.
+
+    Example:
+        >>> from quant_core.observers import make_observer
+        >>> spec = QuantSpec(dtype="uint8", symmetric=False)
+        >>> obs = make_observer(spec); obs.update(np.array([-21.0, 20.0], np.float32))
+        >>> (lo, hi), qp = group_selection(obs, spec, RangeBound("c", -3.0, float("inf")))
+        >>> round(float(lo), 2), int(qp.zero_point)
+        (-3.09, 34)
+    """
+    selected, qparams = observer.selection(spec)
+    if bound is None:
+        return selected, qparams
+    lo, hi = bound.cut(*selected, spec)
+    return (lo, hi), qparams_from_range(lo, hi, spec)
 
 
 def derived_selection(

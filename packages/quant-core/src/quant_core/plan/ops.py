@@ -195,6 +195,33 @@ def clip_bounds(node: PlanNode, constant: ConstantLookup) -> tuple[float, float]
     return bounds[0], bounds[1]
 
 
+def saturation_interval(node: PlanNode, constant: ConstantLookup) -> tuple[float, float] | None:
+    """The input interval outside which ``node``'s output no longer changes: its output for
+    an input beyond a bound is its output at the bound. HardSwish is 0 below -3;
+    HardSigmoid is 0 below ``-beta / alpha`` and 1 above ``(1 - beta) / alpha``; Relu and
+    Clip at their bounds (:func:`clip_bounds`). ``None`` for any other op (a bound side
+    it does not have is infinite).
+
+    Example:
+        >>> saturation_interval(PlanNode("h", "HardSwish", ("x",), ("y",)), lambda n: None)
+        (-3.0, inf)
+        >>> saturation_interval(PlanNode("s", "HardSigmoid", ("x",), ("y",), {"alpha": 1 / 6}), lambda n: None)
+        (-3.0, 3.0)
+        >>> saturation_interval(PlanNode("g", "Sigmoid", ("x",), ("y",)), lambda n: None) is None
+        True
+    """
+    if not node.standard:
+        return None
+    if node.op_type == "HardSwish":  # x * max(0, min(1, x / 6 + 1 / 2))
+        return -3.0, math.inf
+    if node.op_type == "HardSigmoid":  # max(0, min(1, alpha * x + beta))
+        alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
+        if not alpha > 0.0:
+            return None
+        return -beta / alpha, (1.0 - beta) / alpha
+    return clip_bounds(node, constant)
+
+
 def activation_kind(node: PlanNode, constant: ConstantLookup) -> str | None:
     """``"relu"`` for Relu and Clip(0, inf), ``"relu6"`` for Clip(0, 6), else ``None``.
 

@@ -55,6 +55,7 @@ from quant_core.plan.ops import (
     clip_bounds,
     integer_kernel_reads,
     policy_for,
+    saturation_interval,
     weight_channel_axis,
 )
 from quant_core.plan.transformer import MaskedScores, TransformerBlocks, find_blocks, softmax_spec, widened
@@ -221,6 +222,39 @@ class DerivedRange:
 
 
 @attrs.frozen
+class RangeBound:
+    """A group every reader of which saturates outside ``[lo, hi]`` (a Conv's output read
+    only by a HardSwish: 0 below -3; by a HardSigmoid: constant outside ``[-3, 3]`` for
+    ``alpha = 1/6``): a value beyond a bound gives every reader what the bound gives, so
+    the selected range is cut there and the grid spends its codes where readers see a
+    difference. Exact: the cut is widened by one step of the cut grid, so that the grid
+    still reaches the bound after the zero point is rounded.
+
+    Example:
+        >>> import numpy as np
+        >>> from quant_core.spec import QuantSpec
+        >>> spec = QuantSpec(dtype="uint8", symmetric=False)
+        >>> lo, hi = RangeBound("c", -3.0, float("inf")).cut(np.float64(-21.0), np.float64(20.0), spec)
+        >>> round(float(lo), 4), float(hi)
+        (-3.0902, 20.0)
+    """
+
+    group: str
+    lo: float
+    hi: float
+
+    def cut(self, lo: np.ndarray, hi: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray]:
+        """The selected range ``[lo, hi]`` cut at the bounds, one step of the cut grid wider."""
+        from quant_core.qparams import qparams_from_range
+
+        cut_lo, cut_hi = np.maximum(lo, self.lo), np.minimum(hi, self.hi)
+        step = np.asarray(qparams_from_range(cut_lo, cut_hi, spec).scale, np.float64)
+        new_lo = np.where(lo < self.lo, np.maximum(lo, self.lo - step), lo)
+        new_hi = np.where(hi > self.hi, np.minimum(hi, self.hi + step), hi)
+        return np.asarray(new_lo, np.float64), np.asarray(new_hi, np.float64)
+
+
+@attrs.frozen
 class QuantPlan:
     """Every quantization decision about a model that does not need data.
 
@@ -238,6 +272,7 @@ class QuantPlan:
     notes: tuple[str, ...] = ()
     requants: tuple[InputRequant, ...] = ()
     derived: tuple[DerivedRange, ...] = ()
+    bounds: tuple[RangeBound, ...] = ()
     _by_tensor: Mapping[str, TensorGroup] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -247,6 +282,10 @@ class QuantPlan:
     def group_of(self, tensor: str) -> TensorGroup | None:
         """The group ``tensor`` belongs to, or ``None`` when it stays float."""
         return self._by_tensor.get(tensor)
+
+    def bound_of(self, group: str) -> RangeBound | None:
+        """The saturation bound of group ``group`` (a key), or ``None`` when it has none."""
+        return next((b for b in self.bounds if b.group == group), None)
 
     def derived_of(self, group: str) -> DerivedRange | None:
         """How the range of group ``group`` (a key) is derived, or ``None`` when it is observed."""
@@ -553,6 +592,9 @@ class _Planner:
                 f"masked attention scores: {len(self.blocks.masked_scores)} on the range of the scores before "
                 "the mask (widened below by ln 2**bits of the softmax output), not observed"
             )
+        bounds = self.range_bounds(groups, {d.group for d in derived})
+        if bounds:
+            self.notes.append(f"{len(bounds)} tensors read only by saturating ops: ranges cut at the saturation")
         requants = tuple(
             InputRequant(node, tensor, spec)
             for node, tensor, spec in self.layer_inputs
@@ -568,7 +610,36 @@ class _Planner:
             notes=tuple(self.notes),
             requants=requants,
             derived=derived,
+            bounds=bounds,
         )
+
+    def range_bounds(self, groups: list[TensorGroup], derived: set[str]) -> tuple[RangeBound, ...]:
+        """The groups whose every reader saturates (:func:`saturation_interval`): their
+        ranges need only span the hull of the readers' intervals."""
+        found = []
+        for group in groups:
+            if group.key in derived:
+                continue
+            interval = self.readers_interval(group.members)
+            if interval is not None and (interval[0] > -math.inf or interval[1] < math.inf):
+                found.append(RangeBound(group.key, *interval))
+        return tuple(found)
+
+    def readers_interval(self, tensors: tuple[str, ...]) -> tuple[float, float] | None:
+        """The hull of the saturation intervals of every reader of ``tensors`` (values
+        outside it change no reader's output), or ``None`` when one reader does not
+        saturate or a tensor is a graph output or has no reader."""
+        lo, hi = math.inf, -math.inf
+        for tensor in tensors:
+            readers = self.graph.consumers(tensor)
+            if self.graph.is_graph_output(tensor) or not readers:
+                return None
+            for node in readers:
+                interval = saturation_interval(node, self.graph.constant)
+                if interval is None:
+                    return None
+                lo, hi = min(lo, interval[0]), max(hi, interval[1])
+        return lo, hi
 
     def derived_ranges(self, by_tensor: Mapping[str, TensorGroup]) -> tuple[DerivedRange, ...]:
         """The masked attention scores that are quantized (power-of-two formats; float
