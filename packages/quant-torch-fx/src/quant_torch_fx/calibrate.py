@@ -7,7 +7,9 @@ config and one data set give the same activation scales on both. Weight qparams 
 from :func:`quant_core.plan.plan_weight_qparams` after the activations': a weight scale
 is raised where the int32 bias would not fit at ``input_scale * weight_scale``. Under
 ``torch.distributed`` the observers are merged across ranks first
-(:func:`~quant_torch_fx.distributed.merge_observers`).
+(:func:`~quant_torch_fx.distributed.merge_observers`). A group every reader of which
+saturates (the input of the Relu below: nothing under 0 reaches its output) is quantized
+on its range cut there (:func:`quant_core.plan.group_selection`).
 
 Example:
     >>> import torch
@@ -19,7 +21,7 @@ Example:
     >>> sig = InputSignature.of((torch.randn(1, 4),))
     >>> calibrate(gm, [torch.tensor([[-1.0, 0.0, 1.0, 2.55]])], sig, quiet=True)
     >>> {key: float(q.current_qparams().scale) for key, q in activation_quantizers(gm)}
-    {'input_1': 0.013921568170189857, 'relu': 0.009999999776482582}
+    {'input_1': 0.01003921590745449, 'relu': 0.009999999776482582}
 """
 
 from __future__ import annotations
