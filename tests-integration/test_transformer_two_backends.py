@@ -186,3 +186,43 @@ def test_quant_onnx_quantizes_torchs_export_of_masked_attention(causal: bool, pr
         expected = model(x).numpy()
     sqnr = 10 * np.log10((expected**2).sum() / ((expected - got) ** 2).sum())
     assert sqnr > bound, sqnr
+
+
+class OutlierMLP(torch.nn.Module):
+    """Two Linears whose second weight holds one element 100 standard deviations out (as
+    timm's trunc_normal_ init draws in random-weight Swin-Tiny)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = torch.nn.Linear(64, 384), torch.nn.Linear(384, 384)
+        with torch.no_grad():
+            for fc in (self.fc1, self.fc2):
+                fc.weight.normal_(0, 0.02)
+            self.fc2.weight[5, 7] = 2.0
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_both_backends_give_an_outlier_weight_its_range_by_squared_error() -> None:
+    """Under xint8 (int8 per-tensor power-of-two weights) both backends' plans give fc2's
+    weight the MSE position search, fc1's the preset's min-max, and the same qparams."""
+    from quant_core.observer_config import MinMax
+    from quant_core.weights import constant_qparams
+
+    example = torch.randn(2, 64)
+    gm = ModelQuantizer("xint8", quiet=True).prepare(OutlierMLP().eval(), example)
+    buffer = io.BytesIO()
+    torch.onnx.export(OutlierMLP().eval(), (example,), buffer, dynamo=False, opset_version=17)
+    model = onnx.load_from_string(buffer.getvalue())
+    graph = plan_graph(model)
+    plans = {"torch-fx": (graph_info(gm).plan, None), "onnx": (plan_quantization(graph, get_preset("xint8")), graph)}
+    fc2 = OutlierMLP().fc2.weight.detach().numpy()
+    for backend, (plan, onnx_graph) in plans.items():
+        searched = [slot for slot in plan.weights if slot.spec.observer != MinMax()]
+        assert len(searched) == 1 and len(plan.weights) == 2, backend
+        assert any("its position by squared error" in note for note in plan.notes), backend
+        value = fc2 if onnx_graph is None else onnx_graph.constant(searched[0].tensor)
+        assert abs(value).max() == 2.0, backend
+        assert constant_qparams(value, searched[0].spec) == constant_qparams(fc2, searched[0].spec), backend

@@ -17,7 +17,9 @@ Under ``config.transformer_recipe`` (the default) the recognised transformer blo
 (:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors float (widened
 to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax outputs on
 the fixed ``[0, 1]`` grid, and quantized masked attention scores (and their mask) on a
-range derived from the scores before the mask (:class:`DerivedRange`).
+range derived from the scores before the mask (:class:`DerivedRange`). A per-tensor
+power-of-two weight whose min-max grid rounds most of it to zero (one outlier element) gets
+its position by squared error (:mod:`quant_core.plan.weight_range`).
 
 Nothing is computed from data here: a backend's calibration turns each group's
 observations into qparams, so the same graph, config and data give the same scales on
@@ -59,6 +61,7 @@ from quant_core.plan.ops import (
     weight_channel_axis,
 )
 from quant_core.plan.transformer import MaskedScores, TransformerBlocks, find_blocks, softmax_spec, widened
+from quant_core.plan.weight_range import held_weight_spec
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 RESULT_CONCAT_REASON = (
@@ -506,6 +509,9 @@ class _Planner:
         spec, note = resolve_weight_spec(node, cfg.weight, value.ndim)
         if note is not None:
             self.notes.append(note)
+        spec, note = held_weight_spec(value, spec)
+        if note is not None:
+            self.notes.append(f"node {node.name!r}: weight {weight!r}: {note}")
         self.weights.append(WeightSlot(node.name, node.op_type, weight, weight_index, spec))
         bias = node.input(bias_index) if bias_index is not None else ""
         if (
