@@ -31,7 +31,11 @@ Paths (``--paths``):
 * ``onnx_adaround``: ``quant_onnx.quantize`` with ``xint8_adaround`` (``--adaround-iterations``
   per layer; AdaRound's loops on one torch thread, the default), against the same float
   inference; ``onnx_adaround_torch_threads``: the same with ``num_threads=None`` (torch's
-  thread count, the default before 2026-11-26).
+  thread count, the default before 2026-11-26); ``onnx_adaquant``: the same with ``xint8``
+  plus AdaQuant (its loops on one torch thread, the default);
+* ``npu_simulator``: ``quant_npu``'s integer simulator running the legalised ``xint8`` model
+  over the batches (numpy: its integer matrix products are exact float64 BLAS products on
+  OpenBLAS's threads), against the same float inference.
 
 Example:
     $ python -m tools.bench.contention --out .cache/bench/contention.json
@@ -67,12 +71,16 @@ PATHS = (
     "onnx_histogram",
     "onnx_adaround",
     "onnx_adaround_torch_threads",
+    "onnx_adaquant",
+    "npu_simulator",
 )
 ONNX_PRESETS = {
     "onnx_minmax": "a8w8",
     "onnx_histogram": "xint8",
     "onnx_adaround": "xint8_adaround",
     "onnx_adaround_torch_threads": "xint8_adaround",
+    "onnx_adaquant": "xint8",
+    "npu_simulator": "xint8",
 }
 TARGET = 1.5
 
@@ -204,14 +212,22 @@ COUNTED_VALUES = 2_000_000
 
 
 def onnx_pair(
-    model_name: str, preset: str, data: Batches, iterations: int, torch_threads: bool = False
+    model_name: str,
+    preset: str,
+    data: Batches,
+    iterations: int,
+    torch_threads: bool = False,
+    adaquant: bool = False,
+    simulate: bool = False,
 ) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """Float inference and ``quant_onnx.quantize`` of the batches; ``torch_threads``: AdaRound's
-    loops on torch's thread count instead of the config's default."""
+    loops on torch's thread count instead of the config's default; ``adaquant``: the preset
+    plus AdaQuant (``iterations`` per layer); ``simulate``: the NPU simulator running the
+    legalised quantized model instead of the quantization."""
     import attrs
 
     import quant_onnx
-    from quant_core.algorithm_config import AdaRoundConfig
+    from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig
     from quant_core.presets import get_preset
     from quant_onnx.ort_session import inference_session
 
@@ -223,6 +239,8 @@ def onnx_pair(
     name = model.graph.input[0].name
     session = inference_session(model, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     config = get_preset(preset)
+    if adaquant:
+        config = attrs.evolve(config, algorithms=(*config.algorithms, AdaQuantConfig(num_iterations=iterations)))
     if any(isinstance(a, AdaRoundConfig) for a in config.algorithms):
         config = attrs.evolve(
             config,
@@ -238,7 +256,19 @@ def onnx_pair(
         for feeds in data.numpy(name):
             session.run(None, feeds)
 
-    return infer, lambda: quant_onnx.quantize(model, None, config, list(data.numpy(name)), quiet=True)
+    if not simulate:
+        return infer, lambda: quant_onnx.quantize(model, None, config, list(data.numpy(name)), quiet=True)
+    from quant_npu import legalize_model
+    from quant_npu.sim import NPUSimulator
+
+    quantized = quant_onnx.quantize(model, None, config, list(data.numpy(name)), quiet=True).model
+    simulator = NPUSimulator(legalize_model(quantized).model)
+
+    def run_simulator() -> None:
+        for feeds in data.numpy(name):
+            simulator.run(feeds, quiet=True)
+
+    return infer, run_simulator
 
 
 # ---------------------------------------------------------------------------------------- the models
@@ -308,9 +338,14 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             elif path.startswith("torch"):
                 reference, work = torch_pair(model_name, "a8w8" if path == "torch_minmax" else "xint8", data)
             else:
-                torch_threads = path == "onnx_adaround_torch_threads"
                 reference, work = onnx_pair(
-                    model_name, ONNX_PRESETS[path], data, args.adaround_iterations, torch_threads
+                    model_name,
+                    ONNX_PRESETS[path],
+                    data,
+                    args.adaround_iterations,
+                    torch_threads=path == "onnx_adaround_torch_threads",
+                    adaquant=path == "onnx_adaquant",
+                    simulate=path == "npu_simulator",
                 )
             with neighbours(condition):
                 reference()

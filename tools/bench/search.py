@@ -80,6 +80,7 @@ def against_quark(name: str, path: Path, calib_path: Path, eval_x: np.ndarray, t
         calib,
         eval_x,
         target=target,
+        confidence=0.5,  # Quark's criterion: the score itself within 1 - target
         space=shared_space(),
         deployment=deployment_for("xint8"),
         quiet=True,
@@ -129,7 +130,9 @@ def summary(result, evaluated: int, accuracy, timings: tuple[float, float, float
     alone_seconds = (after_seconds + again_seconds) / 2
     chosen = result.chosen
     print(f"\nchosen: {chosen.name} ({'met' if result.met else 'missed'}; stopped by {result.stopped_by})")
-    print(f"{result.metric}: selection {chosen.score:.4f} ({result.select_samples} samples), ", end="")
+    lower = "" if result.select_lower_bound is None else f", lower bound {result.select_lower_bound:.4f}"
+    confidence = "" if result.confidence is None else f" at confidence {result.confidence:g}{lower}"
+    print(f"{result.metric}: selection {chosen.score:.4f} ({result.select_samples} samples{confidence}), ", end="")
     print(f"held out {common.fmt(result.holdout_score, 4)} ({result.holdout_samples} samples)")
     print(f"accuracy vs labels (all {evaluated} evaluation images): {common.fmt(accuracy, 4)}")
     print(f"statistics passes: {[(p.pre_passes, len(p.served), round(p.seconds, 2)) for p in result.statistics]}")
@@ -146,7 +149,16 @@ def summary(result, evaluated: int, accuracy, timings: tuple[float, float, float
     print(f"floor {common.fmt(common.ratio(checked, alone_seconds), 2)}x")
 
 
-def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: int, budget_s: float | None) -> None:
+def bench(
+    name: str,
+    target: float,
+    npu: str | None,
+    num_calib: int,
+    num_eval: int,
+    budget_s: float | None,
+    confidence: float,
+    metric: str = "agreement",
+) -> None:
     common.use_checkout_packages()
     from quant_onnx.api import ModelQuantizer
     from quant_onnx.recipe_search import deployment_for, format_table, onnxruntime_runner, search
@@ -172,6 +184,9 @@ def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: i
         target=target,
         deployment=deployment_for(npu),
         budget_s=budget_s,
+        confidence=confidence,
+        metric=metric,
+        labels=data.eval_labels if metric == "accuracy" else None,
         quiet=True,
     )
     search_seconds = time.perf_counter() - started
@@ -203,7 +218,9 @@ def bench(name: str, target: float, npu: str | None, num_calib: int, num_eval: i
     print(f"searched model byte-identical to the recipe alone's: {same}")
 
 
-def bench_torch(name: str, target: float, npu: str | None, num_calib: int, num_eval: int, threads: int) -> None:
+def bench_torch(
+    name: str, target: float, npu: str | None, num_calib: int, num_eval: int, threads: int, confidence: float
+) -> None:
     """``quant_torch_fx.search`` on the torch definition of ``name`` against the winning
     recipe alone (``ModelQuantizer(config).quantize_model`` + ``freeze``, the same
     calibration batches), timed twice after the search in the same process; and whether
@@ -233,7 +250,17 @@ def bench_torch(name: str, target: float, npu: str | None, num_calib: int, num_e
     # before anything is timed, so neither side carries it.
     ModelQuantizer("xint8", quiet=True).prepare(model, example)
     started = time.perf_counter()
-    result = torch_search(model, example, calib, data.eval_x, target=target, deployment=npu, batch_size=32, quiet=True)
+    result = torch_search(
+        model,
+        example,
+        calib,
+        data.eval_x,
+        target=target,
+        confidence=confidence,
+        deployment=npu,
+        batch_size=32,
+        quiet=True,
+    )
     search_seconds = time.perf_counter() - started
     from quant_algos.search import format_table
 
@@ -265,13 +292,17 @@ def bench_torch(name: str, target: float, npu: str | None, num_calib: int, num_e
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["fmnist_mobilenetv2"], choices=sorted(MODELS))
-    parser.add_argument("--target-agreement", type=float, default=0.885)
+    parser.add_argument("--target-agreement", type=float, default=0.885, help="the target of --metric")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--target", default="xint8", choices=("xint8",))
     where.add_argument("--no-npu", action="store_true")
     parser.add_argument("--num-calib", type=int, default=128)
     parser.add_argument("--num-eval", type=int, default=1000)
     parser.add_argument("--budget-s", type=float)
+    parser.add_argument("--confidence", type=float, default=0.9, help="the search's (0.5: the score itself)")
+    parser.add_argument(
+        "--metric", default="agreement", choices=("agreement", "accuracy"), help="accuracy: against the labels"
+    )
     parser.add_argument("--quark", action="store_true", help="also Quark's auto_search over the shared space")
     parser.add_argument("--backend", default="onnx", choices=("onnx", "torch"), help="torch: quant_torch_fx.search")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (--backend torch)")
@@ -279,13 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "torch":
         for name in args.models:
             npu = None if args.no_npu else args.target
-            bench_torch(name, args.target_agreement, npu, args.num_calib, args.num_eval, args.threads)
+            bench_torch(name, args.target_agreement, npu, args.num_calib, args.num_eval, args.threads, args.confidence)
         return 0
     if args.quark and args.no_npu:
         parser.error("--quark: the shared space is xint8's; drop --no-npu")
     for name in args.models:
         npu = None if args.no_npu else args.target
-        bench(name, args.target_agreement, npu, args.num_calib, args.num_eval, args.budget_s)
+        bench(
+            name, args.target_agreement, npu, args.num_calib, args.num_eval, args.budget_s, args.confidence, args.metric
+        )
         if args.quark:
             model = MODELS[name]
             data = load_data(model, num_calib=args.num_calib, num_eval=args.num_eval)

@@ -109,10 +109,12 @@ def model_job(
     pt2e: bool = True,
     measures: bool = True,
     seed: int = 0,
+    preset: str = "a8w8",
 ) -> Callable[[], dict[str, Any]]:
     """Subprocess setup (``common.measure_in_subprocess``): build ``name`` with the random
     weights of ``seed``, and its data; the work runs the flows (PT2E unless ``pt2e`` is False;
-    coverage and fidelity unless ``measures`` is False) and returns their results."""
+    coverage and fidelity unless ``measures`` is False; our backends under ``preset``) and
+    returns their results."""
     import torch
 
     from tools.bench import zoo_flows
@@ -138,9 +140,11 @@ def model_job(
             "output_shape": list(float_eval.shape[1:]),
         }
         flows = {
-            "torch_fx": lambda f: zoo_flows.torch_backend(f, model, data, work / f"{name}_torch_fx.onnx", measures),
+            "torch_fx": lambda f: zoo_flows.torch_backend(
+                f, model, data, work / f"{name}_torch_fx.onnx", measures, preset
+            ),
             "quant_onnx": lambda f: zoo_flows.onnx_backend(
-                f, model, data, work / f"{name}_float.onnx", work / f"{name}_quant_onnx.onnx", measures
+                f, model, data, work / f"{name}_float.onnx", work / f"{name}_quant_onnx.onnx", measures, preset
             ),
             "pt2e": lambda f: zoo_flows.pt2e(f, model, data),
         }
@@ -169,6 +173,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "pt2e": not args.no_pt2e,
             "measures": not args.no_measures,
             "seed": args.seed,
+            "preset": args.preset,
         },
         timeout_s=args.timeout,
         threads=args.threads,
@@ -378,6 +383,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a --json file; run nothing")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (compare over several)")
+    parser.add_argument("--preset", default="a8w8", help="the preset of our two backends (PT2E is always its own)")
     parser.add_argument("--threads", type=int, default=common.DEFAULT_THREADS)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model (a watchdog)")
     args = parser.parse_args(argv)
@@ -414,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
                         "machine": platform.machine(), "threads": args.threads, "size": describe_size(args.size),
                         "calibration": args.calib, "evaluation": args.eval, "data": "seeded N(0, 1) noise",
-                        "weight_seed": args.seed,
+                        "weight_seed": args.seed, "preset": args.preset,
                         "command": " ".join(["python -m tools.bench.zoo", *(argv if argv is not None else sys.argv[1:])])},
         "models": results,
     }  # fmt: skip

@@ -157,15 +157,17 @@ def file_measures(flow: Flow, path: Path, x_node: np.ndarray) -> None:
 
 
 # ------------------------------------------------------------------------------------------ flows
-def torch_backend(flow: Flow, model: Any, data: dict[str, Any], path: Path, measures: bool = True) -> None:
-    """quant-torch-fx ``a8w8``; ``data``: ``calib``, ``eval``, ``node`` (inputs of the node-by-node
+def torch_backend(
+    flow: Flow, model: Any, data: dict[str, Any], path: Path, measures: bool = True, preset: str = PRESET
+) -> None:
+    """quant-torch-fx under ``preset`` (``a8w8``); ``data``: ``calib``, ``eval``, ``node`` (inputs of the node-by-node
     comparisons), ``float_eval`` arrays and ``classes_from``; ``measures``: coverage and fidelity too."""
     import torch
 
     from quant_torch_fx import ModelQuantizer
 
     example = torch.from_numpy(data["eval"][:1])
-    quantizer = ModelQuantizer(PRESET, quiet=True)
+    quantizer = ModelQuantizer(preset, quiet=True)
     prepared = flow.stage("capture", lambda: quantizer.prepare(model, example))
     flow.stage("calibrate", lambda: quantizer.calibrate(prepared, torch_batches(data["calib"]), example).eval())
     frozen = flow.stage("freeze", lambda: quantizer.freeze(prepared))
@@ -195,16 +197,22 @@ def torch_backend(flow: Flow, model: Any, data: dict[str, Any], path: Path, meas
 
 
 def onnx_backend(
-    flow: Flow, model: Any, data: dict[str, Any], float_path: Path, path: Path, measures: bool = True
+    flow: Flow,
+    model: Any,
+    data: dict[str, Any],
+    float_path: Path,
+    path: Path,
+    measures: bool = True,
+    preset: str = PRESET,
 ) -> None:
-    """The float model exported to ONNX (tool side), then quant-onnx ``a8w8``."""
+    """The float model exported to ONNX (tool side), then quant-onnx under ``preset`` (``a8w8``)."""
     import quant_onnx
 
     flow.stage("float export", lambda: export_float_onnx(model, data["eval"][:1], float_path))
     flow.stage(
         "quantize",
         lambda: quant_onnx.quantize(
-            str(float_path), str(path), PRESET, data["calib"], batch_size=CALIB_BATCH, quiet=True
+            str(float_path), str(path), preset, data["calib"], batch_size=CALIB_BATCH, quiet=True
         ),
     )
     ort_out = flow.stage("onnxruntime", lambda: common.predict(str(path), data["eval"], batch_size=CALIB_BATCH))

@@ -5,6 +5,8 @@ backend whose "models" are numpy functions (no onnx, no torch)."""
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -24,10 +26,10 @@ from quant_algos.search import (
     search_with,
     target_space,
 )
-from quant_algos.search.evaluation import collect, prefix_better, score_outputs
+from quant_algos.search.evaluation import Acceptance, lower_bound, prefix_better, score_outputs
 from quant_algos.search.metrics import Metric
 from quant_algos.search.statistics import StatisticsLedger, statistics_bins_of
-from quant_algos.search.walk import median_batch_ms
+from quant_algos.search.walk import Budget, float_goal, median_batch_ms
 from quant_core.algorithm_config import CLEConfig
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError
@@ -51,27 +53,61 @@ def _given_scores(values: np.ndarray) -> Metric:
 @given(
     scores=st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=1, max_size=60),
     target=st.floats(0.0, 1.0),
+    confidence=st.sampled_from([0.5, 0.75, 0.9, 0.99]),
     batch=st.integers(1, 16),
 )
-def test_early_stop_never_stops_a_candidate_that_meets_the_target(scores, target, batch):
+def test_early_stop_never_stops_a_candidate_that_would_be_accepted(scores, target, confidence, batch):
     values = np.array(scores)
     count = len(values)
     data = EvaluationData(
         {"x": np.zeros((count, 1), np.float32)}, None, np.arange(count), np.array([], int), batch, None
     )
     reference = [np.zeros((count, 1), np.float32)]
+    accept = Acceptance(target, confidence)
     scored = score_outputs(
-        lambda feeds: [feeds["x"]], ["y"], reference, _given_scores(values), data, data.select, target=target
+        lambda feeds: [feeds["x"]], ["y"], reference, _given_scores(values), data, data.select, acceptance=accept
     )
     full = float(np.mean(values))  # independent: the mean over every sample
-    if full >= target:
+    accepted = _wilson_lower(full, count, confidence) >= target
+    if accepted:
         assert scored.complete and scored.score == pytest.approx(full)
     if not scored.complete:
-        assert full < target and scored.bound < target
-        assert full <= scored.bound + 1e-12  # the bound is an upper bound of the full score
+        assert not accepted and full <= scored.bound + 1e-12  # the bound is an upper bound of the full score
         assert scored.running == pytest.approx(float(np.mean(values[: scored.samples])))
     else:
         assert scored.samples == count
+
+
+def _wilson_lower(mean: float, count: int, confidence: float) -> float:
+    """Wilson's score interval's lower end, from its textbook form (an independent check of
+    ``lower_bound``): the p below ``mean`` where ``(mean - p)^2 = z^2 p (1 - p) / n``."""
+    z = NormalDist().inv_cdf(confidence)
+    if z == 0:
+        return mean
+    a = 1 + z * z / count
+    b = -(2 * mean + z * z / count)
+    c = mean * mean
+    return (-b - np.sqrt(b * b - 4 * a * c)) / (2 * a)
+
+
+@settings(max_examples=300, deadline=None)
+@given(mean=st.floats(0.0, 1.0), count=st.integers(1, 5000), confidence=st.floats(0.5, 0.999))
+def test_the_lower_bound_is_wilsons_and_below_the_mean(mean, count, confidence):
+    bound = lower_bound(mean, count, confidence)
+    assert bound == pytest.approx(_wilson_lower(mean, count, confidence), abs=1e-9)
+    assert bound <= mean + 1e-12 and bound >= -1e-12
+
+
+def test_a_winner_by_zero_margin_is_not_accepted_at_the_default_confidence():
+    """The case the held-out part exposed (fmnist_mobilenetv2 at 0.99: 0.9900 on 700
+    selection samples, 0.9733 on 300 held out)."""
+    assert not Acceptance(0.99).meets(0.99, 700, per_sample=True)
+    assert Acceptance(0.99, confidence=0.5).meets(0.99, 700, per_sample=True)
+    assert Acceptance(0.99).meets(0.999, 700, per_sample=True)
+    assert Acceptance(30.0).meets(30.0, 700, per_sample=False)  # a whole-set metric: its score itself
+    for bad in (1.0, 0.4, True, "0.9"):
+        with pytest.raises(ConfigError, match=r"^confidence: .* is out of range; allowed: 0.5 <= confidence < 1$"):
+            Acceptance(0.9, bad)
 
 
 def test_prefix_ranking_compares_the_samples_both_ran():
@@ -126,12 +162,12 @@ def run_fake(flips, target, space, **kwargs):
     x = rng.random((200, 3)).astype(np.float32)
     x[:, 1] += 0.5  # the float top-1 is class 1 on every sample: a flip moves it
     data = evaluation_data({"x": x}, batch_size=kwargs.pop("batch_size", 20))
-    reference = collect(lambda feeds: [feeds["x"]], data, np.arange(data.count))
+    accept = Acceptance(target, kwargs.pop("confidence", 0.9))
+    goal, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric(None), accept, ["y"])
     backend = FakeBackend(flips, kwargs.pop("refuse", ()))
-    clock = kwargs.pop("clock", lambda: 0.0)
+    budget = Budget(kwargs.pop("budget_s", None), kwargs.pop("clock", lambda: 0.0), 0.0)
     result = search_with(
-        backend, data, reference, ["y"], resolve_metric(None), target, space, CalibrationConfig(),
-        budget_s=kwargs.pop("budget_s", None), clock=clock, started=0.0, reference_seconds=0.0, quiet=True,
+        backend, goal, space, CalibrationConfig(), budget=budget, reference_seconds=0.0, quiet=True
     )  # fmt: skip
     return result, backend, data
 
@@ -162,6 +198,23 @@ def test_the_same_model_is_not_run_twice_and_a_refused_recipe_is_a_skipped_row()
     # No winner: the best candidate is scored in full and chosen, marked as missed.
     assert not result.met and result.chosen.name == "a8w8/minmax" and result.chosen.status == "missed"
     assert result.chosen.score == pytest.approx(0.9, abs=0.05) and result.stopped_by == "space"
+
+
+def test_a_candidate_at_the_target_by_zero_margin_does_not_win_at_the_default_confidence():
+    flips = {"a8w8/minmax": 0.5, "a8w8/percentile(99.9)": 0.05, "a8w8/percentile(99.9)+cle": 0.0}
+    unreachable, _, _ = run_fake(flips | {"a8w8/percentile(99.9)+cle": 0.05}, 2.0, SPACE)
+    assert unreachable.chosen.name == "a8w8/percentile(99.9)"  # the best, scored in full
+    reached = unreachable.chosen.score
+    assert 0.9 < reached < 1.0
+    point, _, _ = run_fake(flips, reached, SPACE, confidence=0.5)
+    assert point.chosen.name == "a8w8/percentile(99.9)" and point.met  # the mean meets it exactly
+    bounded, _, _ = run_fake(flips, reached, SPACE)
+    rows = {row.name: row.status for row in bounded.candidates}
+    assert rows["a8w8/percentile(99.9)"] in ("missed", "stopped")  # its lower bound does not
+    assert bounded.chosen.name == "a8w8/percentile(99.9)+cle" and bounded.met
+    assert bounded.confidence == 0.9 and bounded.select_lower_bound < bounded.chosen.score == 1.0
+    report = bounded.to_dict()
+    assert report["confidence"] == 0.9 and report["select_lower_bound"] == bounded.select_lower_bound
 
 
 def test_the_budget_skips_what_no_longer_fits_but_always_runs_the_first():

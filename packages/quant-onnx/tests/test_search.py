@@ -174,6 +174,7 @@ def test_xint8_target_skips_formats_the_npu_cannot_run(model, calib, evaluation)
         ({"target": 0.5, "metric": "top5"}, ConfigError, "metric:"),
         ({"target": 0.5, "metric": "no_such_module_xyz:f"}, ConfigError, "metric:"),
         ({"target": 0.5, "holdout": 1.5}, ValueError, "holdout:"),
+        ({"target": 0.5, "confidence": 1.0}, ConfigError, "confidence:"),
         ({"target": 0.5, "labels": np.zeros(3)}, DataError, "labels:"),
         ({"target": 0.5, "metric": "accuracy"}, DataError, "labels"),
     ],
@@ -214,6 +215,9 @@ def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tm
     assert main([*common, *extra]) == 1  # accuracy never reaches 2: searched, best written, exit 1
     out = capsys.readouterr().out
     assert "held out:" in out and "misses" in out and "statistics passes reused: none:" in out
+    agreement = ["--target-agreement", "0.5", "--num-eval", "40"]
+    assert main([*common, *agreement, "--holdout", "0.25"]) == 0  # the first candidate meets it, with a margin
+    assert "at 90% confidence)" in capsys.readouterr().out
     assert "stopped early" in out and "weight qparams reused" in out
 
 
@@ -223,6 +227,7 @@ def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tm
         (["--target-agreement", "0.9", "--metric", "accuracy"], "--metric"),
         (["--target-agreement", "0.9", "--num-eval", "0"], "--num-eval"),
         (["--target-agreement", "0.9", "--target", "dpu"], "--target"),
+        (["--target-agreement", "0.9", "--confidence", "0.3"], "--confidence: 0.3 is out of range"),
         ([], "--target-agreement"),
     ],
 )
@@ -271,7 +276,9 @@ def test_winner_scores_equal_a_fresh_full_evaluation_after_early_stops():
     ordered = sorted(candidates, key=lambda c: full[c.name])  # the best last: the others run first
     target = full[ordered[-1].name]
     assert target > full[ordered[0].name], "the candidates score alike: the test would test nothing"
-    result = search(cnn, None, calib, evaluation, target=target, space=ordered, quiet=True, eval_batch_size=4)
+    result = search(
+        cnn, None, calib, evaluation, target=target, confidence=0.5, space=ordered, quiet=True, eval_batch_size=4
+    )  # the mean itself must meet it: the target is the best mean
     assert result.met and result.chosen is not None
     assert result.chosen.score == pytest.approx(agreement(result.chosen, select))
     assert result.holdout_score == pytest.approx(agreement(result.chosen, held))

@@ -226,6 +226,18 @@ def _unary(onnx: str, *names: str) -> dict[str, AtenOp]:
     return _ops([n for name in names for n in (name, f"{name}_")], onnx, _first(onnx), rules.unary)
 
 
+def _where(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
+    """``where(condition, self, other)``: ONNX's ``Where`` (no policy: it stays float; the
+    planner reads its constant branches, an attention mask's ``0`` and fill)."""
+    return "Where", [_arg(node, 0, "condition"), _arg(node, 1, "self"), _arg(node, 2, "other")], {}
+
+
+def _masked_fill(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
+    """``masked_fill(self, mask, value)`` is ``Where(mask, value, self)`` (a number ``value``
+    is a constant once :func:`~quant_torch_fx.graph_passes.scalars_to_constants` ran)."""
+    return "Where", [_arg(node, 1, "mask"), _arg(node, 2, "value"), _arg(node, 0, "self")], {}
+
+
 def _float(onnx: str, emit: Any, *names: str, written_as: Sequence[str] = ()) -> dict[str, AtenOp]:
     """Ops the planner keeps float (non-standard): written, never quantized inside (their
     in-place forms are written by the same rule)."""
@@ -373,7 +385,8 @@ ATEN_OPS: dict[str, AtenOp] = {
     **{name: AtenOp(onnx, None, rules.unary) for name, onnx in _PLAIN_UNARY.items()},
     **{name: AtenOp(onnx, None, rules.compare, frozenset[str](["Equal"])) for name, onnx in _COMPARISONS.items()},
     **{name: AtenOp(onnx, None, rules.logical) for name, onnx in _LOGICAL.items()},
-    **_float("Where", rules.where, "where", "masked_fill"),
+    **_ops(("where",), "Where", _where, rules.where),
+    **_ops(("masked_fill", "masked_fill_"), "Where", _masked_fill, rules.where),
     **_float("Cast", rules.cast, "to", "_to_copy", "type_as"),
     **_float("Identity", rules.identity, *_ALIAS_NAMES),
     **_float("Slice", layout.flip, "flip"),

@@ -135,9 +135,10 @@ class _Writer:
         value = mask.meta.get("val")
         if not (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
             return mask
-        zeros = self.call(aten.zeros_like.default, mask, dtype=torch.float32, name="mask_zeros")
-        hidden = self.call(aten.logical_not.default, mask, name="mask_hidden")
-        return self.call(aten.masked_fill.Scalar, zeros, hidden, MASKED, name="mask_additive")
+        # where(mask, 0, fill) of two constants: the planner recognises the mask by them
+        visible = self.constant(f"{self.node.name}_mask_visible", torch.zeros((), device=self.device(mask)))
+        fill = self.constant(f"{self.node.name}_mask_fill", torch.full((), MASKED, device=self.device(mask)))
+        return self.call(aten.where.self, mask, visible, fill, name="mask_additive")
 
     def repeat_heads(self, tensor: Node) -> Node:
         """``[..., Hkv, S, E]`` -> ``[..., Hq, S, E]``, each head repeated ``Hq / Hkv`` times

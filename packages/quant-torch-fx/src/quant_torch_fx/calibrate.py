@@ -36,7 +36,7 @@ from tqdm.auto import tqdm  # type: ignore[import-untyped]
 from quant_algos.progress import first_taken
 from quant_core.errors import DataError
 from quant_core.observers import make_observer
-from quant_core.plan import WeightCache, constant_input_note, plan_weight_qparams
+from quant_core.plan import WeightCache, constant_input_note, derived_selection, plan_weight_qparams
 from quant_torch_fx.data import InputSignature, batches, loader_length
 from quant_torch_fx.distributed import merge_observers
 from quant_torch_fx.prepare import (
@@ -117,10 +117,13 @@ def finish_calibration(
     merge_observers(observing)
     for gm in quantized_graphs(model):
         info = graph_info(gm)
-        for _key, fq in activation_quantizers(gm):
+        for key, path in info.activation.items():
+            fq = quantizer(gm, path)
             fq.observing = False
-            fq.compute_qparams()
+            if info.plan.derived_of(key) is None:
+                fq.compute_qparams()
             fq.quantizing = True
+        _set_derived_qparams(gm)
         _note_constant_inputs(gm)
         learned = {node: fq.current_qparams() for node, fq in weight_quantizers(gm) if fq.learning is not None}
         qparams, notes = plan_weight_qparams(
@@ -131,6 +134,21 @@ def finish_calibration(
             if fq.learning is None:
                 fq.set_qparams(qparams[node])
             fq.quantizing = True
+
+
+def _set_derived_qparams(gm: GraphModule) -> None:
+    """Qparams of the groups whose range the plan derives from other groups' selected
+    ranges (masked attention scores: :class:`quant_core.plan.DerivedRange`)."""
+    info = graph_info(gm)
+    selected: dict[str, Any] = {}
+
+    def selection(key: str) -> Any:
+        if key not in selected:
+            selected[key] = quantizer(gm, info.activation[key]).observer.selection()[0]
+        return selected[key]
+
+    for derived in info.plan.derived:
+        quantizer(gm, info.activation[derived.group]).set_qparams(derived_selection(info.plan, derived, selection)[1])
 
 
 def _note_constant_inputs(gm: GraphModule) -> None:

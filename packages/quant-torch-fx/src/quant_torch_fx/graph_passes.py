@@ -9,7 +9,8 @@
   it, so that the sigmoid's output is a tensor of its own to quantize;
 - :func:`scalars_to_constants`: a Python number operand of add/sub/mul/div becomes a
   0-d constant tensor (the ONNX exporter writes a ``Constant``), which the planner then
-  quantizes like any constant operand;
+  quantizes like any constant operand; so does ``masked_fill``'s number (the planner reads
+  an attention mask's fill from it);
 - :func:`modularize`: dropout and batch norm become module calls that follow
   ``train()``/``eval()``; a convolution followed by batch norm is folded (PTQ) or
   becomes a :class:`~quant_torch_fx.modules.ConvBn` (QAT).
@@ -95,6 +96,7 @@ def split_silu(gm: GraphModule) -> None:
 
 
 _ARITHMETIC = frozenset({"add", "sub", "rsub", "mul", "div", "add_", "sub_", "mul_", "div_"})
+_FILLS = frozenset({"masked_fill", "masked_fill_"})
 
 
 def _is_float_node(value: Any) -> bool:
@@ -105,12 +107,14 @@ def _is_float_node(value: Any) -> bool:
 
 
 def scalars_to_constants(gm: GraphModule) -> None:
-    """A number operand of float add/sub/rsub/mul/div becomes a 0-d float32 constant (in place)."""
+    """A number operand of float add/sub/rsub/mul/div, and the number ``masked_fill`` writes,
+    becomes a 0-d float32 constant (in place)."""
     count = 0
     for node in list(gm.graph.nodes):
-        if op_name(node) not in _ARITHMETIC or len(node.args) < 2:
+        fill = op_name(node) in _FILLS and len(node.args) == 3
+        if (op_name(node) not in _ARITHMETIC or len(node.args) < 2) and not fill:
             continue
-        first, second = node.args[0], node.args[1]
+        first, second = node.args[0], node.args[2 if fill else 1]
         if not _is_float_node(first) or not isinstance(second, int | float) or isinstance(second, bool):
             continue
         if node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("rounding_mode") is not None:
@@ -130,7 +134,7 @@ def scalars_to_constants(gm: GraphModule) -> None:
         if tensor_overload is None:
             continue
         node.target = tensor_overload
-        node.args = (first, constant, *node.args[2:])
+        node.args = (first, node.args[1], constant) if fill else (first, constant, *node.args[2:])
     gm.recompile()
 
 

@@ -50,16 +50,17 @@ from torch import nn
 from torch.fx import GraphModule, Interpreter, Node
 
 from quant_algos.drivers.schedule import schedule
-from quant_algos.search.evaluation import EvaluationData, Runner, Scored, evaluation_data
+from quant_algos.search.evaluation import DEFAULT_CONFIDENCE, EvaluationData, Runner, Scored, evaluation_data
 from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
 from quant_algos.search.results import SearchResult, StatisticsPass, check_report_path
 from quant_algos.search.space import Candidate, SearchSpace
 from quant_algos.search.statistics import StatisticsLedger, pre_label, wide_share
 from quant_algos.search.targets import check_target, target_reason, target_space
 from quant_algos.search.walk import (
+    Budget,
     Build,
     check_arguments,
-    float_reference,
+    float_goal,
     latency_runs,
     median_batch_ms,
     search_with,
@@ -276,7 +277,7 @@ class _TorchBackend:
             observing = []
             for key, path in info.activation.items():
                 fq = quantizer(gm, path)
-                fq.observer = observers[key]
+                fq.observer = observers.get(key, fq.observer)  # a derived group has none
                 fq.observing, fq.quantizing = False, False
                 observing.append(fq)
             finish_calibration(gm, observing, weight_cache=self.ledger.weight_cache(pre, plan))
@@ -310,6 +311,7 @@ def search(
     space: SearchSpace | Sequence[Candidate] | None = None,
     deployment: str | None = None,
     budget_s: float | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
     holdout: float = 0.3,
     seed: int = 0,
     num_samples: int | None = None,
@@ -339,8 +341,8 @@ def search(
             (default: the deployment's space).
         deployment: ``None`` (torch, every format) or ``"xint8"`` (power-of-two symmetric
             int8 only, as ``quant-onnx search --target xint8``).
-        budget_s, holdout, seed, num_samples, batch_size, eval_batch_size, eval_samples,
-        report_path, quiet, clock: as :func:`quant_onnx.search` takes them.
+        budget_s, confidence, holdout, seed, num_samples, batch_size, eval_batch_size,
+        eval_samples, report_path, quiet, clock: as :func:`quant_onnx.search` takes them.
 
     Returns:
         :class:`~quant_algos.search.results.SearchResult`; ``model`` is the chosen frozen
@@ -349,7 +351,7 @@ def search(
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
     check_report_path(report_path)  # before any work
-    check_arguments(target, budget_s)
+    acceptance = check_arguments(target, budget_s, confidence)
     check_target(deployment, "deployment")
     if eval_batch_size < 1:
         raise ConfigError(f"eval_batch_size: {eval_batch_size!r} is out of range; allowed: an integer >= 1")
@@ -372,23 +374,17 @@ def search(
         dict(zip(names, arrays, strict=True)), labels=labels, holdout=holdout, seed=seed, batch_size=eval_batch_size
     )
     run_float = torch_runner(float_model, names, device)
-    reference, output_names, reference_seconds = float_reference(run_float, evaluation, chosen_metric)
+    goal, reference_seconds = float_goal(run_float, evaluation, chosen_metric, acceptance)
     held = calibration_batches(calibration_data, signature, device, calibration.batch_size, calibration.num_samples)
     normalized = capture(float_model, args, dynamic_batch=True)
     normalize(normalized, fold_batch_norms=True)  # what prepare_graph does first in PTQ, once
     backend = _TorchBackend(normalized, held, signature, names, device, deployment)
     result = search_with(
         backend,
-        evaluation,
-        reference,
-        output_names,
-        chosen_metric,
-        float(target),
+        goal,
         space if space is not None else target_space(deployment),
         calibration,
-        budget_s=budget_s,
-        clock=clock,
-        started=started,
+        budget=Budget(budget_s, clock, started),
         reference_seconds=reference_seconds,
         quiet=quiet,
     )

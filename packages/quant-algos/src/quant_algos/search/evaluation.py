@@ -12,8 +12,10 @@ Example:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from statistics import NormalDist
 from typing import Any
 
 import attrs
@@ -24,6 +26,72 @@ from quant_core.errors import ConfigError, DataError, one_line
 
 Runner = Callable[[Mapping[str, np.ndarray]], Sequence[np.ndarray]]
 """``feeds -> outputs``: a candidate as the deployment runs it, outputs in the model's order."""
+
+
+#: The default confidence that a winner's score holds beyond the samples it was selected on.
+DEFAULT_CONFIDENCE = 0.9
+
+
+def lower_bound(mean: float, count: int, confidence: float) -> float:
+    """The one-sided lower confidence bound of a mean of ``count`` scores in ``[0, 1]``
+    (Wilson's score interval; a score in ``[0, 1]`` varies at most as a 0/1 score with the
+    same mean does, so the bound holds for any per-sample metric). ``confidence`` 0.5
+    gives the mean itself.
+
+    Example:
+        >>> round(lower_bound(0.99, 700, 0.9), 4), lower_bound(0.99, 700, 0.5)
+        (0.9839, 0.99)
+        >>> round(lower_bound(1.0, 300, 0.9), 4)  # 300 of 300: not 1
+        0.9946
+    """
+    z = NormalDist().inv_cdf(confidence)
+    if count <= 0 or z <= 0.0:
+        return mean
+    spread = z * z / count
+    centre = mean + spread / 2
+    half = z * math.sqrt(max(mean * (1.0 - mean), 0.0) / count + spread / (4 * count))
+    return (centre - half) / (1.0 + spread)
+
+
+@attrs.frozen
+class Acceptance:
+    """When a candidate's score meets the search's target.
+
+    A per-sample metric (agreement, accuracy...) meets it when the lower bound of its mean
+    at ``confidence`` (:func:`lower_bound`) over the selection samples does: the first
+    candidate that meets a target by zero margin on a few hundred samples holds on others
+    by chance (a held-out part of 300 said so). A whole-set metric (SQNR, mAP) has no
+    per-sample spread to bound: its score itself must reach the target.
+
+    Example:
+        >>> accept = Acceptance(0.98)
+        >>> accept.meets(0.9829, 700, per_sample=True), accept.meets(0.99, 700, per_sample=True)
+        (False, True)
+        >>> Acceptance(0.98, confidence=0.5).meets(0.9829, 700, per_sample=True)
+        True
+        >>> Acceptance(0.98, confidence=1.0)
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: confidence: 1.0 is out of range; allowed: 0.5 <= confidence < 1
+    """
+
+    target: float
+    confidence: float = attrs.field(default=DEFAULT_CONFIDENCE)
+
+    @confidence.validator
+    def _check(self, _: Any, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.5 <= value < 1.0:
+            raise ConfigError(f"confidence: {value!r} is out of range; allowed: 0.5 <= confidence < 1")
+
+    def meets(self, score: float, count: int, *, per_sample: bool) -> bool:
+        """Whether ``score`` over ``count`` samples meets the target."""
+        value = lower_bound(score, count, self.confidence) if per_sample else score
+        return value >= self.target
+
+    def reachable(self, best_mean: float, total: int) -> bool:
+        """Whether a per-sample mean that can still reach ``best_mean`` over ``total``
+        samples could meet the target (what the exact early stop asks)."""
+        return self.meets(best_mean, total, per_sample=True)
 
 
 def split_indices(count: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -218,13 +286,13 @@ def score_outputs(
     data: EvaluationData,
     indices: np.ndarray,
     *,
-    target: float | None = None,
+    acceptance: Acceptance | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Scored:
     """Score ``runner`` on ``indices`` (``reference``: the float outputs of every evaluation
-    sample). A per-sample metric with a ``target`` stops as soon as the target is out of
-    reach: even if every remaining sample scored 1 the mean would stay below it. The bound
-    is exact, not statistical: a candidate stopped here scores below ``target`` on the full
+    sample). A per-sample metric with an ``acceptance`` stops as soon as the target is out
+    of reach: even if every remaining sample scored 1 the mean would not meet it. The stop
+    is exact, not a guess: a candidate stopped here fails the acceptance on the full
     ``indices`` whatever its remaining samples give."""
     total = len(indices)
     if total == 0:
@@ -249,7 +317,7 @@ def score_outputs(
             per_sample.append(metric.sample_scores(outputs, expected, data.samples(chunk)))
             reached += float(per_sample[-1].sum())
             bound = (reached + total - seen) / total
-            if target is not None and bound < target and seen < total:
+            if acceptance is not None and seen < total and not acceptance.reachable(bound, total):
                 return Scored(None, bound, seen, False, tuple(seconds), np.concatenate(per_sample))
         else:
             parts.append(values)

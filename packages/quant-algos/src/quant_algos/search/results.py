@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from quant_algos.search.evaluation import lower_bound
 from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
 from quant_core.errors import ConfigError
@@ -115,6 +116,9 @@ class SearchResult:
         chosen: the chosen candidate's row (``None`` when no candidate could be built).
         met: whether ``chosen`` meets the target on the selection part.
         target, metric, deployment: what was searched for, and where.
+        confidence: the confidence at which a per-sample metric's score had to meet the
+            target (its lower bound did: :class:`~quant_algos.search.evaluation.Acceptance`);
+            ``None`` for a whole-set metric, whose score itself had to.
         holdout_score: ``chosen`` re-scored on the held-out part the search never selected on.
         holdout_met: whether that score meets the target too.
         candidates: every row, in search order (the Pareto table).
@@ -148,9 +152,18 @@ class SearchResult:
     reference_seconds: float
     select_samples: int
     holdout_samples: int
+    confidence: float | None = None
     reuse: dict[str, Any] = attrs.field(factory=dict)
     output_path: Path | None = None
     report: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def select_lower_bound(self) -> float | None:
+        """The lower confidence bound of the chosen candidate's selection score (what met
+        the target), ``None`` for a whole-set metric or when nothing was scored."""
+        if self.confidence is None or self.chosen is None or self.chosen.score is None:
+            return None
+        return lower_bound(self.chosen.score, self.chosen.samples, self.confidence)
 
     @property
     def winner(self) -> CandidateResult | None:
@@ -166,6 +179,8 @@ class SearchResult:
             "met": self.met,
             "chosen": None if self.chosen is None else self.chosen.name,
             "select_score": None if self.chosen is None else _json(self.chosen.score),
+            "confidence": self.confidence,
+            "select_lower_bound": _json(self.select_lower_bound),
             "holdout_score": _json(self.holdout_score),
             "holdout_met": self.holdout_met,
             "split": {"select": self.select_samples, "holdout": self.holdout_samples},

@@ -17,6 +17,9 @@ pre-passes, weight qparams) and runs the result; everything else is decided here
   candidate built is not run again: its row repeats that candidate's scores (``same_as``);
 - **the budget**: the first candidate always runs; later ones start while time is left
   and their expected cost, in measured statistics passes, fits what is left;
+- **the acceptance** (:class:`Goal`): a per-sample metric meets the target when the lower
+  confidence bound of its mean does (:class:`~quant_algos.search.evaluation.Acceptance`),
+  so that the winner holds beyond the samples it was selected on;
 - **the fallback and the held-out check** (:func:`conclude`): with no winner, the best
   candidate is scored in full and chosen; the chosen one is re-scored on the held-out part
   in the session it was scored in.
@@ -37,6 +40,7 @@ import numpy as np
 
 from quant_algos.progress import progress_bar
 from quant_algos.search.evaluation import (
+    Acceptance,
     EvaluationData,
     Runner,
     Scored,
@@ -127,9 +131,10 @@ class Backend(Protocol):
         """What the candidates shared, for the report."""
 
 
-def check_arguments(target: Any, budget_s: Any) -> None:
-    """One-line errors for a ``target`` that is not a finite number or a ``budget_s`` that
-    is not positive, before any work.
+def check_arguments(target: Any, budget_s: Any, confidence: Any = 0.9) -> Acceptance:
+    """The search's :class:`~quant_algos.search.evaluation.Acceptance`, or one-line errors
+    for a ``target`` that is not a finite number, a ``budget_s`` that is not positive or a
+    ``confidence`` out of range, before any work.
 
     Example:
         >>> check_arguments(float("nan"), None)
@@ -141,30 +146,86 @@ def check_arguments(target: Any, budget_s: Any) -> None:
         raise ConfigError(f"target: {target!r} is not allowed; allowed: a finite number")
     if budget_s is not None and not budget_s > 0:
         raise ConfigError(f"budget_s: {budget_s!r} is out of range; allowed: a number > 0")
+    return Acceptance(float(target), confidence)
 
 
-def float_reference(
-    run: Runner, evaluation: EvaluationData, metric: Metric, output_names: Sequence[str] | None = None
-) -> tuple[list[np.ndarray], list[str], float]:
-    """The float model's outputs on every evaluation sample (run once; every candidate is
-    scored against them), the output names (``None``: ``output_0``, ``output_1``...) and
-    the seconds it took; the metric is tried on them first (``check_metric``), so a metric
-    that cannot work fails before any candidate is built.
+@attrs.frozen(eq=False)
+class Goal:
+    """What every candidate is scored against and when one wins: the evaluation data and
+    its split, the float model's outputs on every sample (run once), the output names, the
+    metric and the acceptance (target and confidence).
+
+    Example: see :func:`float_goal`.
+    """
+
+    evaluation: EvaluationData
+    reference: Sequence[np.ndarray]
+    output_names: Sequence[str]
+    metric: Metric
+    acceptance: Acceptance
+
+    @property
+    def target(self) -> float:
+        return self.acceptance.target
+
+    def score(self, runner: Runner, indices: np.ndarray, *, early_stop: bool) -> Scored:
+        """``runner`` scored on ``indices``; ``early_stop``: stop once it cannot be accepted."""
+        acceptance = self.acceptance if early_stop else None
+        return score_outputs(
+            runner, self.output_names, self.reference, self.metric, self.evaluation, indices, acceptance=acceptance
+        )
+
+    def met(self, scored: Scored) -> bool:
+        """Whether a complete score is accepted (:class:`~quant_algos.search.evaluation.Acceptance`)."""
+        if not scored.complete or scored.score is None:
+            return False
+        return self.acceptance.meets(scored.score, scored.samples, per_sample=self.metric.per_sample)
+
+
+@attrs.frozen
+class Budget:
+    """The search's time limit (``seconds``; ``None``: none), its clock and when it started.
+
+    Example:
+        >>> Budget(10.0, lambda: 4.0, 1.0).elapsed()
+        3.0
+    """
+
+    seconds: float | None
+    clock: Callable[[], float]
+    started: float
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+
+def float_goal(
+    run: Runner,
+    evaluation: EvaluationData,
+    metric: Metric,
+    acceptance: Acceptance,
+    output_names: Sequence[str] | None = None,
+) -> tuple[Goal, float]:
+    """The :class:`Goal` of a search and the seconds the float model took: the float
+    model's outputs on every evaluation sample (run once; every candidate is scored
+    against them), the output names (``None``: ``output_0``, ``output_1``...); the metric
+    is tried on them first (``check_metric``), so a metric that cannot work fails before
+    any candidate is built.
 
     Example:
         >>> from quant_algos.search.evaluation import evaluation_data
         >>> from quant_algos.search.metrics import resolve_metric
         >>> data = evaluation_data({"x": np.eye(4, dtype=np.float32)}, holdout=0.0)
-        >>> reference, names, _ = float_reference(lambda feeds: [feeds["x"]], data, resolve_metric(None))
-        >>> names, reference[0].shape
-        (['output_0'], (4, 4))
+        >>> goal, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric(None), Acceptance(0.9))
+        >>> goal.output_names, goal.reference[0].shape, goal.target
+        (['output_0'], (4, 4), 0.9)
     """
     started = time.perf_counter()
     reference = collect(run, evaluation, np.arange(evaluation.count))
     seconds = time.perf_counter() - started
     names = list(output_names) if output_names is not None else [f"output_{i}" for i in range(len(reference))]
     check_metric(metric, names, reference, evaluation)
-    return reference, names, seconds
+    return Goal(evaluation, reference, names, metric, acceptance), seconds
 
 
 def with_report(result: SearchResult, report_path: str | os.PathLike[str] | None) -> SearchResult:
@@ -258,23 +319,17 @@ def run_stages(walk: Walk, space: SearchSpace | Sequence[Candidate], calibration
 
 def search_with(
     backend: Backend,
-    evaluation: EvaluationData,
-    reference: Sequence[np.ndarray],
-    output_names: Sequence[str],
-    metric: Metric,
-    target: float,
+    goal: Goal,
     space: SearchSpace | Sequence[Candidate],
     calibration: CalibrationConfig,
     *,
-    budget_s: float | None,
-    clock: Callable[[], float],
-    started: float,
+    budget: Budget,
     reference_seconds: float,
     quiet: bool,
 ) -> SearchResult:
     """Walk ``space`` with ``backend`` and conclude (module docstring); the result has no
     output path or report yet (the backend writes its model)."""
-    walk = Walk(backend, evaluation, reference, output_names, metric, target, budget_s, clock, started)
+    walk = Walk(backend, goal, budget)
     with progress_bar(total=None, desc="searching", unit="recipe", quiet=quiet) as bar:
         walk.bar = bar
         run_stages(walk, space, calibration)
@@ -284,7 +339,7 @@ def search_with(
 def conclude(walk: Walk, reference_seconds: float) -> SearchResult:
     """The result of a finished walk: the winner, else the best candidate scored in full;
     the chosen one re-scored on the held-out part; the Pareto front marked."""
-    evaluation, target = walk.evaluation, walk.target
+    goal = walk.goal
     rows = walk.rows
     chosen = walk.winner
     best = walk.best
@@ -292,13 +347,13 @@ def conclude(walk: Walk, reference_seconds: float) -> SearchResult:
 
     def score(built: _Built, indices: np.ndarray) -> Scored:
         # The candidate's own runner (built once), not a second one.
-        return score_outputs(built.runner, walk.output_names, walk.reference, walk.metric, evaluation, indices)
+        return goal.score(built.runner, indices, early_stop=False)
 
     met = chosen is not None
     if chosen is None and best is not None:
         row, built = best
         if row.score is None:  # stopped early: score it in full to report what it reaches
-            scored = score(built, evaluation.select)
+            scored = score(built, goal.evaluation.select)
             row = attrs.evolve(
                 row,
                 status="missed",  # scored in full now, and below the target (else it had met)
@@ -310,27 +365,28 @@ def conclude(walk: Walk, reference_seconds: float) -> SearchResult:
             rows = [row if r.name == row.name else r for r in rows]
         chosen = (row, built)
     holdout_score = holdout_met = None
-    if chosen is not None and len(evaluation.holdout):
-        holdout_score = score(chosen[1], evaluation.holdout).score
-        holdout_met = holdout_score is not None and holdout_score >= target
+    if chosen is not None and len(goal.evaluation.holdout):
+        holdout_score = score(chosen[1], goal.evaluation.holdout).score
+        holdout_met = holdout_score is not None and holdout_score >= goal.target
     rows = mark_pareto(rows)
     chosen_row = None if chosen is None else next(r for r in rows if r.name == chosen[0].name)
     return SearchResult(
         model=None if chosen is None else chosen[1].build.model,
         chosen=chosen_row,
         met=met,
-        target=float(target),
-        metric=walk.metric.name,
+        target=goal.target,
+        confidence=goal.acceptance.confidence if goal.metric.per_sample else None,
+        metric=goal.metric.name,
         deployment=walk.backend.name,
         holdout_score=holdout_score,
         holdout_met=holdout_met,
         candidates=tuple(rows),
         statistics=walk.backend.statistics(),
         stopped_by=stopped_by,
-        seconds=walk.clock() - walk.started,
+        seconds=walk.budget.elapsed(),
         reference_seconds=reference_seconds,
-        select_samples=len(evaluation.select),
-        holdout_samples=len(evaluation.holdout),
+        select_samples=len(goal.evaluation.select),
+        holdout_samples=len(goal.evaluation.holdout),
         reuse=walk.backend.reuse() | walk.early_stops(),
     )
 
@@ -338,27 +394,10 @@ def conclude(walk: Walk, reference_seconds: float) -> SearchResult:
 class Walk:
     """Runs candidates stage by stage, keeps the rows, the winner and the best so far."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        evaluation: EvaluationData,
-        reference: Sequence[np.ndarray],
-        output_names: Sequence[str],
-        metric: Metric,
-        target: float,
-        budget_s: float | None,
-        clock: Callable[[], float],
-        started: float,
-    ) -> None:
+    def __init__(self, backend: Backend, goal: Goal, budget: Budget) -> None:
         self.backend = backend
-        self.evaluation = evaluation
-        self.reference = reference
-        self.output_names = output_names
-        self.metric = metric
-        self.target = target
-        self.budget_s = budget_s
-        self.clock = clock
-        self.started = started
+        self.goal = goal
+        self.budget = budget
         self.rows: list[CandidateResult] = []
         self.scored: dict[str, Scored] = {}
         self.built: dict[bytes, tuple[str, Scored, float]] = {}  # model digest -> first builder
@@ -396,7 +435,7 @@ class Walk:
             "stopped_early": [row.name for row in stopped],
             "same_model_as": {row.name: row.same_as for row in self.rows if row.same_as},
             "samples_scored": sum(row.samples for row in run),
-            "samples_if_scored_in_full": len(run) * len(self.evaluation.select),
+            "samples_if_scored_in_full": len(run) * len(self.goal.evaluation.select),
         }
 
     def stage(self, found: Sequence[Candidate], *, rank: bool, defer: bool = False) -> Candidate | None:
@@ -409,7 +448,7 @@ class Walk:
         for position, candidate in enumerate(found):
             if self.done:
                 break
-            if defer and axis_is_flat(distinct, self.target):
+            if defer and axis_is_flat(distinct, self.goal.target):
                 self.deferred = [c.name for c in found[position:]]
                 break
             if any(row.name == candidate.name for row in self.rows):
@@ -442,19 +481,20 @@ class Walk:
     def _fits(self, candidate: Candidate) -> bool:
         """The budget rule: the first candidate always runs; later ones start while time is
         left and their expected cost (in measured statistics passes) fits what is left."""
-        if self.budget_s is None or not self.rows:
+        limit = self.budget.seconds
+        if limit is None or not self.rows:
             return True
-        elapsed = self.clock() - self.started
-        if elapsed >= self.budget_s:
+        elapsed = self.budget.elapsed()
+        if elapsed >= limit:
             self.out_of_budget = True
             return False
         passes = self.backend.pass_seconds
         if passes:
             expected = candidate.cost * stats.median(passes)
-            if expected > self.budget_s - elapsed:
+            if expected > limit - elapsed:
                 self.over_budget = True
                 self.rows.append(
-                    _row(candidate, "skipped", error=f"expected {expected:.0f} s; {self.budget_s - elapsed:.0f} s left")
+                    _row(candidate, "skipped", error=f"expected {expected:.0f} s; {limit - elapsed:.0f} s left")
                 )
                 return False
         return True
@@ -473,16 +513,9 @@ class Walk:
                 row = self._scored_row(candidate, scored, latency, started, columns)
                 return attrs.evolve(row, same_as=name), None
             runner = self.backend.runner(build)
-            scored = score_outputs(
-                runner,
-                self.output_names,
-                self.reference,
-                self.metric,
-                self.evaluation,
-                self.evaluation.select,
-                target=self.target,
-            )
-            first = self.evaluation.feeds(self.evaluation.chunks(self.evaluation.select)[0])
+            evaluation = self.goal.evaluation
+            scored = self.goal.score(runner, evaluation.select, early_stop=True)
+            first = evaluation.feeds(evaluation.chunks(evaluation.select)[0])
             latency = self.backend.latency_ms(build, runner, first, scored)
         except (ValueError, ImportError, RuntimeError) as exc:
             return _row(candidate, "failed", seconds=time.perf_counter() - started, error=one_line(str(exc))), None
@@ -496,7 +529,7 @@ class Walk:
         if not scored.complete or scored.score is None:
             status = "stopped"
         else:
-            status = "met" if scored.score >= self.target else "missed"
+            status = "met" if self.goal.met(scored) else "missed"
         return _row(
             candidate,
             status,

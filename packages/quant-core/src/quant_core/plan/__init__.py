@@ -28,6 +28,7 @@ from quant_core.plan.calibrated import (
     WeightCache,
     calibrated_qparams,
     constant_input_note,
+    derived_selection,
     fresh_observers,
     needs_own_observer,
     observer_feeds,
@@ -50,6 +51,7 @@ from quant_core.plan.ops import (
 )
 from quant_core.plan.planner import (
     BiasSlot,
+    DerivedRange,
     FloatNode,
     FusedActivation,
     InputRequant,
@@ -69,6 +71,7 @@ __all__ = [
     "BiasSlot",
     "CalibratedQParams",
     "ConstantLookup",
+    "DerivedRange",
     "FloatNode",
     "FusedActivation",
     "GraphView",
@@ -87,6 +90,7 @@ __all__ = [
     "check_selectors",
     "clip_bounds",
     "constant_input_note",
+    "derived_selection",
     "fresh_observers",
     "needs_own_observer",
     "observer_feeds",

@@ -40,8 +40,8 @@ from quant_core.observers.derived import derive_observer
 from quant_core.observers.factory import make_observer
 from quant_core.observers.histogram import HistogramObserver
 from quant_core.plan.graph import ConstantLookup
-from quant_core.plan.planner import QuantPlan
-from quant_core.qparams import QParams
+from quant_core.plan.planner import DerivedRange, QuantPlan
+from quant_core.qparams import QParams, qparams_from_range
 from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
 
@@ -169,10 +169,14 @@ def calibrated_qparams(
     activations: dict[str, QParams] = {}
     ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for group in plan.groups:
+        if plan.derived_of(group.key) is not None:
+            continue
         observer = observers[group.key]
         if observer.empty:
             raise DataError(f"calibration: tensor {group.key!r} was never observed (empty in every batch)")
         ranges[group.key], activations[group.key] = observer.selection(group.spec)
+    for derived in plan.derived:
+        ranges[derived.group], activations[derived.group] = derived_selection(plan, derived, ranges.__getitem__)
     requants: dict[str, QParams] = {}
     for requant in plan.requants:
         owner = plan.group_of(requant.tensor)
@@ -188,6 +192,28 @@ def calibrated_qparams(
 
     weights, notes = plan_weight_qparams(plan, value, input_qparams, cache=weight_cache)
     return CalibratedQParams(activations, ranges, requants, weights, tuple(notes))
+
+
+def derived_selection(
+    plan: QuantPlan, derived: DerivedRange, selected: Callable[[str], tuple[np.ndarray, np.ndarray]]
+) -> tuple[tuple[np.ndarray, np.ndarray], QParams]:
+    """The range of a :class:`~quant_core.plan.planner.DerivedRange` group and its qparams,
+    from ``selected``: group key -> the range its observer selected (the sources'). How
+    both backends turn a group the plan derives into qparams.
+
+    Example:
+        >>> from quant_core.plan import DerivedRange, TensorGroup
+        >>> from quant_core.spec import QuantSpec
+        >>> spec = QuantSpec(dtype="int8", scale_type="power_of_two")
+        >>> groups = (TensorGroup("s", spec, ("s",), ("s",)), TensorGroup("m", spec, ("m",), ()))
+        >>> plan = QuantPlan(groups, (), (), (), (), (), derived=(DerivedRange("m", ("s",), 5.5, False),))
+        >>> (lo, hi), qp = derived_selection(plan, plan.derived[0], {"s": (np.float64(-2.0), np.float64(3.0))}.get)
+        >>> float(lo), float(hi), float(qp.scale)
+        (-7.5, 3.0, 0.0625)
+    """
+    owner = next(g for g in plan.groups if g.key == derived.group)
+    lo, hi = derived.range([selected(key) for key in derived.sources])
+    return (lo, hi), qparams_from_range(lo, hi, owner.spec)
 
 
 def constant_input_note(tensor: str, observer: Observer) -> str | None:
@@ -255,13 +281,14 @@ def observer_feeds(plan: QuantPlan) -> dict[str, list[str]]:
 
 
 def observer_specs(plan: QuantPlan) -> dict[str, QuantSpec]:
-    """Observer key -> the spec its observer is made for (:func:`observer_feeds`' keys).
+    """Observer key -> the spec its observer is made for (:func:`observer_feeds`' keys;
+    a group whose range the plan derives has none).
 
     Example:
         >>> observer_specs(QuantPlan((), (), (), (), (), ()))
         {}
     """
-    specs = {group.key: group.spec for group in plan.groups}
+    specs = {group.key: group.spec for group in plan.groups if plan.derived_of(group.key) is None}
     own = set(needs_own_observer(plan))
     specs.update({r.key: r.spec for r in plan.requants if r.key in own})
     return specs

@@ -16,9 +16,10 @@ and returns a :class:`QuantPlan`:
 Under ``config.transformer_recipe`` (the default) the recognised transformer blocks
 (:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors float (widened
 to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax outputs on
-the fixed ``[0, 1]`` grid. Under every format but power-of-two, the result tail
-(:mod:`quant_core.plan.tail`: what is computed after the last layer, a classifier's logits, a
-detector's box decoding) stays float.
+the fixed ``[0, 1]`` grid, and quantized masked attention scores (and their mask) on a
+range derived from the scores before the mask (:class:`DerivedRange`). Under every format but
+power-of-two, the result tail (:mod:`quant_core.plan.tail`: what is computed after the last
+layer, a classifier's logits, a detector's box decoding) stays float.
 
 Nothing is computed from data here: a backend's calibration turns each group's
 observations into qparams, so the same graph, config and data give the same scales on
@@ -39,9 +40,11 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import attrs
+import numpy as np
 
 from quant_core.config import CalibrationConfig, OperatorConfig, QuantConfig
 from quant_core.errors import ConfigError
@@ -57,7 +60,7 @@ from quant_core.plan.ops import (
     weight_channel_axis,
 )
 from quant_core.plan.tail import result_tail
-from quant_core.plan.transformer import TransformerBlocks, find_blocks, softmax_spec, widened
+from quant_core.plan.transformer import MaskedScores, TransformerBlocks, find_blocks, softmax_spec, widened
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 RESULT_CONCAT_REASON = (
@@ -185,6 +188,42 @@ class InputRequant:
 
 
 @attrs.frozen
+class DerivedRange:
+    """A group whose range calibration does not observe: it comes from the selected ranges
+    ``[lo, hi]`` of the ``sources`` groups (the attention scores before a mask).
+
+    ``masked=False`` (the masked scores): ``[min lo - margin, max hi]``. A masked position
+    clamps to the lower end, whose softmax weight beside the row's largest score (at least
+    the visible minimum) is under ``exp(-margin)``: ``margin = ln(2**bits)`` of the softmax
+    output, under its step, so it still reads as masked, while the visible scores keep the
+    grid (observed, the fill would set the range: ``-3.4e38`` leaves them one code).
+    ``masked=True`` (the additive mask): ``[min (lo - margin - hi), 0]``, so that the fill
+    clamps to a value that takes any score below the masked scores' lower end; 0 stays 0.
+
+    Example:
+        >>> import numpy as np
+        >>> d = DerivedRange("masked", ("scores",), margin=np.log(256), masked=False)
+        >>> [round(float(v), 2) for v in d.range([(np.float64(-3.0), np.float64(4.0))])]
+        [-8.55, 4.0]
+        >>> [round(float(v), 2) for v in attrs.evolve(d, masked=True).range([(-3.0, 4.0), (-1.0, 1.0)])]
+        [-12.55, 0.0]
+    """
+
+    group: str
+    sources: tuple[str, ...]
+    margin: float
+    masked: bool
+
+    def range(self, sources: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """The derived ``(lo, hi)`` from the sources' selected ranges (in ``sources`` order)."""
+        if self.masked:
+            lo = min(float(s_lo) - self.margin - float(s_hi) for s_lo, s_hi in sources)
+            return np.array(lo, np.float64), np.array(0.0, np.float64)
+        lo = min(float(s_lo) for s_lo, _ in sources) - self.margin
+        return np.array(lo, np.float64), np.array(max(float(s_hi) for _, s_hi in sources), np.float64)
+
+
+@attrs.frozen
 class QuantPlan:
     """Every quantization decision about a model that does not need data.
 
@@ -201,6 +240,7 @@ class QuantPlan:
     float_nodes: tuple[FloatNode, ...]
     notes: tuple[str, ...] = ()
     requants: tuple[InputRequant, ...] = ()
+    derived: tuple[DerivedRange, ...] = ()
     _by_tensor: Mapping[str, TensorGroup] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -210,6 +250,10 @@ class QuantPlan:
     def group_of(self, tensor: str) -> TensorGroup | None:
         """The group ``tensor`` belongs to, or ``None`` when it stays float."""
         return self._by_tensor.get(tensor)
+
+    def derived_of(self, group: str) -> DerivedRange | None:
+        """How the range of group ``group`` (a key) is derived, or ``None`` when it is observed."""
+        return next((d for d in self.derived if d.group == group), None)
 
     def weight_of(self, node: str) -> WeightSlot | None:
         """The weight slot of weighted node ``node``, if its weight is quantized."""
@@ -514,6 +558,15 @@ class _Planner:
                 observed = tuple(names)
             groups.append(TensorGroup(names[0], spec, tuple(names), observed))
         by_tensor = {member: group for group in groups for member in group.members}
+        derived = self.derived_ranges(by_tensor)
+        if derived:
+            keys = {d.group for d in derived}
+            groups = [attrs.evolve(g, observed=()) if g.key in keys else g for g in groups]
+            by_tensor = {member: group for group in groups for member in group.members}
+            self.notes.append(
+                f"masked attention scores: {len(self.blocks.masked_scores)} on the range of the scores before "
+                "the mask (widened below by ln 2**bits of the softmax output), not observed"
+            )
         requants = tuple(
             InputRequant(node, tensor, spec)
             for node, tensor, spec in self.layer_inputs
@@ -528,7 +581,34 @@ class _Planner:
             float_nodes=tuple(self.floating),
             notes=tuple(self.notes),
             requants=requants,
+            derived=derived,
         )
+
+    def derived_ranges(self, by_tensor: Mapping[str, TensorGroup]) -> tuple[DerivedRange, ...]:
+        """The masked attention scores that are quantized (power-of-two formats; float
+        elsewhere), and their masks, on ranges derived from the scores before the mask."""
+        scores: dict[str, DerivedRange] = {}
+        masks: dict[str, list[str]] = {}
+        margins: dict[str, float] = {}
+        for found in self.blocks.masked_scores:
+            target, source = by_tensor.get(found.output), by_tensor.get(found.scores)
+            if target is None or source is None or target is source or target.key in scores:
+                continue
+            margin = _softmax_margin(found, by_tensor, target.spec)
+            scores[target.key] = DerivedRange(target.key, (source.key,), margin, masked=False)
+            mask = by_tensor.get(found.mask) if found.mask else None
+            if mask is not None and mask is not target and mask is not source:
+                masks.setdefault(mask.key, []).append(source.key)
+                margins[mask.key] = max(margins.get(mask.key, 0.0), margin)
+        fills = [DerivedRange(key, tuple(dict.fromkeys(src)), margins[key], masked=True) for key, src in masks.items()]
+        return tuple(scores.values()) + tuple(d for d in fills if d.group not in scores)
+
+
+def _softmax_margin(found: MaskedScores, by_tensor: Mapping[str, TensorGroup], fallback: QuantSpec) -> float:
+    """``ln(2**bits)`` of the softmax output's format (the masked scores' own where the
+    softmax output stays float): below it, a weight rounds to zero."""
+    out = by_tensor.get(found.softmax_output)
+    return (out.spec if out is not None else fallback).dtype.bits * math.log(2.0)
 
 
 def plan_quantization(

@@ -26,6 +26,12 @@ So, under any preset, :func:`find_blocks` marks
 - **attention Softmax outputs** (a MatMul reads them): their observed range (finer than
   ``[0, 1]`` where attention is spread out); under power-of-two formats the fixed grid
   ``[0, 1]`` (:class:`~quant_core.observer_config.FixedRange`), the values softmax can take;
+- **masked scores** (:class:`MaskedScores`: the scores plus a mask, an ``Add`` of a
+  constant ``{0, fill}`` or of a ``Where`` choosing between ``0`` and the fill, or a
+  ``Where`` writing the fill into the scores): where they are quantized (power-of-two
+  formats) their range is not observed, the fill would set it (``-3.4e38``, ``-1e4``,
+  Swin's ``-100``) and leave the visible scores a few codes; the planner derives it from
+  the scores before the mask (:class:`~quant_core.plan.planner.DerivedRange`);
 
 None of these blocks occurs in a plain CNN (no LayerNorm, GELU or attention; a classifier's
 Softmax is not read by a MatMul), whose plan is unchanged by the recipe.
@@ -42,6 +48,7 @@ Example (a residual Add feeding a LayerNorm, then a Softmax):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import attrs
@@ -65,6 +72,32 @@ _GELU_CORE = frozenset({"Erf", "Tanh"})
 _MAX_GELU_NODES = 8
 SOFTMAX_GRID = FixedRange(min_val=0.0, max_val=1.0)
 """The range of every softmax output."""
+MASK_FILL_LIMIT = -16 * math.log(2.0)
+"""A mask's fill is at most this (``exp(fill) < 2**-16``: the softmax weight it leaves is
+under the step of any softmax output of up to 16 bits); a two-valued constant ``{0, -1}``
+is a bias, not a mask."""
+_MASK_MOVEMENT = _MOVEMENT | {"Expand", "Tile"}
+
+
+@attrs.frozen
+class MaskedScores:
+    """Attention scores a mask is applied to before the softmax.
+
+    Attributes:
+        output: the masked scores (the mask Add's or Where's output).
+        scores: the scores before the mask (the Add's or Where's other data input).
+        mask: the additive mask tensor the Add reads (``""`` for a Where on the scores).
+        softmax_output: the output of the Softmax the masked scores feed.
+
+    Example:
+        >>> MaskedScores("masked", "scores", "mask", "p").mask
+        'mask'
+    """
+
+    output: str
+    scores: str
+    mask: str
+    softmax_output: str
 
 
 @attrs.frozen
@@ -83,6 +116,7 @@ class TransformerBlocks:
         norm_internals: the tensors inside a decomposed LayerNorm (16 bits under
             power-of-two formats, as the stream: a variance in 8 bits loses the model).
         softmax_outputs: Softmax outputs (observed range; fixed ``[0, 1]`` grid under power-of-two formats).
+        masked_scores: the attention scores a recognised mask is applied to (:class:`MaskedScores`).
 
     Example:
         >>> TransformerBlocks().summary()
@@ -97,6 +131,7 @@ class TransformerBlocks:
     float_tensors: frozenset[str] = frozenset()
     norm_internals: frozenset[str] = frozenset()
     softmax_outputs: frozenset[str] = frozenset()
+    masked_scores: tuple[MaskedScores, ...] = ()
 
     def summary(self) -> str:
         """One line for the report; ``""`` when nothing was recognised."""
@@ -109,7 +144,7 @@ class TransformerBlocks:
             f"{len(self.float_tensors)} block-internal tensor{'s' * (len(self.float_tensors) != 1)} float, "
             f"{len(self.softmax_outputs)} Softmax output{'s' * (len(self.softmax_outputs) != 1)} "
             "(observed range, [0, 1] on power-of-two formats)"
-        )
+        ) + (f"; {len(self.masked_scores)} masked scores" if self.masked_scores else "")
 
 
 def widened(spec: QuantSpec) -> QuantSpec:
@@ -325,15 +360,99 @@ def _scores(graph: GraphView, tensor: str, depth: int = 0) -> set[str]:
         return set()
     if producer.op_type == "MatMul":
         return {tensor}
-    if producer.op_type not in _MOVEMENT | {"Add", "Mul", "Div", "Sub"}:
+    if producer.op_type not in _MOVEMENT | {"Add", "Mul", "Div", "Sub", "Where"}:
         return set()
-    data = [i for i in producer.inputs if i and graph.constant(i) is None]
+    data = [i for i in producer.inputs if i and graph.constant(i) is None and graph.is_float(i)]
     data = data[:1] if producer.op_type in _MOVEMENT else data
     for candidate in data:
         path = _scores(graph, candidate, depth + 1)
         if path:
             return path | {tensor}
     return set()
+
+
+def _attention_weights(graph: GraphView, probs: str) -> tuple[str, ...]:
+    """``probs`` (a Softmax output) and its NaN guard when a MatMul reads them (attention
+    weights), else ``()``. torch's ONNX export of a boolean-masked attention zeroes the rows
+    a mask hides everywhere with ``Where(IsNaN(p), 0, p)`` before the MatMul."""
+    found = [probs]
+    for reader in graph.consumers(probs):
+        if reader.op_type == "Where" and len(reader.inputs) == 3 and 0.0 in {_scalar(graph, i) for i in reader.inputs}:
+            found += [out for out in reader.outputs[:1] if any(c.op_type == "MatMul" for c in graph.consumers(out))]
+    reads = any(c.op_type == "MatMul" for t in found for c in graph.consumers(t))
+    return tuple(found) if reads else ()
+
+
+def _scalar(graph: GraphView, tensor: str) -> float | None:
+    value = graph.constant(tensor) if tensor else None
+    return float(np.asarray(value).reshape(-1)[0]) if value is not None and np.size(value) == 1 else None
+
+
+def _is_fill(value: float | None) -> bool:
+    return value is not None and value <= MASK_FILL_LIMIT
+
+
+def mask_fill(graph: GraphView, tensor: str) -> float | None:
+    """The fill of ``tensor`` when it is an additive attention mask, else ``None``: a
+    constant whose values are ``0`` and one fill at most :data:`MASK_FILL_LIMIT` (a causal
+    mask, Swin's shift mask), or a ``Where`` choosing between the scalars ``0`` and such a
+    fill (a boolean mask made additive at run time), either possibly through data movement
+    and ``Expand``. Recognised by structure; a bias with other values is no mask.
+
+    Example:
+        >>> import numpy as np
+        >>> from quant_core.plan.graph import PlanGraph, PlanNode
+        >>> c = {"causal": np.triu(np.full((3, 3), -1e4, np.float32), 1), "bias": np.float32([[0, -1], [-2, 0]]),
+        ...      "zero": np.float32(0), "fill": np.float32(-np.inf)}
+        >>> nodes = [PlanNode("w", "Where", ("keep", "zero", "fill"), ("m",))]
+        >>> graph = PlanGraph(nodes, inputs=("keep",), outputs=("m",), constant=c.get)
+        >>> mask_fill(graph, "causal"), mask_fill(graph, "m"), mask_fill(graph, "bias")
+        (-10000.0, -inf, None)
+    """
+    for _ in range(8):
+        value = graph.constant(tensor)
+        if value is not None:
+            values = np.unique(np.asarray(value, np.float64))
+            fills = values[values != 0]
+            return float(fills[0]) if len(fills) == 1 and _is_fill(float(fills[0])) else None
+        producer = graph.producer(tensor)
+        if producer is None:
+            return None
+        if producer.op_type == "Where" and len(producer.inputs) == 3:
+            a, b = _scalar(graph, producer.inputs[1]), _scalar(graph, producer.inputs[2])
+            chosen = {a, b} - {0.0}
+            fill = chosen.pop() if len(chosen) == 1 and 0.0 in (a, b) else None
+            return fill if _is_fill(fill) else None
+        if producer.op_type not in _MASK_MOVEMENT:
+            return None
+        tensor = producer.input(0)
+    return None
+
+
+def _masked_scores(graph: GraphView, softmax: PlanNode, scores: set[str]) -> MaskedScores | None:
+    """The mask applied last to the scores ``softmax`` reads (only data movement after it):
+    an ``Add`` of the scores and a :func:`mask_fill` mask, or a ``Where`` writing a fill
+    into them. A mask added before a bias is not recognised (the visible scores would then
+    be observed nowhere)."""
+    tensor = softmax.input(0)
+    for _ in range(8):
+        producer = graph.producer(tensor)
+        if producer is None or tensor not in scores:
+            return None
+        if producer.op_type == "Add" and len(producer.inputs) == 2:
+            for data, mask in (producer.inputs, producer.inputs[::-1]):
+                if data in scores and graph.constant(data) is None and mask_fill(graph, mask) is not None:
+                    return MaskedScores(tensor, data, mask, softmax.outputs[0])
+            return None
+        if producer.op_type == "Where" and len(producer.inputs) == 3:
+            for data, fill in (producer.inputs[1:], producer.inputs[:0:-1]):
+                if data in scores and _is_fill(_scalar(graph, fill)):
+                    return MaskedScores(tensor, data, "", softmax.outputs[0])
+            return None
+        if producer.op_type not in _MOVEMENT:
+            return None
+        tensor = producer.input(0)
+    return None
 
 
 def _branch_outputs(graph: GraphView, residual: set[str]) -> set[str]:
@@ -490,7 +609,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
             block = _gelu(graph, node)
             if block is not None:
                 gelus.append(block)
-        elif node.op_type == "Softmax" and any(c.op_type == "MatMul" for c in graph.consumers(node.outputs[0])):
+        elif node.op_type == "Softmax" and _attention_weights(graph, node.outputs[0]):
             softmaxes.append(node)  # attention: a classifier's output softmax keeps its own range
     residual = {source for norm in norms if (source := _residual_source(graph, norm.input)) is not None}
     residual |= _shortcuts(graph, norms, residual)
@@ -508,8 +627,16 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
     # quantized where a layer reads it, on the range of what that layer reads.
     for norm in norms:
         internal |= _selected_only(graph, norm.output)
+    masked = []
     for softmax in softmaxes:
-        internal |= _scores(graph, softmax.input(0))
+        scores = _scores(graph, softmax.input(0))
+        internal |= scores
+        found = _masked_scores(graph, softmax, scores)
+        if found is not None:
+            masked.append(found)
+            # float where the scores are (no integer kernel reads it); a computed -inf fill
+            # could not even be observed
+            internal |= {found.mask} - {""}
     if norms or gelus or softmaxes:
         products = _linear_products(graph)
         internal |= products | _linear_biases(graph, products)
@@ -522,5 +649,6 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         float_stream=frozenset(_stream_copies(graph, residual | _joined_tokens(graph, residual), keep) - keep),
         float_tensors=frozenset(internal),
         norm_internals=frozenset(t for block in norms for t in block.internal) - keep - residual,
-        softmax_outputs=frozenset(n.outputs[0] for n in softmaxes),
+        softmax_outputs=frozenset(t for n in softmaxes for t in _attention_weights(graph, n.outputs[0])),
+        masked_scores=tuple(masked),
     )

@@ -181,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_search_parser(sub: Any) -> None:
+    from quant_algos.search import DEFAULT_CONFIDENCE
     from quant_onnx.recipe_search import TARGETS
 
     s = sub.add_parser(
@@ -203,6 +204,13 @@ def _add_search_parser(sub: Any) -> None:
     where.add_argument("--target", choices=TARGETS, help="only recipes this NPU format allows")
     where.add_argument("--no-npu", action="store_true", help="every format onnxruntime runs (the default)")
     s.add_argument("--budget-s", type=float, metavar="S", help="start no candidate after S seconds")
+    s.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        help="a per-sample metric meets the target when its lower bound at this confidence does "
+        f"(default {DEFAULT_CONFIDENCE}; 0.5: the score itself)",
+    )
     s.add_argument("--holdout", type=float, default=0.3, help="share of the evaluation data held out (default 0.3)")
     s.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
     s.add_argument("--num-calib", type=int, help="use at most N calibration samples")
@@ -353,11 +361,16 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
+    from quant_algos.search import Acceptance
     from quant_onnx.recipe_search import deployment_for, format_table, search
 
     _check_counts(args, "num_calib", "batch_size", "num_eval")
     if args.target_agreement is not None and args.metric is not None:
         raise ConfigError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
+    try:
+        Acceptance(0.0, args.confidence)  # its range, checked before the model is read
+    except ConfigError as exc:
+        raise ConfigError(f"--{exc}") from None
     if not Path(args.model).is_file():
         raise ModelError(f"model '{args.model}': file not found")
     result = search(
@@ -370,6 +383,7 @@ def _search(args: argparse.Namespace) -> int:
         labels=args.eval_labels,
         deployment=deployment_for(args.target),
         budget_s=args.budget_s,
+        confidence=args.confidence,
         holdout=args.holdout,
         seed=args.seed,
         num_samples=args.num_calib,
@@ -385,6 +399,14 @@ def _search(args: argparse.Namespace) -> int:
     return EXIT_OK if result.met else EXIT_TARGET_MISSED
 
 
+def _lower_bound_note(result: Any) -> str:
+    """What the acceptance compared with the target, when it was not the score itself."""
+    lower = result.select_lower_bound
+    if lower is None or result.chosen.score is None or lower == result.chosen.score:
+        return ""
+    return f" (at least {lower:.4f} at {100 * result.confidence:g}% confidence)"
+
+
 #: ``quant-onnx search`` ran, but no candidate met the target (the best one is written).
 EXIT_TARGET_MISSED = 1
 
@@ -397,7 +419,8 @@ def _search_outcome(result: Any) -> str:
     lines = [
         f"chosen: {result.chosen.name} ({verdict} {result.metric} >= {result.target:g}; stopped by: "
         f"{result.stopped_by}; {result.seconds:.1f} s)",
-        f"{result.metric}: {result.chosen.score:.4f} on {result.select_samples} selection samples",
+        f"{result.metric}: {result.chosen.score:.4f} on {result.select_samples} selection samples"
+        + _lower_bound_note(result),
     ]
     if result.holdout_score is not None:
         held = "meets" if result.holdout_met else "misses"

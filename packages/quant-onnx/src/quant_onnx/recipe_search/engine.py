@@ -51,15 +51,16 @@ import numpy as np
 import onnx
 
 from quant_algos.drivers.schedule import schedule
-from quant_algos.search.evaluation import Runner, Scored
+from quant_algos.search.evaluation import DEFAULT_CONFIDENCE, Runner, Scored
 from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
 from quant_algos.search.results import SearchResult, StatisticsPass, format_table
 from quant_algos.search.space import Candidate, SearchSpace
 from quant_algos.search.statistics import StatisticsLedger, pre_label, wide_share
 from quant_algos.search.walk import (
+    Budget,
     Build,
     check_arguments,
-    float_reference,
+    float_goal,
     latency_runs,
     median_batch_ms,
     search_with,
@@ -256,6 +257,7 @@ def search(
     space: SearchSpace | Sequence[Candidate] | None = None,
     deployment: Deployment | str | None = None,
     budget_s: float | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
     holdout: float = 0.3,
     seed: int = 0,
     num_samples: int | None = None,
@@ -287,6 +289,10 @@ def search(
             ``quant_npu.recipe_search`` gives an NPU).
         budget_s: stop starting candidates after this many seconds, and skip a candidate
             whose expected cost no longer fits (the first always runs).
+        confidence: a per-sample metric (agreement, accuracy) meets the target when the
+            lower bound of its mean at this confidence does (0.5: the mean itself), so the
+            winner holds beyond the samples it was selected on
+            (:class:`~quant_algos.search.evaluation.Acceptance`).
         holdout: fraction of ``eval_data`` held out (seeded by ``seed``): the winner is
             re-scored on it, never selected on it.
         num_samples, batch_size: calibration samples and batch size (every candidate's
@@ -299,7 +305,7 @@ def search(
     """
     input_path = model if isinstance(model, str | os.PathLike) else None
     check_output_paths(output, report_path, input_path=input_path)  # before any work
-    check_arguments(target, budget_s)
+    acceptance = check_arguments(target, budget_s, confidence)
     where: Deployment = deployment_of(deployment)
     started = clock()
     source = load_model(model)
@@ -315,8 +321,8 @@ def search(
         num_samples=eval_samples,
         image_options=image_options,
     )
-    reference, output_names, reference_seconds = float_reference(
-        onnxruntime_runner(source), evaluation, chosen_metric, [o.name for o in source.graph.output]
+    goal, reference_seconds = float_goal(
+        onnxruntime_runner(source), evaluation, chosen_metric, acceptance, [o.name for o in source.graph.output]
     )
     feeds = list(
         CalibrationReader(
@@ -330,16 +336,10 @@ def search(
     backend = _OnnxBackend(_Shared(source, feeds, quiet), where)
     result = search_with(
         backend,
-        evaluation,
-        reference,
-        output_names,
-        chosen_metric,
-        float(target),
+        goal,
         space if space is not None else where.space(),
         calibration,
-        budget_s=budget_s,
-        clock=clock,
-        started=started,
+        budget=Budget(budget_s, clock, started),
         reference_seconds=reference_seconds,
         quiet=quiet,
     )
