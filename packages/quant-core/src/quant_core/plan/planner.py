@@ -19,7 +19,9 @@ to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax 
 the fixed ``[0, 1]`` grid, and quantized masked attention scores (and their mask) on a
 range derived from the scores before the mask (:class:`DerivedRange`). A per-tensor
 power-of-two weight whose min-max grid rounds most of it to zero (one outlier element) gets
-its position by squared error (:mod:`quant_core.plan.weight_range`).
+its position by squared error (:mod:`quant_core.plan.weight_range`). A tensor every reader
+of which saturates (a HardSwish's input) is quantized on its range cut at the saturation
+(:class:`RangeBound`).
 
 Nothing is computed from data here: a backend's calibration turns each group's
 observations into qparams, so the same graph, config and data give the same scales on
