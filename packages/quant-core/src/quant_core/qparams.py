@@ -201,7 +201,7 @@ def nearest_pow2_fix_pos(scale: ArrayLike) -> np.ndarray:
     of itself. Rounding up instead (:func:`pow2_fix_pos`, nothing clips) leaves up to
     half of the codes unused; on per-tensor weights that is the worse trade by far
     (EfficientNet-Lite0's top-1 agreement under ``xint8`` with min-max activations 0.23
-    rounding up, 0.41 to the nearest; ``docs/benchmarks.md``, "Power-of-two positions").
+    rounding up, 0.43 to the nearest; ``docs/benchmarks.md``, "Power-of-two positions").
 
     Example:
         >>> nearest_pow2_fix_pos([0.03, 0.25, 0.7, 1.5]).tolist()  # 0.7 -> 2**-1, 1.5 -> 2**1
