@@ -81,9 +81,9 @@ def test_xint8_adaround_keeps_xint8_formats_and_tunes_only_calibration_and_algor
     op, ref = tuned.global_config, base.global_config
     assert (op.input, op.output, op.bias) == (ref.input, ref.output, ref.bias)
     assert op.weight is not None and ref.weight is not None
-    # same format; MinMSE positions, and a clipped weight saturates at -127 as on the NPU
-    assert op.weight.evolve(observer=MinMax(), narrow_range=False) == ref.weight
-    assert op.weight.observer == PowerOfTwoMSE() and op.weight.qrange == (-127, 127)
+    # same format (a clipped weight saturates at -127 as on the NPU); MinMSE positions
+    assert op.weight.evolve(observer=MinMax()) == ref.weight and ref.weight.qrange == (-127, 127)
+    assert op.weight.observer == PowerOfTwoMSE()
     assert tuned.algorithms == (CLEConfig(), AdaRoundConfig(learning_rate=0.1, batch_size=4))
 
 

@@ -18,6 +18,7 @@ from quant_core.qparams import (
     bias_qparams,
     dequantize,
     fake_quantize,
+    nearest_pow2_fix_pos,
     pow2_fix_pos,
     qparams_from_range,
     quantization_error,
@@ -65,8 +66,10 @@ def test_round_trip_within_half_step_and_saturates(spec: QuantSpec, neg: float, 
     qp = qparams_from_range(-neg, pos, spec)
     step = float(qp.scale)
     lo, hi = _limits(qp)
-    # The requested range is covered (to within half a step at the asymmetric ends).
-    assert lo <= -neg + _tolerance(step, neg, pos) and hi >= pos - _tolerance(step, neg, pos)
+    # The requested range is covered (to within half a step at the asymmetric ends); a
+    # power-of-two scale, the nearest to the float one, may clip up to 1 - 2**-0.5 of it.
+    clip = (1 - 2**-0.5) * (neg + pos) * (1 + 1e-6) if spec.scale_type is ScaleType.POWER_OF_TWO else 0.0
+    assert lo <= -neg + clip + _tolerance(step, neg, pos) and hi >= pos - clip - _tolerance(step, neg, pos)
     x = np.array(xs, np.float32)
     q = quantize(x, qp)
     assert q.dtype == spec.dtype.numpy_dtype
@@ -106,12 +109,11 @@ def test_power_of_two_scales_are_exact_powers(spec: QuantSpec, neg: float, pos: 
     mantissa, _ = math.frexp(float(qp.scale))
     assert mantissa == 0.5
     assert Fraction(float(qp.scale)) == Fraction(2) ** -int(qp.fix_pos)
-    # The smallest power of two that still covers the range: halving it would not.
+    # The power of two nearest to the float scale on a log2 scale.
     float_qp = qparams_from_range(-neg, pos, spec.evolve(scale_type=ScaleType.FLOAT, observer=spec.observer))
     if neg or pos:
-        assert float(float_qp.scale) <= float(qp.scale) * (1 + 1e-6)
-        if spec.symmetric:
-            assert float(qp.scale) / 2 < float(float_qp.scale) * (1 + 1e-6)
+        ratio = float(qp.scale) / float(float_qp.scale)
+        assert 2**-0.5 * (1 - 1e-6) <= ratio <= 2**0.5 * (1 + 1e-6)
 
 
 @given(st.floats(min_value=1e-30, max_value=1e30))
@@ -119,6 +121,28 @@ def test_pow2_fix_pos_is_smallest_power_above(scale: float) -> None:
     p = int(pow2_fix_pos(scale))
     assert 2.0**-p >= scale > 2.0 ** -(p + 1)
     assert float(scale_from_fix_pos(p)) == 2.0**-p
+
+
+@given(st.floats(min_value=1e-30, max_value=1e30))
+def test_nearest_pow2_fix_pos_is_nearest_on_a_log2_scale(scale: float) -> None:
+    p = int(nearest_pow2_fix_pos(scale))
+    assert abs(-p - math.log2(scale)) <= 0.5 + 1e-12
+    assert nearest_pow2_fix_pos(2.0**-p).tolist() == p  # exact powers stay where they are
+
+
+def test_a_min_max_power_of_two_scale_rounds_to_the_nearest_power_not_up() -> None:
+    # A per-tensor int8 weight whose largest value needs a scale 10% above 2**-7: rounding
+    # up (2**-6) leaves half the codes unused for every other value to save the one
+    # largest from clipping by 10%. The nearest power (2**-7) has the lower error; on
+    # EfficientNet-Lite0 under xint8 the rounding-up rule cost 19 points of top-1
+    # agreement with the float model (docs/benchmarks.md, "Power-of-two positions").
+    spec = QuantSpec(dtype="int8", scale_type="power_of_two")
+    w = np.random.default_rng(0).uniform(-0.5, 0.5, 10_000).astype(np.float32)
+    w[0] = 1.1 * 127 * 2.0**-7
+    qp = qparams_from_range(float(w.min()), float(w.max()), spec)
+    assert int(qp.fix_pos) == 7  # type: ignore[arg-type]
+    up = QParams.per_tensor(2.0**-6, 0, "int8")
+    assert quantization_error(w, qp) < quantization_error(w, up) / 2
 
 
 @st.composite

@@ -244,8 +244,11 @@ def test_kept_clip_loses_the_bound_saturation_applies() -> None:
     read = {name for node in quantized.graph.node for name in node.input}
     assert {lo, hi}.isdisjoint(t.name for t in quantized.graph.initializer) and not {lo, hi} & read
     expected = ort_run(model, data)[0]
-    assert sqnr_db(expected, ort_run(quantized, data)[0]) > 25
-    assert sqnr_db(expected, ort_run(quantized, data, "basic")[0]) > 25
+    # 31 dB when weight positions rounded up; these random weights' ranges sit 1.31x above
+    # the nearest power of two, which clips 5% of them (docs/benchmarks.md, "Power-of-two
+    # positions"): 19 dB. A broken Relu rewrite or an overflow gives far less.
+    assert sqnr_db(expected, ort_run(quantized, data)[0]) > 15
+    assert sqnr_db(expected, ort_run(quantized, data, "basic")[0]) > 15
 
 
 def test_int4_weights_use_opset_21_int4_initializers() -> None:

@@ -197,3 +197,24 @@ def test_a_float_bias_spec_an_integer_kernel_overrides_is_noted_as_in_quant_onnx
     (gm,) = [m for m in frozen.modules() if hasattr(m, "graph")][:1]
     (encoded,) = graph_info(gm).biases.values()
     assert encoded.codes is not None and encoded.codes.dtype == np.int32
+
+
+def test_power_of_two_positions_round_to_the_nearest_power_as_quant_core_rules() -> None:
+    """The torch backend takes quant_core's power-of-two rule (the nearest power on a log2
+    scale, Quark's): a weight whose min-max scale is 10% above 2**-7 gets 2**-7, not 2**-6,
+    and an input with min-max activations whose largest value is 1.0 gets 2**-7."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    with torch.no_grad():
+        net[0].weight.uniform_(-0.5, 0.5)
+        net[0].weight[0, 0, 0, 0] = 1.1 * 127 * 2.0**-7
+    base = get_preset("xint8")
+    act = attrs.evolve(base.global_config.input, observer=MinMax())
+    config = base.evolve(global_config=attrs.evolve(base.global_config, input=act, output=act))
+    x = torch.rand(8, 3, 8, 8) * 2 - 1
+    x[0, 0, 0, 0] = 1.0
+    q = ModelQuantizer(config, quiet=True)
+    frozen = q.freeze(q.quantize_model(net, x[:1], [x]))
+    weight = dict(weight_quantizers(frozen))["0/conv2d"].current_qparams()
+    assert int(weight.fix_pos) == 7  # type: ignore[arg-type]
+    assert int(dict(activation_quantizers(frozen))["input_1"].current_qparams().fix_pos) == 7  # type: ignore[arg-type]

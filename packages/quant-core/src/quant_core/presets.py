@@ -57,7 +57,11 @@ def _pow2_act(dtype: DType = DType.INT8) -> QuantSpec:
 
 
 def _pow2_weight() -> QuantSpec:
-    return QuantSpec(dtype=DType.INT8, symmetric=True, scale_type=ScaleType.POWER_OF_TWO, observer=MinMax())
+    # A power-of-two position may clip the largest weights (the nearest power, as Quark's):
+    # saturate them at -127, not -128, as the NPU's weight codes allow (NPU-TARGET: Quark's [-127, 127]).
+    return QuantSpec(
+        dtype=DType.INT8, symmetric=True, scale_type=ScaleType.POWER_OF_TWO, narrow_range=True, observer=MinMax()
+    )
 
 
 def _asym_act(dtype: DType = DType.UINT8, observer: ObserverConfig | None = None) -> QuantSpec:
@@ -205,9 +209,7 @@ def xint8_adaround() -> QuantConfig:
         >>> cfg.global_config.weight.observer.method
         'minmse_pow2'
     """
-    # MinMSE may choose a position that clips the largest weights: saturate them at -127,
-    # not -128, as the NPU's weight codes allow (NPU-TARGET: Quark's [-127, 127]).
-    weight = attrs.evolve(_pow2_weight(), observer=PowerOfTwoMSE(), narrow_range=True)
+    weight = attrs.evolve(_pow2_weight(), observer=PowerOfTwoMSE())
     algorithms = (CLEConfig(), AdaRoundConfig(learning_rate=0.1, batch_size=4))
     return _config("xint8_adaround", _pow2_act(), weight, algorithms)
 
