@@ -163,12 +163,14 @@ class MaskedAttention(torch.nn.Module):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bool_mask"])
-@pytest.mark.parametrize("preset, bound", [("xint8", 27.0), ("a8w8", 36.0)])
+@pytest.mark.parametrize("preset, bound", [("xint8", 17.0), ("a8w8", 36.0)])
 def test_quant_onnx_quantizes_torchs_export_of_masked_attention(causal: bool, preset: str, bound: float) -> None:
     """The -inf fill of torch's export is never observed: float with the scores under a8w8
     (calibration refused the file before: infinite values), and under xint8 the masked
     scores and the mask are quantized on ranges derived from the scores before the mask
-    (29-30 dB against 30 dB with every position visible)."""
+    (29-30 dB against 30 dB with every position visible when weights were rounded up to a
+    power of two; 18.8-19.5 dB with the nearest power, which costs this 8x24 toy as much
+    unmasked)."""
     import numpy as np
     import onnxruntime as ort
 

@@ -98,9 +98,10 @@ def test_calibration_cuts_the_selected_range_and_the_reader_sees_no_difference()
     np.testing.assert_array_equal(hardswish(seen[values < -3.0]), exact[values < -3.0])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
-    lo=st.floats(-60.0, -3.2),
+    bound=st.floats(-8.0, -0.5),
+    below=st.floats(0.2, 57.0),
     hi=st.floats(0.05, 60.0),
     spec=st.sampled_from(
         [
@@ -112,17 +113,23 @@ def test_calibration_cuts_the_selected_range_and_the_reader_sees_no_difference()
     ),
     upper=st.sampled_from([math.inf, 3.0]),
 )
-def test_the_cut_grid_still_reaches_the_bound(lo: float, hi: float, spec: QuantSpec, upper: float) -> None:
+def test_the_cut_grid_still_reaches_the_bound(
+    bound: float, below: float, hi: float, spec: QuantSpec, upper: float
+) -> None:
     """The widened cut keeps the grid's lowest (highest) value at or beyond the bound after
-    the zero point is rounded, so a value past it still gives the reader the bound's output;
-    and the cut never widens the observed range."""
+    the zero point is rounded and after a power-of-two scale is chosen (the nearest power
+    may stop short: then the covering one), so a value past it still gives the reader the
+    bound's output; and the cut never widens the observed range."""
+    lo = bound - below
     observer = make_observer(spec)
     observer.update(np.array([lo, hi], np.float32))
-    (cut_lo, cut_hi), qp = group_selection(observer, spec, RangeBound("g", -3.0, upper))
+    (cut_lo, cut_hi), qp = group_selection(observer, spec, RangeBound("g", bound, upper))
     plain_lo, plain_hi = observer.selection(spec)[0]
-    assert plain_lo <= cut_lo <= -3.0 + 1e-9 and cut_hi <= plain_hi
+    assert plain_lo <= cut_lo <= bound + 1e-9 and cut_hi <= plain_hi
     grid = dequantize(np.array([qp.qmin, qp.qmax]), qp)
-    assert grid[0] <= -3.0 + 1e-6 * max(1.0, abs(lo))
+    if plain_lo < bound:
+        assert grid[0] <= bound + 1e-6 * max(1.0, abs(lo))
     if upper < math.inf and plain_hi > upper:
         assert grid[1] >= upper - 1e-6 * max(1.0, hi)
-    assert qp == qparams_from_range(cut_lo, cut_hi, spec)
+    covering = qparams_from_range(cut_lo, cut_hi, spec, covering=True)
+    assert qp in (qparams_from_range(cut_lo, cut_hi, spec), covering)

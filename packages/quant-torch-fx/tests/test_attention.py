@@ -202,13 +202,33 @@ def test_masked_attention_quantizes_and_exports_as_the_frozen_model_computes(cau
     np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
 
 
+class VisibleAttention(MaskedAttention):
+    """The same weights with every position visible: what a masked model's SQNR is held to."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c))
+
+
+def _xint8_sqnr(model: nn.Module, x: torch.Tensor) -> float:
+    q = ModelQuantizer("xint8", quiet=True)
+    frozen = q.freeze(q.quantize_model(model, x[:1], [x]))
+    with torch.no_grad():
+        expected, quantized = model(x), frozen(x)
+    return float(10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum()))
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bool_mask"])
 def test_masked_attention_under_xint8_keeps_the_visible_scores_resolution(causal: bool) -> None:
     """Under xint8 the scores are quantized too; the planner derives the masked scores'
-    range (and the mask's) from the scores before the mask: 13-15 dB when the fill
-    (-3.4e38) set it, ~31 dB now, against 32 dB with every position visible."""
+    range (and the mask's) from the scores before the mask, so a masked model keeps about
+    what the same weights keep with every position visible (when the fill, -3.4e38, set the
+    range: 13-15 dB against 32 dB, weights rounded up to a power of two; with the nearest
+    power of two this 8x24 toy keeps 20.7 dB unmasked, its masked forms 19.2-19.9 dB)."""
     model = MaskedAttention(causal).eval()
     x = torch.randn(16, 6, 8, generator=torch.Generator().manual_seed(1))
+    visible = _xint8_sqnr(VisibleAttention(causal).eval(), x)
     q = ModelQuantizer("xint8", quiet=True)
     prepared = q.quantize_model(model, x[:1], [x])
     plan = graph_info(prepared).plan
@@ -217,8 +237,8 @@ def test_masked_attention_under_xint8_keeps_the_visible_scores_resolution(causal
     frozen = q.freeze(prepared)
     with torch.no_grad():
         expected, quantized = model(x), frozen(x)
-    sqnr = 10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum())
-    assert sqnr > 28, sqnr
+    sqnr = float(10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum()))
+    assert sqnr > visible - 2.5 and sqnr > 17, (sqnr, visible)
     proto = onnx_model(frozen, (x[:1],), opset=19)
     (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
     np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))

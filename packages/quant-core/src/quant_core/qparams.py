@@ -218,17 +218,22 @@ def scale_from_fix_pos(fix_pos: ArrayLike) -> np.ndarray:
     return np.ldexp(np.float32(1.0), -np.asarray(fix_pos, np.int64).astype(np.int32)).astype(np.float32)
 
 
-def qparams_from_range(min_val: ArrayLike, max_val: ArrayLike, spec: QuantSpec) -> QParams:
+def qparams_from_range(min_val: ArrayLike, max_val: ArrayLike, spec: QuantSpec, *, covering: bool = False) -> QParams:
     """Scale and zero point covering ``[min_val, max_val]`` (scalars, or per-channel
     arrays when the spec is per channel). The range is widened to include 0 so that
     zero is exactly representable. A power-of-two scale is the one nearest the float
-    scale (:func:`nearest_pow2_fix_pos`), so it may clip the ends of the range.
+    scale (:func:`nearest_pow2_fix_pos`), so it may clip the ends of the range; with
+    ``covering`` it is the next one up (:func:`pow2_fix_pos`), for a range whose ends the
+    grid must reach (a masked score's fill, a reader's saturation point).
 
     Example:
         >>> from quant_core.spec import QuantSpec
         >>> qp = qparams_from_range(-2.0, 6.0, QuantSpec(dtype="uint8", symmetric=False))
         >>> round(float(qp.scale), 6), int(qp.zero_point)
         (0.031373, 64)
+        >>> pow2 = QuantSpec(dtype="int8", scale_type="power_of_two")
+        >>> [float(qparams_from_range(-5.0, 5.0, pow2, covering=c).scale) for c in (False, True)]
+        [0.03125, 0.0625]
     """
     if not spec.is_quantized:
         raise ConfigError(f"dtype: {spec.dtype.value} is a float format; it has no quantization parameters")
@@ -255,7 +260,8 @@ def qparams_from_range(min_val: ArrayLike, max_val: ArrayLike, spec: QuantSpec) 
     scale = np.where(empty, 1.0, np.maximum(scale, _MIN_SCALE))
     fix_pos = None
     if pow2:
-        fix_pos = np.where(empty, 0, nearest_pow2_fix_pos(scale)).astype(np.int64)
+        position = pow2_fix_pos(scale) if covering else nearest_pow2_fix_pos(scale)
+        fix_pos = np.where(empty, 0, position).astype(np.int64)
         scale = scale_from_fix_pos(fix_pos).astype(np.float64)
     scale32 = scale.astype(np.float32)
     if not spec.symmetric:

@@ -213,7 +213,10 @@ def group_selection(
     if bound is None:
         return selected, qparams
     lo, hi = bound.cut(*selected, spec)
-    return (lo, hi), qparams_from_range(lo, hi, spec)
+    qparams = qparams_from_range(lo, hi, spec)
+    if not bound.reached_by(qparams, *selected):  # the nearest power of two stopped short of a cut end
+        qparams = qparams_from_range(lo, hi, spec, covering=True)
+    return (lo, hi), qparams
 
 
 def derived_selection(
@@ -235,7 +238,8 @@ def derived_selection(
     """
     owner = next(g for g in plan.groups if g.key == derived.group)
     lo, hi = derived.range([selected(key) for key in derived.sources])
-    return (lo, hi), qparams_from_range(lo, hi, owner.spec)
+    # Covering: a power-of-two grid that stopped short of lo would let a masked score through.
+    return (lo, hi), qparams_from_range(lo, hi, owner.spec, covering=True)
 
 
 def constant_input_note(tensor: str, observer: Observer) -> str | None:

@@ -6,7 +6,8 @@ whole tensor. Random-weight timm Swin-Tiny (``tools/bench/zoo.py``) has two such
 timm's ``trunc_normal_(std=0.02, a=-2, b=2)`` draws an element at exactly ``2.0`` (100
 standard deviations; its inverse-CDF sampling clamps an infinity to the bound), the
 min-max step becomes ``2**-5`` (1.6 standard deviations of the rest), the weight keeps
-6.9 dB of SQNR and more than half its elements round to zero. With those
+6.9 dB of SQNR and more than half its elements round to zero (positions rounded up, as
+they were then; the nearest power of two, now the rule, gives 2**-6 and about 13 dB). With those
 two matrices rounded to almost nothing the model keeps 7.2 dB of output SQNR, against
 26.5 dB with its weights float and its activations at ``xint8`` (``docs/transformers.md``).
 
@@ -29,7 +30,7 @@ Example:
     >>> w[3, 5] = 2.0
     >>> new, note = held_weight_spec(w, spec)
     >>> new.observer, note
-    (PowerOfTwoMSE(bins=2048, search_below=0, search_above=16), 'its min-max grid (step 0.03125) keeps 7.5 dB of SQNR (largest |w| 93x its std); its position by squared error')
+    (PowerOfTwoMSE(bins=2048, search_below=0, search_above=16), 'its min-max grid (step 0.015625) keeps 13.6 dB of SQNR (largest |w| 93x its std); its position by squared error')
 """
 
 from __future__ import annotations
