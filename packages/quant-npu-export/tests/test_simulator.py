@@ -150,3 +150,33 @@ def test_ops_outside_the_target_are_noted() -> None:
     x = np.linspace(-4, 4, 8, dtype=np.float32).reshape(2, 4)
     (got,) = simulator.run(x, quiet=True).values()
     assert np.abs(got - 1 / (1 + np.exp(-x))).max() <= 1 / 128 + 1 / 32  # table, one rounding; input at 2**-4
+
+
+@pytest.mark.parametrize("build", [conv_chain, mobile_block])
+def test_the_blas_thread_count_follows_the_load_and_changes_no_output(build, monkeypatch) -> None:
+    """While the machine is busy the simulator's products run on one BLAS thread (beside
+    other work OpenBLAS's threads wait on each other); they are exact, so the outputs are
+    the same bits on one thread or several."""
+    from threadpoolctl import threadpool_info
+
+    import quant_npu.sim.threads as threads
+
+    model = legal(build)
+    x = random_inputs(build(), 48, seed=15)
+    simulator = NPUSimulator(model)
+    seen: list[int] = []
+    run_batch = simulator.run_batch
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(min((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), default=1))
+        return run_batch(*args, **kwargs)
+
+    monkeypatch.setattr(simulator, "run_batch", recording)
+    outputs = {}
+    for busy in (False, True):
+        monkeypatch.setattr(threads, "machine_is_busy", lambda busy=busy: busy)
+        seen.clear()
+        (outputs[busy],) = simulator.run(x, batch_size=16, quiet=True).values()
+        if busy:
+            assert seen and set(seen) == {1}
+    np.testing.assert_array_equal(outputs[True], outputs[False])
