@@ -18,7 +18,6 @@ from quant_core.plan import (
     RangeBound,
     calibrated_qparams,
     fresh_observers,
-    group_selection,
     plan_quantization,
 )
 from quant_core.presets import get_preset
@@ -123,7 +122,7 @@ def test_the_cut_grid_still_reaches_the_bound(
     lo = bound - below
     observer = make_observer(spec)
     observer.update(np.array([lo, hi], np.float32))
-    (cut_lo, cut_hi), qp = group_selection(observer, spec, RangeBound("g", bound, upper))
+    (cut_lo, cut_hi), qp = RangeBound("g", bound, upper).selection(observer, spec)
     plain_lo, plain_hi = observer.selection(spec)[0]
     assert plain_lo <= cut_lo <= bound + 1e-9 and cut_hi <= plain_hi
     grid = dequantize(np.array([qp.qmin, qp.qmax]), qp)

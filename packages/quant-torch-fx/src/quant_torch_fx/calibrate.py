@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.fx import GraphModule
@@ -39,14 +40,12 @@ from quant_algos.progress import first_taken
 from quant_core.errors import DataError
 from quant_core.observers import make_observer
 from quant_core.plan import (
-    RangeBound,
     WeightCache,
     constant_input_note,
     derived_selection,
     group_selection,
     plan_weight_qparams,
 )
-from quant_core.qparams import QParams
 from quant_torch_fx.data import InputSignature, batches, loader_length
 from quant_torch_fx.distributed import merge_observers
 from quant_torch_fx.prepare import (
@@ -127,13 +126,17 @@ def finish_calibration(
     merge_observers(observing)
     for gm in quantized_graphs(model):
         info = graph_info(gm)
+        ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for key, path in info.activation.items():
             fq = quantizer(gm, path)
             fq.observing = False
             if info.plan.derived_of(key) is None:
-                fq.set_qparams(selected_qparams(fq, info.plan.bound_of(key)))
+                ranges[key], selected = group_selection(info.plan, key, fq.observer)
+                fq.set_qparams(selected)
             fq.quantizing = True
-        _set_derived_qparams(gm)
+        for derived in info.plan.derived:  # masked attention scores: from their sources' ranges
+            _, selected = derived_selection(info.plan, derived, ranges.__getitem__)
+            quantizer(gm, info.activation[derived.group]).set_qparams(selected)
         _note_constant_inputs(gm)
         learned = {node: fq.current_qparams() for node, fq in weight_quantizers(gm) if fq.learning is not None}
         qparams, notes = plan_weight_qparams(
@@ -144,30 +147,6 @@ def finish_calibration(
             if fq.learning is None:
                 fq.set_qparams(qparams[node])
             fq.quantizing = True
-
-
-def selected_qparams(fq: FakeQuantizer, bound: RangeBound | None) -> QParams:
-    """What ``fq``'s observer selects, cut at the group's saturation ``bound``
-    (``quant_core.plan.group_selection``: the ONNX backend's rule)."""
-    if fq.observer.empty:
-        raise DataError(f"calibration: tensor {fq.name!r} was never observed (empty in every batch)")
-    return group_selection(fq.observer, fq.observer.spec, bound)[1]
-
-
-def _set_derived_qparams(gm: GraphModule) -> None:
-    """Qparams of the groups whose range the plan derives from other groups' selected
-    ranges (masked attention scores: :class:`quant_core.plan.DerivedRange`)."""
-    info = graph_info(gm)
-    selected: dict[str, Any] = {}
-
-    def selection(key: str) -> Any:
-        if key not in selected:
-            fq = quantizer(gm, info.activation[key])
-            selected[key] = group_selection(fq.observer, fq.observer.spec, info.plan.bound_of(key))[0]
-        return selected[key]
-
-    for derived in info.plan.derived:
-        quantizer(gm, info.activation[derived.group]).set_qparams(derived_selection(info.plan, derived, selection)[1])
 
 
 def _note_constant_inputs(gm: GraphModule) -> None:

@@ -40,7 +40,7 @@ from quant_core.observers.derived import derive_observer
 from quant_core.observers.factory import make_observer
 from quant_core.observers.histogram import HistogramObserver
 from quant_core.plan.graph import ConstantLookup
-from quant_core.plan.planner import DerivedRange, QuantPlan, RangeBound
+from quant_core.plan.planner import DerivedRange, QuantPlan
 from quant_core.qparams import QParams, qparams_from_range
 from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
@@ -171,10 +171,7 @@ def calibrated_qparams(
     for group in plan.groups:
         if plan.derived_of(group.key) is not None:
             continue
-        observer = observers[group.key]
-        if observer.empty:
-            raise DataError(f"calibration: tensor {group.key!r} was never observed (empty in every batch)")
-        ranges[group.key], activations[group.key] = group_selection(observer, group.spec, plan.bound_of(group.key))
+        ranges[group.key], activations[group.key] = group_selection(plan, group.key, observers[group.key])
     for derived in plan.derived:
         ranges[derived.group], activations[derived.group] = derived_selection(plan, derived, ranges.__getitem__)
     requants: dict[str, QParams] = {}
@@ -194,29 +191,29 @@ def calibrated_qparams(
     return CalibratedQParams(activations, ranges, requants, weights, tuple(notes))
 
 
-def group_selection(
-    observer: Observer, spec: QuantSpec, bound: RangeBound | None
-) -> tuple[tuple[np.ndarray, np.ndarray], QParams]:
-    """The range ``observer`` selects for a group of ``spec`` and its qparams, cut at the
-    group's saturation ``bound`` when it has one (:class:`~quant_core.plan.planner.RangeBound`).
-    How both backends turn an observed group into qparams.
+def group_selection(plan: QuantPlan, key: str, observer: Observer) -> tuple[tuple[np.ndarray, np.ndarray], QParams]:
+    """The range ``observer`` selects for the observed group ``key`` of ``plan`` and its
+    qparams, cut at the group's saturation bound when it has one
+    (:meth:`~quant_core.plan.planner.RangeBound.selection`). How both backends turn an
+    observed group into qparams; a one-line error when the observer saw nothing.
 
     Example:
         >>> from quant_core.observers import make_observer
+        >>> from quant_core.plan import RangeBound, TensorGroup
         >>> spec = QuantSpec(dtype="uint8", symmetric=False)
+        >>> plan = QuantPlan((TensorGroup("c", spec, ("c",), ("c",)),), (), (), (), (), (),
+        ...                  bounds=(RangeBound("c", -3.0, float("inf")),))
         >>> obs = make_observer(spec); obs.update(np.array([-21.0, 20.0], np.float32))
-        >>> (lo, hi), qp = group_selection(obs, spec, RangeBound("c", -3.0, float("inf")))
+        >>> (lo, hi), qp = group_selection(plan, "c", obs)
         >>> round(float(lo), 2), int(qp.zero_point)
         (-3.09, 34)
     """
-    selected, qparams = observer.selection(spec)
-    if bound is None:
-        return selected, qparams
-    lo, hi = bound.cut(*selected, spec)
-    qparams = qparams_from_range(lo, hi, spec)
-    if not bound.reached_by(qparams, *selected):  # the nearest power of two stopped short of a cut end
-        qparams = qparams_from_range(lo, hi, spec, covering=True)
-    return (lo, hi), qparams
+    if observer.empty:
+        raise DataError(f"calibration: tensor {key!r} was never observed (empty in every batch)")
+    group = plan.group_of(key)
+    assert group is not None, key
+    bound = plan.bound_of(key)
+    return observer.selection(group.spec) if bound is None else bound.selection(observer, group.spec)
 
 
 def derived_selection(

@@ -68,6 +68,7 @@ from quant_core.plan.weight_range import held_weight_spec
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 if TYPE_CHECKING:
+    from quant_core.observers.base import Observer
     from quant_core.qparams import QParams
 
 RESULT_CONCAT_REASON = (
@@ -251,6 +252,19 @@ class RangeBound:
     group: str
     lo: float
     hi: float
+
+    def selection(self, observer: Observer, spec: QuantSpec) -> tuple[tuple[np.ndarray, np.ndarray], QParams]:
+        """What ``observer`` selects for ``spec``, cut at the bounds (:meth:`cut`), and its
+        qparams: the nearest power of two as everywhere, the covering one where the nearest
+        stops short of a cut end (:meth:`reached_by`)."""
+        from quant_core.qparams import qparams_from_range
+
+        selected = observer.selection(spec)[0]
+        lo, hi = self.cut(*selected, spec)
+        qparams = qparams_from_range(lo, hi, spec)
+        if not self.reached_by(qparams, *selected):
+            qparams = qparams_from_range(lo, hi, spec, covering=True)
+        return (lo, hi), qparams
 
     def reached_by(self, qparams: QParams, lo: np.ndarray, hi: np.ndarray) -> bool:
         """Whether the grid of ``qparams`` reaches each bound the selected range ``[lo, hi]``
