@@ -65,11 +65,11 @@ from quant_core.plan.ops import (
 )
 from quant_core.plan.transformer import MaskedScores, TransformerBlocks, find_blocks, softmax_spec, widened
 from quant_core.plan.weight_range import held_weight_spec
+from quant_core.qparams import QParams, dequantize, qparams_from_range
 from quant_core.spec import OUTPUT_CHANNELS, QuantSpec, ScaleType
 
 if TYPE_CHECKING:
     from quant_core.observers.base import Observer
-    from quant_core.qparams import QParams
 
 RESULT_CONCAT_REASON = (
     "a Concat writing a graph output: no integer op reads it, and one scale for all its inputs "
@@ -257,8 +257,6 @@ class RangeBound:
         """What ``observer`` selects for ``spec``, cut at the bounds (:meth:`cut`), and its
         qparams: the nearest power of two as everywhere, the covering one where the nearest
         stops short of a cut end (:meth:`reached_by`)."""
-        from quant_core.qparams import qparams_from_range
-
         selected = observer.selection(spec)[0]
         lo, hi = self.cut(*selected, spec)
         qparams = qparams_from_range(lo, hi, spec)
@@ -269,8 +267,6 @@ class RangeBound:
     def reached_by(self, qparams: QParams, lo: np.ndarray, hi: np.ndarray) -> bool:
         """Whether the grid of ``qparams`` reaches each bound the selected range ``[lo, hi]``
         was cut at (a value beyond it then clamps where the readers saturate)."""
-        from quant_core.qparams import dequantize
-
         ends = dequantize(np.array([qparams.qmin, qparams.qmax]), qparams)
         low_ok = not np.any(lo < self.lo) or bool(ends[0] <= self.lo)
         high_ok = not np.any(hi > self.hi) or bool(ends[1] >= self.hi)
@@ -278,8 +274,6 @@ class RangeBound:
 
     def cut(self, lo: np.ndarray, hi: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray]:
         """The selected range ``[lo, hi]`` cut at the bounds, one step of the cut grid wider."""
-        from quant_core.qparams import qparams_from_range
-
         cut_lo, cut_hi = np.maximum(lo, self.lo), np.minimum(hi, self.hi)
         step = np.asarray(qparams_from_range(cut_lo, cut_hi, spec, covering=True).scale, np.float64)
         new_lo = np.where(lo < self.lo, np.maximum(lo, self.lo - step), lo)
