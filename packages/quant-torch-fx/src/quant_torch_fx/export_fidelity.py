@@ -27,7 +27,7 @@ Example:
     >>> frozen = q.freeze(q.quantize_model(net, torch.randn(1, 3, 4, 4), [torch.randn(8, 3, 4, 4)]))
     >>> fidelity = node_by_node(onnx_model(frozen, (torch.randn(1, 3, 4, 4),), opset=19), frozen, (torch.randn(5, 3, 4, 4),))
     >>> len(fidelity.chain), fidelity.within_one_step("chain"), fidelity.within_one_step("isolated")
-    (4, 1.0, 1.0)
+    (3, 1.0, 1.0)
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ Under ``config.transformer_recipe`` (the default) the recognised transformer blo
 (:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors float (widened
 to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax outputs on
 the fixed ``[0, 1]`` grid, and quantized masked attention scores (and their mask) on a
-range derived from the scores before the mask (:class:`DerivedRange`). A per-tensor
+range derived from the scores before the mask (:class:`DerivedRange`). Under every format but
+power-of-two, the result tail (:mod:`quant_core.plan.tail`: what is computed after the last
+layer, a classifier's logits, a detector's box decoding) stays float. A per-tensor
 power-of-two weight whose min-max grid rounds most of it to zero (one outlier element) gets
 its position by squared error (:mod:`quant_core.plan.weight_range`). A tensor every reader
 of which saturates (a HardSwish's input) is quantized on its range cut at the saturation
@@ -63,6 +65,7 @@ from quant_core.plan.ops import (
     saturation_interval,
     weight_channel_axis,
 )
+from quant_core.plan.tail import result_tail
 from quant_core.plan.transformer import MaskedScores, TransformerBlocks, find_blocks, softmax_spec, widened
 from quant_core.plan.weight_range import held_weight_spec
 from quant_core.qparams import QParams, dequantize, qparams_from_range
@@ -428,14 +431,20 @@ class _Planner:
         self.blocks = find_blocks(graph) if config.transformer_recipe else TransformerBlocks()
         if self.blocks.summary():
             self.notes.append(f"transformer recipe: {self.blocks.summary()}")
+        self.tail = result_tail(graph)
+        self.tail_float: set[str] = set()
 
     def kept_float(self, tensor: str, spec: QuantSpec) -> bool:
-        """The transformer recipe leaves ``tensor`` float: a block internal, or the residual
-        stream where no Conv/Gemm/MatMul reads it (no integer kernel reads either). Power-of-two
+        """``tensor`` stays float: in the result tail (:mod:`quant_core.plan.tail`: after the
+        last layer), or, under the transformer recipe, a block internal or the residual stream
+        where no Conv/Gemm/MatMul reads it (no integer kernel reads either). Power-of-two
         formats are an integer-only device's (the NPU presets), which runs no float op: there
         these tensors keep the preset's format (the stream widened to 16 bits)."""
         if spec.scale_type is ScaleType.POWER_OF_TWO:
             return False
+        if tensor in self.tail:
+            self.tail_float.add(tensor)
+            return True
         return tensor in self.blocks.float_tensors or tensor in self.blocks.float_stream
 
     def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
@@ -597,6 +606,11 @@ class _Planner:
         self.fused.append(FusedActivation(node.name, node.op_type, producer.name, pre, post, bounds))
 
     def finish(self) -> QuantPlan:
+        if self.tail_float:
+            count = len(self.tail_float)
+            self.notes.append(
+                f"result tail: {count} tensor{'s' * (count != 1)} after the last layer float (no integer kernel reads them)"
+            )
         members: dict[str, list[str]] = {}
         for name in self.order:
             members.setdefault(self.groups.find(name), []).append(name)
