@@ -17,7 +17,7 @@ from onnx.reference import ReferenceEvaluator
 import quant_torch_fx.export
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.export import onnx_model
-from quant_torch_fx.export_fidelity import first_departure, node_by_node, record, reference_runner
+from quant_torch_fx.export_fidelity import first_departure, node_by_node, output_tolerance, record, reference_runner
 from quant_torch_fx.export_form import export_form
 from quant_torch_fx.prepare import activation_quantizers
 
@@ -51,6 +51,13 @@ def _assert_within_one_output_step(
     return got
 
 
+def _tolerance(proto: onnx.ModelProto) -> float:
+    """One input step through the last layer (the logits are float)."""
+    tolerance = output_tolerance(proto)
+    assert tolerance is not None
+    return tolerance
+
+
 def _assert_float_output_matches(proto: onnx.ModelProto, frozen: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
     """The output of ``proto`` is float (the result tail: the planner leaves what follows the
     last layer float outside power-of-two formats): every quantized tensor of the file run by
@@ -63,21 +70,8 @@ def _assert_float_output_matches(proto: onnx.ModelProto, frozen: torch.nn.Module
     with torch.no_grad():
         expected = frozen(x).numpy()
     assert fidelity.output.shape == expected.shape
-    assert np.max(np.abs(fidelity.output - expected)) <= _one_input_step_through_the_last_gemm(proto)
+    assert np.max(np.abs(fidelity.output - expected)) <= _tolerance(proto)
     return fidelity.output
-
-
-def _one_input_step_through_the_last_gemm(proto: onnx.ModelProto) -> float:
-    """How far the float output of the last Gemm (per-channel int8 weights, ``transB``) moves
-    when each code of its quantized input moves by one step: the step times the largest
-    row sum of absolute weights, and float rounding."""
-    inits, producers = _inits(proto), {out: n for n in proto.graph.node for out in n.output}
-    gemm = [n for n in proto.graph.node if n.op_type == "Gemm"][-1]
-    x_dq, w_dq = producers[gemm.input[0]], producers[gemm.input[1]]
-    step = float(numpy_helper.to_array(inits[x_dq.input[1]]))
-    codes = numpy_helper.to_array(inits[w_dq.input[0]]).astype(np.float64)
-    weight = codes * numpy_helper.to_array(inits[w_dq.input[1]]).reshape(-1, 1)
-    return step * float(np.abs(weight).sum(1).max()) * (1 + 1e-5) + 1e-6
 
 
 def test_weights_are_integer_initializers_and_bias_is_int32_at_the_product_scale(frozen) -> None:
@@ -434,7 +428,7 @@ def test_multi_input_multi_output_models_export_with_their_names() -> None:
     assert np.max(np.abs(got[1] - expected[1].numpy())) <= step * (1 + 1e-6)
     fidelity = node_by_node(named, frozen, inputs, reference_runner)
     assert fidelity.chain and not fidelity.unmatched and max(fidelity.chain.values()) <= 1
-    assert np.max(np.abs(got[0] - expected[0].numpy())) <= _one_input_step_through_the_last_gemm(named)
+    assert np.max(np.abs(got[0] - expected[0].numpy())) <= _tolerance(named)
 
 
 def test_int4_weights_export_at_opset_21() -> None:
