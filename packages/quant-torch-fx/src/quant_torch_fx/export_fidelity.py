@@ -220,6 +220,7 @@ def output_tolerance(model: onnx.ModelProto, output: str | None = None) -> float
     index = GraphIndex(model.graph)
     name = output or model.graph.output[0].name
     node = index.producer(name)
+
     def constant(tensor: str) -> bool:  # a float constant, or the DequantizeLinear of an integer one
         producer = index.producer(tensor)
         dequantized = producer is not None and producer.op_type == "DequantizeLinear"
