@@ -259,8 +259,17 @@ class RangeBound:
     def selection(self, observer: Observer, spec: QuantSpec) -> tuple[tuple[np.ndarray, np.ndarray], QParams]:
         """What ``observer`` selects for ``spec``, cut at the bounds (:meth:`cut`), and its
         qparams: the nearest power of two as everywhere, the covering one where the nearest
-        stops short of a cut end (:meth:`reached_by`)."""
+        stops short of a cut end (:meth:`reached_by`). A symmetric spec selects from the
+        statistic of the values clipped at the bounds (:meth:`Observer.clamped`): its
+        selection folds both sides into one magnitude, so a tail beyond a bound (a HardSwish
+        input far below -3) would set the scale that the cut could no longer narrow."""
         selected = observer.selection(spec)[0]
+        if spec.symmetric:  # a side beyond its bound is cut below; the other side as the readers see it
+            clamped = observer.clamped(self.lo, self.hi).selection(spec)[0]
+            selected = (
+                np.where(selected[0] < self.lo, selected[0], clamped[0]),
+                np.where(selected[1] > self.hi, selected[1], clamped[1]),
+            )
         lo, hi = self.cut(*selected, spec)
         qparams = qparams_from_range(lo, hi, spec)
         if not self.reached_by(qparams, *selected):
