@@ -125,7 +125,9 @@ def test_an_excluded_layer_runs_the_same_in_both_sessions(preset: str, tmp_path:
     x = export_models.images(1, batch=16, seed=11)[0]
     feeds = {"input": x.numpy()}
     default = _runner("default", tmp_path / "optimized.onnx")(proto, feeds)["output"]
-    np.testing.assert_array_equal(default, _runner("node_by_node")(proto, feeds)["output"])
+    # The logits are float (the result tail): QGemm's float output and the float Gemm on
+    # dequantized codes differ by float32 rounding only when every code before them agrees.
+    np.testing.assert_allclose(default, _runner("node_by_node")(proto, feeds)["output"], rtol=1e-5, atol=1e-7)
     ran = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
     assert ran.count("QGemm") == (1 if preset == "a8w8" else 0)  # the last linear only
 

@@ -133,18 +133,14 @@ def torch_batches(x: np.ndarray, batch: int = CALIB_BATCH) -> list[Any]:
 
 
 def output_step(path: Path) -> float | None:
-    """The quantization step of the file's first output, when a per-tensor DequantizeLinear produces it."""
+    """How far the file's first output moves for one step of the quantized tensor it is
+    computed from: its DequantizeLinear's step, or for float logits one input step through
+    the last layer (:func:`quant_torch_fx.export_fidelity.output_tolerance`)."""
     import onnx
-    from onnx import numpy_helper
 
-    model = onnx.load(str(path), load_external_data=False)
-    producers = {out: node for node in model.graph.node for out in node.output}
-    node = producers.get(model.graph.output[0].name)
-    if node is None or node.op_type != "DequantizeLinear":
-        return None
-    inits = {t.name: t for t in model.graph.initializer}
-    scale = inits.get(node.input[1])
-    return None if scale is None or len(scale.dims) else float(numpy_helper.to_array(scale))
+    from quant_torch_fx.export_fidelity import output_tolerance
+
+    return output_tolerance(onnx.load(str(path), load_external_data=False))
 
 
 def file_measures(flow: Flow, path: Path, x_node: np.ndarray) -> None:

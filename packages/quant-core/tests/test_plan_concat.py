@@ -21,10 +21,11 @@ def _detector_head(concat_read: bool) -> PlanGraph:
         PlanNode("concat", "Concat", ("boxes", "scores"), ("out",), {"axis": 1}),
     ]
     outputs: tuple[str, ...] = ("out",)
-    if concat_read:
-        nodes.append(PlanNode("relu", "Relu", ("out",), ("y",)))
+    if concat_read:  # a layer reads the Concat: it is no longer the result tail
+        nodes.append(PlanNode("fuse", "Conv", ("out", "wf"), ("y",)))
         outputs = ("out", "y")
-    return PlanGraph(nodes, inputs=("x",), outputs=outputs, constant={"wb": w, "wc": w}.get)
+    constants = {"wb": w, "wc": w, "wf": np.ones((4, 8, 1, 1), dtype=np.float32)}
+    return PlanGraph(nodes, inputs=("x",), outputs=outputs, constant=constants.get)
 
 
 @pytest.mark.parametrize("preset", ["a8w8", "xint8", "a16w8"])
@@ -33,7 +34,11 @@ def test_a_concat_that_only_writes_results_stays_float_and_its_inputs_keep_their
     assert [(f.name, f.reason) for f in plan.float_nodes if f.op_type == "Concat"] == [("concat", RESULT_CONCAT_REASON)]
     group_of = {member: group.key for group in plan.groups for member in group.members}
     assert "out" not in group_of
-    assert group_of["boxes"] != group_of["scores"]
+    assert group_of["b"] != group_of["c"]  # the layers' outputs, each on its own range
+    if preset == "xint8":  # an integer-only device: the result tail keeps the preset's format
+        assert group_of["boxes"] != group_of["scores"]
+    else:  # the result tail (quant_core.plan.tail) is float
+        assert "boxes" not in group_of and "scores" not in group_of
 
 
 def test_a_concat_read_inside_the_graph_still_shares_one_group() -> None:

@@ -20,6 +20,7 @@ from quant_core.plan import (
     fresh_observers,
     plan_quantization,
 )
+from quant_core.observer_config import MinMax, Percentile, PowerOfTwoMSE
 from quant_core.presets import get_preset
 from quant_core.qparams import dequantize, qparams_from_range, quantize
 from quant_core.spec import QuantSpec
@@ -132,3 +133,27 @@ def test_the_cut_grid_still_reaches_the_bound(
         assert grid[1] >= upper - 1e-6 * max(1.0, hi)
     covering = qparams_from_range(cut_lo, cut_hi, spec, covering=True)
     assert qp in (qparams_from_range(cut_lo, cut_hi, spec), covering)
+
+
+@pytest.mark.parametrize(
+    "observer", [PowerOfTwoMSE(bins=2048, search_below=1, search_above=3), Percentile(99.99), MinMax()]
+)
+def test_a_symmetric_grid_is_sized_by_the_values_the_readers_tell_apart(observer) -> None:
+    """A HardSwish input reaching -20 but only +2.5 above: a symmetric selection folds both
+    sides, so the negative tail would set the scale; selected from the values clipped at -3
+    (what the HardSwish sees), the scale is sized by 3 and the grid still reaches -3."""
+    spec = QuantSpec(dtype="int8", scale_type="power_of_two", observer=observer)
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.uniform(-20.0, -3.0, 4000), rng.uniform(-3.0, 2.5, 4000)]).astype(np.float32)
+    stats = make_observer(spec)
+    stats.update(values)
+    (_lo, _hi), cut = RangeBound("g", -3.0, math.inf).selection(stats, spec)
+    plain = stats.qparams()
+    assert float(cut.scale) * 127 >= 3.0  # reaches the bound
+    assert float(cut.scale) <= float(plain.scale) / 4  # 20 -> 3: two powers of two finer at least
+    reader_in = dequantize(quantize(values, cut), cut)
+    hardswish = reader_in * np.clip(reader_in + 3, 0, 6) / 6
+    exact = values * np.clip(values + 3, 0, 6) / 6
+    coarse_in = dequantize(quantize(values, plain), plain)
+    coarse = coarse_in * np.clip(coarse_in + 3, 0, 6) / 6
+    assert np.abs(hardswish - exact).max() < np.abs(coarse - exact).max()

@@ -152,7 +152,9 @@ def test_recipe_off_plans_by_the_op_table() -> None:
     graph = block(gelu="op")
     plan = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
     assert dtype_of(plan, "r1") == "uint8"
-    assert all(plan.group_of(t) is not None for t in ("op", "hb", "bo", "b1", "b2"))
+    assert all(plan.group_of(t) is not None for t in ("op", "hb", "bo", "b1"))
+    # After the last MatMul (fc2) the block only computes the result: the tail, float either way.
+    assert plan.group_of("b2") is None and plan.group_of("r2") is None
     assert plan.group_of("p").spec.observer == plan.group_of("n1").spec.observer == MinMax()  # type: ignore[union-attr]
     assert not any("transformer recipe" in note for note in plan.notes)
 
@@ -272,7 +274,7 @@ def test_fixed_range_validation_and_json() -> None:
 
 def test_logits_stay_float_their_inputs_do_not() -> None:
     """DeiT's two heads averaged: the layer outputs, their sum and the halved sum are the
-    logits (float); the heads' input stays 8-bit. Without the recipe all are quantized."""
+    logits (float: the result tail, recipe or not); the heads' input stays 8-bit."""
     nodes = [n("add", "Add", ("x", "x2"), ("r",)), n("ln", "LayerNormalization", ("r", "g1", "beta1"), ("t",)),
              n("head", "Gemm", ("t", "wq"), ("a",)), n("head_dist", "Gemm", ("t", "wk"), ("b",)),
              n("sum", "Add", ("a", "b"), ("s",)), n("avg", "Div", ("s", "two"), ("y",))]  # fmt: skip
@@ -281,7 +283,8 @@ def test_logits_stay_float_their_inputs_do_not() -> None:
     assert [plan.group_of(t) for t in ("a", "b", "s", "y")] == [None] * 4
     assert dtype_of(plan, "t") == "uint8" and plan.group_of("r") is None
     off = plan_quantization(graph, get_preset("a8w8").evolve(transformer_recipe=False))
-    assert all(off.group_of(t) is not None for t in ("a", "b", "s", "y"))
+    assert [off.group_of(t) for t in ("a", "b", "s", "y", "two")] == [None] * 5
+    assert all(plan_quantization(graph, get_preset("xint8")).group_of(t) is not None for t in ("a", "b", "s", "y"))
 
 
 def test_swin_shapes_stage_start_and_biased_scores() -> None:

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from builders import GraphBuilder, ort_run, quantize, random_inputs
+from builders import GraphBuilder, QDQWriter, ort_run, quantize, random_inputs
 
 from quant_core.presets import get_preset
 from quant_npu import check, legalize_model
@@ -246,7 +246,7 @@ def test_a_concat_that_only_writes_the_results_runs_on_the_cpu_at_the_end() -> N
     assert [c.kind for c in result.changes].count("requantize") == 0
     assert result.remaining.ok, result.remaining.format_text()
     assert [p.op_types for p in result.remaining.partitions] == [("Concat",)]
-    assert any("assembles the model's results in float" in note for note in result.notes)
+    assert any("finish the model's results in float" in note for note in result.notes)
     from quant_core.qparams import sqnr_db
 
     xs = random_inputs(_boxes_and_scores(transpose=False), 32, seed=6)
@@ -262,6 +262,35 @@ def test_a_concat_that_only_writes_the_results_runs_on_the_cpu_at_the_end() -> N
     (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, after)
+
+
+def test_an_a8w8_result_tail_runs_on_the_cpu_after_the_npu() -> None:
+    """Under a8w8 the planner leaves the whole decoding after the last Conv float (the box
+    scaling, the score sigmoid, the Concat and the Transpose: quant_core.plan.tail). An
+    a8w8 file legalised for the NPU keeps them as one CPU partition after the NPU, which
+    check accepts and the simulator runs in float on the Conv outputs it dequantizes."""
+    model = _boxes_and_scores(transpose=True)
+    result = legalize_model(quantize(model, "a8w8"))
+    assert result.remaining.ok, result.remaining.format_text()
+    assert [sorted(p.op_types) for p in result.remaining.partitions] == [["Concat", "Mul", "Sigmoid", "Transpose"]]
+    assert any("finish the model's results in float" in note for note in result.notes)
+    xs = random_inputs(model, 32, seed=6)
+    (after,) = ort_run(result.model, xs)
+    (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, after, rtol=1e-6, atol=1e-6)  # float on the CPU: the same up to float32 ulps
+
+
+def test_a_float_tensor_the_npu_reads_is_not_result_tail() -> None:
+    """A float node whose result a quantized node reads is inside the graph, not after it:
+    check names it (not_quantized) instead of putting it on the CPU."""
+    w = QDQWriter()
+    x = w.quantize("x", 4)
+    y = w.op("Sigmoid", [x], "sig")
+    out = w.op("Mul", [x, y], "swish")
+    model = w.model([("x", [1, 4])], [w.quantize(out, 4)])
+    assert set(check(model).counts()) >= {"not_quantized"}
+    assert check(model).partitions == ()
 
 
 @pytest.mark.parametrize("mean", ["GlobalAveragePool", "ReduceMean"])

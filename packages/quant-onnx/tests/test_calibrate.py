@@ -29,8 +29,8 @@ def _concat_model():
     left = b.conv(x, 3, 4)
     right = b.node("Mul", [x, b.const(np.array(5.0, np.float32))])
     joined = b.node("Concat", [left, right], axis=1)
-    # Read inside the graph: a Concat that only writes the result stays float (planner).
-    return b.model([b.node("Relu", [joined])], rank=4), left, right
+    # A layer reads it: a Concat that only writes the result (the result tail) stays float.
+    return b.model([b.conv(joined, 7, 4)], rank=4), left, right
 
 
 def test_minmax_ranges_match_numpy_over_every_batch_size() -> None:

@@ -11,7 +11,9 @@ squeeze-excite (:func:`model_builders.hardswish_se_cnn`).
 
 Unit: one output quantization step, the scale of the DequantizeLinear that writes the graph
 output; both outputs lie on that grid, so a difference is a whole number of steps (rounded
-to absorb float32 error). A float output (float-activation configs) uses 1e-4 of the
+to absorb float32 error). A float output a layer writes from quantized inputs (the
+classifier's logits, float as the result tail) uses the step it would have at its input's
+bits on its range. Any other float output (float-activation configs) uses 1e-4 of the
 output's largest magnitude instead: float rounding only.
 
 Two checks per config:
@@ -187,14 +189,30 @@ def _model(name: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
     return _LOADED[name]
 
 
-def output_step(model: onnx.ModelProto) -> float | None:
-    """Scale of the DequantizeLinear writing the (first) graph output; None for a float output."""
+def output_step(model: onnx.ModelProto, reference: np.ndarray) -> float | None:
+    """Scale of the DequantizeLinear writing the (first) graph output; for a float output a
+    layer writes from a dequantized input (the classifier's Gemm: the result tail), the step
+    the output would have at its input's bits on the ``reference`` output's range (what
+    the 8-bit output quantized before resolved); None for any other float output."""
     output = model.graph.output[0].name
-    producer = next(n for n in model.graph.node if output in n.output)
+    producers = {out: n for n in model.graph.node for out in n.output}
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    producer = producers[output]
+    if producer.op_type in ("Gemm", "MatMul", "Conv"):
+        data = producers.get(producer.input[0])
+        if data is None or data.op_type != "DequantizeLinear":
+            return None
+        bits = 8 * inits[data.input[2]].dtype.itemsize
+        return float(np.ptp(reference)) / (2**bits - 1)
     if producer.op_type != "DequantizeLinear":
         return None
-    scale = next(t for t in model.graph.initializer if t.name == producer.input[1])
-    return float(np.max(numpy_helper.to_array(scale)))
+    return float(np.max(inits[producer.input[1]]))
+
+
+def on_grid(model: onnx.ModelProto) -> bool:
+    """A DequantizeLinear writes the (first) graph output: every value lies on its grid."""
+    output = model.graph.output[0].name
+    return next(n for n in model.graph.node if output in n.output).op_type == "DequantizeLinear"
 
 
 def _uses_u8s8_kernels(config: QuantConfig) -> bool:
@@ -207,12 +225,13 @@ def _uses_u8s8_kernels(config: QuantConfig) -> bool:
     )
 
 
-def _steps(result: np.ndarray, reference: np.ndarray, step: float | None) -> np.ndarray:
-    """|result - reference| in output steps (see the module docstring)."""
+def _steps(result: np.ndarray, reference: np.ndarray, step: float | None, on_grid: bool = True) -> np.ndarray:
+    """|result - reference| in output steps (see the module docstring); ``on_grid``: both
+    lie on the step's grid (rounded to absorb float32 error)."""
     difference = np.abs(result.astype(np.float64) - reference)
     if step is None:
         return difference / (FLOAT_OUTPUT_TOLERANCE * float(np.abs(reference).max()))
-    return np.rint(difference / step)
+    return np.rint(difference / step) if on_grid else difference / step
 
 
 @pytest.mark.parametrize("model_name", sorted(MODELS))
@@ -232,14 +251,14 @@ def test_default_session_computes_the_qdq_model(model_name: str, config_name: st
     if opset is not None:
         assert opset_version(quantized) >= opset
     node_by_node = ort_run(quantized, evaluation, "emulated")[0]
-    step = output_step(quantized)
+    step, grid = output_step(quantized, node_by_node), on_grid(quantized)
 
     transformed = ort_run(quantized, evaluation, "all", disabled_optimizers=ROUNDING_TRANSFORMERS)[0]
-    worst = float(_steps(transformed, node_by_node, step).max())
+    worst = float(_steps(transformed, node_by_node, step, grid).max())
     assert worst <= 1, f"{config_name}: {worst:g} output steps off with onnxruntime's graph transformers"
 
     default = ort_run(quantized, evaluation, "all")[0]
-    rms = float(np.sqrt(np.mean(_steps(default, node_by_node, step) ** 2)))
+    rms = float(np.sqrt(np.mean(_steps(default, node_by_node, step, grid) ** 2)))
     assert rms <= 1, f"{config_name}: {rms:.2f} output steps RMS off in onnxruntime's default session"
 
 
@@ -280,5 +299,5 @@ def test_default_session_keeps_matmuls_as_written(config_name: str, model_name: 
     evaluation = data[CALIBRATION_SAMPLES:]
     default = ort_run(quantized, evaluation, "all")[0]
     node_by_node = ort_run(quantized, evaluation, "emulated")[0]
-    worst = float(_steps(default, node_by_node, output_step(quantized)).max())
+    worst = float(_steps(default, node_by_node, output_step(quantized, node_by_node), on_grid(quantized)).max())
     assert worst <= 1, f"{config_name}: {worst:g} output steps off in onnxruntime's default session"

@@ -74,6 +74,8 @@ def test_activation_qparams_equal_numpy_observers_on_float_tensors(method: str) 
     got = {key: fq.current_qparams() for key, fq in activation_quantizers(qmodel)}
     renamed = {k.split("_")[0] if k.startswith("sigmoid") else k: v for k, v in got.items()}
     keys = {"x": "x", "conv2d": "relu", "sigmoid": "sigmoid", "add": "add", "mean": "mean", "linear": "linear"}
+    if not OBSERVERS[method][1]:  # the logits are the result tail: float outside power-of-two formats
+        del keys["linear"]
     assert set(renamed) == set(keys), renamed.keys()
     for key, name in keys.items():
         assert renamed[key] == reference[name].qparams(), (key, renamed[key], reference[name].qparams())

@@ -22,7 +22,7 @@ CALIBRATION = CalibrationConfig(batch_size=16)
 
 @pytest.fixture(scope="module")
 def net():
-    return mobile_block_net(seed=3)
+    return mobile_block_net(seed=4)  # min-max misses the best score here (with float logits: seed 3 ties)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,10 @@ Example:
     ...          numpy_helper.from_array(np.array(0, np.int8), "z")]
     >>> nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
     ...          helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
-    ...          helper.make_node("Sigmoid", ["xd"], ["y"], name="sig")]
+    ...          helper.make_node("Sigmoid", ["xd"], ["sg"], name="sig"),
+    ...          helper.make_node("Mul", ["xd", "sg"], ["m"], name="swish"),
+    ...          helper.make_node("QuantizeLinear", ["m", "s", "z"], ["mq"], name="q2"),
+    ...          helper.make_node("DequantizeLinear", ["mq", "s", "z"], ["y"], name="dq2")]
     >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], inits)
     >>> result = check(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))

@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -43,7 +43,7 @@ from quant_npu.check import CheckResult, check_loaded
 from quant_npu.conversions import conversion_costs, convert_for_target
 from quant_npu.formats import activation_issues, storage
 from quant_npu.parameters import ParameterLegalizer, legalize_operand
-from quant_npu.partitions import CpuSelection, deployment_selection, float_result_concats, writes_output
+from quant_npu.partitions import CpuSelection, deployment_selection, float_result_tail, writes_output
 from quant_npu.plan import COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, plan
 from quant_npu.positions import PositionSolver, covering_position, representable_range
 from quant_npu.profile import NPUProfile, load_profile
@@ -299,7 +299,7 @@ def legalize_model(
 
     profile = load_profile(target)
     work = load_model(model)
-    result_concats = float_result_concats(work)
+    result_tail = float_result_tail(work)
     selection = deployment_selection(work, cpu)
     converted = convert_for_target(work, profile, selection)
     costs = conversion_costs(work, profile, data, selection) if data is not None and converted.converted else {}
@@ -312,13 +312,23 @@ def legalize_model(
     changes = [
         Change("conversion", c.node, c.op_type, " + ".join(c.result), _reason(c.rule)) for c in converted.converted
     ]
-    kept = tuple(
-        f"node {name!r} (Concat) assembles the model's results in float (the planner leaves it so that each "
-        "input keeps its own scale): it runs on the CPU after the NPU, as the last partition"
-        for name in result_concats
+    kept = (
+        (
+            f"on the CPU after the NPU, as the last partition: {_listed(result_tail)} (they finish the model's "
+            "results in float from its last integer tensors; the planner leaves them float)",
+        )
+        if result_tail
+        else ()
     )
     notes = (*converted.notes, *legalizer.notes, *kept)
     return LegalizeResult(result, (*changes, *requantized, *legalizer.changes), remaining, notes, costs)
+
+
+def _listed(names: Sequence[str], shown: int = 6) -> str:
+    """``node 'a'`` / ``nodes 'a', 'b' and 3 more``."""
+    quoted = ", ".join(repr(n) for n in names[:shown])
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"node{'s' * (len(names) != 1)} {quoted}{more}"
 
 
 def _reason(rule: str) -> str:

@@ -31,7 +31,6 @@ from typing import Any
 import attrs
 import onnx
 
-from quant_core.onnx_qdq.graph import GraphIndex
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.plan import Step
 
@@ -175,28 +174,54 @@ def _read_outside(qdq: QDQGraph, name: str, members: Sequence[Step]) -> bool:
     return bool(outside) or qdq.is_graph_output_key(name) or qdq.index.is_graph_output(name)
 
 
-def float_result_concats(model: onnx.ModelProto) -> tuple[str, ...]:
-    """Float Concats that read dequantized tensors and only write graph outputs: the
-    planner leaves them float (:data:`quant_core.plan.planner.RESULT_CONCAT_REASON`), and
-    the device hands their inputs to the CPU, which joins them."""
-    index = GraphIndex(model.graph)
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
-    def dequantized(tensor: str) -> bool:
-        producer = index.producer(tensor)
-        return producer is not None and producer.op_type == "DequantizeLinear"
 
-    return tuple(
-        node.name
+def float_result_tail(model: onnx.ModelProto) -> tuple[str, ...]:
+    """Nodes that finish the model's results in float: each reads dequantized tensors,
+    constants, shape values or another such node's outputs, and what it writes only such
+    nodes or the graph outputs read. The planner leaves them float: a Concat that assembles
+    the results (:data:`quant_core.plan.planner.RESULT_CONCAT_REASON`) and, under formats
+    that are not power-of-two, the result tail (:mod:`quant_core.plan.tail`: a classifier's
+    logits, a detector's box decoding). A deployment hands their inputs, the last integer
+    tensors, to the CPU, which finishes the results."""
+    qdq = QDQGraph(model)
+    index = qdq.index
+    tail = {
+        id(node): node
         for node in model.graph.node
-        if node.op_type == "Concat"
-        and all(index.is_graph_output(o) and not index.consumers(o) for o in node.output)
-        and all(dequantized(i) for i in node.input if i)
-    )
+        if node.name
+        and node.op_type not in _QDQ_OPS
+        and node.op_type != "Constant"
+        and not any(o in qdq.host_values for o in node.output)
+    }
+
+    def finishes_results(node: onnx.NodeProto) -> bool:
+        for out in node.output:
+            if not out:
+                continue
+            readers = index.consumers(out)
+            if not (readers or index.is_graph_output(out)) or any(id(r) not in tail for r in readers):
+                return False
+        data = [name for name in node.input if name and name not in qdq.host_values and not index.is_constant(name)]
+        for name in data:
+            producer = index.producer(name)
+            if producer is None or (producer.op_type != "DequantizeLinear" and id(producer) not in tail):
+                return False
+        return bool(data)
+
+    changed = True
+    while changed:
+        dropped = [key for key, node in tail.items() if not finishes_results(node)]
+        for key in dropped:
+            del tail[key]
+        changed = bool(dropped)
+    return tuple(node.name for node in model.graph.node if id(node) in tail)
 
 
 def deployment_selection(model: onnx.ModelProto, cpu: CpuSelection | Iterable[str] | str | None) -> CpuSelection:
-    """``cpu`` plus the planner's float result Concats (:func:`float_result_concats`): the
-    nodes that run on the CPU of a deployment. ``check``, ``legalize`` and the simulator
+    """``cpu`` plus the nodes that finish the results in float (:func:`float_result_tail`):
+    the nodes that run on the CPU of a deployment. ``check``, ``legalize`` and the simulator
     read a model through this one selection, so a legalised model that ``legalize`` calls
-    done also passes ``check`` and runs in the simulator without naming the Concat."""
-    return CpuSelection.parse(cpu).including(glob.escape(name) for name in float_result_concats(model))
+    done also passes ``check`` and runs in the simulator without naming them."""
+    return CpuSelection.parse(cpu).including(glob.escape(name) for name in float_result_tail(model))

@@ -27,7 +27,7 @@ Example:
     >>> frozen = q.freeze(q.quantize_model(net, torch.randn(1, 3, 4, 4), [torch.randn(8, 3, 4, 4)]))
     >>> fidelity = node_by_node(onnx_model(frozen, (torch.randn(1, 3, 4, 4),), opset=19), frozen, (torch.randn(5, 3, 4, 4),))
     >>> len(fidelity.chain), fidelity.within_one_step("chain"), fidelity.within_one_step("isolated")
-    (4, 1.0, 1.0)
+    (3, 1.0, 1.0)
 """
 
 from __future__ import annotations
@@ -190,6 +190,67 @@ def node_by_node(
     isolated = {n: int(np.abs(alone[n].astype(np.int64) - seen[mapping[n]].codes).max()) for n in matched}
     output = got[model.graph.output[0].name]
     return Fidelity(chain, isolated, [n for n in names if n not in mapping], output)
+
+
+def output_tolerance(model: onnx.ModelProto, output: str | None = None) -> float | None:
+    """How far graph ``output`` (default: the first) moves when the quantized tensor it is
+    computed from moves by one step: the step of a per-tensor DequantizeLinear that writes
+    it; for a float result a Gemm/MatMul computes from a dequantized input and dequantized
+    constant weights (a classifier's logits, left float by the planner's result tail), the
+    input's step times the largest sum of absolute weights into one output, with float
+    rounding; None for any other output. Two runs whose quantized tensors agree within one
+    step agree within this at the output.
+
+    Example (a Gemm reading 8-bit input codes of step 0.5, weights ``[[1, -2], [3, 0.5]]``
+    read as ``transB``: row sums 3 and 3.5):
+        >>> from onnx import TensorProto, numpy_helper
+        >>> inits = [numpy_helper.from_array(np.float32(0.5), "xs"), numpy_helper.from_array(np.uint8(0), "xz"),
+        ...          numpy_helper.from_array(np.array([[2, -4], [6, 1]], np.int8), "wq"),
+        ...          numpy_helper.from_array(np.float32(0.5), "ws")]
+        >>> nodes = [helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["x"]),
+        ...          helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"]),
+        ...          helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)]
+        >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("xq", TensorProto.UINT8, [1, 2])],
+        ...                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], inits)
+        >>> round(output_tolerance(helper.make_model(g)), 4)
+        1.75
+    """
+    from quant_core.onnx_qdq.graph import GraphIndex
+
+    index = GraphIndex(model.graph)
+    name = output or model.graph.output[0].name
+    node = index.producer(name)
+
+    def constant(tensor: str) -> bool:  # a float constant, or the DequantizeLinear of an integer one
+        producer = index.producer(tensor)
+        dequantized = producer is not None and producer.op_type == "DequantizeLinear"
+        return index.is_constant(tensor) or (dequantized and index.is_constant(producer.input[0]))
+
+    if node is not None and node.op_type == "Add":  # a linear layer's bias
+        data = [i for i in node.input if not constant(i)]
+        node = index.producer(data[0]) if len(data) == 1 else None
+    if node is None:
+        return None
+    if node.op_type == "DequantizeLinear":
+        scale = index.constant(node.input[1])
+        return None if scale is None or scale.size != 1 else float(scale)
+    if node.op_type not in ("Gemm", "MatMul"):
+        return None
+    x_dq, w_dq = index.producer(node.input[0]), index.producer(node.input[1])
+    if x_dq is None or w_dq is None or {x_dq.op_type, w_dq.op_type} != {"DequantizeLinear"}:
+        return None
+    step, codes, scale = (index.constant(x_dq.input[1]), index.constant(w_dq.input[0]), index.constant(w_dq.input[1]))
+    if step is None or codes is None or scale is None or step.size != 1 or codes.ndim != 2:
+        return None
+    zero = index.constant(w_dq.input[2]) if len(w_dq.input) > 2 and w_dq.input[2] else np.zeros(())
+    axis = int(next((a.i for a in w_dq.attribute if a.name == "axis"), 1))
+    shape = [1, 1]
+    if scale.size > 1:
+        shape[axis] = -1
+    weights = (codes.astype(np.float64) - np.reshape(zero, shape)) * np.reshape(scale, shape)
+    transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+    into_output = np.abs(weights).sum(axis=1 if transposed else 0)
+    return float(step) * float(into_output.max()) * (1 + 1e-5) + 1e-6
 
 
 def reference_runner(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

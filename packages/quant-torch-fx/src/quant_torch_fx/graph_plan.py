@@ -17,15 +17,15 @@ Example:
     >>> class Net(torch.nn.Module):
     ...     def __init__(self):
     ...         super().__init__()
-    ...         self.fc = torch.nn.Linear(4, 2)
-    ...     def forward(self, x):
-    ...         return torch.relu(self.fc(x))
+    ...         self.fc, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    ...     def forward(self, x):  # a layer reads the Relu: not the result tail (float)
+    ...         return self.head(torch.relu(self.fc(x)))
     >>> from quant_torch_fx.prepare import normalize
     >>> gm = torch.export.export(Net(), (torch.randn(3, 4),)).module()
     >>> normalize(gm, fold_batch_norms=True)
     >>> view = build_plan_graph(gm)
     >>> [(n.name, n.op_type, n.inputs) for n in view.graph.nodes]
-    [('fc/linear', 'Gemm', ('x', 'fc_weight', 'fc_bias')), ('relu', 'Relu', ('linear',))]
+    [('fc/linear', 'Gemm', ('x', 'fc_weight', 'fc_bias')), ('relu', 'Relu', ('linear',)), ('head/linear_1', 'Gemm', ('relu', 'head_weight', 'head_bias'))]
     >>> plan = plan_quantization(view.graph, get_preset("a8w8"))
     >>> [f.node for f in plan.fused], plan.weights[0].spec.per_channel_axis
     (['relu'], 0)

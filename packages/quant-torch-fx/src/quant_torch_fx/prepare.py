@@ -316,7 +316,7 @@ def prepare_graph(
     fused_pre = {f.pre_tensor for f in plan.fused}
     for group in plan.groups:
         key = _key(group.key, activations.keys())
-        fq = FakeQuantizer(group.spec, name=group.key)
+        fq = FakeQuantizer(group.spec, name=group.key, bound=plan.bound_of(group.key))
         activations[key] = fq
         path = f"{ACTIVATIONS}.{key}"
         activation_paths[group.key] = path

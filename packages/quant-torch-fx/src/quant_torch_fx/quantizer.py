@@ -37,6 +37,7 @@ from torch import nn
 
 from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.observers import Observer, make_observer
+from quant_core.plan import RangeBound
 from quant_core.qparams import QParams, qparams_from_data, qparams_to_data, scale_from_fix_pos
 from quant_core.spec import QuantSpec, ScaleType
 from quant_torch_fx.fake_quantize import code_dtype, fake_quantize_tensors
@@ -58,6 +59,9 @@ class FakeQuantizer(nn.Module):
     Args:
         spec: the tensor's spec (per-channel axis already resolved for weights).
         name: what errors and reports call it (the group key or the weight's node).
+        bound: the group's saturation bound from the plan, if it has one: qparams computed
+            here (learnable qparams started from a training batch) are cut there, as
+            calibration cuts them (:func:`quant_core.plan.group_selection`).
 
     Example:
         >>> from quant_core.spec import QuantSpec
@@ -68,12 +72,13 @@ class FakeQuantizer(nn.Module):
     scale: torch.Tensor
     zero_point: torch.Tensor
 
-    def __init__(self, spec: QuantSpec, *, name: str) -> None:
+    def __init__(self, spec: QuantSpec, *, name: str, bound: RangeBound | None = None) -> None:
         super().__init__()
         if not spec.is_quantized:
             raise ConfigError(f"{name}: dtype {spec.dtype.value} keeps the tensor in float; it needs no quantizer")
         self.spec = spec
         self.name = name
+        self.bound = bound
         self.observer: Observer = make_observer(spec)
         self.observing = False
         self.quantizing = False
@@ -115,7 +120,7 @@ class FakeQuantizer(nn.Module):
         """Qparams from what the observer saw (``quant_core``'s math); they are then used."""
         if self.observer.empty:
             raise DataError(f"calibration: tensor {self.name!r} was never observed (empty in every batch)")
-        qp = self.observer.qparams()
+        qp = self.observer.qparams() if self.bound is None else self.bound.selection(self.observer, self.spec)[1]
         self.set_qparams(qp)
         return qp
 

@@ -105,6 +105,22 @@ class Observer(abc.ABC):
         lo, hi = self.range(target)
         return (lo, hi), qparams_from_range(lo, hi, target)
 
+    def clamped(self, lo: float, hi: float) -> Observer:
+        """An observer of the same spec whose statistic is that of this one's values
+        clipped to ``[lo, hi]``: what a reader that saturates there sees (this one is not
+        changed). The base keeps the statistic as it is; observers that can clip theirs
+        override this.
+
+        Example:
+            >>> import numpy as np
+            >>> from quant_core.observers import make_observer
+            >>> obs = make_observer(QuantSpec(dtype="int8"))
+            >>> obs.update(np.array([-20.0, 5.0], np.float32))
+            >>> [float(v) for v in obs.clamped(-3.0, float("inf")).range()], [float(v) for v in obs.range()]
+            ([-3.0, 5.0], [-20.0, 5.0])
+        """
+        return self
+
     @abc.abstractmethod
     def _state(self) -> StateDict:
         """Observer-specific state: numpy arrays and plain Python values."""

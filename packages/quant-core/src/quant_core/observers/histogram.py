@@ -167,6 +167,15 @@ class HistogramObserver(Observer):
             raise DataError("HistogramObserver: no data observed; call update() first")
         return Histogram(self.counts.copy(), self.grid, self.min_val, self.max_val)
 
+    def clamped(self, lo: float, hi: float) -> Observer:
+        """A copy holding :meth:`Histogram.clamped`'s counts and range."""
+        copy = Observer.from_state_dict(self.state_dict())
+        assert isinstance(copy, HistogramObserver)
+        if self.grid is not None and self.min_val is not None and self.max_val is not None:
+            clipped = self.histogram().clamped(lo, hi)
+            copy.counts, copy.min_val, copy.max_val = clipped.counts, clipped.min_val, clipped.max_val
+        return copy
+
     def range(self, spec: QuantSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The range the spec's method selects (float64 scalars), selected once per spec
         until the counts change."""

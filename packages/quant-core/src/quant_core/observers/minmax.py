@@ -80,6 +80,13 @@ class _RangeObserver(Observer):
             raise DataError(f"{type(self).__name__}: no data observed; call update() first")
         return self.min_val.copy(), self.max_val.copy()
 
+    def clamped(self, lo: float, hi: float) -> Observer:
+        copy = Observer.from_state_dict(self.state_dict())
+        assert isinstance(copy, _RangeObserver)
+        if copy.min_val is not None and copy.max_val is not None:
+            copy.min_val, copy.max_val = np.clip(copy.min_val, lo, hi), np.clip(copy.max_val, lo, hi)
+        return copy
+
     def _state(self) -> StateDict:
         return {
             "min_val": None if self.min_val is None else self.min_val.copy(),

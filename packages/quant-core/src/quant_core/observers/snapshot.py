@@ -53,6 +53,33 @@ class Histogram:
         value = float(lower[i]) + min(max(frac, 0.0), 1.0) * float(upper[i] - lower[i])
         return min(max(value, self.min_val), self.max_val)
 
+    def clamped(self, lo: float, hi: float) -> Histogram:
+        """The histogram of ``clip(x, lo, hi)``: the counts of the bins wholly beyond a
+        bound moved into the bin that holds it, the exact range clipped. A bound outside
+        the data, or one every value lies beyond, changes nothing (the grid must hold the
+        clipped data, and a histogram of one value selects nothing).
+
+        Example:
+            >>> h = Histogram(np.array([3, 1, 2, 1]), HistogramGrid(exponent=0, offset=-2, bins=4), -1.5, 1.25)
+            >>> c = h.clamped(-0.5, float("inf"))
+            >>> c.counts.tolist(), c.min_val, c.max_val
+            ([0, 4, 2, 1], -0.5, 1.25)
+        """
+        counts = self.counts.copy()
+        min_val, max_val = self.min_val, self.max_val
+        edges = self.grid.edges()
+        if min_val < lo < max_val:
+            i = int(np.searchsorted(edges, lo, side="right")) - 1  # the bin [edge_i, edge_i+1) holding lo
+            counts[i] += counts[:i].sum()
+            counts[:i] = 0
+            min_val = float(lo)
+        if min_val < hi < max_val:
+            i = int(np.searchsorted(edges, hi, side="right")) - 1
+            counts[i] += counts[i + 1 :].sum()
+            counts[i + 1 :] = 0
+            max_val = float(hi)
+        return Histogram(counts, self.grid, min_val, max_val)
+
     def folded(self) -> Histogram:
         """Histogram of ``|x|`` on a grid starting at 0 with the same bin count.
 

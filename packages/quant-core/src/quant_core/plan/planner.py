@@ -17,7 +17,9 @@ Under ``config.transformer_recipe`` (the default) the recognised transformer blo
 (:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors float (widened
 to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax outputs on
 the fixed ``[0, 1]`` grid, and quantized masked attention scores (and their mask) on a
-range derived from the scores before the mask (:class:`DerivedRange`). A per-tensor
+range derived from the scores before the mask (:class:`DerivedRange`). Under every format but
+power-of-two, the result tail (:mod:`quant_core.plan.tail`: what is computed after the last
+layer, a classifier's logits, a detector's box decoding) stays float. A per-tensor
 power-of-two weight whose min-max grid rounds most of it to zero (one outlier element) gets
 its position by squared error (:mod:`quant_core.plan.weight_range`). A tensor every reader
 of which saturates (a HardSwish's input) is quantized on its range cut at the saturation
@@ -63,6 +65,7 @@ from quant_core.plan.ops import (
     saturation_interval,
     weight_channel_axis,
 )
+from quant_core.plan.tail import result_tail
 from quant_core.plan.transformer import MaskedScores, TransformerBlocks, find_blocks, softmax_spec, widened
 from quant_core.plan.weight_range import held_weight_spec
 from quant_core.qparams import QParams, dequantize, qparams_from_range
@@ -256,8 +259,17 @@ class RangeBound:
     def selection(self, observer: Observer, spec: QuantSpec) -> tuple[tuple[np.ndarray, np.ndarray], QParams]:
         """What ``observer`` selects for ``spec``, cut at the bounds (:meth:`cut`), and its
         qparams: the nearest power of two as everywhere, the covering one where the nearest
-        stops short of a cut end (:meth:`reached_by`)."""
+        stops short of a cut end (:meth:`reached_by`). A symmetric spec selects from the
+        statistic of the values clipped at the bounds (:meth:`Observer.clamped`): its
+        selection folds both sides into one magnitude, so a tail beyond a bound (a HardSwish
+        input far below -3) would set the scale that the cut could no longer narrow."""
         selected = observer.selection(spec)[0]
+        if spec.symmetric:  # a side beyond its bound is cut below; the other side as the readers see it
+            clamped = observer.clamped(self.lo, self.hi).selection(spec)[0]
+            selected = (
+                np.where(selected[0] < self.lo, selected[0], clamped[0]),
+                np.where(selected[1] > self.hi, selected[1], clamped[1]),
+            )
         lo, hi = self.cut(*selected, spec)
         qparams = qparams_from_range(lo, hi, spec)
         if not self.reached_by(qparams, *selected):
@@ -428,14 +440,20 @@ class _Planner:
         self.blocks = find_blocks(graph) if config.transformer_recipe else TransformerBlocks()
         if self.blocks.summary():
             self.notes.append(f"transformer recipe: {self.blocks.summary()}")
+        self.tail = result_tail(graph)
+        self.tail_float: set[str] = set()
 
     def kept_float(self, tensor: str, spec: QuantSpec) -> bool:
-        """The transformer recipe leaves ``tensor`` float: a block internal, or the residual
-        stream where no Conv/Gemm/MatMul reads it (no integer kernel reads either). Power-of-two
+        """``tensor`` stays float: in the result tail (:mod:`quant_core.plan.tail`: after the
+        last layer), or, under the transformer recipe, a block internal or the residual stream
+        where no Conv/Gemm/MatMul reads it (no integer kernel reads either). Power-of-two
         formats are an integer-only device's (the NPU presets), which runs no float op: there
         these tensors keep the preset's format (the stream widened to 16 bits)."""
         if spec.scale_type is ScaleType.POWER_OF_TWO:
             return False
+        if tensor in self.tail:
+            self.tail_float.add(tensor)
+            return True
         return tensor in self.blocks.float_tensors or tensor in self.blocks.float_stream
 
     def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
@@ -597,6 +615,11 @@ class _Planner:
         self.fused.append(FusedActivation(node.name, node.op_type, producer.name, pre, post, bounds))
 
     def finish(self) -> QuantPlan:
+        if self.tail_float:
+            count = len(self.tail_float)
+            self.notes.append(
+                f"result tail: {count} tensor{'s' * (count != 1)} after the last layer float (no integer kernel reads them)"
+            )
         members: dict[str, list[str]] = {}
         for name in self.order:
             members.setdefault(self.groups.find(name), []).append(name)

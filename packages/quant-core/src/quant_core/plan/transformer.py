@@ -18,9 +18,9 @@ So, under any preset, :func:`find_blocks` marks
   and an ``Erf``/``Tanh`` GELU, and a GELU's input when only the GELU reads it): left
   float. These ops have no integer kernel anywhere; a quantize/dequantize pair between
   them only adds error. A tensor a Conv/Gemm/MatMul reads is never among them;
-- **a layer's output that is a graph output** (the classifier's logits), and a linear
-  layer's product before its constant bias Add, and that bias: float (no integer kernel reads them;
-  onnxruntime runs the layer with a float output, as PT2E leaves ``linear`` outputs float);
+- **a linear layer's product before its constant bias Add**, and that bias: float (no integer
+  kernel reads them; onnxruntime runs the layer with a float output, as PT2E leaves ``linear``
+  outputs float; the classifier's logits are the result tail's, :mod:`quant_core.plan.tail`);
 - **attention scores** (from the ``Q.K^T`` MatMul through bias/mask Adds into the
   softmax): float (no integer kernel reads them; the MatMul runs with a float output);
 - **attention Softmax outputs** (a MatMul reads them): their observed range (finer than
@@ -43,7 +43,7 @@ Example (a residual Add feeding a LayerNorm, then a Softmax):
     ...          PlanNode("sm", "Softmax", ("n",), ("p",)), PlanNode("av", "MatMul", ("p", "v"), ("o",))]
     >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x", "y", "v"), outputs=("o",)))
     >>> sorted(blocks.residual), sorted(blocks.softmax_outputs), blocks.summary()
-    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor (float, 16 bits on power-of-two formats), 1 block-internal tensor float, 1 Softmax output (observed range, [0, 1] on power-of-two formats)')
+    (['r'], ['p'], '1 LayerNorm, 0 GELU, 1 Softmax; 1 residual-stream tensor (float, 16 bits on power-of-two formats), 0 block-internal tensors float, 1 Softmax output (observed range, [0, 1] on power-of-two formats)')
 """
 
 from __future__ import annotations
@@ -572,45 +572,11 @@ def _selected_only(graph: GraphView, tensor: str) -> set[str]:
     return found
 
 
-def _head_outputs(graph: GraphView) -> set[str]:
-    """Graph outputs a Gemm/MatMul writes, possibly through element-wise arithmetic
-    on such outputs and constants (a bias Add, DeiT's two heads averaged): the logits.
-    Quantizing them caps the output at 8 bits' resolution (~40 dB on Gaussian logits)
-    while no integer kernel reads them; onnxruntime runs the layers with float outputs
-    (QGemm, MatMulIntegerToFloat), as PT2E leaves ``linear`` outputs float."""
-    memo: dict[str, bool] = {}
-
-    def is_logits(tensor: str, depth: int) -> bool:
-        if tensor not in memo:
-            producer = graph.producer(tensor)
-            memo[tensor] = False
-            if producer is not None and producer.op_type in FLOAT_OUTPUT_KERNELS:
-                memo[tensor] = True
-            elif producer is not None and producer.op_type in _ELEMENTWISE - {"Pow"} and depth < 4:
-                data = [i for i in producer.inputs if i and graph.constant(i) is None]
-                memo[tensor] = bool(data) and all(is_logits(i, depth + 1) for i in data)
-        return memo[tensor]
-
-    heads = {out for node in graph.nodes for out in node.outputs if out and graph.is_graph_output(out)}
-    heads = {out for out in heads if is_logits(out, 0)}
-    return {t for t, logits in memo.items() if logits and _feeds(graph, t, heads)}
-
-
-def _feeds(graph: GraphView, tensor: str, heads: set[str]) -> bool:
-    """``tensor`` is one of ``heads`` or only element-wise arithmetic towards them reads it."""
-    if tensor in heads:
-        return True
-    consumers = graph.consumers(tensor)
-    return bool(consumers) and all(
-        c.op_type in _ELEMENTWISE and any(_feeds(graph, o, heads) for o in c.outputs if o) for c in consumers
-    )
-
-
 def find_blocks(graph: GraphView) -> TransformerBlocks:
     """Recognise the transformer blocks of ``graph`` (see the module docstring).
 
     Example (an ``Erf`` GELU between two MatMuls: its internals float, its output not; the
-    last layer writes the graph output, which stays float too):
+    graph output the last layer writes is the result tail's, :mod:`quant_core.plan.tail`):
         >>> import numpy as np
         >>> from quant_core.plan.graph import PlanGraph, PlanNode
         >>> c = {"w1": np.ones((4, 4), np.float32), "w2": np.ones((4, 4), np.float32), "s": np.float32(1.4142135),
@@ -621,7 +587,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         ...          PlanNode("fc2", "MatMul", ("g", "w2"), ("y",))]
         >>> blocks = find_blocks(PlanGraph(nodes, inputs=("x",), outputs=("y",), constant=c.get))
         >>> blocks.gelus, sorted(blocks.float_tensors)
-        (('erf',), ['a', 'd', 'e', 'h', 'm', 'y'])
+        (('erf',), ['a', 'd', 'e', 'h', 'm'])
     """
     norms: list[_Block] = []
     gelus: list[_Block] = []
@@ -673,7 +639,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
             internal |= {found.mask} - {""}
     if norms or gelus or softmaxes:
         products = _linear_products(graph)
-        internal |= products | _linear_biases(graph, products) | _head_outputs(graph)
+        internal |= products | _linear_biases(graph, products)
     internal -= keep | residual
     return TransformerBlocks(
         norms=tuple(b.name for b in norms),

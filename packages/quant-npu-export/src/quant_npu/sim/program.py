@@ -129,13 +129,43 @@ class HostOperation:
 
 
 @attrs.frozen(eq=False)
+class CpuOperation:
+    """A node the CPU runs in float with ONNX's reference implementation: it reads
+    ``integer`` tensors (input name -> key and fix position) dequantized, and constants and
+    other CPU nodes' float results as they are; its outputs stay float.
+
+    Example:
+        >>> from onnx.reference import ReferenceEvaluator
+        >>> node = onnx.helper.make_node("Sigmoid", ["x"], ["y"])
+        >>> op = CpuOperation(node, ReferenceEvaluator(node), {"x": ("x_q", 2)})
+        >>> op.run({"x_q": np.array([0, 4], np.int8)})["y"].round(4).tolist()
+        [0.5, 0.7311...]
+    """
+
+    node: onnx.NodeProto
+    evaluator: Any
+    integer: Mapping[str, tuple[str, int]]
+
+    def run(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = {}
+        for name in self.node.input:
+            if name in self.integer:
+                key, position = self.integer[name]
+                feeds[name] = np.ldexp(values[key].astype(np.float32), -position)
+            elif name:
+                feeds[name] = values[name]
+        outputs = self.evaluator.run(None, feeds)
+        return {name: np.asarray(value) for name, value in zip(self.node.output, outputs, strict=False) if name}
+
+
+@attrs.frozen(eq=False)
 class Program:
     """The compiled model: input quantizers, operations in order, output dequantizers
     (see the module example)."""
 
     inputs: Mapping[str, tuple[tuple[str, QParams], ...]]  # graph input -> (key, qparams) per QuantizeLinear
     raw_inputs: Mapping[str, tuple[str, int]]  # integer graph input read by a DequantizeLinear -> (key, zp)
-    operations: tuple[Operation | HostOperation, ...]
+    operations: tuple[Operation | HostOperation | CpuOperation, ...]
     constants: Mapping[str, np.ndarray]
     outputs: Mapping[str, tuple[str, int | None]]  # graph output -> (key, position; None: a CPU node's float)
     mode: RoundMode
@@ -160,7 +190,7 @@ class _Compiler:
         self.on_cpu = {id(step) for step in cpu_steps(self.qdq, self.steps, cpu)}
         self.constants: dict[str, np.ndarray] = {}
         self.notes: list[str] = []
-        self.float_outputs: set[str] = set()  # graph outputs a CPU node writes in float
+        self.float_values: set[str] = set()  # what CPU nodes write in float (the model's results)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
     # ------------------------------------------------------------------ tensors
@@ -238,7 +268,7 @@ class _Compiler:
         return tuple(names)
 
     # ------------------------------------------------------------------ kernels
-    def compile(self, step: Step) -> Operation:
+    def compile(self, step: Step) -> Operation | CpuOperation:
         op = step.op_type
         if id(step) in self.on_cpu:
             return self._cpu(step)
@@ -388,7 +418,7 @@ class _Compiler:
         kernel = LinearResizeKernel(attributes, self.profile.resize_weight_bits, ipos, out_pos, self.mode, out_range)
         return (x,), self.params(step, 1), kernel
 
-    def _cpu(self, step: Step) -> Operation:
+    def _cpu(self, step: Step) -> Operation | CpuOperation:
         """A node kept on the CPU: float on dequantized inputs (ONNX's reference
         implementation), its output quantized like the model's QuantizeLinear."""
         from onnx.reference import ReferenceEvaluator
@@ -400,7 +430,7 @@ class _Compiler:
         opsets = {o.domain or "": o.version for o in self.model.opset_import}
         evaluator: Any = ReferenceEvaluator(node, opsets=opsets)
         self.notes.append(f"node {step.name!r}: {step.op_type} runs on the CPU in float")
-        if out is None and node.output and self.qdq.index.is_graph_output(node.output[0]):
+        if out is None:
             return self._cpu_result(step, evaluator)
         out_pos = self.pos(step, out)
         assert out is not None
@@ -435,25 +465,26 @@ class _Compiler:
 
         return Operation(step.name, step.op_type, keys, tuple(others[i] for i in order), out, run)
 
-    def _cpu_result(self, step: Step, evaluator: Any) -> Operation:
-        """A CPU node writing a float graph output (the planner's result Concat): float
-        on its dequantized inputs, not requantized."""
+    def _cpu_result(self, step: Step, evaluator: Any) -> CpuOperation:
+        """A CPU node writing float (the results the planner leaves float, see
+        :func:`~quant_npu.partitions.float_result_tail`): float on dequantized integer tensors
+        and on earlier CPU nodes' float results, not requantized."""
         node = step.node
-        indices = tuple(i for i, k in enumerate(step.data_inputs) if k is not None)
-        if len(indices) != len([n for n in node.input if n]):
-            raise self.fail(step, "a CPU node writing a float graph output reads a tensor that is not quantized")
-        keys = self.data(step, indices)
-        positions = [self.pos(step, k) for k in keys]
-        self.float_outputs.add(node.output[0])
-
-        def run(*arguments: np.ndarray) -> np.ndarray:
-            feeds = {
-                node.input[i]: np.ldexp(a.astype(np.float32), -p)
-                for i, a, p in zip(indices, arguments, positions, strict=True)
-            }
-            return np.asarray(evaluator.run(None, feeds)[0], np.float32)
-
-        return Operation(step.name, step.op_type, keys, (), node.output[0], run)
+        integer: dict[str, tuple[str, int]] = {}
+        for name, key in zip(node.input, step.data_inputs, strict=False):
+            if not name:
+                continue
+            if key is not None and self.qdq.tensors[key].is_constant:
+                self.constants.setdefault(name, self.qdq.tensors[key].real_values().astype(np.float32))
+            elif key is not None:
+                integer[name] = (key, self.pos(step, key))
+            elif self.qdq.constant(name) is not None:
+                self.constants.setdefault(name, np.asarray(self.qdq.constant(name)))
+            elif name not in self.float_values and name not in self.qdq.host_values:
+                raise self.fail(step, f"reads {name!r}, neither an integer tensor nor a CPU node's float result")
+        written = [o for o in node.output if o]
+        self.float_values.update(written)
+        return CpuOperation(node, evaluator, integer)
 
     def _hardswish(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
@@ -554,7 +585,7 @@ class _Compiler:
 
         by_node = {id(step.node): step for step in self.steps}
         absorbed = {id(step.activation) for step in self.steps if step.activation is not None}
-        operations: list[Operation | HostOperation] = []
+        operations: list[Operation | HostOperation | CpuOperation] = []
         opsets = {o.domain or "": o.version for o in self.model.opset_import}
         for node in self.qdq.order:
             if node.output and node.output[0] in self.qdq.host_values:
@@ -602,7 +633,7 @@ class _Compiler:
     def outputs(self) -> dict[str, tuple[str, int | None]]:
         found: dict[str, tuple[str, int | None]] = {}
         for output in self.model.graph.output:
-            if output.name in self.float_outputs:
+            if output.name in self.float_values:
                 found[output.name] = (output.name, None)
                 continue
             dq = self.qdq.producer(output.name)

@@ -11,7 +11,7 @@ import onnx
 from quant_core.errors import ConfigError, DataError
 from quant_npu.partitions import CpuSelection, deployment_selection
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.sim.program import HostOperation, Program, compile_program, quantize_input
+from quant_npu.sim.program import Operation, Program, compile_program, quantize_input
 from quant_npu.sim.threads import blas_threads
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
@@ -126,7 +126,7 @@ class NPUSimulator:
         for name, (key, zero_point) in program.raw_inputs.items():
             values[key] = np.asarray(feeds[name]).astype(np.int64) - zero_point
         for operation in program.operations:
-            if isinstance(operation, HostOperation):
+            if not isinstance(operation, Operation):  # shape values, the CPU's float results
                 values.update(operation.run(values))
                 continue
             arguments = [values[k] for k in operation.data]
