@@ -10,7 +10,8 @@ the given samples, and the search stops at the first candidate within the tolera
 ``1 - target`` (``find_n_candidates: 1``), as ours stops at the first meeting the target.
 Prints one JSON line: wall seconds of ``search_model`` (the float model's scoring
 included, as ours includes it), candidates run, the first candidate meeting the target
-and its agreement.
+and its agreement. ``--batch``: samples per onnxruntime run of the evaluator (``search.py``
+gives the run size our search's runner uses, so both run the models equally fast).
 
     /work/quark-venv/bin/python tools/bench/quark_search_peer.py --model M.onnx \\
         --calib C.npy --select S.npy --target 0.885 --work /tmp/quark_search
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select", type=Path, required=True, help=".npy samples the search selects on")
     parser.add_argument("--target", type=float, required=True, help="top-1 agreement to reach")
     parser.add_argument("--work", type=Path, required=True, help="folder for Quark's candidates and logs")
+    parser.add_argument("--batch", type=int, default=32, help="samples per onnxruntime run of the evaluator")
     args = parser.parse_args(argv)
 
     import onnx
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibrate_method": [PowerOfTwoMethod.NonOverflow, PowerOfTwoMethod.MinMSE],
         "include_cle": [False, True],
     }
-    search_config.search_evaluator = agreement_evaluator(select, name)
+    search_config.search_evaluator = agreement_evaluator(select, name, args.batch)
     search_config.search_metric_tolerance = 1.0 - args.target
     # Every key: Quark 0.13 reads each without a default.
     search_config.search_stop_condition = {
