@@ -124,7 +124,8 @@ def against_quark(name: str, path: Path, calib_path: Path, eval_x: np.ndarray, t
         f"quark auto_search: {'met' if quark['met'] else 'missed'}; {quark['candidates_run']} candidates {scores}; ",
         end="",
     )
-    print(f"{quark['seconds']:.1f} s")
+    scoring = quark.get("evaluate_seconds", [])
+    print(f"{quark['seconds']:.1f} s (of which scoring, the float model first: {[round(t, 1) for t in scoring]} s)")
     best = max(quark["scores"].values()) if quark["scores"] else None
     print(
         f"time ratio ours / quark {common.fmt(common.ratio(ours_seconds, quark['seconds']), 2)}x (target <= 0.3x); ",
