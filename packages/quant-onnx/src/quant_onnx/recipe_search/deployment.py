@@ -85,8 +85,8 @@ class Deployment(Protocol):
 #: pieces of whole samples. Measured on 2 cores with 2 MiB of L2 each (docs/benchmarks.md,
 #: issue 27, fifth session): EfficientNet-Lite0 (602 KB a 224x224 sample) ran 1.3-1.5x
 #: faster per sample in runs of 1-4 samples than in one run of 32, whose activations leave
-#: the cache, float and int8 alike (load 4-5; beside more busy processes both took the
-#: same time); a 32x32 Fashion-MNIST model (4 KB a sample) runs fastest at the whole batch
+#: the cache, float and int8 alike (load 4-5; interleaved with a fresh session a run,
+#: and beside more busy processes, both took the same time); a 32x32 Fashion-MNIST model (4 KB a sample) runs fastest at the whole batch
 #: of 32. The outputs were the same bytes at every run size.
 RUN_INPUT_BYTES = 2 << 20
 
