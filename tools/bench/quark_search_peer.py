@@ -9,8 +9,10 @@ True}, in Quark's grid order; the evaluator scores top-1 agreement with the floa
 the given samples, and the search stops at the first candidate within the tolerance
 ``1 - target`` (``find_n_candidates: 1``), as ours stops at the first meeting the target.
 Prints one JSON line: wall seconds of ``search_model`` (the float model's scoring
-included, as ours includes it), candidates run, the first candidate meeting the target
-and its agreement.
+included, as ours includes it) and of each scoring in it, candidates run, the first
+candidate meeting the target and its agreement. ``--batch``: samples per onnxruntime run
+of the evaluator (``search.py`` gives the run size our search's runner uses, so both run
+the models equally fast).
 
     /work/quark-venv/bin/python tools/bench/quark_search_peer.py --model M.onnx \\
         --calib C.npy --select S.npy --target 0.885 --work /tmp/quark_search
@@ -48,11 +50,14 @@ def agreement_evaluator(data: np.ndarray, name: str, batch: int = 32) -> Any:
         return logits.reshape(len(logits), -1).argmax(axis=1)
 
     def evaluate(path: str) -> float:
+        started = time.perf_counter()
         predicted = top1(path)
+        evaluate.seconds.append(time.perf_counter() - started)  # type: ignore[attr-defined]
         if not reference:
             reference.append(predicted)
         return float(np.mean(predicted == reference[0]))
 
+    evaluate.seconds = []  # type: ignore[attr-defined]
     return evaluate
 
 
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select", type=Path, required=True, help=".npy samples the search selects on")
     parser.add_argument("--target", type=float, required=True, help="top-1 agreement to reach")
     parser.add_argument("--work", type=Path, required=True, help="folder for Quark's candidates and logs")
+    parser.add_argument("--batch", type=int, default=32, help="samples per onnxruntime run of the evaluator")
     args = parser.parse_args(argv)
 
     import onnx
@@ -85,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         "calibrate_method": [PowerOfTwoMethod.NonOverflow, PowerOfTwoMethod.MinMSE],
         "include_cle": [False, True],
     }
-    search_config.search_evaluator = agreement_evaluator(select, name)
+    evaluator = agreement_evaluator(select, name, args.batch)
+    search_config.search_evaluator = evaluator
     search_config.search_metric_tolerance = 1.0 - args.target
     # Every key: Quark 0.13 reads each without a default.
     search_config.search_stop_condition = {
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     found = searcher.candidates[0] if searcher.candidates else None
     result = {
         "seconds": seconds,
+        "evaluate_seconds": evaluator.seconds,  # each scoring: the float model first, then each candidate
         "candidates_run": searcher.iterations,
         "scores": {str(k): 1.0 - v for k, v in searcher.searched_space.items()},
         "met": found is not None,

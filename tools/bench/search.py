@@ -62,6 +62,17 @@ def shared_space():  # -> SearchSpace: what Quark's auto_search is given too (mo
     )
 
 
+def run_size(eval_x: np.ndarray, batch: int = 32) -> int:
+    """Samples per onnxruntime run our search's runner takes from a batch of ``batch``
+    (``quant_onnx.recipe_search.deployment.RUN_INPUT_BYTES``): the Quark peer's evaluator
+    runs its models in runs of the same size."""
+    from quant_onnx.pipeline.calibrate import even_step
+    from quant_onnx.recipe_search.deployment import RUN_INPUT_BYTES
+
+    most = max(1, RUN_INPUT_BYTES // max(1, eval_x[0].nbytes))
+    return batch if batch <= most else even_step(batch, most)
+
+
 def against_quark(name: str, path: Path, calib_path: Path, eval_x: np.ndarray, target: float) -> None:
     """Our search over :func:`shared_space` and Quark's ``auto_search`` over the same, one
     after the other; prints both metrics and times."""
@@ -92,7 +103,7 @@ def against_quark(name: str, path: Path, calib_path: Path, eval_x: np.ndarray, t
         np.save(selected, eval_x[select])
         command = [python, str(Path(__file__).with_name("quark_search_peer.py")), "--model", str(path)]
         command += ["--calib", str(calib_path), "--select", str(selected), "--target", str(target)]
-        command += ["--work", str(Path(work) / "quark")]
+        command += ["--work", str(Path(work) / "quark"), "--batch", str(run_size(eval_x))]
         done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"quark: FAILED: {done.stderr[-1500:]}")
@@ -113,7 +124,8 @@ def against_quark(name: str, path: Path, calib_path: Path, eval_x: np.ndarray, t
         f"quark auto_search: {'met' if quark['met'] else 'missed'}; {quark['candidates_run']} candidates {scores}; ",
         end="",
     )
-    print(f"{quark['seconds']:.1f} s")
+    scoring = quark.get("evaluate_seconds", [])
+    print(f"{quark['seconds']:.1f} s (of which scoring, the float model first: {[round(t, 1) for t in scoring]} s)")
     best = max(quark["scores"].values()) if quark["scores"] else None
     print(
         f"time ratio ours / quark {common.fmt(common.ratio(ours_seconds, quark['seconds']), 2)}x (target <= 0.3x); ",

@@ -32,6 +32,7 @@ from quant_onnx.pipeline.calibrate import calibrate, kernel_values
 from quant_onnx.recipe_search import (
     OnnxRuntime,
     SearchSpace,
+    deployment,
     deployment_for,
     engine,
     make_candidate,
@@ -40,6 +41,7 @@ from quant_onnx.recipe_search import (
     search,
     split_indices,
 )
+from quant_onnx.recipe_search.evaluation import load_evaluation_data
 
 CALIBRATION = CalibrationConfig(batch_size=16)
 
@@ -416,3 +418,58 @@ def test_candidates_share_a_pre_pass_and_their_plans_and_each_is_its_own_quantiz
     for candidate, built in zip(candidates, where.finished, strict=True):
         alone = ModelQuantizer(candidate.config, quiet=True).quantize(cnn, None, calib, batch_size=16)
         assert built.SerializeToString() == alone.model.SerializeToString(), candidate.name
+
+
+def per_sample_cnn(first_output_dim="N"):
+    """small_cnn with its output shape declared ``[first_output_dim, 10]``, as an exporter declares it."""
+    cnn = small_cnn(seed=4)
+    dims = cnn.graph.output[0].type.tensor_type.shape.dim
+    if isinstance(first_output_dim, str):
+        dims[0].dim_param = first_output_dim
+    else:
+        dims[0].dim_value = first_output_dim
+    dims[1].dim_value = 10
+    return cnn
+
+
+def counted_runs(monkeypatch):
+    """The batch length of every run of the sessions onnxruntime_runner opens from now on."""
+    runs = []
+    original = deployment.inference_session
+
+    def counted(model, level):
+        session = original(model, level)
+        run = session.run
+        session.run = lambda names, feeds, *rest: runs.append(len(feeds["x"])) or run(names, feeds, *rest)
+        return session
+
+    monkeypatch.setattr(deployment, "inference_session", counted)
+    return runs
+
+
+def test_a_batch_of_large_samples_runs_in_pieces_with_the_outputs_of_one_run(monkeypatch):
+    cnn = per_sample_cnn()
+    batch = random_inputs(cnn, 10, seed=5)
+    whole = onnxruntime_runner(cnn)({"x": batch})[0]
+    runs = counted_runs(monkeypatch)
+    monkeypatch.setattr(deployment, "RUN_INPUT_BYTES", 4 * batch[0].nbytes)  # four samples a run
+    pieces = onnxruntime_runner(cnn)({"x": batch})[0]
+    assert runs == [4, 4, 2]  # as few runs as four samples a run allow
+    assert pieces.tobytes() == whole.tobytes()
+
+
+def test_outputs_that_are_not_per_sample_run_whole(monkeypatch):
+    runs = counted_runs(monkeypatch)
+    monkeypatch.setattr(deployment, "RUN_INPUT_BYTES", 1)
+    batch = random_inputs(small_cnn(seed=4), 10, seed=5)
+    for model in (small_cnn(seed=4), per_sample_cnn(10), per_sample_cnn("M")):  # unknown, fixed, another dim
+        assert not deployment.per_sample_outputs(model)
+        assert onnxruntime_runner(model)({"x": batch})[0].shape == (10, 10)
+    assert runs == [10, 10, 10]
+    assert deployment.per_sample_outputs(per_sample_cnn())
+
+
+def test_evaluation_data_of_an_array_is_read_without_a_copy(model, evaluation):
+    data = load_evaluation_data(model, evaluation)
+    assert np.shares_memory(data.inputs["x"], evaluation)
+    assert data.inputs["x"].tobytes() == evaluation.tobytes()

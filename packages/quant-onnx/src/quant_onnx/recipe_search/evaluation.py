@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -38,12 +39,19 @@ def load_evaluation_data(
 ) -> EvaluationData:
     """Read ``data`` (any form calibration data takes) for ``model``'s inputs into memory
     and split it. ``labels``: an array or ``.npy`` path, one per sample."""
-    reader = CalibrationReader(model, data, batch_size=batch_size, num_samples=num_samples, image_options=image_options)
+    fixed = {spec.fixed_batch for spec in model_inputs(model)} - {None}
+    # Read as one batch where the model's batch is free: an array's samples then stay where
+    # they are, instead of being cut into batches and copied together again (a fresh copy
+    # of 520 Lite0 crops, 313 MB, took 1-1.5 s to fault in).
+    read_size = batch_size if fixed else sys.maxsize
+    reader = CalibrationReader(model, data, batch_size=read_size, num_samples=num_samples, image_options=image_options)
     batches = list(reader)
     if not batches:
         raise DataError("evaluation data: no samples")
-    inputs = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
-    fixed = {spec.fixed_batch for spec in model_inputs(model)} - {None}
+    if len(batches) == 1:
+        inputs = dict(batches[0])
+    else:
+        inputs = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
     return evaluation_data(
         inputs,
         labels=labels,
