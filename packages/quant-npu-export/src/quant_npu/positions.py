@@ -25,11 +25,10 @@ import attrs
 import numpy as np
 
 from quant_core.dtypes import DType
-from quant_core.observer_config import MinMax
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_core.plan.weight_range import held_weight_spec
+from quant_core.presets import get_preset
 from quant_core.qparams import pow2_fix_pos
-from quant_core.spec import QuantSpec, ScaleType
 from quant_core.weights import constant_qparams
 from quant_npu.formats import activation_issues
 from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish
@@ -51,21 +50,17 @@ def covering_position(lo: float, hi: float, levels: int = 127) -> int:
 
 
 def planned_weight_position(values: np.ndarray, profile: NPUProfile) -> int:
-    """The position quant_core's planner gives the weight ``values`` in the profile's format
-    (per-tensor int8 power of two, codes from ``weight_qmin``, min-max observed, as the
-    ``xint8`` preset): the power of two nearest the min-max scale
+    """The position quant_core's planner gives the weight ``values`` under the ``xint8``
+    preset's weight spec (per-tensor int8 power of two, min-max observed; narrow range when
+    the profile's codes start at -127): the power of two nearest the min-max scale
     (:func:`quant_core.qparams.nearest_pow2_fix_pos`; the largest values may saturate), or
     by squared error where that grid holds the weight under 20 dB
     (:func:`quant_core.plan.weight_range.held_weight_spec`). The legaliser converts a weight
     of another format (float scales, per channel) with it, so that an ``a8w8`` file gets
     the positions the ``xint8`` preset would have chosen for the same weights."""
-    spec = QuantSpec(
-        dtype=DType.INT8,
-        symmetric=True,
-        scale_type=ScaleType.POWER_OF_TWO,
-        narrow_range=profile.weight_qmin > DType.INT8.qmin,
-        observer=MinMax(),
-    )
+    preset = get_preset("xint8").global_config.weight
+    assert preset is not None
+    spec = preset.evolve(narrow_range=profile.weight_qmin > DType.INT8.qmin)
     spec, _note = held_weight_spec(values, spec)
     fix_pos = constant_qparams(values, spec).fix_pos
     assert fix_pos is not None
