@@ -11,6 +11,7 @@ from test_check import add_model, conv_model
 
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_core.presets import get_preset, list_presets
+from quant_core.qparams import nearest_pow2_fix_pos, pow2_fix_pos
 from quant_npu.check import check
 from quant_npu.legalize import legalize, legalize_model
 from quant_npu.profile import NPUProfile
@@ -85,6 +86,30 @@ def test_a8w8_output_becomes_an_npu_model() -> None:
         assert tensor.position is not None and tensor.is_symmetric
     x = random_inputs(conv_chain(), 64, seed=3)
     assert sqnr(ort_run(model, x)[0], ort_run(result.model, x)[0]) > 10
+
+
+@pytest.mark.parametrize("target", ["xint8", "dpu"])
+def test_converted_weights_take_the_planners_nearest_position(target: str) -> None:
+    """A float-scale weight converted to the device format gets quant_core's position for
+    it, the power of two nearest ``max|w| / 127`` (as the xint8 preset), not the covering
+    one; its codes stay within the profile's weight range and the file passes check."""
+    model = quantize(conv_chain(), "a8w8")
+    result = legalize_model(model, target)
+    assert check(result.model, target).ok
+    before, after = QDQGraph(model), QDQGraph(result.model)
+    qmin = -127 if target == "xint8" else -128
+    converted = {c.target for c in result.changes if c.kind == "weight" and c.reason.startswith("device weight format")}
+    differing = 0
+    for node in model.graph.node:
+        if node.name not in converted:
+            continue
+        key = before.dequantized[node.input[1]]
+        largest = float(np.abs(before.tensors[key].real_values()).max())
+        weight = after.tensors[key]
+        assert weight.position == int(nearest_pow2_fix_pos(largest / 127)), node.name
+        assert qmin <= int(weight.codes.min()) and int(weight.codes.max()) <= 127
+        differing += weight.position != int(pow2_fix_pos(largest / 127))
+    assert differing >= 2  # the case where the rules differ is exercised (4 of conv_chain's 7 layers)
 
 
 @pytest.mark.parametrize("preset", list_presets())

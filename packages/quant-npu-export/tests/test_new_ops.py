@@ -124,3 +124,21 @@ def test_prelu_slope_is_quantized_for_the_dpu() -> None:
     producer = next(n for n in result.model.graph.node if node.input[1] in n.output)
     assert producer.op_type == "DequantizeLinear"
     assert not legalize_model(quantize(SINGLE_OPS["PRelu"](), "xint8")).remaining.ok  # xint8: no PRelu
+
+
+def test_prelu_slope_codes_stay_in_the_profiles_weight_range() -> None:
+    """A slope is checked as a weight: on a profile with Quark's [-127, 127] weights, the
+    covering position's -128 for the most negative slope saturates to -127 (and says so)."""
+    import attrs
+
+    from quant_npu.check import check
+    from quant_npu.profile import get_profile
+
+    profile = attrs.evolve(get_profile("xint8"), ops=get_profile("xint8").ops | {"PRelu"})
+    b = GraphBuilder(3)
+    x = b.input("x", ["N", 2, 5, 5])
+    y = b.node("PRelu", [x, b.const(np.array([-0.5, 0.3], np.float32).reshape(2, 1, 1), "slope")])
+    result = legalize_model(quantize(b.model([y], rank=4), "xint8"), profile)
+    (change,) = [c for c in result.changes if c.reason.startswith("PRelu slope format")]
+    assert (change.after, change.reason) == ("int8@8", "PRelu slope format; 1 code(s) saturated")
+    assert check(result.model, profile).ok

@@ -184,16 +184,20 @@ class _Legalizer:
         self.changes.append(Change("clamp", key, "saturation", op, "an asymmetric quantizer clamped there"))
 
     def prelu_slope(self, step: Step) -> None:
-        """A float PRelu slope becomes int8 codes at the finest position covering it (the
-        DPU's ``prelu_in`` codes; a quantized slope is positioned like any constant operand)."""
+        """A float PRelu slope becomes int8 codes (the DPU's ``prelu_in`` codes, checked as a
+        weight: from ``weight_qmin``) at the finest position covering it: the planner leaves
+        slopes float, and each is one channel's multiplier, not an outlier among many (the
+        nearest power would cut whole channels' slopes by up to 29%); a quantized slope is
+        positioned like any constant operand."""
         slope = self.qdq.constant(step.node.input[1]) if len(step.node.input) > 1 else None
         if slope is None or (len(step.data_inputs) > 1 and step.data_inputs[1] is not None):
             return
         real = np.asarray(slope, np.float64)
         position = covering_position(float(real.min(initial=0.0)), float(real.max(initial=0.0)))
-        codes, _clipped = quantize_real(real, position, -128, 127, self.profile.weight_rounding)
+        codes, clipped = quantize_real(real, position, self.profile.weight_qmin, 127, self.profile.weight_rounding)
         self.editor.quantize_input(step.node, 1, codes.astype(np.int8), position)
-        self.changes.append(Change("constant", step.name, "float slope", f"int8@{position}", "PRelu slope format"))
+        reason = "PRelu slope format" + (f"; {clipped} code(s) saturated" if clipped else "")
+        self.changes.append(Change("constant", step.name, "float slope", f"int8@{position}", reason))
 
     def leaky_relu_alphas(self) -> None:
         for step in self.steps:

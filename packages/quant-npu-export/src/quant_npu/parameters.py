@@ -17,7 +17,7 @@ from quant_core.onnx_qdq.graph import int_attribute
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.formats import bias_issues, weight_issues
 from quant_npu.plan import Step
-from quant_npu.positions import covering_position
+from quant_npu.positions import covering_position, planned_weight_position
 from quant_npu.profile import BiasFormat, NPUProfile
 from quant_npu.rewrite import ModelEditor, quantize_real
 from quant_npu.shifts import clamp, shift_bias_range
@@ -76,7 +76,7 @@ class ParameterLegalizer:
         real = weight.real_values()
         qmin = self.profile.weight_qmin
         usable = weight.position is not None and not weight_issues(weight, self.profile)
-        start = weight.position if usable else covering_position(float(real.min()), float(real.max()), 127)
+        start = weight.position if usable else planned_weight_position(real, self.profile)
         assert start is not None
         wpos = weight_position(ipos, opos, start, self.profile)
         final = real
@@ -150,7 +150,7 @@ class ParameterLegalizer:
                 and not bias_issues(tensor, None, self.profile)
             )
             start = tensor.position if usable and tensor is not None else None
-            if start is None:
+            if start is None:  # covering, not a weight's nearest power: a clipped bias shifts a whole channel
                 start = covering_position(float(real.min()), float(real.max()), 127)
             leaky = step.activation is not None and step.activation.op_type == "LeakyRelu"
             allowed = shift_bias_range(self.profile, accumulator - opos, leaky)

@@ -3,9 +3,20 @@ symmetric position, tensors that must share one are grouped (the group takes its
 members' minimum: the coarsest, which clips nothing), and the Add/Mul/HardSigmoid shift
 rules move positions until none is broken or ``max_rounds`` passes end.
 
+A position chosen from a float range follows what the range is. A weight converted from
+another format gets the position quant_core's planner gives it (:func:`planned_weight_position`:
+the power of two nearest its min-max scale, which may saturate its largest values); an
+activation converted from another format, and a constant whose value must be represented
+(a bias, a PRelu slope, a conversion's scalar), get the finest position covering what they
+hold (:func:`covering_position`; for activations the nearest power measured mixed:
+``docs/benchmarks.md``, "Converted positions follow the planner's nearest rule").
+
 Example:
     >>> covering_position(-1.0, 3.0)  # 127 * 2**-5 = 3.97 >= 3
     5
+    >>> weights = np.array([-0.5, 1.2])  # 1.2 / 127 = 2**-6.73: nearest 2**-7 (1.2 clips to 0.99)
+    >>> planned_weight_position(weights, NPUProfile()), covering_position(-0.5, 1.2)
+    (7, 6)
 """
 
 from __future__ import annotations
@@ -13,8 +24,12 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from quant_core.dtypes import DType
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
+from quant_core.plan.weight_range import held_weight_spec
+from quant_core.presets import get_preset
 from quant_core.qparams import pow2_fix_pos
+from quant_core.weights import constant_qparams
 from quant_npu.formats import activation_issues
 from quant_npu.plan import ADD_OPS, COMMUTING_ACTIVATIONS, WEIGHTED_OPS, Step, is_swish
 from quant_npu.profile import NPUProfile
@@ -32,6 +47,24 @@ def covering_position(lo: float, hi: float, levels: int = 127) -> int:
     if lo < 0:
         candidates.append(int(pow2_fix_pos(-lo / (levels + 1))))
     return min(candidates) if candidates else 0
+
+
+def planned_weight_position(values: np.ndarray, profile: NPUProfile) -> int:
+    """The position quant_core's planner gives the weight ``values`` under the ``xint8``
+    preset's weight spec (per-tensor int8 power of two, min-max observed; narrow range when
+    the profile's codes start at -127): the power of two nearest the min-max scale
+    (:func:`quant_core.qparams.nearest_pow2_fix_pos`; the largest values may saturate), or
+    by squared error where that grid holds the weight under 20 dB
+    (:func:`quant_core.plan.weight_range.held_weight_spec`). The legaliser converts a weight
+    of another format (float scales, per channel) with it, so that an ``a8w8`` file gets
+    the positions the ``xint8`` preset would have chosen for the same weights."""
+    preset = get_preset("xint8").global_config.weight
+    assert preset is not None
+    spec = preset.evolve(narrow_range=profile.weight_qmin > DType.INT8.qmin)
+    spec, _note = held_weight_spec(values, spec)
+    fix_pos = constant_qparams(values, spec).fix_pos
+    assert fix_pos is not None
+    return int(fix_pos)
 
 
 def initial_position(tensor: QuantTensor, profile: NPUProfile) -> int:
