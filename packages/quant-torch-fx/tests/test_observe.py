@@ -50,8 +50,9 @@ def test_torch_feeding_equals_numpy_feeding(name: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), exponent=st.integers(-6, 6), bins=st.sampled_from([16, 64, 2048]))
+@given(seed=st.integers(0, 2**31 - 1), exponent=st.integers(-6, 6), bins=st.sampled_from([16, 64, 2048, 65536]))
 def test_both_histogram_paths_count_like_quant_core(seed: int, exponent: int, bins: int) -> None:
+    # One thread counts int16 bins up to 32768 bins and int32 bins above (65536).
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(3000) * 2.0**exponent).astype(np.float32)
     x[:3] = [0.0, -0.0, -1e-45]  # signed zero and a subnormal next to the zero edge
