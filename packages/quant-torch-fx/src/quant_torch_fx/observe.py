@@ -4,7 +4,8 @@ A batch is reduced where it lives: ``torch.aminmax`` (per tensor, or per channel
 moving the channel axis first) for the min-max observers, and a histogram on the grid
 the observer hands out (:meth:`HistogramObserver.grid_for`) for the histogram methods
 (percentile, entropy, MSE, power-of-two MinMSE), counted by ``torch.bincount`` on an
-accelerator and by a scatter-add split over the intra-op threads on the CPU (one thread while
+accelerator; on the CPU by a scatter-add split over the intra-op threads, or by
+``torch.bincount`` of narrow integer bins on one thread (small tensors, and every tensor while
 the machine is busy: :func:`quant_torch_fx.shared_cores.observer_threads`). Only the reduction (two
 numbers, one per channel, or ``bins`` counts) crosses to the host; the
 observer then makes its decision with ``quant_core``'s one implementation of the math, so
