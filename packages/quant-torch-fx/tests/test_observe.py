@@ -50,8 +50,9 @@ def test_torch_feeding_equals_numpy_feeding(name: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), exponent=st.integers(-6, 6), bins=st.sampled_from([16, 64, 2048]))
+@given(seed=st.integers(0, 2**31 - 1), exponent=st.integers(-6, 6), bins=st.sampled_from([16, 64, 2048, 65536]))
 def test_both_histogram_paths_count_like_quant_core(seed: int, exponent: int, bins: int) -> None:
+    # One thread counts int16 bins up to 32768 bins and int32 bins above (65536).
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(3000) * 2.0**exponent).astype(np.float32)
     x[:3] = [0.0, -0.0, -1e-45]  # signed zero and a subnormal next to the zero edge
@@ -99,13 +100,24 @@ def test_parallel_counting_equals_bincount(seed: int, size: int, rows: int, bins
     assert torch.equal(counts, torch.bincount(index, minlength=bins))
 
 
+@pytest.fixture
+def torch_threads():
+    """Set torch's intra-op thread count for one test, restored after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("chunk", [None, 70_000])
-def test_large_batches_take_the_parallel_path_and_count_exactly(
-    chunk: int | None, monkeypatch: pytest.MonkeyPatch
+def test_large_batches_count_exactly_on_one_thread_and_on_several(
+    chunk: int | None, threads: int, monkeypatch: pytest.MonkeyPatch, torch_threads
 ) -> None:
-    # Above PARALLEL_MIN_VALUES the CPU counts by rows of scatter-adds; skewed data (half
-    # of a ReLU's values are one bin) and a length that does not split evenly; with a
-    # small chunk, several chunks and a ragged last one.
+    # Above PARALLEL_MIN_VALUES and on several threads the CPU counts by rows of
+    # scatter-adds, on one thread by int32 bincounts; skewed data (half of a ReLU's values
+    # are one bin) and a length that does not split evenly; with a small chunk, several
+    # chunks and a ragged last one.
+    torch_threads(threads)
     if chunk is not None:
         monkeypatch.setattr(observe_module, "CPU_CHUNK", chunk)
     rng = np.random.default_rng(5)

@@ -27,10 +27,13 @@ SAMPLE_WEIGHT = 0.2
 
 
 class _LoadState:
-    """The running mean of the runnable threads and the last decision (hysteresis)."""
+    """The running mean of the runnable threads, the last decision (hysteresis) and the
+    machine's core count (read once: ``os.cpu_count`` costs microseconds per call, and
+    calibration asks once per observed tensor per batch)."""
 
     runnable: float | None = None
     busy: bool = False
+    cores: int | None = None
 
 
 _STATE = _LoadState()
@@ -43,7 +46,10 @@ def machine_is_busy(load: float | None = None, cores: int | None = None) -> bool
     (:func:`current_load`), with hysteresis: once busy, it stays busy until the load falls
     to ``cores``, so a load hovering at the threshold does not flip the answer from one call
     to the next. ``False`` where the platform reports no load."""
-    cores = cores or os.cpu_count() or 1
+    if not cores:
+        if _STATE.cores is None:
+            _STATE.cores = os.cpu_count() or 1
+        cores = _STATE.cores
     if load is not None:
         return load > cores + 1
     measured = current_load()
@@ -70,11 +76,21 @@ def current_load() -> float | None:
     return max(average or 0.0, smoothed)
 
 
+_LOADAVG = "/proc/loadavg"
+_loadavg_fd: int | None = None
+
+
 def runnable_now() -> int | None:
     """Threads runnable on the machine at this instant, the caller included (Linux:
-    ``/proc/loadavg``'s fourth field); ``None`` where it cannot be read."""
+    ``/proc/loadavg``'s fourth field); ``None`` where it cannot be read.
+
+    The file stays open and is read from its start each time (``os.pread``: the kernel
+    writes it afresh for every read at offset 0): 1 us a call where opening it each time
+    took 10-12, once per observed tensor per batch."""
+    global _loadavg_fd
     try:
-        with open("/proc/loadavg", encoding="ascii") as f:
-            return int(f.read().split()[3].split("/")[0])
-    except (OSError, IndexError, ValueError):
+        if _loadavg_fd is None:
+            _loadavg_fd = os.open(_LOADAVG, os.O_RDONLY)
+        return int(os.pread(_loadavg_fd, 256, 0).split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError, AttributeError):  # AttributeError: no os.pread
         return None

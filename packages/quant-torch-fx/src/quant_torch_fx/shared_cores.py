@@ -59,8 +59,7 @@ def observer_threads() -> Iterator[None]:
         >>> shared_cores.SERIAL_OBSERVERS = None
     """
     threads = torch.get_num_threads()
-    serial = machine_is_busy() if SERIAL_OBSERVERS is None else SERIAL_OBSERVERS
-    if threads < 2 or not serial:
+    if threads < 2 or not (machine_is_busy() if SERIAL_OBSERVERS is None else SERIAL_OBSERVERS):
         yield
         return
     torch.set_num_threads(1)
