@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quant_core.observer_config import MinMax, Percentile, PowerOfTwoMSE
 from quant_core.observers import make_observer
 from quant_core.plan import (
     PlanGraph,
@@ -20,7 +21,6 @@ from quant_core.plan import (
     fresh_observers,
     plan_quantization,
 )
-from quant_core.observer_config import MinMax, Percentile, PowerOfTwoMSE
 from quant_core.presets import get_preset
 from quant_core.qparams import dequantize, qparams_from_range, quantize
 from quant_core.spec import QuantSpec
