@@ -223,8 +223,9 @@ def output_tolerance(model: onnx.ModelProto, output: str | None = None) -> float
 
     def constant(tensor: str) -> bool:  # a float constant, or the DequantizeLinear of an integer one
         producer = index.producer(tensor)
-        dequantized = producer is not None and producer.op_type == "DequantizeLinear"
-        return index.is_constant(tensor) or (dequantized and index.is_constant(producer.input[0]))
+        if producer is not None and producer.op_type == "DequantizeLinear":
+            return index.is_constant(producer.input[0])
+        return index.is_constant(tensor)
 
     if node is not None and node.op_type == "Add":  # a linear layer's bias
         data = [i for i in node.input if not constant(i)]
@@ -242,7 +243,8 @@ def output_tolerance(model: onnx.ModelProto, output: str | None = None) -> float
     step, codes, scale = (index.constant(x_dq.input[1]), index.constant(w_dq.input[0]), index.constant(w_dq.input[1]))
     if step is None or codes is None or scale is None or step.size != 1 or codes.ndim != 2:
         return None
-    zero = index.constant(w_dq.input[2]) if len(w_dq.input) > 2 and w_dq.input[2] else np.zeros(())
+    stored_zero = index.constant(w_dq.input[2]) if len(w_dq.input) > 2 and w_dq.input[2] else None
+    zero = np.zeros(()) if stored_zero is None else stored_zero
     axis = int(next((a.i for a in w_dq.attribute if a.name == "axis"), 1))
     shape = [1, 1]
     if scale.size > 1:
