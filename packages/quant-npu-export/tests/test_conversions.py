@@ -281,6 +281,30 @@ def test_an_a8w8_result_tail_runs_on_the_cpu_after_the_npu() -> None:
     np.testing.assert_allclose(got, after, rtol=1e-6, atol=1e-6)  # float on the CPU: the same up to float32 ulps
 
 
+def test_a_split_feeding_a_layer_and_the_float_results_runs_on_the_cpu() -> None:
+    """A YOLOv8 head splits one Conv output: one branch goes on to a layer, the other is
+    decoded in float (a8w8's result tail). The Split joins the CPU partition, which hands
+    the layer's branch back to the NPU quantized: the simulator computes what onnxruntime
+    does on the legalised file (the layer's output exactly, the float results within
+    float32 ulps)."""
+    b = GraphBuilder(7, opset=13)
+    x = b.input("x", ["N", 3, 6, 6])
+    h = b.node("Relu", [b.conv(x, 3, 8)])
+    b.nodes.append(onnx.helper.make_node("Split", [h], ["s0", "s1"], name="split", axis=1))
+    layer = b.conv("s0", 4, 4, k=1)
+    scores = b.node("Sigmoid", ["s1"], name="scores")
+    model = b.model([layer, scores], rank=4)
+    result = legalize_model(quantize(model, "a8w8"))
+    assert result.remaining.ok, result.remaining.format_text()
+    [partition] = result.remaining.partitions
+    assert sorted(partition.op_types) == ["Sigmoid", "Split"] and len(partition.outputs) >= 1
+    xs = random_inputs(model, 16, seed=2)
+    expected = ort_run(result.model, xs)
+    got = list(simulate(result.model, xs, rounding="onnx", quiet=True).values())
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-6, atol=1e-6)
+
+
 def test_a_float_tensor_the_npu_reads_is_not_result_tail() -> None:
     """A float node whose result a quantized node reads is inside the graph, not after it:
     check names it (not_quantized) instead of putting it on the CPU."""

@@ -179,8 +179,9 @@ _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 def float_result_tail(model: onnx.ModelProto) -> tuple[str, ...]:
     """Nodes that finish the model's results in float: each reads dequantized tensors,
-    constants, shape values or another such node's outputs, and what it writes only such
-    nodes or the graph outputs read. The planner leaves them float: a Concat that assembles
+    constants, shape values or another such node's outputs, and writes a float tensor that
+    only such nodes or the graph outputs read (any other output it writes is quantized for
+    the NPU: a Split whose other branch goes on to a layer). The planner leaves them float: a Concat that assembles
     the results (:data:`quant_core.plan.planner.RESULT_CONCAT_REASON`) and, under formats
     that are not power-of-two, the result tail (:mod:`quant_core.plan.tail`: a classifier's
     logits, a detector's box decoding). A deployment hands their inputs, the last integer
@@ -197,18 +198,22 @@ def float_result_tail(model: onnx.ModelProto) -> tuple[str, ...]:
     }
 
     def finishes_results(node: onnx.NodeProto) -> bool:
+        results = False
         for out in node.output:
             if not out:
                 continue
             readers = index.consumers(out)
+            if readers and not index.is_graph_output(out) and all(r.op_type == "QuantizeLinear" for r in readers):
+                continue  # quantized and handed back to the NPU (a Split's branch into the next layer)
             if not (readers or index.is_graph_output(out)) or any(id(r) not in tail for r in readers):
                 return False
+            results = True
         data = [name for name in node.input if name and name not in qdq.host_values and not index.is_constant(name)]
         for name in data:
             producer = index.producer(name)
             if producer is None or (producer.op_type != "DequantizeLinear" and id(producer) not in tail):
                 return False
-        return bool(data)
+        return bool(data) and results
 
     changed = True
     while changed:

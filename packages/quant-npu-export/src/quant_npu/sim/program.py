@@ -145,8 +145,13 @@ class CpuOperation:
     node: onnx.NodeProto
     evaluator: Any
     integer: Mapping[str, tuple[str, int]]
+    quantized: Mapping[str, tuple[str, int, tuple[int, int]]] = attrs.field(factory=dict)
+    mode: RoundMode = RoundMode.HALF_EVEN
 
     def run(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The float results by name; an output the NPU reads (``quantized``: output name ->
+        key, fix position, code range) as its codes under its key, as the model's
+        QuantizeLinear computes them."""
         feeds = {}
         for name in self.node.input:
             if name in self.integer:
@@ -155,7 +160,15 @@ class CpuOperation:
             elif name:
                 feeds[name] = values[name]
         outputs = self.evaluator.run(None, feeds)
-        return {name: np.asarray(value) for name, value in zip(self.node.output, outputs, strict=False) if name}
+        found = {}
+        for name, value in zip(self.node.output, outputs, strict=False):
+            if name in self.quantized:
+                key, position, (lo, hi) = self.quantized[name]
+                scaled = round_values(np.ldexp(np.asarray(value, np.float64), position), self.mode)
+                found[key] = np.clip(scaled, lo, hi).astype(storage_dtype(lo, hi))
+            elif name:
+                found[name] = np.asarray(value)
+        return found
 
 
 @attrs.frozen(eq=False)
@@ -430,7 +443,7 @@ class _Compiler:
         opsets = {o.domain or "": o.version for o in self.model.opset_import}
         evaluator: Any = ReferenceEvaluator(node, opsets=opsets)
         self.notes.append(f"node {step.name!r}: {step.op_type} runs on the CPU in float")
-        if out is None:
+        if out is None or any(o and self.qdq.quantized.get(o) is None for o in node.output):
             return self._cpu_result(step, evaluator)
         out_pos = self.pos(step, out)
         assert out is not None
@@ -482,9 +495,14 @@ class _Compiler:
                 self.constants.setdefault(name, np.asarray(self.qdq.constant(name)))
             elif name not in self.float_values and name not in self.qdq.host_values:
                 raise self.fail(step, f"reads {name!r}, neither an integer tensor nor a CPU node's float result")
-        written = [o for o in node.output if o]
-        self.float_values.update(written)
-        return CpuOperation(node, evaluator, integer)
+        quantized = {}
+        for name in node.output:
+            key = self.qdq.quantized.get(name) if name else None
+            if key is not None:  # handed back to the NPU
+                quantized[name] = (key, self.pos(step, key), self.range(key))
+            elif name:
+                self.float_values.add(name)
+        return CpuOperation(node, evaluator, integer, quantized, self.mode)
 
     def _hardswish(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
