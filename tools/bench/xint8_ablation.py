@@ -329,7 +329,8 @@ class Ablation:
     def _activation_magnitudes(self, calib: np.ndarray, known: set[str]) -> dict[str, float]:
         import onnxruntime as ort
 
-        names = [t for t in self.view.quantize if t in known and t != "input"]
+        wanted = {t.removesuffix("_float") if t not in known else t for t in self.view.quantize}
+        names = [t for t in wanted if t in known and t != "input"]
         probe = _copy(self.float_model)
         outputs = {o.name for o in probe.graph.output}
         import onnx
@@ -343,6 +344,12 @@ class Ablation:
             for n, v in zip(order, session.run(None, {feed: calib[i : i + 8]}), strict=True):
                 largest[n] = max(largest[n], float(np.max(np.abs(v))))
         largest["input"] = float(np.max(np.abs(calib)))
+        # quant-onnx writes a quantized graph output as NAME_float (its DequantizeLinear's
+        # output keeps NAME): the float file's NAME.
+        for tensor in self.view.quantize:
+            original = tensor.removesuffix("_float")
+            if tensor not in largest and original in largest:
+                largest[tensor] = largest[original]
         return largest
 
     def score(self, model: Any) -> float:
@@ -390,8 +397,15 @@ class Ablation:
             ("every weight int8 at the MSE position", len(mse_all),
              lambda: requantized_constants(self.model, self.values, mse_all, np.int8)),
         ]  # fmt: skip
-        changed = sum(mse[c] != _pow2_scale(float(np.abs(self.values[c]).max()), 127) for c in mse)
-        print(f"  (MSE moves {changed} of {len(mse)} linear weights off the min-max position)", flush=True)
+        from onnx import numpy_helper
+
+        written = {c: float(numpy_helper.to_array(self.view.inits[self.view.constants[c].input[1]])) for c in mse}
+        ceiling = sum(mse[c] != _pow2_scale(float(np.abs(self.values[c]).max()), 127) for c in mse)
+        print(
+            f"  MSE positions of {len(mse)} linear weights: {ceiling} off min-max (the power that holds the "
+            f"largest element), {sum(mse[c] != written[c] for c in mse)} off the file's",
+            flush=True,
+        )
         return [(label, count, self.score(build())) for label, count, build in variants]
 
 
