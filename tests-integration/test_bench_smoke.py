@@ -302,3 +302,60 @@ def test_npu_detector_map_is_one_for_outputs_that_encode_the_items() -> None:
     assert npu_models.map50(out, truth) == 1.0
     shifted = [(boxes + 14.0, classes) for boxes, classes in truth]
     assert npu_models.map50(out, shifted) == 0.0
+
+
+def _tiny_qdq_matmul() -> tuple:
+    """x -> Q/DQ (int8, step 2**-4) -> MatMul with DQ(int8 weight, step 2**-6) -> y, and the float weight."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    w = np.random.default_rng(0).normal(0, 0.3, (4, 3)).astype(np.float32)
+    codes = np.clip(np.round(w / 2**-6), -127, 127).astype(np.int8)
+    inits = [
+        numpy_helper.from_array(np.array(2**-4, np.float32), "xs"), numpy_helper.from_array(np.array(0, np.int8), "xz"),
+        numpy_helper.from_array(codes, "w_quantized"), numpy_helper.from_array(np.array(2**-6, np.float32), "ws"),
+        numpy_helper.from_array(np.array(0, np.int8), "wz"),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w_quantized", "ws", "wz"], ["wd"]),
+        helper.make_node("MatMul", ["xd", "wd"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets), w
+
+
+def test_xint8_ablation_requantizes_to_16_bits_and_float() -> None:
+    """tools/bench/xint8_ablation.py: an activation and a weight moved to int16 (onnxruntime's
+    com.microsoft ops) land within a 16-bit step of the float product; floated, exactly on it."""
+    import onnxruntime as ort
+
+    from tools.bench.qdq_ablation import without_qdq
+    from tools.bench.xint8_ablation import (
+        floated_constants,
+        mse_position,
+        requantized_activations,
+        requantized_constants,
+    )
+
+    model, w = _tiny_qdq_matmul()
+    x = np.random.default_rng(1).normal(0, 1, (2, 4)).astype(np.float32)
+
+    def run(m) -> np.ndarray:
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    exact = x @ w
+    written = run(model)
+    wide = run(requantized_constants(requantized_activations(model, {"x": (2**-12, np.int16)}), {"w_quantized": w},
+                                     {"w_quantized": 2**-14}, np.int16))  # fmt: skip
+    floated = run(without_qdq(floated_constants(model, {"w_quantized": w}, {"w_quantized"}), {"x"}))
+    assert np.abs(wide - exact).max() < np.abs(written - exact).max() / 20
+    np.testing.assert_allclose(floated, exact, rtol=1e-6, atol=1e-6)
+    assert model.graph.node[0].domain == ""  # the input model is not modified
+    # The MSE position is never coarser than the min-max one.
+    assert mse_position(w.reshape(-1)) <= 2.0 ** np.ceil(np.log2(np.abs(w).max() / 127))
