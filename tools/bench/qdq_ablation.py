@@ -271,15 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", type=int, default=8, help="evaluation samples (the zoo's --quick: 8)")
     args = parser.parse_args(argv)
     for name in args.models:
-        rows = ablate(name, args.size, args.eval)
-        print(f"\n### {name}\n")
-        print(
-            common.markdown_table(
-                ["tensor class", "count", "SQNR dB, this class float", "SQNR dB, only this class 8-bit"],
-                [(label, count, common.fmt(a, 4), common.fmt(b, 4)) for label, count, a, b in rows],
-            )
-        )
+        headers = ["tensor class", "count", "SQNR dB, this class float", "SQNR dB, only this class 8-bit"]
+        print_rows(name, headers, ablate(name, args.size, args.eval))
     return 0
+
+
+def print_rows(name: str, headers: list[str], rows: list[tuple[str, object, float, float | None]]) -> None:
+    """One model's ablation rows as a markdown table (SQNR to 4 figures)."""
+    print(f"\n### {name}\n")
+    print(common.markdown_table(headers, [(label, n, common.fmt(a, 4), common.fmt(b, 4)) for label, n, a, b in rows]))
 
 
 if __name__ == "__main__":

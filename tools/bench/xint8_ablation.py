@@ -35,8 +35,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: make `tools.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.bench import common
-from tools.bench.qdq_ablation import FILES, float_values, score, without_qdq
+from tools.bench.qdq_ablation import FILES, float_values, print_rows, score, without_qdq
 
 INT16_MAX = 32767
 LINEARS = ("attn/qkv", "attn/proj", "mlp/fc1", "mlp/fc2")
@@ -441,14 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calib", type=int, default=16, help="calibration samples (the zoo's --quick: 16)")
     args = parser.parse_args(argv)
     for name in args.models:
-        rows = ablate(name, args.eval, args.calib)
-        print(f"\n### {name}\n")
-        print(
-            common.markdown_table(
-                ["tensor class", "count", "SQNR dB, class float", "SQNR dB, class 16-bit"],
-                [(label, count, common.fmt(a, 4), common.fmt(b, 4)) for label, count, a, b in rows],
-            )
-        )
+        headers = ["tensor class", "count", "SQNR dB, class float", "SQNR dB, class 16-bit"]
+        print_rows(name, headers, ablate(name, args.eval, args.calib))
     return 0
 
 
