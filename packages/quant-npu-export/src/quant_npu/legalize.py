@@ -304,7 +304,7 @@ def legalize_model(
     profile = load_profile(target)
     work = load_model(model)
     result_tail = float_result_tail(work)
-    selection = deployment_selection(work, cpu)
+    selection = deployment_selection(work, cpu, result_tail)
     converted = convert_for_target(work, profile, selection)
     costs = conversion_costs(work, profile, data, selection) if data is not None and converted.converted else {}
     decoupled, requantized = decouple_hard_sigmoids(converted.model, profile, selection)

@@ -215,18 +215,29 @@ def float_result_tail(model: onnx.ModelProto) -> tuple[str, ...]:
                 return False
         return bool(data) and results
 
-    changed = True
-    while changed:
-        dropped = [key for key, node in tail.items() if not finishes_results(node)]
-        for key in dropped:
-            del tail[key]
-        changed = bool(dropped)
+    # A node leaves the tail when it fails the test; only its neighbours' answers can change
+    # then, so only they are tested again (one pass over a long float chain, not one per link).
+    pending = list(tail.values())
+    while pending:
+        node = pending.pop()
+        if id(node) not in tail or finishes_results(node):
+            continue
+        del tail[id(node)]
+        producers = [index.producer(name) for name in node.input if name]
+        readers = [reader for out in node.output if out for reader in index.consumers(out)]
+        pending.extend(n for n in (*producers, *readers) if n is not None and id(n) in tail)
     return tuple(node.name for node in model.graph.node if id(node) in tail)
 
 
-def deployment_selection(model: onnx.ModelProto, cpu: CpuSelection | Iterable[str] | str | None) -> CpuSelection:
-    """``cpu`` plus the nodes that finish the results in float (:func:`float_result_tail`):
-    the nodes that run on the CPU of a deployment. ``check``, ``legalize`` and the simulator
-    read a model through this one selection, so a legalised model that ``legalize`` calls
-    done also passes ``check`` and runs in the simulator without naming them."""
-    return CpuSelection.parse(cpu).including(glob.escape(name) for name in float_result_tail(model))
+def deployment_selection(
+    model: onnx.ModelProto,
+    cpu: CpuSelection | Iterable[str] | str | None,
+    result_tail: Sequence[str] | None = None,
+) -> CpuSelection:
+    """``cpu`` plus the nodes that finish the results in float (:func:`float_result_tail`,
+    or ``result_tail`` when the caller has it already): the nodes that run on the CPU of a
+    deployment. ``check``, ``legalize`` and the simulator read a model through this one
+    selection, so a legalised model that ``legalize`` calls done also passes ``check`` and
+    runs in the simulator without naming them."""
+    tail = float_result_tail(model) if result_tail is None else result_tail
+    return CpuSelection.parse(cpu).including(glob.escape(name) for name in tail)
