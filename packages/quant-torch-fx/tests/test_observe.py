@@ -65,6 +65,33 @@ def test_both_histogram_paths_count_like_quant_core(seed: int, exponent: int, bi
 
 @settings(max_examples=40, deadline=None)
 @given(
+    seed=st.integers(0, 2**31 - 1),
+    zeros=st.floats(0.0, 1.0),
+    shift=st.sampled_from([0.0, -0.5, 0.75, 3.0]),
+    bins=st.sampled_from([16, 2048]),
+)
+def test_accelerator_counting_ways_count_like_quant_core(seed: int, zeros: float, shift: float, bins: int) -> None:
+    """The accelerator's ways (run here on CPU tensors), with the zero bin crowded or absent
+    (a range away from 0): the counts of quant_core's binning, every way."""
+    rng = np.random.default_rng(seed)
+    x = np.maximum(rng.standard_normal(5000), 0.0).astype(np.float32) + np.float32(shift)
+    x[rng.random(5000) < zeros] = 0.0 if shift <= 0 else x.min()
+    obs = HistogramObserver(QuantSpec(dtype="int8", observer=Percentile(99.0, bins=bins)))
+    grid = obs.grid_for(float(x.min()), float(x.max()))
+    expected = bin_counts(x, grid)
+    values = torch.from_numpy(x if grid.float32_exact else x.astype(np.float64))  # as histogram_counts bins
+    index = observe_module.bin_indices(values, grid)
+    default = observe_module.DEVICE_COUNTING
+    for way in observe_module.DEVICE_COUNTING_WAYS:
+        observe_module.DEVICE_COUNTING = way
+        try:
+            np.testing.assert_array_equal(observe_module._device_counts(index, grid).numpy(), expected)
+        finally:
+            observe_module.DEVICE_COUNTING = default
+
+
+@settings(max_examples=40, deadline=None)
+@given(
     seed=st.integers(0, 2**31 - 1), shift=st.sampled_from([0.75, 3.0, 1000.0, 2.0**20]), sign=st.sampled_from([1, -1])
 )
 def test_ranges_away_from_zero_count_like_quant_core(seed: int, shift: float, sign: int) -> None:
@@ -151,8 +178,10 @@ def test_empty_batches_are_ignored_and_half_precision_widens() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("way", observe_module.DEVICE_COUNTING_WAYS)
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_cuda_feeding_equals_cpu_feeding(name: str) -> None:
+def test_cuda_feeding_equals_cpu_feeding(name: str, way: str, monkeypatch) -> None:
+    monkeypatch.setattr(observe_module, "DEVICE_COUNTING", way)
     spec = SPECS[name]
     cpu, cuda = make_observer(spec), make_observer(spec)
     for batch in _batches(3):

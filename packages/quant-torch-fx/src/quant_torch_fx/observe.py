@@ -4,7 +4,7 @@ A batch is reduced where it lives: ``torch.aminmax`` (per tensor, or per channel
 moving the channel axis first) for the min-max observers, and a histogram on the grid
 the observer hands out (:meth:`HistogramObserver.grid_for`) for the histogram methods
 (percentile, entropy, MSE, power-of-two MinMSE), counted by ``torch.bincount`` on an
-accelerator; on the CPU by a scatter-add split over the intra-op threads, or by
+accelerator (the crowded bin of the zeros spread out first: :data:`DEVICE_COUNTING`); on the CPU by a scatter-add split over the intra-op threads, or by
 ``torch.bincount`` of narrow integer bins on one thread (small tensors, and every tensor while
 the machine is busy: :func:`quant_torch_fx.shared_cores.observer_threads`). Only the reduction (two
 numbers, one per channel, or ``bins`` counts) crosses to the host; the
@@ -76,6 +76,19 @@ def channel_min_max(x: torch.Tensor, axis: int | None) -> tuple[torch.Tensor, to
 # (hundreds of MB) would be fresh, page-faulting memory on every call.
 CPU_CHUNK = 1 << 18
 
+#: How an accelerator counts bins: ``"bincount"`` (``torch.bincount`` of the bins as they
+#: are) or ``"zero_spread"`` (the values in the bin that holds 0 spread over
+#: :data:`ZERO_SPREAD` extra bins first, summed back after). On a GPU a histogram kernel's
+#: atomic additions to one bin wait for each other, and after a ReLU half the values are
+#: exactly 0: on an H100, ResNet-50's largest activation (51 M values) counts in 1.2 ms spread
+#: against 4.1 ms as is, and its ``xint8`` calibration takes 83 against 158 ms a batch of 64.
+#: Both give the same counts.
+DEVICE_COUNTING_WAYS = ("bincount", "zero_spread")
+DEVICE_COUNTING = "zero_spread"
+
+#: Extra bins the zero bin's values are spread over on an accelerator (a power of two).
+ZERO_SPREAD = 1024
+
 # Below this many values one thread counts faster than splitting the work (measured on two
 # cores: the crossover lies between 32 Ki and 64 Ki values).
 PARALLEL_MIN_VALUES = 1 << 16
@@ -99,7 +112,7 @@ def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
     if not (flat.dtype == torch.float32 and grid.float32_exact):
         flat = flat.to(torch.float64)
     if flat.device.type != "cpu":
-        return torch.bincount(bin_indices(flat, grid), minlength=grid.bins)
+        return _device_counts(bin_indices(flat, grid), grid)
     n = flat.numel()
     rows = torch.get_num_threads() if n >= PARALLEL_MIN_VALUES else 1
     scaled, narrow, index = _chunk_buffers(flat.dtype)
@@ -111,6 +124,31 @@ def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
         m = values.numel()
         counter.add(index[:m].copy_(scaled_bins(values, grid, scaled[:m])))
     return counter.total()
+
+
+def _device_counts(index: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
+    """Counts of the int64 ``index`` (all in ``[0, bins)``) on an accelerator
+    (:data:`DEVICE_COUNTING`)."""
+    zero_bin = -grid.offset  # 0.0 lands in bin -offset (scaled_bins)
+    if DEVICE_COUNTING != "zero_spread" or not 0 <= zero_bin < grid.bins:
+        return torch.bincount(index, minlength=grid.bins)
+    lanes = _spread_lanes(index.numel(), grid.bins, index.device)
+    spread = torch.bincount(torch.where(index == zero_bin, lanes, index), minlength=grid.bins + ZERO_SPREAD)
+    counts = spread[: grid.bins].clone()
+    counts[zero_bin] += spread[grid.bins :].sum()
+    return counts
+
+
+_lanes: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _spread_lanes(n: int, bins: int, device: torch.device) -> torch.Tensor:
+    """``bins + (i mod ZERO_SPREAD)`` for ``i < n`` on ``device``, kept and grown as needed."""
+    held = _lanes.get((device, bins))
+    if held is None or held.numel() < n:
+        held = (torch.arange(max(n, 1 << 20), device=device) & (ZERO_SPREAD - 1)) + bins
+        _lanes[(device, bins)] = held
+    return held[:n]
 
 
 def _serial_counts(flat: torch.Tensor, grid: HistogramGrid, scaled: torch.Tensor, narrow: torch.Tensor) -> torch.Tensor:
