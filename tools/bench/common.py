@@ -337,14 +337,20 @@ def interleaved_medians(
     b: list[float] = []
     for _ in range(repeats):
         for fn, out in ((first, a), (second, b)):
-            if sync is not None:
-                sync()
-            t = time.perf_counter()
-            fn()
-            if sync is not None:
-                sync()
-            out.append(time.perf_counter() - t)
+            out.append(synced_seconds(fn, sync))
     return statistics.median(a), statistics.median(b)
+
+
+def synced_seconds(fn: Callable[[], Any], sync: Callable[[], Any] | None = None) -> float:
+    """Wall seconds of one ``fn()``, with ``sync`` (a GPU's ``torch.cuda.synchronize``) run
+    before each clock reading."""
+    if sync is not None:
+        sync()
+    t = time.perf_counter()
+    fn()
+    if sync is not None:
+        sync()
+    return time.perf_counter() - t
 
 
 def time_call(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -42,7 +42,7 @@ from tools.bench.torch_fx import train_step
 DEFAULT_MODELS = ("resnet50", "efficientnet_b0", "mobilenetv3_large_100")
 
 
-def _device_sync(device: str) -> Callable[[], Any] | None:
+def device_sync(device: str) -> Callable[[], Any] | None:
     """What makes a clock reading mean the device has finished (None on the CPU)."""
     import torch
 
@@ -94,7 +94,7 @@ def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         infer()
         calibrate()
-        infer_s, calib_s = interleaved_medians(infer, calibrate, args.repeats, _device_sync(args.device))
+        infer_s, calib_s = interleaved_medians(infer, calibrate, args.repeats, device_sync(args.device))
         row[f"{preset}_throughput_ratio"] = infer_s / calib_s
         row[f"{preset}_calib_s_per_batch"] = calib_s / args.timed_batches
         row["infer_s_per_batch"] = infer_s / args.timed_batches
@@ -126,7 +126,7 @@ def part_qat(name: str, args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(3):
                 float_step()
                 qat_step()
-            float_s, qat_s = interleaved_medians(float_step, qat_step, args.repeats, _device_sync(args.device))
+            float_s, qat_s = interleaved_medians(float_step, qat_step, args.repeats, device_sync(args.device))
             row[f"{label}_ratio"] = qat_s / float_s
             row[f"{label}_float_step_s"] = float_s
         except Exception as exc:  # a compile failure on this torch/device is a finding, not a crash

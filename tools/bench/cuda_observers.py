@@ -25,8 +25,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,26 +34,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make `tools.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.bench.common import interleaved_medians
+from tools.bench.common import interleaved_medians, synced_seconds
+from tools.bench.cuda import build, device_sync
 
 
-def _sync(device: str) -> Callable[[], Any] | None:
-    import torch
-
-    return torch.cuda.synchronize if device.startswith("cuda") else None
-
-
-def _timed(fn: Callable[[], Any], sync: Callable[[], Any] | None, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        if sync:
-            sync()
-        start = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+def _median_seconds(fn: Callable[[], Any], sync: Callable[[], Any] | None, repeats: int = 5) -> float:
+    return statistics.median(synced_seconds(fn, sync) for _ in range(repeats))
 
 
 def _prepared(model: Any, example: Any, preset: str) -> tuple[Any, Any]:
@@ -72,7 +58,7 @@ def part_timing(model: Any, prepared: dict[str, Any], x: Any, args: argparse.Nam
     from quant_torch_fx import observe as observe_module
     from quant_torch_fx.calibrate import run_batches
 
-    sync = _sync(args.device)
+    sync = device_sync(args.device)
     row: dict[str, Any] = {"part": "timing", "model": args.model, "batch": args.batch, "device": args.device}
 
     def infer() -> None:
@@ -161,7 +147,7 @@ def part_steps(model: Any, x: Any, args: argparse.Namespace) -> dict[str, Any]:
     from quant_core.presets import get_preset
     from quant_torch_fx import observe as observe_module
 
-    sync = _sync(args.device)
+    sync = device_sync(args.device)
     act = _first_big_activation(model, x)
     spec = get_preset("xint8").global_config.output  # power-of-two MinMSE histograms
     obs = make_observer(spec)
@@ -196,7 +182,7 @@ def part_steps(model: Any, x: Any, args: argparse.Namespace) -> dict[str, Any]:
         steps[f"observe_{way}"] = with_way(way, lambda: observe_module.observe(make_observer(spec), act))
     for name, fn in steps.items():
         fn()
-        row[f"{name}_ms"] = 1e3 * _timed(fn, sync)
+        row[f"{name}_ms"] = 1e3 * _median_seconds(fn, sync)
     cpu_counts = observe_module.histogram_counts(flat.cpu(), grid)
     for way in args.ways:
         observe_module.DEVICE_COUNTING = way
@@ -223,7 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from quant_torch_fx import observe as observe_module
-    from tools.bench.cuda import build
 
     args.ways = args.ways or list(observe_module.DEVICE_COUNTING_WAYS)
     model, example = build(args.model, args.size)
