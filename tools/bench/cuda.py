@@ -107,6 +107,13 @@ def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def compiled_graph_count() -> int:
+    """How many graphs torch's compiler has built in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def part_qat(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -129,6 +136,8 @@ def part_qat(name: str, args: argparse.Namespace) -> dict[str, Any]:
             float_s, qat_s = interleaved_medians(float_step, qat_step, args.repeats, device_sync(args.device))
             row[f"{label}_ratio"] = qat_s / float_s
             row[f"{label}_float_step_s"] = float_s
+            if compiled:  # past torch's recompile limit the function would run eagerly, unfused
+                row["compiled_graphs"] = compiled_graph_count()
         except Exception as exc:  # a compile failure on this torch/device is a finding, not a crash
             row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return row

@@ -236,12 +236,12 @@ class FakeQuantizer(nn.Module):
     def _compiled(self, x: torch.Tensor, zero_point: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor | None:
         """The compiled power-of-two path (TQT, or STE with power-of-two qparams), if it applies."""
         if self.learning == "tqt" and self.learned is not None:
-            scale = tqt_scale(self._broadcast(self.learned, x.dim()), self.spec.dtype.bits)
+            scale = tqt_scale(self.learned, self.spec.dtype.bits)
         elif self.learning is None and self.qparams is not None and self.qparams.fix_pos is not None:
-            scale = self._broadcast(self.scale, x.dim()).detach()
+            scale = self.scale.detach()
         else:
             return None
-        return compiled_power_of_two(x, scale, zero_point, qmin, qmax, self.spec.rounding)
+        return compiled_power_of_two(x, scale, zero_point, qmin, qmax, self.spec.rounding, self.axis)
 
     def learned_scale(self) -> torch.Tensor:
         """The scale in use as a tensor (learned or set), for QAT helpers and reports."""
