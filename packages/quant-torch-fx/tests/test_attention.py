@@ -242,3 +242,28 @@ def test_masked_attention_under_xint8_keeps_the_visible_scores_resolution(causal
     proto = onnx_model(frozen, (x[:1],), opset=19)
     (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
     np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bool_mask"])
+def test_qat_without_a_calibration_loader_derives_the_masked_ranges_from_its_first_batch(causal: bool) -> None:
+    """QAT started without a calibration loader calibrates on its first batch as a loader of
+    that batch would: the masked scores and the mask (derived groups, never observed) and
+    the mask constant get their qparams. Before, they never did: the masked scores stayed
+    float in training and freezing failed on the constant."""
+    from quant_torch_fx.prepare import qparams_table
+
+    model = MaskedAttention(causal).eval()
+    x = torch.randn(16, 6, 8, generator=torch.Generator().manual_seed(1))
+    q = ModelQuantizer("xint8", quiet=True)
+    calibrated = q.prepare_qat(model, x[:1], calib_loader=[x])
+    first_batch = q.prepare_qat(model, x[:1])
+    out = first_batch.train()(x)
+    out.sum().backward()
+    assert qparams_table(first_batch) == qparams_table(calibrated)
+    plan = graph_info(first_batch).plan
+    assert len(plan.derived) == 2
+    frozen = q.freeze(first_batch.eval())
+    with torch.no_grad():
+        expected, quantized = model(x), frozen(x)
+    sqnr = float(10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum()))
+    assert sqnr > 17, sqnr

@@ -4,9 +4,8 @@
   shard; :func:`merge_observers` then gathers every rank's observer state and merges them
   in rank order, so every rank holds the same statistic, the one a single process
   gets on the union of the data (min-max and histograms merge exactly).
-- Per-batch statistics during training (a learnable quantizer initialised on the first
-  batch): :class:`TorchDistSync` all-reduces min, max and histogram counts, so every rank
-  sees the union of the ranks' batches.
+- QAT without a calibration loader calibrates on the first batch the same way: every
+  rank's first batch, merged.
 - Learnable scales and thresholds are parameters: DDP averages their gradients like
   any other, so they stay identical once initialised identically.
 
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 import torch.distributed as dist
 
 from quant_core.observers import Observer, make_observer
@@ -34,30 +32,6 @@ def distributed_world() -> tuple[int, int] | None:
         return None
     size = dist.get_world_size()
     return (dist.get_rank(), size) if size > 1 else None
-
-
-class TorchDistSync:
-    """A :class:`~quant_torch_fx.observe.BatchSync` over the default process group.
-
-    Example:
-        >>> TorchDistSync().counts(torch.tensor([1, 2])).tolist()  # one process: unchanged
-        [1, 2]
-    """
-
-    def min_max(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if distributed_world() is None:
-            return lo, hi
-        lo, hi = lo.clone(), hi.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-        return lo, hi
-
-    def counts(self, counts: torch.Tensor) -> torch.Tensor:
-        if distributed_world() is None:
-            return counts
-        counts = counts.clone()
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-        return counts
 
 
 def merge_observers(quantizers: Sequence[FakeQuantizer]) -> None:

@@ -11,9 +11,8 @@ numbers, one per channel, or ``bins`` counts) crosses to the host; the
 observer then makes its decision with ``quant_core``'s one implementation of the math, so
 the statistics, and the qparams, are those the numpy path gives for the same data.
 
-Under ``torch.distributed`` a :class:`BatchSync` makes every rank feed the union of the
-ranks' batches: min and max are all-reduced before the grid is chosen, histogram counts
-are summed, so every rank's observer sees identical statistics.
+Under ``torch.distributed`` each rank observes its own batches; calibration then merges
+the observers across ranks (:mod:`quant_torch_fx.distributed`).
 
 Example:
     >>> import torch
@@ -29,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -38,18 +36,6 @@ from quant_core.errors import DataError
 from quant_core.observers import HistogramObserver, Observer
 from quant_core.observers.grid import HistogramGrid
 from quant_torch_fx.shared_cores import observer_threads
-
-
-class BatchSync(Protocol):
-    """Combines one batch's statistics across processes (see :mod:`quant_torch_fx.distributed`)."""
-
-    def min_max(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The element-wise min of ``lo`` and max of ``hi`` over every process."""
-        ...
-
-    def counts(self, counts: torch.Tensor) -> torch.Tensor:
-        """The sum of ``counts`` over every process."""
-        ...
 
 
 def channel_min_max(x: torch.Tensor, axis: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,22 +250,19 @@ def _finite_pair(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:
     return float(values[0]), float(values[1])
 
 
-def observe(observer: Observer, x: torch.Tensor, sync: BatchSync | None = None) -> None:
+def observe(observer: Observer, x: torch.Tensor) -> None:
     """Fold one batch of ``x`` into ``observer`` (any kind), reducing it on its device.
 
     Empty tensors are ignored; NaN or infinite values raise ``DataError`` (from the
-    observer's range check). With ``sync``, the statistics are those of every process's
-    batch together.
+    observer's range check).
     """
     with observer_threads():
-        _observe(observer, x, sync)
+        _observe(observer, x)
 
 
-def _observe(observer: Observer, x: torch.Tensor, sync: BatchSync | None) -> None:
+def _observe(observer: Observer, x: torch.Tensor) -> None:
     data = x.detach()
     if data.numel() == 0:
-        if sync is not None:
-            raise DataError("observe: an empty batch on one process would leave the others waiting; skip it on all")
         return
     if not data.is_floating_point():
         data = data.to(torch.float64)
@@ -287,19 +270,13 @@ def _observe(observer: Observer, x: torch.Tensor, sync: BatchSync | None) -> Non
         data = data.to(torch.float32)  # float16/bfloat16 widen exactly
     if isinstance(observer, HistogramObserver):
         lo_t, hi_t = torch.aminmax(data)
-        if sync is not None:
-            lo_t, hi_t = sync.min_max(lo_t, hi_t)
         lo, hi = _finite_pair(lo_t, hi_t)
         grid = observer.grid_for(lo, hi)  # checks finiteness first
         counts = histogram_counts(data, grid)
-        if sync is not None:
-            counts = sync.counts(counts)
         observer.update_histogram(counts.cpu().numpy(), grid, lo, hi)
         return
     axis = observer.spec.channel_axis
     lo_t, hi_t = channel_min_max(data, axis)
-    if sync is not None:
-        lo_t, hi_t = sync.min_max(lo_t, hi_t)
     if axis is None:
         lo, hi = _finite_pair(lo_t, hi_t)
         observer.update_range(lo, hi)  # type: ignore[attr-defined]

@@ -102,6 +102,8 @@ class QuantGraphInfo:
         fixed_weights: weighted plan node -> weight qparams that freezing keeps (the
             algorithms learned codes at them).
         algorithms: what each config algorithm did (JSON-ready, by kind).
+        first_batch_seen: QAT: whether the model ran since :func:`quant_torch_fx.qat.enable_qat`
+            (the first call calibrates learnable qparams nothing set).
     """
 
     plan: QuantPlan
@@ -119,6 +121,7 @@ class QuantGraphInfo:
     transposed_weights: frozenset[str] = frozenset()
     fixed_weights: dict[str, QParams] = attrs.field(factory=dict)
     algorithms: dict[str, Any] = attrs.field(factory=dict)
+    first_batch_seen: bool = True
 
     def add_bias(self, node: str, tensor: str) -> None:
         """Record that weighted node ``node`` now reads the bias constant ``tensor``."""
@@ -316,7 +319,7 @@ def prepare_graph(
     fused_pre = {f.pre_tensor for f in plan.fused}
     for group in plan.groups:
         key = _key(group.key, activations.keys())
-        fq = FakeQuantizer(group.spec, name=group.key, bound=plan.bound_of(group.key))
+        fq = FakeQuantizer(group.spec, name=group.key)
         activations[key] = fq
         path = f"{ACTIVATIONS}.{key}"
         activation_paths[group.key] = path

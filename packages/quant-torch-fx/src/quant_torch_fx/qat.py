@@ -10,8 +10,11 @@
   follow the weights at every step; gradients pass straight through.
 
 Learnable weight qparams start from the weight's observer at once (the weights are
-known); learnable activation qparams start from a calibration pass, or from the first
-training batch (all ranks' first batches together under ``torch.distributed``).
+known); learnable activation qparams start from a calibration pass, or, without one, from
+a calibration on the first batch the model sees (all ranks' first batches together under
+``torch.distributed``): the same observers, saturation bounds, derived ranges (masked
+attention scores) and constants as any calibration, in one extra forward pass without
+gradients, in eval mode.
 
 Example:
     >>> from quant_core.spec import QuantSpec
@@ -21,12 +24,15 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
+from torch.fx import GraphModule
 
 from quant_core.errors import ConfigError
 from quant_core.observers import make_observer
 from quant_core.spec import QuantSpec, ScaleType
-from quant_torch_fx.distributed import TorchDistSync
+from quant_torch_fx.calibrate import finish_calibration, start_observing
 from quant_torch_fx.observe import observe
 from quant_torch_fx.prepare import (
     activation_quantizers,
@@ -65,8 +71,10 @@ def enable_qat(model: nn.Module, method: str, *, compiled: bool = False) -> None
                 fq.quantizing = False  # until calibrated
                 continue
             fq.enable_learning(chosen)
-            fq.sync = TorchDistSync()
             fq.quantizing = True
+        info.first_batch_seen = False
+        if calibrate_on_first_batch not in gm._forward_pre_hooks.values():
+            gm.register_forward_pre_hook(calibrate_on_first_batch, with_kwargs=True)
         values = constant_lookup(gm)
         for node, fq in weight_quantizers(gm):
             chosen = method_for(fq.spec, method)
@@ -84,3 +92,30 @@ def enable_qat(model: nn.Module, method: str, *, compiled: bool = False) -> None
             observer = make_observer(fq.spec)
             observe(observer, torch.from_numpy(weight))
             fq.set_qparams(observer.qparams())
+
+
+def calibrate_on_first_batch(gm: GraphModule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A forward pre-hook: on the first call after :func:`enable_qat`, when learnable
+    activation qparams are still unset (no calibration ran, no checkpoint restored them),
+    calibrate on this batch first, as :meth:`ModelQuantizer.calibrate` would on a loader
+    of one batch. Later calls cost one attribute check."""
+    import torch
+
+    info = graph_info(gm)
+    if info.first_batch_seen:
+        return
+    quantizers = [fq for _key, fq in activation_quantizers(gm)]
+    if any(fq.observing for fq in quantizers):  # a calibration is running: it sets them
+        return
+    info.first_batch_seen = True
+    if all(fq.learning is None or fq.initialized for fq in quantizers):
+        return
+    observing = start_observing(gm)
+    was_training = gm.training
+    gm.eval()  # no batch-norm statistics updated by this extra pass
+    try:
+        with torch.no_grad():
+            gm.forward(*args, **kwargs)
+    finally:
+        gm.train(was_training)
+    finish_calibration(gm, observing)

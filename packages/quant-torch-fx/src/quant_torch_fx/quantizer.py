@@ -7,9 +7,8 @@ States, switched by the owner (:mod:`quant_torch_fx.prepare`):
 - ``observing``: each call folds the tensor into the observer (calibration);
 - ``quantizing``: each call returns the fake-quantized tensor, bit-exact with
   ``quant_core.qparams.fake_quantize`` for the current qparams;
-- ``learning`` (``"lsq"``/``"tqt"``): the qparams are parameters; until they are
-  initialised (from the observer, after a calibration pass or on the first batch) a call
-  observes and initialises them.
+- ``learning`` (``"lsq"``/``"tqt"``): the qparams are parameters, initialised by
+  :meth:`FakeQuantizer.set_qparams` (calibration sets them).
 
 The observer's state travels in the module's ``state_dict`` (``get_extra_state``), so a
 checkpoint restores calibration as well as learned parameters.
@@ -20,7 +19,7 @@ Example:
     >>> fq = FakeQuantizer(QuantSpec(dtype="int8"), name="x")
     >>> fq.observing = True
     >>> _ = fq(torch.tensor([-1.0, 2.54]))
-    >>> qp = fq.compute_qparams()
+    >>> fq.set_qparams(fq.observer.qparams())
     >>> fq.observing, fq.quantizing = False, True
     >>> fq(torch.tensor([0.011, 5.0])).tolist()
     [0.019999999552965164, 2.5399999618530273]
@@ -37,11 +36,10 @@ from torch import nn
 
 from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.observers import Observer, make_observer
-from quant_core.plan import RangeBound
 from quant_core.qparams import QParams, qparams_from_data, qparams_to_data, scale_from_fix_pos
 from quant_core.spec import QuantSpec, ScaleType
 from quant_torch_fx.fake_quantize import code_dtype, fake_quantize_tensors
-from quant_torch_fx.observe import BatchSync, observe
+from quant_torch_fx.observe import observe
 from quant_torch_fx.qat_ops import (
     compiled_power_of_two,
     lsq_fake_quantize,
@@ -59,9 +57,6 @@ class FakeQuantizer(nn.Module):
     Args:
         spec: the tensor's spec (per-channel axis already resolved for weights).
         name: what errors and reports call it (the group key or the weight's node).
-        bound: the group's saturation bound from the plan, if it has one: qparams computed
-            here (learnable qparams started from a training batch) are cut there, as
-            calibration cuts them (:func:`quant_core.plan.group_selection`).
 
     Example:
         >>> from quant_core.spec import QuantSpec
@@ -72,13 +67,12 @@ class FakeQuantizer(nn.Module):
     scale: torch.Tensor
     zero_point: torch.Tensor
 
-    def __init__(self, spec: QuantSpec, *, name: str, bound: RangeBound | None = None) -> None:
+    def __init__(self, spec: QuantSpec, *, name: str) -> None:
         super().__init__()
         if not spec.is_quantized:
             raise ConfigError(f"{name}: dtype {spec.dtype.value} keeps the tensor in float; it needs no quantizer")
         self.spec = spec
         self.name = name
-        self.bound = bound
         self.observer: Observer = make_observer(spec)
         self.observing = False
         self.quantizing = False
@@ -88,7 +82,6 @@ class FakeQuantizer(nn.Module):
         self.compiled = False
         self._levels = spec.qrange[1]
         self._zero_is_zero = False
-        self.sync: BatchSync | None = None
         self.qparams: QParams | None = None
         self.register_buffer("scale", torch.ones(()))
         self.register_buffer("zero_point", torch.zeros((), dtype=code_dtype_of(spec)))
@@ -115,14 +108,6 @@ class FakeQuantizer(nn.Module):
                 else:
                     self.learned.copy_(value)
             self.initialized = True
-
-    def compute_qparams(self) -> QParams:
-        """Qparams from what the observer saw (``quant_core``'s math); they are then used."""
-        if self.observer.empty:
-            raise DataError(f"calibration: tensor {self.name!r} was never observed (empty in every batch)")
-        qp = self.observer.qparams() if self.bound is None else self.bound.selection(self.observer, self.spec)[1]
-        self.set_qparams(qp)
-        return qp
 
     def current_qparams(self) -> QParams:
         """The qparams in use: the learned ones for LSQ/TQT, else the set ones."""
@@ -176,26 +161,19 @@ class FakeQuantizer(nn.Module):
         if redundant and self.training and not self.observing:
             return x
         if self.observing and observe_batch:
-            self._observe(x, None)  # calibration: observers are merged across ranks at the end
+            self._observe(x)  # calibration: observers are merged across ranks at the end
         if self.track and self.quantizing and self.learning is None:
             # A weight during STE QAT: qparams follow the weight at every step.
             tracker = make_observer(self.spec)
             observe(tracker, x)
             self.set_qparams(tracker.qparams())
-        if self.learning is not None and not self.initialized and self.quantizing:
-            if not observe_batch:  # a member that is not observed waits for its group's first call
-                return x
-            # Learnable qparams start from the first batch (every rank's, under DDP).
-            self.observer = make_observer(self.spec)
-            self._observe(x, self.sync)
-            self.compute_qparams()
         if not self.quantizing:
             return x
         return self.fake_quantize(x)
 
-    def _observe(self, x: torch.Tensor, sync: BatchSync | None) -> None:
+    def _observe(self, x: torch.Tensor) -> None:
         try:
-            observe(self.observer, x, sync)
+            observe(self.observer, x)
         except DataError as exc:  # NaN/Inf or a batch without the channel axis
             raise DataError(f"calibration: tensor {self.name!r}: {exc}") from None
 
