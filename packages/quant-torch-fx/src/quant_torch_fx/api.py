@@ -79,8 +79,8 @@ class ModelQuantizer:
         qat_method: ``"auto"`` (TQT for power-of-two specs, LSQ for float scales), ``"lsq"``,
             ``"tqt"`` or ``"ste"`` (qparams fixed from calibration, straight-through gradients).
         compile_fake_quant: QAT's power-of-two fake quantization through ``torch.compile``
-            on CPU (needs a C++ compiler; the first steps compile; a GPU takes the eager
-            path, where the step is bound by the host, not the kernels).
+            on CPU (needs a C++ compiler; the first steps compile). On a GPU compile the
+            whole prepared model instead (``train_qat(..., compile_model=True)``).
         quiet: no progress bars.
 
     Example:

@@ -142,7 +142,9 @@ class ConvBn(nn.Module):
         self.op_name = aten_op_name(op)
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
-        self.conv_args = tuple(conv_args)
+        # Plain lists: torch.compile cannot pass torch.fx's immutable_list (the graph's own
+        # argument type) to an ATen op and breaks the graph at every layer.
+        self.conv_args: tuple[Any, ...] = tuple(list(a) if isinstance(a, list | tuple) else a for a in conv_args)
         self.bn = bn
         self.weight_quantizer: FakeQuantizer | None = None
 
@@ -154,7 +156,9 @@ class ConvBn(nn.Module):
         bn = self.bn
         assert bn.running_var is not None
         gamma = bn.weight if bn.weight is not None else torch.ones_like(bn.running_var)
-        factor = gamma / torch.sqrt(bn.running_var + bn.eps)
+        # A copy of the running variance: the training-mode batch norm below updates it in
+        # place, and a compiled backward that kept the buffer itself would find it changed.
+        factor = gamma / torch.sqrt(bn.running_var.clone() + bn.eps)
         return torch.where(factor == 0, torch.ones_like(factor), factor)
 
     def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
