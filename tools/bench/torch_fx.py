@@ -570,7 +570,7 @@ def _pt2e_calibration(model: Any, x: Any) -> Callable[[], None]:
     return observe
 
 
-def speed_row(name: str, repeats: int) -> dict[str, Any]:
+def speed_row(name: str, repeats: int, whole_compile: bool = False) -> dict[str, Any]:
     import torch
 
     from quant_torch_fx import ModelQuantizer
@@ -581,9 +581,13 @@ def speed_row(name: str, repeats: int) -> dict[str, Any]:
     y = torch.randint(0, 10 if name in FMNIST else 1000, (batch,), generator=torch.Generator().manual_seed(0))
     float_step = train_step(copy.deepcopy(model).train(), x, y)
     row: dict[str, Any] = {"batch": batch}
-    for label, compiled in (("qat", False), ("qat_compiled", True)):
+    ways = [("qat", False, False), ("qat_compiled", True, False)]
+    if whole_compile:  # train_qat(compile_model=True): minutes of compiling per model
+        ways.append(("qat_whole_compiled", False, True))
+    for label, compiled, whole in ways:
         q = ModelQuantizer("xint8", compile_fake_quant=compiled, quiet=True)
-        qat_step = train_step(q.prepare_qat(model, example(name), calib_loader=[x]).train(), x, y)
+        qat = q.prepare_qat(model, example(name), calib_loader=[x]).train()
+        qat_step = train_step(torch.compile(qat) if whole else qat, x, y)
         for _ in range(3):  # warm-up (and torch.compile's first compilations)
             float_step()
             qat_step()
@@ -613,7 +617,7 @@ def speed_row(name: str, repeats: int) -> dict[str, Any]:
 def part_speed(args: argparse.Namespace, results: dict[str, Any]) -> None:
     rows = results.setdefault("speed", {})
     for name in (*FMNIST, "efficientnet_lite0"):
-        rows[name] = speed_row(name, args.repeats)
+        rows[name] = speed_row(name, args.repeats, args.whole_compile)
         print(name, rows[name], flush=True)
 
 
@@ -663,11 +667,11 @@ def tables(results: dict[str, Any]) -> str:
              "quant-torch-fx CPU s", "quant-onnx metric", "quant-torch-fx metric"], rows))  # fmt: skip
     if "speed" in results:
         rows = [[n, r["batch"], r["qat_float_train_step_s"], r["qat_step_s"], r["qat_ratio"], r["qat_compiled_ratio"],
-                 r["a8w8_throughput_ratio"], r.get("a8w8_mse_throughput_ratio"), r["xint8_throughput_ratio"],
+                 r.get("qat_whole_compiled_ratio"), r["a8w8_throughput_ratio"], r.get("a8w8_mse_throughput_ratio"), r["xint8_throughput_ratio"],
                  r.get("pt2e_x86_throughput_ratio")] for n, r in results["speed"].items()]  # fmt: skip
         out.append(common.markdown_table(
             ["model", "batch", "float train step s", "QAT step s", "QAT / float", "QAT / float (compile_fake_quant)",
-             "calib / infer throughput a8w8 (MinMax)", "a8w8, MSE histogram", "xint8 (pow2 MinMSE histogram)",
+             "QAT / float (whole model compiled)", "calib / infer throughput a8w8 (MinMax)", "a8w8, MSE histogram", "xint8 (pow2 MinMSE histogram)",
              "PT2E X86 (HistogramObserver)"], rows))  # fmt: skip
     return "\n\n".join(out)
 
@@ -678,6 +682,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-calib", type=int, default=512)
     parser.add_argument("--walk-calib", type=int, default=256, help="calibration samples of the adaround_walk part")
     parser.add_argument("--qat-batch", type=int, default=128)
+    parser.add_argument(
+        "--whole-compile",
+        action="store_true",
+        help="speed: also time the QAT step of the whole prepared model compiled (minutes per model)",
+    )
     parser.add_argument("--fmnist-lr", type=float, default=1e-4)
     parser.add_argument("--fmnist-cle", action="store_true",
                         help="Fashion-MNIST QAT with CLE first and batch norm folded (PTQ row too)")  # fmt: skip
