@@ -16,6 +16,21 @@ from quant_torch_fx.qat_ops import compiled_power_of_two, tqt_fake_quantize, tqt
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler")
 
 
+def _conv_bn_net() -> torch.nn.Module:
+    """Two conv+BN+ReLU layers (per-channel weights, simulated batch norm in QAT) and a head."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, stride=2),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 7 * 7, 5),
+    ).eval()
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_compiled_tqt_equals_eager_in_values_and_gradients(per_channel: bool) -> None:
     torch.manual_seed(0)
@@ -58,15 +73,7 @@ def test_an_xint8_qat_step_compiled_equals_eager() -> None:
 
     from quant_torch_fx import ModelQuantizer
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1),
-        torch.nn.BatchNorm2d(8),
-        torch.nn.ReLU(),
-        torch.nn.Conv2d(8, 4, 3, stride=2),
-        torch.nn.Flatten(),
-        torch.nn.Linear(4 * 7 * 7, 5),
-    ).eval()
+    model = _conv_bn_net()
     x = torch.randn(6, 3, 16, 16)
     runs = []
     for compiled in (False, True):
@@ -130,17 +137,7 @@ def test_train_qat_compiles_the_whole_prepared_model_as_one_graph() -> None:
 
     from quant_torch_fx import ModelQuantizer, train_qat
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1),
-        torch.nn.BatchNorm2d(8),
-        torch.nn.ReLU(),
-        torch.nn.Conv2d(8, 8, 3, stride=2),
-        torch.nn.BatchNorm2d(8),
-        torch.nn.ReLU(),
-        torch.nn.Flatten(),
-        torch.nn.Linear(8 * 7 * 7, 5),
-    ).eval()
+    model = _conv_bn_net()
     x = torch.randn(8, 3, 16, 16)
     data = [(x[i : i + 4], torch.tensor([0, 1, 2, 3])) for i in (0, 4)]
     q = ModelQuantizer("xint8", quiet=True)
