@@ -192,10 +192,13 @@ def train_qat(
         raise ConfigError(f"epochs: {epochs!r} is out of range; allowed: an integer >= 1")
     criterion = loss_fn or F.cross_entropy
     device = model_device(model)
-    if optimizer is None:
+    if optimizer is None or compile_model:
+        # Learnables start before the optimizer reads their sizes, and before compiling:
+        # the compiled graph then never meets the first-batch calibration.
         for item in loader:
             initialize_learnables(model, _inputs(item, num_inputs, 0, device))
             break
+    if optimizer is None:
         optimizer = default_optimizer(model, lr, qparam_lr, weight_lr_per_step)
     if teacher is not None:
         teacher.eval()
