@@ -27,7 +27,8 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,19 @@ def start_observing(model: nn.Module) -> list[FakeQuantizer]:
     return observing
 
 
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (batch norm on its running statistics, none updated) without
+    gradients; its mode is restored after. How every pass that only observes runs."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
 def run_batches(
     model: nn.Module,
     loader: Iterable[Any],
@@ -100,18 +114,13 @@ def run_batches(
         total = num_batches if total is None else min(total, num_batches)
     device = model_device(model)
     seen = 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            checked = first_taken(batches(loader, signature, device))  # a bad first batch fails before the bar
-            for inputs in tqdm(checked, total=total, desc=desc, unit="batch", disable=quiet):
-                model(*inputs)
-                seen += 1
-                if num_batches is not None and seen >= num_batches:
-                    break
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        checked = first_taken(batches(loader, signature, device))  # a bad first batch fails before the bar
+        for inputs in tqdm(checked, total=total, desc=desc, unit="batch", disable=quiet):
+            model(*inputs)
+            seen += 1
+            if num_batches is not None and seen >= num_batches:
+                break
     if seen == 0:
         raise DataError(f"{desc}: the data loader yielded no batches")
     return seen

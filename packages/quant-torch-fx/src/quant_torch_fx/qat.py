@@ -32,7 +32,7 @@ from torch.fx import GraphModule
 from quant_core.errors import ConfigError
 from quant_core.observers import make_observer
 from quant_core.spec import QuantSpec, ScaleType
-from quant_torch_fx.calibrate import finish_calibration, start_observing
+from quant_torch_fx.calibrate import evaluating, finish_calibration, start_observing
 from quant_torch_fx.observe import observe
 from quant_torch_fx.prepare import (
     activation_quantizers,
@@ -99,8 +99,6 @@ def calibrate_on_first_batch(gm: GraphModule, args: tuple[Any, ...], kwargs: dic
     activation qparams are still unset (no calibration ran, no checkpoint restored them),
     calibrate on this batch first, as :meth:`ModelQuantizer.calibrate` would on a loader
     of one batch. Later calls cost one attribute check."""
-    import torch
-
     info = graph_info(gm)
     if info.first_batch_seen:
         return
@@ -111,11 +109,6 @@ def calibrate_on_first_batch(gm: GraphModule, args: tuple[Any, ...], kwargs: dic
     if all(fq.learning is None or fq.initialized for fq in quantizers):
         return
     observing = start_observing(gm)
-    was_training = gm.training
-    gm.eval()  # no batch-norm statistics updated by this extra pass
-    try:
-        with torch.no_grad():
-            gm.forward(*args, **kwargs)
-    finally:
-        gm.train(was_training)
+    with evaluating(gm):  # no batch-norm statistics updated by this extra pass
+        gm.forward(*args, **kwargs)  # not gm(...): that would call this hook again
     finish_calibration(gm, observing)

@@ -32,7 +32,7 @@ from torch.fx import Node
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from quant_core.errors import ConfigError, DataError, ModelError
-from quant_torch_fx.calibrate import model_device
+from quant_torch_fx.calibrate import evaluating, model_device
 from quant_torch_fx.data import labels_of, loader_length
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm
@@ -143,11 +143,8 @@ def initialize_learnables(model: nn.Module, inputs: Sequence[Any]) -> None:
     for data start from it (batch-norm statistics are not touched)."""
     if all(fq.initialized for fq in learnable_quantizers(model)):
         return
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
+    with evaluating(model):
         model(*inputs)
-    model.train(was_training)
 
 
 def set_batch_norm_stats_frozen(model: nn.Module, frozen: bool) -> None:
