@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a file: make `tools.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools.bench.common import interleaved_medians, synced_seconds
-from tools.bench.cuda import build, device_sync
+from tools.bench.cuda import build, calibration_pass, device_sync
 
 
 def _median_seconds(fn: Callable[[], Any], sync: Callable[[], Any] | None, repeats: int = 5) -> float:
@@ -56,7 +56,6 @@ def part_timing(model: Any, prepared: dict[str, Any], x: Any, args: argparse.Nam
     import torch
 
     from quant_torch_fx import observe as observe_module
-    from quant_torch_fx.calibrate import run_batches
 
     sync = device_sync(args.device)
     row: dict[str, Any] = {"part": "timing", "model": args.model, "batch": args.batch, "device": args.device}
@@ -74,7 +73,7 @@ def part_timing(model: Any, prepared: dict[str, Any], x: Any, args: argparse.Nam
             graph, signature = prepared[preset]
 
             def calibrate(graph: Any = graph, signature: Any = signature) -> None:
-                run_batches(graph, [x] * args.timed_batches, signature, quiet=True)
+                calibration_pass(graph, [x] * args.timed_batches, signature)
 
             infer()
             calibrate()
@@ -92,16 +91,15 @@ def part_profile(prepared: dict[str, Any], x: Any, args: argparse.Namespace) -> 
     from torch.profiler import ProfilerActivity, profile
 
     from quant_torch_fx import observe as observe_module
-    from quant_torch_fx.calibrate import run_batches
 
     row: dict[str, Any] = {"part": "profile", "model": args.model, "device": args.device}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
     for way in args.ways:
         observe_module.DEVICE_COUNTING = way
         graph, signature = prepared["xint8"]
-        run_batches(graph, [x], signature, quiet=True)
+        calibration_pass(graph, [x], signature)
         with profile(activities=activities) as prof:
-            run_batches(graph, [x], signature, quiet=True)
+            calibration_pass(graph, [x], signature)
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
         events = prof.key_averages()

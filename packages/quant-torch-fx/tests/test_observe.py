@@ -9,12 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quant_core.errors import DataError
 from quant_core.observer_config import MSE, Entropy, MinMax, MovingAverageMinMax, Percentile, PowerOfTwoMSE
-from quant_core.observers import HistogramObserver, make_observer
+from quant_core.observers import HistogramObserver, MinMaxObserver, make_observer
 from quant_core.observers.binning import bin_counts
 from quant_core.spec import QuantSpec
 from quant_torch_fx import observe as observe_module
 from quant_torch_fx.observe import RowCounter, histogram_counts, observe
+from quant_torch_fx.quantizer import FakeQuantizer
 
 SPECS = {
     "minmax": QuantSpec(dtype="uint8", symmetric=False, observer=MinMax()),
@@ -88,6 +90,66 @@ def test_accelerator_counting_ways_count_like_quant_core(seed: int, zeros: float
             np.testing.assert_array_equal(observe_module._device_counts(index, grid).numpy(), expected)
         finally:
             observe_module.DEVICE_COUNTING = default
+
+
+def _deferred_batches(seed: int) -> list[np.ndarray]:
+    """Batches whose range grows, shrinks, crosses zero and sits on one side of it."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for scale, shift in ((0.1, 0.0), (3.0, 0.0), (0.5, 2.0), (40.0, -1.0), (1e-3, 5.0)):
+        batch = (rng.standard_normal((4, 6, 5, 5)) * scale + shift).astype(np.float32)
+        batch[0, 0] = 0.0  # runs of exact zeros, as after a ReLU
+        out.append(batch)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_statistics_kept_on_the_device_equal_batch_by_batch_feeding(
+    name: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FakeQuantizer keeps a min-max observer's running range on the tensor's device
+    (forced here for CPU tensors) and hands it over when its observer is read: the
+    observer's state, and its qparams, equal feeding it batch by batch (every other kind is
+    fed batch by batch)."""
+    monkeypatch.setattr(observe_module, "KEEP_STATISTICS_ON", "all")
+    spec = SPECS[name]
+    reference, fq = make_observer(spec), FakeQuantizer(spec, name="x")
+    fq.observing = True
+    for batch in _deferred_batches(seed):
+        observe(reference, torch.from_numpy(batch))
+        fq(torch.from_numpy(batch))
+    kept_on_device = isinstance(reference, MinMaxObserver)  # a histogram's grid follows the range on the host
+    assert (fq._pending is not None) == kept_on_device
+    state_ref, state_fed = reference.state_dict(), fq.observer.state_dict()
+    assert fq._pending is None
+    for key in state_ref:
+        np.testing.assert_array_equal(
+            np.asarray(state_fed[key], dtype=object), np.asarray(state_ref[key], dtype=object)
+        )
+    assert fq.observer.qparams() == reference.qparams()
+
+
+def test_statistics_kept_on_the_device_refuse_non_finite_values_at_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observe_module, "KEEP_STATISTICS_ON", "all")
+    for name, bad in (("minmax", float("inf")), ("minmax", float("nan")), ("minmax_per_channel", float("nan"))):
+        fq = FakeQuantizer(SPECS[name], name="conv_3")
+        fq.observing = True
+        fq(torch.ones(2, 3, 4))
+        fq(torch.tensor([[[1.0, bad, 2.0, 0.0]] * 3] * 2))  # kept, not checked yet: no host round trip
+        with pytest.raises(DataError, match=r"calibration: tensor 'conv_3': range: .*(NaN|infinite)"):
+            _ = fq.observer
+        assert fq.observer.empty  # the refused statistics are dropped, the observer unchanged
+
+
+def test_a_change_of_channel_count_is_refused_as_batch_by_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observe_module, "KEEP_STATISTICS_ON", "all")
+    fq = FakeQuantizer(SPECS["minmax_per_channel"], name="w")
+    fq.observing = True
+    fq(torch.randn(2, 6, 3))
+    with pytest.raises(DataError, match=r"calibration: tensor 'w': per_channel_axis: batch has 4 channels"):
+        fq(torch.randn(2, 4, 3))
+    assert fq.observer.range()[0].shape == (6,)  # the first batch's statistics were handed over
 
 
 @settings(max_examples=40, deadline=None)
@@ -188,3 +250,40 @@ def test_cuda_feeding_equals_cpu_feeding(name: str, way: str, monkeypatch) -> No
         observe(cpu, torch.from_numpy(batch))
         observe(cuda, torch.from_numpy(batch).cuda())
     assert cuda.qparams() == cpu.qparams()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_cuda_feeding_kept_until_read_equals_cpu_feeding(name: str) -> None:
+    spec = SPECS[name]
+    cpu, fq = make_observer(spec), FakeQuantizer(spec, name="x")
+    fq.observing = True
+    for batch in _deferred_batches(3):
+        observe(cpu, torch.from_numpy(batch))
+        fq(torch.from_numpy(batch).cuda())
+    for key, value in cpu.state_dict().items():
+        np.testing.assert_array_equal(
+            np.asarray(fq.observer.state_dict()[key], dtype=object), np.asarray(value, dtype=object)
+        )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["minmax", "minmax_per_channel"])
+def test_statistics_kept_on_the_gpu_never_wait_for_it(name: str) -> None:
+    """Observing a CUDA batch after the first makes no host round trip (torch's sync debug
+    mode raises on any): the device's queue is never emptied by calibration."""
+    fq = FakeQuantizer(SPECS[name], name="x")
+    fq.observing = True
+    batches = [torch.from_numpy(b).cuda() for b in _deferred_batches(4)]
+    fq(batches[0])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in batches[1:]:
+            fq(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    reference = make_observer(SPECS[name])
+    for batch in batches:
+        observe(reference, batch.cpu())
+    assert fq.observer.qparams() == reference.qparams()

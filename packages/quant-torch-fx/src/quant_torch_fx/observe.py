@@ -7,7 +7,8 @@ the observer hands out (:meth:`HistogramObserver.grid_for`) for the histogram me
 accelerator (the crowded bin of the zeros spread out first: :data:`DEVICE_COUNTING`); on
 the CPU by a scatter-add split over the intra-op threads, or by ``torch.bincount`` of narrow integer bins on one thread (small tensors, and every tensor while
 the machine is busy: :func:`quant_torch_fx.shared_cores.observer_threads`). Only the reduction (two
-numbers, one per channel, or ``bins`` counts) crosses to the host; the
+numbers, one per channel, or ``bins`` counts) crosses to the host, and a min-max observer's
+running range on an accelerator only when it is read (:func:`observe_later`); the
 observer then makes its decision with ``quant_core``'s one implementation of the math, so
 the statistics, and the qparams, are those the numpy path gives for the same data.
 
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from quant_core.errors import DataError
-from quant_core.observers import HistogramObserver, Observer
+from quant_core.observers import HistogramObserver, MinMaxObserver, Observer
 from quant_core.observers.grid import HistogramGrid
 from quant_torch_fx.shared_cores import observer_threads
 
@@ -260,14 +261,19 @@ def observe(observer: Observer, x: torch.Tensor) -> None:
         _observe(observer, x)
 
 
-def _observe(observer: Observer, x: torch.Tensor) -> None:
+def _as_float(x: torch.Tensor) -> torch.Tensor:
     data = x.detach()
+    if not data.is_floating_point():
+        return data.to(torch.float64)
+    if data.dtype not in (torch.float32, torch.float64):
+        return data.to(torch.float32)  # float16/bfloat16 widen exactly
+    return data
+
+
+def _observe(observer: Observer, x: torch.Tensor) -> None:
+    data = _as_float(x)
     if data.numel() == 0:
         return
-    if not data.is_floating_point():
-        data = data.to(torch.float64)
-    elif data.dtype not in (torch.float32, torch.float64):
-        data = data.to(torch.float32)  # float16/bfloat16 widen exactly
     if isinstance(observer, HistogramObserver):
         lo_t, hi_t = torch.aminmax(data)
         lo, hi = _finite_pair(lo_t, hi_t)
@@ -283,3 +289,80 @@ def _observe(observer: Observer, x: torch.Tensor) -> None:
     else:
         both = torch.stack((lo_t, hi_t)).to(torch.float64).cpu().numpy()
         observer.update_range(np.asarray(both[0]), np.asarray(both[1]))  # type: ignore[attr-defined]
+
+
+class PendingRange:
+    """A min-max observer's running min and max (0-d, or one per channel) kept on the
+    batches' device, so that observing a batch needs no host round trip: on a GPU each
+    ``.item()`` or copy to the host waits for the device's queue to empty, once per observed
+    tensor and batch. The fold is exact in any grouping (:class:`MinMaxObserver`), and NaN or
+    infinities travel in the running range (``minimum``/``maximum`` keep them) to be refused
+    when it is handed over (:meth:`flush_into`).
+
+    Example:
+        >>> from quant_core.observers import make_observer
+        >>> from quant_core.spec import QuantSpec
+        >>> pending = PendingRange()
+        >>> pending.add(torch.tensor(-1.0), torch.tensor(0.5)), pending.add(torch.tensor(-0.5), torch.tensor(2.0))
+        (True, True)
+        >>> obs = make_observer(QuantSpec(dtype="int8"))
+        >>> pending.flush_into(obs)
+        >>> [float(v) for v in obs.range()]
+        [-1.0, 2.0]
+    """
+
+    def __init__(self) -> None:
+        self.lo: torch.Tensor | None = None
+        self.hi: torch.Tensor | None = None
+
+    def add(self, lo: torch.Tensor, hi: torch.Tensor) -> bool:
+        """Fold one batch's range in; False (nothing folded) when its shape differs from the
+        earlier batches' (a change of channel count: the observer must see it and refuse it)."""
+        if self.lo is None or self.hi is None:
+            self.lo, self.hi = lo.clone(), hi.clone()
+            return True
+        if lo.shape != self.lo.shape:
+            return False
+        torch.minimum(self.lo, lo, out=self.lo)
+        torch.maximum(self.hi, hi, out=self.hi)
+        return True
+
+    def flush_into(self, observer: Observer) -> None:
+        """Hand the range to ``observer`` (one transfer); raises DataError, leaving the
+        observer unchanged, when a batch held NaN or an infinity."""
+        if self.lo is None or self.hi is None:
+            return
+        both = torch.stack((self.lo, self.hi)).to(torch.float64).cpu().numpy()
+        observer.update_range(both[0], both[1])  # type: ignore[attr-defined]
+
+
+#: Where :func:`observe_later` keeps a running range until the observer is read:
+#: ``"accelerators"`` (every device but the CPU, where reading a batch's range costs no wait
+#: and it goes to the observer at once), ``"all"`` (the CPU too: tests) or ``"none"`` (batch
+#: by batch everywhere: what ``tools/bench/cuda.py`` compares against).
+KEEP_STATISTICS_ON = "accelerators"
+
+
+def observe_later(observer: Observer, x: torch.Tensor, pending: PendingRange | None) -> PendingRange | None:
+    """Fold ``x`` into ``pending`` (started when None), the running range of ``observer``
+    kept on ``x``'s device, and return it; :meth:`PendingRange.flush_into` hands it over.
+    Returns None, folding nothing, when ``x`` is to be observed at once instead: a CPU
+    tensor, an observer that is not a min-max one (a histogram's grid follows the range on
+    the host; a moving average folds in order), a change of channel count. The caller then
+    flushes ``pending`` and calls :func:`observe`.
+
+    Example:
+        >>> from quant_core.observers import make_observer
+        >>> from quant_core.spec import QuantSpec
+        >>> observe_later(make_observer(QuantSpec(dtype="int8")), torch.tensor([1.0]), None) is None  # the CPU
+        True
+    """
+    data = _as_float(x)
+    keep = KEEP_STATISTICS_ON == "all" or (KEEP_STATISTICS_ON == "accelerators" and data.device.type != "cpu")
+    if not keep or not isinstance(observer, MinMaxObserver):
+        return None
+    if data.numel() == 0:
+        return pending
+    lo, hi = channel_min_max(data, observer.spec.channel_axis)
+    running = pending if pending is not None else PendingRange()
+    return running if running.add(lo, hi) else None

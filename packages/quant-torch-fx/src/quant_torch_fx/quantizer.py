@@ -39,7 +39,7 @@ from quant_core.observers import Observer, make_observer
 from quant_core.qparams import QParams, qparams_from_data, qparams_to_data, scale_from_fix_pos
 from quant_core.spec import QuantSpec, ScaleType
 from quant_torch_fx.fake_quantize import code_dtype, fake_quantize_tensors
-from quant_torch_fx.observe import observe
+from quant_torch_fx.observe import PendingRange, observe, observe_later
 from quant_torch_fx.qat_ops import (
     compiled_power_of_two,
     lsq_fake_quantize,
@@ -73,7 +73,8 @@ class FakeQuantizer(nn.Module):
             raise ConfigError(f"{name}: dtype {spec.dtype.value} keeps the tensor in float; it needs no quantizer")
         self.spec = spec
         self.name = name
-        self.observer: Observer = make_observer(spec)
+        self._observer: Observer = make_observer(spec)
+        self._pending: PendingRange | None = None
         self.observing = False
         self.quantizing = False
         self.learning: str | None = None
@@ -86,6 +87,24 @@ class FakeQuantizer(nn.Module):
         self.register_buffer("scale", torch.ones(()))
         self.register_buffer("zero_point", torch.zeros((), dtype=code_dtype_of(spec)))
         self.learned: nn.Parameter | None = None
+
+    # --- observer ---------------------------------------------------------------------------
+    @property
+    def observer(self) -> Observer:
+        """The observer, holding every batch seen: statistics still kept on an accelerator
+        (:func:`quant_torch_fx.observe.observe_later`) are handed to it first."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            try:
+                pending.flush_into(self._observer)
+            except DataError as exc:  # a batch held NaN or an infinity
+                raise self._calibration_error(exc) from None
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: Observer) -> None:
+        self._pending = None
+        self._observer = observer
 
     # --- qparams ---------------------------------------------------------------------------
     @property
@@ -172,10 +191,21 @@ class FakeQuantizer(nn.Module):
         return self.fake_quantize(x)
 
     def _observe(self, x: torch.Tensor) -> None:
+        try:  # on an accelerator a min-max observer's range stays there until it is read
+            later = observe_later(self._observer, x, self._pending)
+        except DataError as exc:  # a batch without the channel axis
+            raise self._calibration_error(exc) from None
+        if later is not None:
+            self._pending = later
+            return
+        observer = self.observer  # what is pending goes first (its errors named there)
         try:
-            observe(self.observer, x)
-        except DataError as exc:  # NaN/Inf or a batch without the channel axis
-            raise DataError(f"calibration: tensor {self.name!r}: {exc}") from None
+            observe(observer, x)
+        except DataError as exc:  # NaN/Inf, or a batch without the channel axis
+            raise self._calibration_error(exc) from None
+
+    def _calibration_error(self, exc: DataError) -> DataError:
+        return DataError(f"calibration: tensor {self.name!r}: {exc}")
 
     def _broadcast(self, value: torch.Tensor, ndim: int) -> torch.Tensor:
         axis = self.axis
