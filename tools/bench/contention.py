@@ -24,6 +24,9 @@ Paths (``--paths``):
 * ``torch_minmax``, ``torch_histogram``: quant-torch-fx calibration (``a8w8``: min-max
   observers; ``xint8``: power-of-two MinMSE histograms) of a prepared model over the batches,
   against the float torch model's forward;
+* ``torch_qat``: quant-torch-fx ``xint8`` QAT training steps (eager, TQT, simulated batch
+  norm) over the batches, against the float model's training steps over the same batches
+  (SGD, cross-entropy);
 * ``counting``: :func:`quant_torch_fx.observe.histogram_counts` on 2M values, against
   ``torch.bincount`` of the same bins (ns per value in the table);
 * ``onnx_minmax``, ``onnx_histogram``: ``quant_onnx.quantize`` (``a8w8``, ``xint8``; the whole
@@ -66,6 +69,7 @@ CONDITIONS = ("quiet", "torch_neighbour", "torch_short_ops_neighbour", "python_n
 PATHS = (
     "torch_minmax",
     "torch_histogram",
+    "torch_qat",
     "counting",
     "onnx_minmax",
     "onnx_histogram",
@@ -195,6 +199,37 @@ def torch_pair(model_name: str, preset: str, data: Batches) -> tuple[Callable[[]
                 model(x)
 
     return infer, lambda: run_batches(prepared, data.torch(), signature, quiet=True)
+
+
+def qat_pair(model_name: str, data: Batches) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """Training steps over the batches: the float model's, and the ``xint8`` QAT model's."""
+    import copy
+
+    import torch
+
+    from quant_torch_fx import ModelQuantizer
+
+    model, example = build_torch(model_name)
+    first = next(data.torch())
+    with torch.no_grad():
+        classes = model(first).shape[-1]
+    labels = torch.arange(first.shape[0]) % classes
+    qat = ModelQuantizer("xint8", quiet=True).prepare_qat(copy.deepcopy(model), example, calib_loader=[first])
+
+    def steps(net: Any) -> Callable[[], None]:
+        net.train()
+        optimizer = torch.optim.SGD(net.parameters(), lr=1e-9)  # too small to change what is timed
+
+        def run() -> None:
+            for x in data.torch():
+                loss = torch.nn.functional.cross_entropy(net(x), labels[: x.shape[0]])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+        return run
+
+    return steps(copy.deepcopy(model)), steps(qat)
 
 
 def counting_pair() -> tuple[Callable[[], Any], Callable[[], Any]]:
@@ -335,6 +370,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             data = Batches(shape, batch_size(model_name), args.batches, loader=condition == "loader")
             if path == "counting":
                 reference, work = counting_pair()
+            elif path == "torch_qat":
+                reference, work = qat_pair(model_name, data)
             elif path.startswith("torch"):
                 reference, work = torch_pair(model_name, "a8w8" if path == "torch_minmax" else "xint8", data)
             else:

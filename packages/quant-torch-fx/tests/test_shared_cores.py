@@ -94,3 +94,21 @@ def test_the_thread_count_is_restored_when_an_observer_refuses_its_batch(monkeyp
     with pytest.raises(DataError):
         observe(make_observer(QuantSpec(dtype="int8")), torch.tensor([0.0, float("nan")]))
     assert torch.get_num_threads() == 2
+
+
+def test_qat_training_warns_on_a_busy_machine_with_spinning_threads(monkeypatch):
+    """Beside another torch process a QAT step with spinning OpenMP threads took 6.5x its
+    passive-policy time (EfficientNet-Lite0): train_qat says so, as calibration does."""
+    import torch
+
+    from quant_torch_fx.training import train_qat
+
+    monkeypatch.setattr(shared_cores, "_HINTED", False)
+    monkeypatch.setattr(shared_cores, "current_load", lambda: 50.0)
+    monkeypatch.setattr(shared_cores.torch, "get_num_threads", lambda: 2)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    model = torch.nn.Linear(3, 2)
+    data = [(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))]
+    with pytest.warns(UserWarning, match="QAT training") as caught:
+        train_qat(model, data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), quiet=True)
+    assert caught[0].filename == __file__  # at the caller's line

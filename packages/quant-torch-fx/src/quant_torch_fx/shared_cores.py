@@ -76,7 +76,7 @@ def spinning_hint(load: float, cores: int, threads: int, policy: str | None) -> 
         return None
     return (
         f"the machine is busy (load {load:.1f} on {cores} cores) and torch's OpenMP threads "
-        "spin while they wait: calibration and inference can run several times slower than they need to. "
+        "spin while they wait: calibration, QAT training and inference can run several times slower than they need to. "
         "Start the process with OMP_WAIT_POLICY=PASSIVE (or call torch.set_num_threads(1)) "
         "on shared machines (docs/getting-started-torch.md)"
     )

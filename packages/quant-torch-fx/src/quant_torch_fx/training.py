@@ -38,6 +38,7 @@ from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm
 from quant_torch_fx.prepare import graph_info, quantized_graphs, quantizer
 from quant_torch_fx.quantizer import FakeQuantizer
+from quant_torch_fx.shared_cores import warn_if_openmp_spins
 
 EpochCallback = Callable[[int, nn.Module], dict[str, float] | None]
 
@@ -187,6 +188,9 @@ def train_qat(
     freeze."""
     if epochs < 1:
         raise ConfigError(f"epochs: {epochs!r} is out of range; allowed: an integer >= 1")
+    # A QAT step is hundreds of small parallel ops: beside another torch process,
+    # EfficientNet-Lite0's took 27 s with spinning OpenMP threads, 4.2 s with passive ones.
+    warn_if_openmp_spins()
     criterion = loss_fn or F.cross_entropy
     device = model_device(model)
     if optimizer is None or compile_model:
