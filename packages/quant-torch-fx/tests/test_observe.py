@@ -152,6 +152,21 @@ def test_a_change_of_channel_count_is_refused_as_batch_by_batch(monkeypatch: pyt
     assert fq.observer.range()[0].shape == (6,)  # the first batch's statistics were handed over
 
 
+def test_a_batch_on_another_device_hands_over_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observe_module, "KEEP_STATISTICS_ON", "all")
+    fq = FakeQuantizer(SPECS["minmax"], name="x")
+    fq.observing = True
+    fq(torch.tensor([-1.0, 1.0]))
+    pending = fq._pending
+    assert pending is not None
+    monkeypatch.setattr(pending, "lo", pending.lo.to("meta"))  # stands for another device
+    monkeypatch.setattr(pending, "hi", pending.hi.to("meta"))
+    monkeypatch.setattr(pending, "flush_into", lambda obs: obs.update_range(-2.0, 0.5))  # meta holds no values
+    fq(torch.tensor([0.0, 3.0]))
+    assert fq._pending is None
+    assert [float(v) for v in fq.observer.range()] == [-2.0, 3.0]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1), shift=st.sampled_from([0.75, 3.0, 1000.0, 2.0**20]), sign=st.sampled_from([1, -1])

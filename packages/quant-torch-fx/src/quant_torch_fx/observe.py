@@ -317,11 +317,12 @@ class PendingRange:
 
     def add(self, lo: torch.Tensor, hi: torch.Tensor) -> bool:
         """Fold one batch's range in; False (nothing folded) when its shape differs from the
-        earlier batches' (a change of channel count: the observer must see it and refuse it)."""
+        earlier batches' (a change of channel count: the observer must see it and refuse it)
+        or it lies on another device (the caller then hands over and observes at once)."""
         if self.lo is None or self.hi is None:
             self.lo, self.hi = lo.clone(), hi.clone()
             return True
-        if lo.shape != self.lo.shape:
+        if lo.shape != self.lo.shape or lo.device != self.lo.device:
             return False
         torch.minimum(self.lo, lo, out=self.lo)
         torch.maximum(self.hi, hi, out=self.hi)
