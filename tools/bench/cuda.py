@@ -106,6 +106,16 @@ def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
         def calibrate(prepared: Any = prepared, signature: Any = signature) -> None:
             calibration_pass(prepared, [x] * args.timed_batches, signature)
 
+        if preset == "a8w8":  # the prepared graph with its quantizers idle: what observing adds to
+            observing = start_observing(prepared)
+            for fq in observing:
+                fq.observing = False
+            infer()
+            calibrate()
+            infer_s, graph_s = interleaved_medians(infer, calibrate, args.repeats, device_sync(args.device))
+            row["graph_alone_throughput_ratio"] = infer_s / graph_s
+            start_observing(prepared)  # fresh observers, observing again
+
         # Statistics kept on the device until read (the default), then fed batch by batch.
         for keep, label in (("accelerators", preset), ("none", f"{preset}_batch_by_batch")):
             observe_module.KEEP_STATISTICS_ON = keep
