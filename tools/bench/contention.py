@@ -26,7 +26,7 @@ Paths (``--paths``):
   against the float torch model's forward;
 * ``torch_qat``: quant-torch-fx ``xint8`` QAT training steps (eager, TQT, simulated batch
   norm) over the batches, against the float model's training steps over the same batches
-  (SGD, cross-entropy);
+  (SGD, cross-entropy); ``torch_qat_compiled``: the same with ``compile_fake_quant=True``;
 * ``counting``: :func:`quant_torch_fx.observe.histogram_counts` on 2M values, against
   ``torch.bincount`` of the same bins (ns per value in the table);
 * ``onnx_minmax``, ``onnx_histogram``: ``quant_onnx.quantize`` (``a8w8``, ``xint8``; the whole
@@ -70,6 +70,7 @@ PATHS = (
     "torch_minmax",
     "torch_histogram",
     "torch_qat",
+    "torch_qat_compiled",
     "counting",
     "onnx_minmax",
     "onnx_histogram",
@@ -201,7 +202,7 @@ def torch_pair(model_name: str, preset: str, data: Batches) -> tuple[Callable[[]
     return infer, lambda: run_batches(prepared, data.torch(), signature, quiet=True)
 
 
-def qat_pair(model_name: str, data: Batches) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def qat_pair(model_name: str, data: Batches, compiled: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """Training steps over the batches: the float model's, and the ``xint8`` QAT model's."""
     import copy
 
@@ -214,7 +215,8 @@ def qat_pair(model_name: str, data: Batches) -> tuple[Callable[[], Any], Callabl
     with torch.no_grad():
         classes = model(first).shape[-1]
     labels = torch.arange(first.shape[0]) % classes
-    qat = ModelQuantizer("xint8", quiet=True).prepare_qat(copy.deepcopy(model), example, calib_loader=[first])
+    quantizer = ModelQuantizer("xint8", compile_fake_quant=compiled, quiet=True)
+    qat = quantizer.prepare_qat(copy.deepcopy(model), example, calib_loader=[first])
 
     def steps(net: Any) -> Callable[[], None]:
         net.train()
@@ -370,8 +372,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             data = Batches(shape, batch_size(model_name), args.batches, loader=condition == "loader")
             if path == "counting":
                 reference, work = counting_pair()
-            elif path == "torch_qat":
-                reference, work = qat_pair(model_name, data)
+            elif path.startswith("torch_qat"):
+                reference, work = qat_pair(model_name, data, compiled=path == "torch_qat_compiled")
             elif path.startswith("torch"):
                 reference, work = torch_pair(model_name, "a8w8" if path == "torch_minmax" else "xint8", data)
             else:
