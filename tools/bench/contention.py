@@ -209,6 +209,7 @@ def qat_pair(model_name: str, data: Batches, compiled: bool = False) -> tuple[Ca
     import torch
 
     from quant_torch_fx import ModelQuantizer
+    from tools.bench.torch_fx import sgd_step
 
     model, example = build_torch(model_name)
     first = next(data.torch())
@@ -219,15 +220,11 @@ def qat_pair(model_name: str, data: Batches, compiled: bool = False) -> tuple[Ca
     qat = quantizer.prepare_qat(copy.deepcopy(model), example, calib_loader=[first])
 
     def steps(net: Any) -> Callable[[], None]:
-        net.train()
-        optimizer = torch.optim.SGD(net.parameters(), lr=1e-9)  # too small to change what is timed
+        step = sgd_step(net.train())
 
         def run() -> None:
             for x in data.torch():
-                loss = torch.nn.functional.cross_entropy(net(x), labels[: x.shape[0]])
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                step(x, labels[: x.shape[0]])
 
         return run
 

@@ -101,13 +101,12 @@ def part_ptq(name: str, args: argparse.Namespace) -> dict[str, Any]:
         q = ModelQuantizer(preset, quiet=True)
         prepared = q.prepare(copy.deepcopy(model).to(args.device), example.to(args.device))
         signature = q.signature(example.to(args.device))
-        start_observing(prepared)
+        observing = start_observing(prepared)
 
         def calibrate(prepared: Any = prepared, signature: Any = signature) -> None:
             calibration_pass(prepared, [x] * args.timed_batches, signature)
 
         if preset == "a8w8":  # the prepared graph with its quantizers idle: what observing adds to
-            observing = start_observing(prepared)
             for fq in observing:
                 fq.observing = False
             infer()

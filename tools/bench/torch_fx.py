@@ -512,21 +512,27 @@ def part_qat_effnet(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ speed
-def train_step(model: Any, x: Any, y: Any) -> Callable[[], None]:
-    """One SGD step of ``model`` on ``(x, y)`` with cross-entropy (a learning rate too small
-    to change the timing's model): the float and QAT sides of a step-time ratio."""
+def sgd_step(model: Any) -> Callable[[Any, Any], None]:
+    """One SGD step of ``model`` on a batch ``(x, y)`` with cross-entropy (a learning rate too
+    small to change the timing's model), its optimizer made once."""
     import torch
     import torch.nn.functional as F
 
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-9)
 
-    def step() -> None:
+    def step(x: Any, y: Any) -> None:
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
     return step
+
+
+def train_step(model: Any, x: Any, y: Any) -> Callable[[], None]:
+    """:func:`sgd_step` on the fixed ``(x, y)``: the float and QAT sides of a step-time ratio."""
+    step = sgd_step(model)
+    return lambda: step(x, y)
 
 
 # Calibration runs over a loader: time several batches per call so that the per-call costs

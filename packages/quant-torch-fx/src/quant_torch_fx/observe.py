@@ -287,8 +287,13 @@ def _observe(observer: Observer, x: torch.Tensor) -> None:
         lo, hi = _finite_pair(lo_t, hi_t)
         observer.update_range(lo, hi)  # type: ignore[attr-defined]
     else:
-        both = torch.stack((lo_t, hi_t)).to(torch.float64).cpu().numpy()
-        observer.update_range(np.asarray(both[0]), np.asarray(both[1]))  # type: ignore[attr-defined]
+        _update_range(observer, lo_t, hi_t)
+
+
+def _update_range(observer: Observer, lo: torch.Tensor, hi: torch.Tensor) -> None:
+    """Hand a range reduced on the device (0-d or per channel) to ``observer``, one transfer."""
+    both = torch.stack((lo, hi)).to(torch.float64).cpu().numpy()
+    observer.update_range(np.asarray(both[0]), np.asarray(both[1]))  # type: ignore[attr-defined]
 
 
 class PendingRange:
@@ -331,10 +336,8 @@ class PendingRange:
     def flush_into(self, observer: Observer) -> None:
         """Hand the range to ``observer`` (one transfer); raises DataError, leaving the
         observer unchanged, when a batch held NaN or an infinity."""
-        if self.lo is None or self.hi is None:
-            return
-        both = torch.stack((self.lo, self.hi)).to(torch.float64).cpu().numpy()
-        observer.update_range(both[0], both[1])  # type: ignore[attr-defined]
+        if self.lo is not None and self.hi is not None:
+            _update_range(observer, self.lo, self.hi)
 
 
 #: Where :func:`observe_later` keeps a running range until the observer is read:
@@ -358,10 +361,10 @@ def observe_later(observer: Observer, x: torch.Tensor, pending: PendingRange | N
         >>> observe_later(make_observer(QuantSpec(dtype="int8")), torch.tensor([1.0]), None) is None  # the CPU
         True
     """
-    data = _as_float(x)
-    keep = KEEP_STATISTICS_ON == "all" or (KEEP_STATISTICS_ON == "accelerators" and data.device.type != "cpu")
+    keep = KEEP_STATISTICS_ON == "all" or (KEEP_STATISTICS_ON == "accelerators" and x.device.type != "cpu")
     if not keep or not isinstance(observer, MinMaxObserver):
-        return None
+        return None  # before any conversion: observe() converts the batch itself
+    data = _as_float(x)
     if data.numel() == 0:
         return pending
     lo, hi = channel_min_max(data, observer.spec.channel_axis)
