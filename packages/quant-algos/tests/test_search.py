@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from statistics import NormalDist
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -26,7 +27,7 @@ from quant_algos.search import (
     search_with,
     target_space,
 )
-from quant_algos.search.evaluation import Acceptance, lower_bound, prefix_better, score_outputs
+from quant_algos.search.evaluation import Acceptance, hardest_first, lower_bound, prefix_better, score_outputs
 from quant_algos.search.metrics import Metric
 from quant_algos.search.statistics import StatisticsLedger, statistics_bins_of
 from quant_algos.search.walk import Budget, float_goal, median_batch_ms
@@ -110,6 +111,71 @@ def test_a_winner_by_zero_margin_is_not_accepted_at_the_default_confidence():
             Acceptance(0.9, bad)
 
 
+def test_hardest_first_orders_by_the_float_margin_ties_and_odd_outputs_in_index_order():
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(50, 7)).astype(np.float32)
+    logits[10] = logits[20]  # a tie: index order
+    indices = np.sort(rng.choice(50, 30, replace=False))
+    order = hardest_first([logits], indices)
+    assert sorted(order.tolist()) == indices.tolist()  # a permutation of the part given
+    ranked = np.sort(logits[order], axis=1)
+    margins = ranked[:, -1] - ranked[:, -2]  # independent: a full sort, not a partition
+    assert np.all(np.diff(margins) >= 0)
+    tied = [i for i in order.tolist() if i in (10, 20)]
+    assert tied in ([], [10], [20], [10, 20])
+    nan = logits.copy()
+    nan[indices[0], 0] = np.nan
+    assert hardest_first([nan], indices)[-1] == indices[0]  # no class: scored last
+    # One value per sample (a regression head), or a whole map per sample: no order.
+    assert hardest_first([logits[:, :1]], indices) is None
+    assert hardest_first([np.zeros((50, 1 << 17), np.float32)], indices) is None
+    # The first output decides; a multi-dimensional output is flattened as the metrics read it.
+    cube = logits.reshape(50, 7, 1)
+    assert hardest_first([cube, np.zeros((50, 1))], indices).tolist() == order.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    count=st.integers(2, 80),
+    target=st.floats(0.3, 1.0),
+    confidence=st.sampled_from([0.5, 0.9]),
+    batch=st.integers(1, 16),
+)
+def test_the_scoring_order_changes_when_a_candidate_stops_not_whether_it_meets(seed, count, target, confidence, batch):
+    rng = np.random.default_rng(seed)
+    values = (rng.random(count) < rng.random()).astype(np.float64)
+    data = EvaluationData(
+        {"x": np.zeros((count, 1), np.float32)}, None, np.arange(count), np.array([], int), batch, None
+    )
+    reference = [np.zeros((count, 1), np.float32)]
+    accept = Acceptance(target, confidence)
+
+    def scored(indices):
+        return score_outputs(
+            lambda feeds: [feeds["x"]], ["y"], reference, _given_scores(values), data, indices, acceptance=accept
+        )
+
+    given_order, shuffled = scored(np.arange(count)), scored(rng.permutation(count))
+    wins = [s.complete and accept.meets(s.score, count, per_sample=True) for s in (given_order, shuffled)]
+    assert wins[0] == wins[1] == accept.meets(float(values.mean()), count, per_sample=True)
+    for s in (given_order, shuffled):
+        if s.complete:
+            assert s.score == pytest.approx(float(values.mean()))
+        else:
+            assert values.mean() <= s.bound + 1e-12
+
+
+def test_a_stopped_candidate_is_taken_at_its_bound_only_when_the_hardest_samples_came_first():
+    data = evaluation_data({"x": np.eye(4, 3, dtype=np.float32)}, holdout=0.0)
+    goal, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric(None), Acceptance(0.9), ["y"])
+    assert goal.by_margin and goal.estimate(None, 0.95, 0.5) == 0.95  # the easiest samples were left
+    assert attrs.evolve(goal, by_margin=False).estimate(None, 0.95, 0.5) == 0.5  # a random rest: the mean so far
+    assert goal.estimate(0.8, 0.8, 0.8) == 0.8
+    whole, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric("sqnr"), Acceptance(30.0), ["y"])
+    assert not whole.by_margin and whole.selection.tolist() == data.select.tolist()
+
+
 def test_prefix_ranking_compares_the_samples_both_ran():
     assert prefix_better(np.array([1.0, 1.0]), np.array([1.0, 0.0, 0.0]))
     assert not prefix_better(np.array([1.0, 0.0]), np.array([1.0, 0.0]))  # a tie keeps the incumbent
@@ -173,6 +239,65 @@ def run_fake(flips, target, space, **kwargs):
 
 
 SPACE = SearchSpace(formats=("a8w8",), activation_observers=(MinMax(), Percentile(99.9)), corrections=((CLEConfig(),),))
+
+
+class HesitantBackend(FakeBackend):
+    """A candidate flips the float model's top-1 class on its ``share`` of the samples the
+    float model is least sure of (smallest margin between its two largest logits), as a
+    quantized model mostly does."""
+
+    def __init__(self, flips, margins):
+        super().__init__(flips)
+        self.margins = margins
+
+    def runner(self, build):
+        share = build.model
+        limit = np.quantile(self.margins, share) if share else -np.inf
+
+        def run(feeds):
+            x = feeds["x"]
+            top = np.sort(x, axis=1)
+            wrong = (top[:, -1] - top[:, -2]) < limit
+            return [np.where(wrong[:, None], -x, x)]
+
+        return run
+
+
+def test_hardest_first_stops_failing_candidates_sooner_and_a_tie_on_their_samples_goes_to_the_cheaper():
+    rng = np.random.default_rng(0)
+    x = rng.random((400, 3)).astype(np.float32)
+    x[:, 1] += 0.5
+    top = np.sort(x, axis=1)
+    margins = top[:, -1] - top[:, -2]
+    # Both candidates miss every one of the hardest samples, so on the samples both ran they
+    # tie and the cheaper one is the base for CLE; in index order the better one is.
+    flips = {
+        "a8w8/minmax": 0.15,
+        "a8w8/percentile(99.9)": 0.12,
+        "a8w8/minmax+cle": 0.0,
+        "a8w8/percentile(99.9)+cle": 0.0,
+    }
+    results = {}
+    for order in ("hardest_first", "index"):
+        data = evaluation_data({"x": x}, batch_size=10)
+        goal, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric(None), Acceptance(0.95), ["y"])
+        assert goal.by_margin
+        if order == "index":
+            goal = attrs.evolve(goal, selection=data.select, by_margin=False)
+        else:
+            assert not np.array_equal(goal.selection, data.select)
+            assert sorted(goal.selection.tolist()) == data.select.tolist()
+        backend = HesitantBackend(flips, margins)
+        results[order] = search_with(
+            backend, goal, SPACE, CalibrationConfig(), budget=Budget(None, lambda: 0.0, 0.0), reference_seconds=0.0, quiet=True
+        )  # fmt: skip
+    hard, index = results["hardest_first"], results["index"]
+    assert hard.chosen.name == "a8w8/minmax+cle" and index.chosen.name == "a8w8/percentile(99.9)+cle"
+    assert hard.met and index.met
+    assert hard.chosen.score == index.chosen.score == 1.0 and hard.holdout_score == index.holdout_score
+    stopped = [row.samples for row in hard.candidates if row.status == "stopped"]
+    assert len(stopped) == 2 and hard.reuse["samples_scored"] < index.reuse["samples_scored"]
+    assert max(stopped) <= 20  # each miss lies in the first batches
 
 
 def test_the_first_candidate_meeting_the_target_in_cost_order_wins_and_is_rescored_held_out():

@@ -1,6 +1,7 @@
 """The evaluation data of a search: held in memory, split once (seeded) into the part the
 search selects on and a held-out part it never sees, and run batch by batch through a
-candidate with early stopping.
+candidate with early stopping, the samples the float model is least sure of first
+(:func:`hardest_first`).
 
 Example:
     >>> select, holdout = split_indices(10, 0.3, seed=0)
@@ -107,6 +108,42 @@ def split_indices(count: int, holdout: float, seed: int) -> tuple[np.ndarray, np
     held = 0 if holdout == 0.0 else min(count - 1, max(1, round(count * holdout)))
     order = np.random.default_rng(seed).permutation(count)
     return np.sort(order[held:]), np.sort(order[:held])
+
+
+#: Values per sample above which :func:`hardest_first` keeps the index order: a margin over
+#: a whole map (segmentation, detection heads) says little and would copy the outputs.
+MARGIN_MAX_VALUES = 1 << 16
+
+
+def hardest_first(reference: Sequence[np.ndarray], indices: np.ndarray) -> np.ndarray | None:
+    """``indices`` in scoring order: by the float model's top-1 margin (its largest value
+    less its second largest over the first output, as the built-in metrics read it),
+    smallest first, ties in index order; ``None`` when the first output has one value, or
+    more than :data:`MARGIN_MAX_VALUES`, per sample (no margin to order by).
+
+    A candidate changes the top-1 class mostly where the float model hesitates, so its
+    misses come first and the exact early stop (:func:`score_outputs`) ends a candidate
+    that cannot meet the target after fewer samples. The order changes when a candidate
+    stops, never whether it meets the target: a complete score is the same sum. And a
+    stopped candidate's bound (its score with every remaining sample perfect) is close to
+    what it would score in full, since the samples left are the ones it is least likely
+    to miss.
+
+    Example:
+        >>> logits = np.array([[5.0, 0.0], [0.1, 0.0], [2.0, 1.0], [0.1, 0.0]], np.float32)
+        >>> hardest_first([logits], np.arange(4)).tolist()
+        [1, 3, 2, 0]
+        >>> hardest_first([logits[:, :1]], np.arange(4)) is None
+        True
+    """
+    first = np.asarray(reference[0]) if len(reference) else np.empty((0, 0))
+    values = first[indices].reshape(len(indices), -1) if first.ndim else first
+    if values.ndim != 2 or not 2 <= values.shape[1] <= MARGIN_MAX_VALUES or not len(indices):
+        return None
+    top = np.partition(values.astype(np.float64, copy=False), -2, axis=1)[:, -2:]
+    margin = top[:, 1] - top[:, 0]
+    margin[np.isnan(margin)] = np.inf  # a sample the float model gives no class: last
+    return np.asarray(indices)[np.argsort(margin, kind="stable")]
 
 
 @attrs.frozen(eq=False)
@@ -265,8 +302,8 @@ class Scored:
 
 def prefix_better(challenger: np.ndarray, incumbent: np.ndarray) -> bool:
     """Whether per-sample scores ``challenger`` beat ``incumbent`` on the samples both ran
-    (a common prefix: every candidate scores the selection part in the same order); a tie
-    keeps the incumbent.
+    (a common prefix: every candidate scores the selection part in the same order,
+    :func:`hardest_first`); a tie keeps the incumbent.
 
     Example:
         >>> prefix_better(np.array([1.0, 1.0, 0.0]), np.array([1.0, 0.0, 0.0, 1.0]))  # 2 to 1 on three samples

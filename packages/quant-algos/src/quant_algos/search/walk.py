@@ -11,8 +11,10 @@ pre-passes, weight qparams) and runs the result; everything else is decided here
   observers a flat axis deferred, learned rounding, mixed precision, 16-bit;
 - **early stopping**: a per-sample metric stops scoring a candidate as soon as even
   perfect remaining samples could not lift it to the target (an exact bound:
-  :func:`~quant_algos.search.evaluation.score_outputs`); a stage ranks its candidates on
-  the samples they have in common;
+  :func:`~quant_algos.search.evaluation.score_outputs`), the samples the float model is
+  least sure of first (:func:`~quant_algos.search.evaluation.hardest_first`), where a
+  candidate's misses gather; a stage ranks its candidates on the samples they have in
+  common;
 - **the same model**: a candidate whose built model has the digest of one an earlier
   candidate built is not run again: its row repeats that candidate's scores (``same_as``);
 - **the budget**: the first candidate always runs; later ones start while time is left
@@ -46,6 +48,7 @@ from quant_algos.search.evaluation import (
     Scored,
     check_metric,
     collect,
+    hardest_first,
     prefix_better,
     score_outputs,
 )
@@ -153,7 +156,9 @@ def check_arguments(target: Any, budget_s: Any, confidence: Any = 0.9) -> Accept
 class Goal:
     """What every candidate is scored against and when one wins: the evaluation data and
     its split, the float model's outputs on every sample (run once), the output names, the
-    metric and the acceptance (target and confidence).
+    metric, the acceptance (target and confidence), ``selection``, the selection part in the
+    order every candidate scores it, and ``by_margin``, whether that order is the float
+    model's least certain samples first (:func:`hardest_first`).
 
     Example: see :func:`float_goal`.
     """
@@ -163,6 +168,8 @@ class Goal:
     output_names: Sequence[str]
     metric: Metric
     acceptance: Acceptance
+    selection: np.ndarray
+    by_margin: bool
 
     @property
     def target(self) -> float:
@@ -174,6 +181,15 @@ class Goal:
         return score_outputs(
             runner, self.output_names, self.reference, self.metric, self.evaluation, indices, acceptance=acceptance
         )
+
+    def estimate(self, score: float | None, bound: float | None, running: float | None) -> float | None:
+        """What a candidate's score over the whole selection part is taken to be: its score
+        when complete; when it stopped early, its bound if the hardest samples came first
+        (those left are the ones it is least likely to miss), else the mean over the samples
+        it ran (in index order the bound would flatter it)."""
+        if score is not None:
+            return score
+        return bound if self.by_margin else running
 
     def met(self, scored: Scored) -> bool:
         """Whether a complete score is accepted (:class:`~quant_algos.search.evaluation.Acceptance`)."""
@@ -208,8 +224,9 @@ def float_goal(
 ) -> tuple[Goal, float]:
     """The :class:`Goal` of a search and the seconds the float model took: the float
     model's outputs on every evaluation sample (run once; every candidate is scored
-    against them), the output names (``None``: ``output_0``, ``output_1``...); the metric
-    is tried on them first (``check_metric``), so a metric that cannot work fails before
+    against them), the output names (``None``: ``output_0``, ``output_1``...) and the
+    scoring order of the selection part (:func:`hardest_first`); the metric is tried on
+    them first (``check_metric``), so a metric that cannot work fails before
     any candidate is built.
 
     Example:
@@ -225,7 +242,9 @@ def float_goal(
     seconds = time.perf_counter() - started
     names = list(output_names) if output_names is not None else [f"output_{i}" for i in range(len(reference))]
     check_metric(metric, names, reference, evaluation)
-    return Goal(evaluation, reference, names, metric, acceptance), seconds
+    order = hardest_first(reference, evaluation.select) if metric.per_sample else None
+    selection = evaluation.select if order is None else order
+    return Goal(evaluation, reference, names, metric, acceptance, selection, order is not None), seconds
 
 
 def with_report(result: SearchResult, report_path: str | os.PathLike[str] | None) -> SearchResult:
@@ -253,13 +272,6 @@ def median_batch_ms(run: Runner, feeds: Mapping[str, np.ndarray], timed: Sequenc
         run(feeds)
         seconds.append(time.perf_counter() - started)
     return 1000.0 * stats.median(seconds)
-
-
-def _value(row: CandidateResult) -> float:
-    """What the fallback ranks rows by: the full score, else the metric over the samples
-    a stopped row ran (its bound would flatter it)."""
-    value = row.score if row.score is not None else row.running
-    return -np.inf if value is None else float(value)
 
 
 @attrs.frozen(eq=False)
@@ -353,7 +365,7 @@ def conclude(walk: Walk, reference_seconds: float) -> SearchResult:
     if chosen is None and best is not None:
         row, built = best
         if row.score is None:  # stopped early: score it in full to report what it reaches
-            scored = score(built, goal.evaluation.select)
+            scored = score(built, goal.selection)
             row = attrs.evolve(
                 row,
                 status="missed",  # scored in full now, and below the target (else it had met)
@@ -468,15 +480,21 @@ class Walk:
             if rank and candidate.name in self.scored and (best is None or self.better(candidate, best)):
                 best = candidate
             if candidate.name in self.scored and not row.same_as:
-                running = self.scored[candidate.name].running
-                distinct.extend([] if running is None else [running])
+                scored = self.scored[candidate.name]
+                estimate = self.goal.estimate(scored.score, scored.bound, scored.running)
+                distinct.extend([] if estimate is None else [estimate])
             if built is None or row.status not in ("met", "missed", "stopped"):
                 continue
-            if _value(row) > _best_value(self.best):
+            if self._value(row) > (-np.inf if self.best is None else self._value(self.best[0])):
                 self.best = (row, built)
             if row.status == "met":
                 self.winner = (row, built)
         return best
+
+    def _value(self, row: CandidateResult) -> float:
+        """What the fallback ranks rows by (:meth:`Goal.estimate`)."""
+        value = self.goal.estimate(row.score, row.bound, row.running)
+        return -np.inf if value is None else float(value)
 
     def _fits(self, candidate: Candidate) -> bool:
         """The budget rule: the first candidate always runs; later ones start while time is
@@ -514,8 +532,8 @@ class Walk:
                 return attrs.evolve(row, same_as=name), None
             runner = self.backend.runner(build)
             evaluation = self.goal.evaluation
-            scored = self.goal.score(runner, evaluation.select, early_stop=True)
-            first = evaluation.feeds(evaluation.chunks(evaluation.select)[0])
+            scored = self.goal.score(runner, self.goal.selection, early_stop=True)
+            first = evaluation.feeds(evaluation.chunks(self.goal.selection)[0])
             latency = self.backend.latency_ms(build, runner, first, scored)
         except (ValueError, ImportError, RuntimeError) as exc:
             return _row(candidate, "failed", seconds=time.perf_counter() - started, error=one_line(str(exc))), None
@@ -541,10 +559,6 @@ class Walk:
             seconds=time.perf_counter() - started,
             **columns,
         )
-
-
-def _best_value(best: tuple[CandidateResult, _Built] | None) -> float:
-    return -np.inf if best is None else _value(best[0])
 
 
 def latency_runs(scored: Scored) -> int:
