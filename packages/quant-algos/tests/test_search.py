@@ -5,6 +5,7 @@ backend whose "models" are numpy functions (no onnx, no torch)."""
 
 from __future__ import annotations
 
+import warnings
 from statistics import NormalDist
 
 import attrs
@@ -129,9 +130,14 @@ def test_hardest_first_orders_by_the_float_margin_ties_and_odd_outputs_in_index_
     # One value per sample (a regression head), or a whole map per sample: no order.
     assert hardest_first([logits[:, :1]], indices) is None
     assert hardest_first([np.zeros((50, 1 << 17), np.float32)], indices) is None
-    # The first output decides; a multi-dimensional output is flattened as the metrics read it.
-    cube = logits.reshape(50, 7, 1)
+    # The first output decides; one of four axes is flattened, as the metrics read it.
+    cube = logits.reshape(50, 7, 1, 1)
     assert hardest_first([cube, np.zeros((50, 1))], indices).tolist() == order.tolist()
+    # Three axes (samples, positions, classes): the least certain position of each sample.
+    lines = rng.normal(size=(50, 9, 5))
+    ranked = np.sort(lines[indices], axis=-1)
+    weakest = (ranked[..., -1] - ranked[..., -2]).min(axis=1)
+    assert hardest_first([lines], indices).tolist() == indices[np.argsort(weakest, kind="stable")].tolist()
 
 
 @settings(max_examples=200, deadline=None)
@@ -166,14 +172,25 @@ def test_the_scoring_order_changes_when_a_candidate_stops_not_whether_it_meets(s
             assert values.mean() <= s.bound + 1e-12
 
 
-def test_a_stopped_candidate_is_taken_at_its_bound_only_when_the_hardest_samples_came_first():
-    data = evaluation_data({"x": np.eye(4, 3, dtype=np.float32)}, holdout=0.0)
+def test_the_flat_test_takes_a_stopped_candidate_at_its_bound_only_when_the_hardest_samples_came_first():
+    data = evaluation_data({"x": np.eye(40, 3, dtype=np.float32)}, holdout=0.0)
     goal, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric(None), Acceptance(0.9), ["y"])
     assert goal.by_margin and goal.estimate(None, 0.95, 0.5) == 0.95  # the easiest samples were left
     assert attrs.evolve(goal, by_margin=False).estimate(None, 0.95, 0.5) == 0.5  # a random rest: the mean so far
     assert goal.estimate(0.8, 0.8, 0.8) == 0.8
     whole, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric("sqnr"), Acceptance(30.0), ["y"])
     assert not whole.by_margin and whole.selection.tolist() == data.select.tolist()
+
+
+def test_a_target_no_score_could_meet_is_said_before_the_search_starts():
+    data = evaluation_data({"x": np.eye(40, 3, dtype=np.float32)}, holdout=0.0)
+    run = lambda feeds: [feeds["x"]]  # noqa: E731
+    with pytest.warns(UserWarning, match=r"^target: 0.99 cannot be met on 40 selection samples at confidence 0.9 "):
+        float_goal(run, data, resolve_metric(None), Acceptance(0.99), ["y"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        float_goal(run, data, resolve_metric(None), Acceptance(0.99, confidence=0.5), ["y"])  # 1.0 meets it
+        float_goal(run, data, resolve_metric("sqnr"), Acceptance(99.0), ["y"])  # a whole-set metric: no bound
 
 
 def test_prefix_ranking_compares_the_samples_both_ran():

@@ -116,10 +116,15 @@ MARGIN_MAX_VALUES = 1 << 16
 
 
 def hardest_first(reference: Sequence[np.ndarray], indices: np.ndarray) -> np.ndarray | None:
-    """``indices`` in scoring order: by the float model's top-1 margin (its largest value
-    less its second largest over the first output, as the built-in metrics read it),
-    smallest first, ties in index order; ``None`` when the first output has one value, or
-    more than :data:`MARGIN_MAX_VALUES`, per sample (no margin to order by).
+    """``indices`` in scoring order: by the float model's top-1 margin on its first output
+    (its largest value less its second largest), smallest first, ties in index order;
+    ``None`` when there is no margin to order by (one value, or more than
+    :data:`MARGIN_MAX_VALUES`, per sample).
+
+    The margin is over the whole output of a sample, as the built-in metrics read it, except
+    for an output of three axes, ``(samples, positions, classes)`` (a recogniser's or a
+    token classifier's logits): there it is the smallest margin over the positions, the
+    position most likely to change.
 
     A candidate changes the top-1 class mostly where the float model hesitates, so its
     misses come first and the exact early stop (:func:`score_outputs`) ends a candidate
@@ -135,13 +140,19 @@ def hardest_first(reference: Sequence[np.ndarray], indices: np.ndarray) -> np.nd
         [1, 3, 2, 0]
         >>> hardest_first([logits[:, :1]], np.arange(4)) is None
         True
+        >>> lines = np.array([[[3.0, 0.0], [0.5, 0.0]], [[1.0, 0.0], [2.0, 0.0]]])  # 2 lines, 2 positions
+        >>> hardest_first([lines], np.arange(2)).tolist()  # line 0 has the least certain position
+        [0, 1]
     """
     first = np.asarray(reference[0]) if len(reference) else np.empty((0, 0))
-    values = first[indices].reshape(len(indices), -1) if first.ndim else first
-    if values.ndim != 2 or not 2 <= values.shape[1] <= MARGIN_MAX_VALUES or not len(indices):
+    if first.ndim < 2 or not len(indices) or not 2 <= first[0].size <= MARGIN_MAX_VALUES:
         return None
-    top = np.partition(values.astype(np.float64, copy=False), -2, axis=1)[:, -2:]
-    margin = top[:, 1] - top[:, 0]
+    values = first[indices]
+    values = values if values.ndim == 3 else values.reshape(len(indices), 1, -1)
+    if values.shape[-1] < 2:
+        return None
+    top = np.partition(values.astype(np.float64, copy=False), -2, axis=-1)[..., -2:]
+    margin = (top[..., 1] - top[..., 0]).min(axis=1)
     margin[np.isnan(margin)] = np.inf  # a sample the float model gives no class: last
     return np.asarray(indices)[np.argsort(margin, kind="stable")]
 

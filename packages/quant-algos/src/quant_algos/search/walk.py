@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import statistics as stats
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -49,6 +50,7 @@ from quant_algos.search.evaluation import (
     check_metric,
     collect,
     hardest_first,
+    lower_bound,
     prefix_better,
     score_outputs,
 )
@@ -183,10 +185,11 @@ class Goal:
         )
 
     def estimate(self, score: float | None, bound: float | None, running: float | None) -> float | None:
-        """What a candidate's score over the whole selection part is taken to be: its score
-        when complete; when it stopped early, its bound if the hardest samples came first
-        (those left are the ones it is least likely to miss), else the mean over the samples
-        it ran (in index order the bound would flatter it)."""
+        """What the flat-observer test takes a candidate's score over the whole selection
+        part to be: its score when complete; when it stopped early, its bound if the hardest
+        samples came first (those left are the ones it is least likely to miss; the bound
+        is never below the full score, so the test defers less, never more), else the mean
+        over the samples it ran (in index order the bound would flatter it)."""
         if score is not None:
             return score
         return bound if self.by_margin else running
@@ -242,6 +245,18 @@ def float_goal(
     seconds = time.perf_counter() - started
     names = list(output_names) if output_names is not None else [f"output_{i}" for i in range(len(reference))]
     check_metric(metric, names, reference, evaluation)
+    count = len(evaluation.select)
+    if metric.per_sample and not acceptance.reachable(1.0, count):
+        # Legal (a walk over the whole space), but every candidate then stops after one
+        # batch and the fallback ranks them on it: say so before the search starts.
+        best = lower_bound(1.0, count, acceptance.confidence)
+        warnings.warn(
+            f"target: {acceptance.target:g} cannot be met on {count} selection samples at confidence "
+            f"{acceptance.confidence:g} (a perfect score's lower bound is {best:.4f}), so every candidate stops "
+            f"after one batch and the best is chosen on it; a target up to {best:.4f}, a lower confidence or more "
+            "evaluation samples make the search score them",
+            stacklevel=3,
+        )
     order = hardest_first(reference, evaluation.select) if metric.per_sample else None
     selection = evaluation.select if order is None else order
     return Goal(evaluation, reference, names, metric, acceptance, selection, order is not None), seconds
@@ -427,8 +442,13 @@ class Walk:
     def better(self, challenger: Candidate, incumbent: Candidate) -> bool:
         """Whether ``challenger`` scored above ``incumbent``: a per-sample metric compares
         the samples both ran (the common prefix of the selection part, the whole of it
-        when both ran it all), a whole-set metric the scores; ties keep the incumbent."""
-        new, old = self.scored.get(challenger.name), self.scored.get(incumbent.name)
+        when both ran it all), a whole-set metric the scores; ties keep the incumbent.
+        The fallback ranks rows the same way: nothing is assumed of samples a row did not
+        run."""
+        return self._scored_above(challenger.name, incumbent.name)
+
+    def _scored_above(self, challenger: str, incumbent: str) -> bool:
+        new, old = self.scored.get(challenger), self.scored.get(incumbent)
         if new is None:
             return False
         if old is None:
@@ -485,16 +505,11 @@ class Walk:
                 distinct.extend([] if estimate is None else [estimate])
             if built is None or row.status not in ("met", "missed", "stopped"):
                 continue
-            if self._value(row) > (-np.inf if self.best is None else self._value(self.best[0])):
+            if self.best is None or self._scored_above(row.name, self.best[0].name):
                 self.best = (row, built)
             if row.status == "met":
                 self.winner = (row, built)
         return best
-
-    def _value(self, row: CandidateResult) -> float:
-        """What the fallback ranks rows by (:meth:`Goal.estimate`)."""
-        value = self.goal.estimate(row.score, row.bound, row.running)
-        return -np.inf if value is None else float(value)
 
     def _fits(self, candidate: Candidate) -> bool:
         """The budget rule: the first candidate always runs; later ones start while time is
