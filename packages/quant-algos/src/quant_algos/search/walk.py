@@ -236,9 +236,9 @@ def float_goal(
         >>> from quant_algos.search.evaluation import evaluation_data
         >>> from quant_algos.search.metrics import resolve_metric
         >>> data = evaluation_data({"x": np.eye(4, dtype=np.float32)}, holdout=0.0)
-        >>> goal, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric(None), Acceptance(0.9))
+        >>> goal, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric(None), Acceptance(0.6))
         >>> goal.output_names, goal.reference[0].shape, goal.target
-        (['output_0'], (4, 4), 0.9)
+        (['output_0'], (4, 4), 0.6)
     """
     started = time.perf_counter()
     reference = collect(run, evaluation, np.arange(evaluation.count))
