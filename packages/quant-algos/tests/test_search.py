@@ -5,7 +5,6 @@ backend whose "models" are numpy functions (no onnx, no torch)."""
 
 from __future__ import annotations
 
-import warnings
 from statistics import NormalDist
 
 import attrs
@@ -182,15 +181,19 @@ def test_the_flat_test_takes_a_stopped_candidate_at_its_bound_only_when_the_hard
     assert not whole.by_margin and whole.selection.tolist() == data.select.tolist()
 
 
-def test_a_target_no_score_could_meet_is_said_before_the_search_starts():
+def test_a_target_no_score_could_meet_is_said_before_the_search_starts(caplog):
     data = evaluation_data({"x": np.eye(40, 3, dtype=np.float32)}, holdout=0.0)
     run = lambda feeds: [feeds["x"]]  # noqa: E731
-    with pytest.warns(UserWarning, match=r"^target: 0.99 cannot be met on 40 selection samples at confidence 0.9 "):
-        float_goal(run, data, resolve_metric(None), Acceptance(0.99), ["y"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        float_goal(run, data, resolve_metric(None), Acceptance(0.99, confidence=0.5), ["y"])  # 1.0 meets it
-        float_goal(run, data, resolve_metric("sqnr"), Acceptance(99.0), ["y"])  # a whole-set metric: no bound
+    with caplog.at_level("WARNING", logger="quant_algos"):
+        goal, _ = float_goal(run, data, resolve_metric(None), Acceptance(0.99), ["y"])
+    expected = "target: 0.99 cannot be met on 40 selection samples at confidence 0.9 (a perfect score's lower bound is"
+    assert len(goal.notes) == 1 and goal.notes[0].startswith(expected)
+    assert [r.getMessage() for r in caplog.records] == list(goal.notes)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="quant_algos"):
+        met = float_goal(run, data, resolve_metric(None), Acceptance(0.99, confidence=0.5), ["y"])[0]  # 1.0 meets it
+        whole = float_goal(run, data, resolve_metric("sqnr"), Acceptance(99.0), ["y"])[0]  # a whole-set metric
+    assert met.notes == whole.notes == () and not caplog.records
 
 
 def test_prefix_ranking_compares_the_samples_both_ran():
@@ -346,6 +349,7 @@ def test_a_candidate_at_the_target_by_zero_margin_does_not_win_at_the_default_co
     flips = {"a8w8/minmax": 0.5, "a8w8/percentile(99.9)": 0.05, "a8w8/percentile(99.9)+cle": 0.0}
     unreachable, _, _ = run_fake(flips | {"a8w8/percentile(99.9)+cle": 0.05}, 2.0, SPACE)
     assert unreachable.chosen.name == "a8w8/percentile(99.9)"  # the best, scored in full
+    assert len(unreachable.notes) == 1 and unreachable.to_dict()["notes"] == list(unreachable.notes)
     reached = unreachable.chosen.score
     assert 0.9 < reached < 1.0
     point, _, _ = run_fake(flips, reached, SPACE, confidence=0.5)

@@ -208,6 +208,7 @@ def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tm
     status = main([*common, "--target-agreement", "0.0", "--report", str(tmp_path / "r.json"), "--quiet"])
     assert status == 0 and capsys.readouterr().out == ""
     report = json.loads((tmp_path / "r.json").read_text())
+    assert report["notes"] == []
     assert report["met"] and report["chosen"] == "xint8/minmax" and report["candidates"][0]["status"] == "met"
     assert report["holdout_score"] is not None and report["deployment"] == "onnxruntime:xint8"
     assert onnx.load(tmp_path / "out.onnx").graph.node
@@ -215,8 +216,12 @@ def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tm
     metric = f"{tmp_path / 'my_metric.py'}:accuracy"
     extra = ["--eval-labels", str(paths["labels"]), "--metric", metric, "--target-score", "2.0"]
     assert main([*common, *extra]) == 1  # accuracy never reaches 2: searched, best written, exit 1
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "held out:" in out and "misses" in out and "statistics passes reused: none:" in out
+    # No score reaches 2: said once, as a note (not a Python warning with a source line).
+    assert captured.err.count("quant-onnx: note: target: 2 cannot be met on ") == 1
+    assert "UserWarning" not in captured.err
     agreement = ["--target-agreement", "0.5", "--num-eval", "40"]
     assert main([*common, *agreement, "--holdout", "0.25"]) == 0  # the first candidate meets it, with a margin
     assert "at 90% confidence)" in capsys.readouterr().out

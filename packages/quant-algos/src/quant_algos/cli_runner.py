@@ -84,7 +84,7 @@ def run_command(
     parser: argparse.ArgumentParser,
     commands: Mapping[str, Callable[[argparse.Namespace], int]],
     argv: Sequence[str] | None,
-    loggers: Sequence[str] = ("quant_onnx",),
+    loggers: Sequence[str] = ("quant_onnx", "quant_algos"),
 ) -> int:
     """Parse ``argv``, run the chosen command, and turn what it raises into an exit status:
     130 on Ctrl-C (outputs are written atomically, so nothing partial is left), 2 with one

@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export-info": _export_info,
         "targets": _targets,
     }
-    return run_command("quant-npu", build_parser(), commands, argv, loggers=("quant_onnx", "quant_npu"))
+    return run_command("quant-npu", build_parser(), commands, argv, loggers=("quant_onnx", "quant_algos", "quant_npu"))
 
 
 if __name__ == "__main__":

@@ -135,6 +135,7 @@ class SearchResult:
             candidate would run.
         output_path: where the model was written (``None``: not written).
         report: the JSON report (also written when a report path was given).
+        notes: what the search warned of (a target no score could meet...).
     """
 
     model: Any
@@ -156,6 +157,7 @@ class SearchResult:
     reuse: dict[str, Any] = attrs.field(factory=dict)
     output_path: Path | None = None
     report: dict[str, Any] = attrs.field(factory=dict)
+    notes: tuple[str, ...] = ()
 
     @property
     def select_lower_bound(self) -> float | None:
@@ -191,6 +193,7 @@ class SearchResult:
             "reuse": dict(self.reuse),
             "candidates": [c.to_dict() for c in self.candidates],
             "output": None if self.output_path is None else str(self.output_path),
+            "notes": list(self.notes),
         }
 
 

@@ -31,10 +31,10 @@ Example: see :func:`quant_onnx.search` and :func:`quant_torch_fx.search`.
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics as stats
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -67,6 +67,8 @@ from quant_algos.search.space import (
 )
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError, one_line
+
+_LOG = logging.getLogger(__name__)
 
 
 @attrs.frozen(eq=False)
@@ -159,8 +161,9 @@ class Goal:
     """What every candidate is scored against and when one wins: the evaluation data and
     its split, the float model's outputs on every sample (run once), the output names, the
     metric, the acceptance (target and confidence), ``selection``, the selection part in the
-    order every candidate scores it, and ``by_margin``, whether that order is the float
-    model's least certain samples first (:func:`hardest_first`).
+    order every candidate scores it, ``by_margin``, whether that order is the float model's
+    least certain samples first (:func:`hardest_first`), and ``notes``, what the search
+    warned of before it started (also logged; the report keeps them).
 
     Example: see :func:`float_goal`.
     """
@@ -172,6 +175,7 @@ class Goal:
     acceptance: Acceptance
     selection: np.ndarray
     by_margin: bool
+    notes: tuple[str, ...] = ()
 
     @property
     def target(self) -> float:
@@ -246,20 +250,22 @@ def float_goal(
     names = list(output_names) if output_names is not None else [f"output_{i}" for i in range(len(reference))]
     check_metric(metric, names, reference, evaluation)
     count = len(evaluation.select)
+    notes = []
     if metric.per_sample and not acceptance.reachable(1.0, count):
         # Legal (a walk over the whole space), but every candidate then stops after one
         # batch and the fallback ranks them on it: say so before the search starts.
         best = lower_bound(1.0, count, acceptance.confidence)
-        warnings.warn(
+        notes.append(
             f"target: {acceptance.target:g} cannot be met on {count} selection samples at confidence "
             f"{acceptance.confidence:g} (a perfect score's lower bound is {best:.4f}), so every candidate stops "
             f"after one batch and the best is chosen on it; a target up to {best:.4f}, a lower confidence or more "
-            "evaluation samples make the search score them",
-            stacklevel=3,
+            "evaluation samples make the search score them"
         )
+        _LOG.warning(notes[-1])
     order = hardest_first(reference, evaluation.select) if metric.per_sample else None
     selection = evaluation.select if order is None else order
-    return Goal(evaluation, reference, names, metric, acceptance, selection, order is not None), seconds
+    goal = Goal(evaluation, reference, names, metric, acceptance, selection, order is not None, tuple(notes))
+    return goal, seconds
 
 
 def with_report(result: SearchResult, report_path: str | os.PathLike[str] | None) -> SearchResult:
@@ -415,6 +421,7 @@ def conclude(walk: Walk, reference_seconds: float) -> SearchResult:
         select_samples=len(goal.evaluation.select),
         holdout_samples=len(goal.evaluation.holdout),
         reuse=walk.backend.reuse() | walk.early_stops(),
+        notes=tuple(goal.notes),
     )
 
 
