@@ -54,7 +54,9 @@ class CandidateResult:
             ``"calibrated"`` when its specs cannot be derived from histograms).
         error: the one-line error of a failed candidate.
         running: the metric over the ``samples`` scored (a per-sample metric; for a
-            row stopped early, over the part of the selection samples it ran).
+            row stopped early, over the part of the selection samples it ran: the
+            hardest ones when the float model's margins ordered them, so below what the
+            row would score in full).
         same_as: the earlier candidate whose deployed model this one's is, byte for
             byte (its scores are that candidate's; it was not run again).
         pareto: on the Pareto front (:func:`mark_pareto`).
