@@ -27,7 +27,14 @@ from quant_algos.search import (
     search_with,
     target_space,
 )
-from quant_algos.search.evaluation import Acceptance, hardest_first, lower_bound, prefix_better, score_outputs
+from quant_algos.search.evaluation import (
+    Acceptance,
+    Scored,
+    hardest_first,
+    lower_bound,
+    prefix_better,
+    score_outputs,
+)
 from quant_algos.search.metrics import Metric
 from quant_algos.search.statistics import StatisticsLedger, statistics_bins_of
 from quant_algos.search.walk import Budget, float_goal, median_batch_ms
@@ -174,9 +181,10 @@ def test_the_scoring_order_changes_when_a_candidate_stops_not_whether_it_meets(s
 def test_the_flat_test_takes_a_stopped_candidate_at_its_bound_only_when_the_hardest_samples_came_first():
     data = evaluation_data({"x": np.eye(40, 3, dtype=np.float32)}, holdout=0.0)
     goal, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric(None), Acceptance(0.9), ["y"])
-    assert goal.by_margin and goal.estimate(None, 0.95, 0.5) == 0.95  # the easiest samples were left
-    assert attrs.evolve(goal, by_margin=False).estimate(None, 0.95, 0.5) == 0.5  # a random rest: the mean so far
-    assert goal.estimate(0.8, 0.8, 0.8) == 0.8
+    stopped = Scored(None, 0.95, 2, False, (), np.array([1.0, 0.0]))  # bound 0.95, mean so far 0.5
+    assert goal.by_margin and goal.estimate(stopped) == 0.95  # the easiest samples were left
+    assert attrs.evolve(goal, by_margin=False).estimate(stopped) == 0.5  # a random rest: the mean so far
+    assert goal.estimate(Scored(0.8, 0.8, 40, True, (), np.full(40, 0.8))) == 0.8
     whole, _ = float_goal(lambda feeds: [feeds["x"]], data, resolve_metric("sqnr"), Acceptance(30.0), ["y"])
     assert not whole.by_margin and whole.selection.tolist() == data.select.tolist()
 

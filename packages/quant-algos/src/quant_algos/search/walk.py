@@ -188,15 +188,15 @@ class Goal:
             runner, self.output_names, self.reference, self.metric, self.evaluation, indices, acceptance=acceptance
         )
 
-    def estimate(self, score: float | None, bound: float | None, running: float | None) -> float | None:
+    def estimate(self, scored: Scored) -> float | None:
         """What the flat-observer test takes a candidate's score over the whole selection
         part to be: its score when complete; when it stopped early, its bound if the hardest
         samples came first (those left are the ones it is least likely to miss; the bound
         is never below the full score, so the test defers less, never more), else the mean
         over the samples it ran (in index order the bound would flatter it)."""
-        if score is not None:
-            return score
-        return bound if self.by_margin else running
+        if scored.score is not None:
+            return scored.score
+        return scored.bound if self.by_margin else scored.running
 
     def met(self, scored: Scored) -> bool:
         """Whether a complete score is accepted (:class:`~quant_algos.search.evaluation.Acceptance`)."""
@@ -507,8 +507,7 @@ class Walk:
             if rank and candidate.name in self.scored and (best is None or self.better(candidate, best)):
                 best = candidate
             if candidate.name in self.scored and not row.same_as:
-                scored = self.scored[candidate.name]
-                estimate = self.goal.estimate(scored.score, scored.bound, scored.running)
+                estimate = self.goal.estimate(self.scored[candidate.name])
                 distinct.extend([] if estimate is None else [estimate])
             if built is None or row.status not in ("met", "missed", "stopped"):
                 continue
