@@ -1,0 +1,171 @@
+"""A pretrained OCR recogniser no one here trained: PP-OCRv4's text recogniser (the ONNX
+file that ships inside the ``rapidocr_onnxruntime`` wheel on PyPI, Apache-2.0) through
+quant-onnx presets, scored by the character error rate against the float model's own text.
+
+The model: a PP-LCNetV3 convolutional backbone (HardSwish written as ``x * Clip(x + 3, 0,
+6) / 6``, scalar "learnable affine" Mul/Add after each activation, squeeze-excite), an SVTR
+neck with two attention blocks (decomposed LayerNorm, Swish), a CTC head over 6,625 classes
+with its Softmax; opset 12, dynamic width. It stands in for the issue's hidden recogniser,
+which has this shape.
+
+The data: the rendered text lines of ``tools.bench.synthetic.text_lines`` (the ``calib``
+split to calibrate, ``eval`` to score), resized from 32x256 to 48x384 grey, repeated to
+three channels and scaled to ``[-1, 1]`` as PaddleOCR does. The float model reads them
+(``float`` row: CER against the rendered strings). The quantized models are decoded the
+same way (greedy CTC over class indices: no character table is needed to compare two
+readings), and the CER is against the float model's reading.
+
+``--ablate-convs`` quantizes one Conv at a time (every other op float) and prints the
+output SQNR and CER each costs alone.
+
+The wheel comes from the package registry (``pip download``), once, into ``.cache``.
+
+Example:
+    $ python -m tools.bench.ppocr                               # a8w8, a16w8, xint8, ~2 min
+    $ python -m tools.bench.ppocr --presets a8w8 --num-eval 100 --ablate-convs
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: make `tools.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench import common, synthetic, tasks
+
+WHEEL = "rapidocr_onnxruntime==1.4.4"
+MODEL_IN_WHEEL = "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
+WORK_DIR = common.CACHE_DIR / "bench" / "ppocr"
+HEIGHT, WIDTH = 48, 384
+
+
+def model_path() -> Path:
+    """The recogniser's ONNX file, extracted from the wheel (downloaded once)."""
+    target = WORK_DIR / Path(MODEL_IN_WHEEL).name
+    if target.exists():
+        return target
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(WORK_DIR), WHEEL], check=True
+    )
+    wheel = next(WORK_DIR.glob("rapidocr_onnxruntime-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        part = target.with_suffix(".part")
+        part.write_bytes(archive.read(MODEL_IN_WHEEL))
+        part.replace(target)
+    return target
+
+
+def text_lines(split: str, count: int) -> tuple[np.ndarray, list[str]]:
+    """``count`` rendered lines as the recogniser's input ``(count, 3, 48, 384)`` in ``[-1, 1]``."""
+    from PIL import Image
+
+    images, texts = synthetic.text_lines(split, count)
+    out = np.empty((count, 3, HEIGHT, WIDTH), np.float32)
+    for i, image in enumerate(images):
+        resized = np.asarray(Image.fromarray(image).resize((WIDTH, HEIGHT), Image.BILINEAR), np.float32)
+        out[i] = (resized / 127.5 - 1.0)[None]
+    return out, texts
+
+
+def ctc_classes(probabilities: np.ndarray) -> list[list[int]]:
+    """Greedy CTC reading of ``(lines, positions, classes)`` as class indices (blank 0)."""
+    readings = []
+    for row in probabilities.argmax(-1):
+        kept = [int(k) for i, k in enumerate(row) if k != 0 and (i == 0 or k != row[i - 1])]
+        readings.append(kept)
+    return readings
+
+
+def error_rate(readings: list[list[int]], references: list[list[int]]) -> float:
+    errors = sum(tasks.edit_distance(r, ref) for r, ref in zip(readings, references, strict=True))
+    return errors / max(1, sum(len(ref) for ref in references))
+
+
+def run(model: str | bytes, x: np.ndarray, batch: int = 32) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(None, {"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def sqnr_db(quantized: np.ndarray, reference: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(reference**2) / max(float(np.sum((quantized - reference) ** 2)), 1e-30)))
+
+
+def character_table(path: Path) -> list[str]:
+    """Class index -> character: blank, the model's ``character`` metadata, space."""
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return ["", *meta["character"].split("\n"), " "]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=["a8w8", "a16w8", "xint8"])
+    parser.add_argument("--num-calib", type=int, default=128)
+    parser.add_argument("--num-eval", type=int, default=300)
+    parser.add_argument("--ablate-convs", action="store_true", help="each Conv quantized alone (a8w8)")
+    args = parser.parse_args(argv)
+
+    import onnx
+
+    import quant_onnx
+    from quant_core import get_preset
+
+    path = model_path()
+    table = character_table(path)
+    calib, _ = text_lines("calib", args.num_calib)
+    evaluation, texts = text_lines("eval", args.num_eval)
+    float_out = run(str(path), evaluation)
+    reference = ctc_classes(float_out)
+    truth = [[table.index(c) for c in text] for text in texts]
+    print(f"float: CER against the rendered text {error_rate(reference, truth):.4f} ({args.num_eval} lines)")
+    print("| preset | CER against the float reading | lines read as float | output SQNR dB | quantize s |")
+    print("|---|---|---|---|---|")
+    for preset in args.presets:
+        out_path = WORK_DIR / f"{preset}.onnx"
+        start = time.perf_counter()
+        quant_onnx.quantize(str(path), str(out_path), preset, calib, quiet=True)
+        seconds = time.perf_counter() - start
+        quantized = run(str(out_path), evaluation)
+        readings = ctc_classes(quantized)
+        same = np.mean([r == ref for r, ref in zip(readings, reference, strict=True)])
+        print(
+            f"| {preset} | {error_rate(readings, reference):.4f} | {same:.3f} | "
+            f"{sqnr_db(quantized, float_out):.1f} | {seconds:.1f} |"
+        )
+    if args.ablate_convs:
+        model = onnx.load(str(path))
+        # Every op type the planner could quantize but Conv (BatchNormalization is folded
+        # away, and an exclude entry matching no node is refused).
+        ops = sorted(
+            {n.op_type for n in model.graph.node} - {"Conv", "Constant", "BatchNormalization", "Cast", "Shape"}
+        )
+        convs = [n.name for n in model.graph.node if n.op_type == "Conv"]
+        print(
+            "\n| Conv quantized alone (a8w8, every other op float) | output SQNR dB | CER against the float reading |"
+        )
+        print("|---|---|---|")
+        rows = []
+        for conv in convs:
+            config = get_preset("a8w8").evolve(exclude=(*ops, *(c for c in convs if c != conv)))
+            quant_onnx.quantize(str(path), str(WORK_DIR / "one_conv.onnx"), config, calib, quiet=True)
+            quantized = run(str(WORK_DIR / "one_conv.onnx"), evaluation)
+            rows.append((sqnr_db(quantized, float_out), error_rate(ctc_classes(quantized), reference), conv))
+        for db, cer, conv in sorted(rows):
+            print(f"| {conv} | {db:.1f} | {cer:.4f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
