@@ -11,9 +11,9 @@ which has this shape.
 The data: the rendered text lines of ``tools.bench.synthetic.text_lines`` (the ``calib``
 split to calibrate, ``eval`` to score), resized from 32x256 to 48x384 grey, repeated to
 three channels and scaled to ``[-1, 1]`` as PaddleOCR does. The float model reads them
-(``float`` row: CER against the rendered strings). The quantized models are decoded the
-same way (greedy CTC over class indices: no character table is needed to compare two
-readings), and the CER is against the float model's reading.
+(``float`` row: CER against the rendered strings). Every model is read by greedy CTC
+decoding with the model's own character table (its ``character`` metadata), and a quantized
+model's CER is against the float model's reading.
 
 ``--ablate-convs`` quantizes one Conv at a time (every other op float) and prints the
 output SQNR and CER each costs alone.
@@ -33,6 +33,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,37 +77,31 @@ def text_lines(split: str, count: int) -> tuple[np.ndarray, list[str]]:
     return out, texts
 
 
-def ctc_classes(probabilities: np.ndarray) -> list[list[int]]:
-    """Greedy CTC reading of ``(lines, positions, classes)`` as class indices (blank 0)."""
-    readings = []
-    for row in probabilities.argmax(-1):
-        kept = [int(k) for i, k in enumerate(row) if k != 0 and (i == 0 or k != row[i - 1])]
-        readings.append(kept)
-    return readings
-
-
-def error_rate(readings: list[list[int]], references: list[list[int]]) -> float:
-    errors = sum(tasks.edit_distance(r, ref) for r, ref in zip(readings, references, strict=True))
-    return errors / max(1, sum(len(ref) for ref in references))
-
-
-def run(model: str | bytes, x: np.ndarray, batch: int = 32) -> np.ndarray:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+def run(session_source: str | bytes, x: np.ndarray, batch: int = 32) -> np.ndarray:
+    """The recogniser's output ``(lines, positions, classes)`` over ``x`` in onnxruntime's default session."""
+    session = common.make_session(session_source)
     return np.concatenate([session.run(None, {"x": x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 
-def sqnr_db(quantized: np.ndarray, reference: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(reference**2) / max(float(np.sum((quantized - reference) ** 2)), 1e-30)))
+def characters(model: Any) -> list[str]:
+    """Class ``i + 1`` -> character (class 0 is the blank): the model's ``character``
+    metadata, then the space (``tasks.greedy_ctc_decode``'s charset)."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    return [*meta["character"].split("\n"), " "]
 
 
-def character_table(path: Path) -> list[str]:
-    """Class index -> character: blank, the model's ``character`` metadata, space."""
-    import onnx
+def quantized_reading(
+    path: Path, config: Any, out_path: Path, calib: np.ndarray, evaluation: np.ndarray, charset: list[str]
+) -> tuple[np.ndarray, list[str], float]:
+    """Quantize the recogniser with ``config`` into ``out_path``; its output over
+    ``evaluation``, its reading, and the seconds quantization took."""
+    import quant_onnx
 
-    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
-    return ["", *meta["character"].split("\n"), " "]
+    start = time.perf_counter()
+    quant_onnx.quantize(str(path), str(out_path), config, calib, quiet=True)
+    seconds = time.perf_counter() - start
+    out = run(str(out_path), evaluation)
+    return out, tasks.greedy_ctc_decode(out, charset), seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,33 +114,27 @@ def main(argv: list[str] | None = None) -> int:
 
     import onnx
 
-    import quant_onnx
     from quant_core import get_preset
+    from quant_core.qparams import sqnr_db
 
     path = model_path()
-    table = character_table(path)
+    model = onnx.load(str(path))
+    charset = characters(model)
     calib, _ = text_lines("calib", args.num_calib)
     evaluation, texts = text_lines("eval", args.num_eval)
     float_out = run(str(path), evaluation)
-    reference = ctc_classes(float_out)
-    truth = [[table.index(c) for c in text] for text in texts]
-    print(f"float: CER against the rendered text {error_rate(reference, truth):.4f} ({args.num_eval} lines)")
+    reference = tasks.greedy_ctc_decode(float_out, charset)
+    print(
+        f"float: CER against the rendered text {tasks.character_error_rate(reference, texts):.4f} ({args.num_eval} lines)"
+    )
     print("| preset | CER against the float reading | lines read as float | output SQNR dB | quantize s |")
     print("|---|---|---|---|---|")
     for preset in args.presets:
-        out_path = WORK_DIR / f"{preset}.onnx"
-        start = time.perf_counter()
-        quant_onnx.quantize(str(path), str(out_path), preset, calib, quiet=True)
-        seconds = time.perf_counter() - start
-        quantized = run(str(out_path), evaluation)
-        readings = ctc_classes(quantized)
-        same = np.mean([r == ref for r, ref in zip(readings, reference, strict=True)])
-        print(
-            f"| {preset} | {error_rate(readings, reference):.4f} | {same:.3f} | "
-            f"{sqnr_db(quantized, float_out):.1f} | {seconds:.1f} |"
-        )
+        out, reading, seconds = quantized_reading(path, preset, WORK_DIR / f"{preset}.onnx", calib, evaluation, charset)
+        same = np.mean([a == b for a, b in zip(reading, reference, strict=True)])
+        cer = tasks.character_error_rate(reading, reference)
+        print(f"| {preset} | {cer:.4f} | {same:.3f} | {sqnr_db(float_out, out):.1f} | {seconds:.1f} |")
     if args.ablate_convs:
-        model = onnx.load(str(path))
         # Every op type the planner could quantize but Conv (BatchNormalization is folded
         # away, and an exclude entry matching no node is refused).
         ops = sorted(
@@ -159,9 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for conv in convs:
             config = get_preset("a8w8").evolve(exclude=(*ops, *(c for c in convs if c != conv)))
-            quant_onnx.quantize(str(path), str(WORK_DIR / "one_conv.onnx"), config, calib, quiet=True)
-            quantized = run(str(WORK_DIR / "one_conv.onnx"), evaluation)
-            rows.append((sqnr_db(quantized, float_out), error_rate(ctc_classes(quantized), reference), conv))
+            out, reading, _ = quantized_reading(path, config, WORK_DIR / "one_conv.onnx", calib, evaluation, charset)
+            rows.append((sqnr_db(float_out, out), tasks.character_error_rate(reading, reference), conv))
         for db, cer, conv in sorted(rows):
             print(f"| {conv} | {db:.1f} | {cer:.4f} |")
     return 0
