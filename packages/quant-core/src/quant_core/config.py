@@ -182,9 +182,12 @@ class QuantConfig:
             give their tensors the formats that serve them under this config's specs:
             the residual stream, LayerNorm/GELU internals and linear biases float, Softmax
             outputs on their observed range (power-of-two formats: the stream at 16 bits,
-            the softmax on the fixed ``[0, 1]`` grid; ``docs/transformers.md``). A CNN
-            without these blocks plans the same either way. ``false``: every tensor by
-            the op table only.
+            the softmax on the fixed ``[0, 1]`` grid; ``docs/transformers.md``); and the
+            activation chains between layers (scalar affine steps, decomposed HardSwish,
+            SiLU and Swish: ``quant_core.plan.activation_chains``), quantized at their end
+            only (power-of-two formats: every step, as before). A CNN without these blocks
+            and chains plans the same either way. ``false``: every tensor by the op table
+            only.
     """
 
     global_config: OperatorConfig = attrs.field(validator=_instance_of(OperatorConfig, "an OperatorConfig"))

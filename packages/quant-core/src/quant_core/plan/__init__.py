@@ -7,6 +7,8 @@ every backend (``docs/architecture.md``: statistics where tensors live, decision
   output's qparams relate to its inputs').
 - :mod:`~quant_core.plan.planner`: :func:`plan_quantization` -> :class:`QuantPlan`
   (shared-scale groups, fusions, weight and bias slots, float nodes and why).
+- :mod:`~quant_core.plan.activation_chains`: the element-wise steps between two layers
+  (scalar affine, decomposed HardSwish, SiLU) that are quantized at their end only.
 - :mod:`~quant_core.plan.selectors`: every ``exclude`` entry and ``name_overrides`` glob
   of a config must select a node.
 - :mod:`~quant_core.plan.calibrated`: :func:`calibrated_qparams`, every qparam of a plan

@@ -17,13 +17,16 @@ Under ``config.transformer_recipe`` (the default) the recognised transformer blo
 (:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors float (widened
 to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax outputs on
 the fixed ``[0, 1]`` grid, and quantized masked attention scores (and their mask) on a
-range derived from the scores before the mask (:class:`DerivedRange`). Under every format but
+range derived from the scores before the mask (:class:`DerivedRange`). The activation chains between layers
+(:mod:`quant_core.plan.activation_chains`: scalar affine steps, decomposed HardSwish, SiLU)
+are quantized at their end only, except under power-of-two formats. Under every format but
 power-of-two, the result tail (:mod:`quant_core.plan.tail`: what is computed after the last
 layer, a classifier's logits, a detector's box decoding) stays float. A per-tensor
 power-of-two weight whose min-max grid rounds most of it to zero (one outlier element) gets
 its position by squared error (:mod:`quant_core.plan.weight_range`). A tensor every reader
 of which saturates (a HardSwish's input) is quantized on its range cut at the saturation
-(:class:`RangeBound`).
+(:class:`RangeBound`), as is a tensor an activation chain alone reads, where the chain
+saturates.
 
 Nothing is computed from data here: a backend's calibration turns each group's
 observations into qparams, so the same graph, config and data give the same scales on
@@ -54,6 +57,7 @@ import numpy as np
 from quant_core.config import CalibrationConfig, OperatorConfig, QuantConfig
 from quant_core.errors import ConfigError
 from quant_core.plan import selectors
+from quant_core.plan.activation_chains import ActivationChains, find_chains
 from quant_core.plan.graph import GraphView, PlanNode
 from quant_core.plan.ops import (
     FUSABLE_PRODUCERS,
@@ -440,6 +444,9 @@ class _Planner:
         self.blocks = find_blocks(graph) if config.transformer_recipe else TransformerBlocks()
         if self.blocks.summary():
             self.notes.append(f"transformer recipe: {self.blocks.summary()}")
+        self.chains = find_chains(graph) if config.transformer_recipe else ActivationChains()
+        if self.chains.summary():
+            self.notes.append(self.chains.summary())
         self.tail = result_tail(graph)
         self.tail_float: set[str] = set()
 
@@ -454,7 +461,11 @@ class _Planner:
         if tensor in self.tail:
             self.tail_float.add(tensor)
             return True
-        return tensor in self.blocks.float_tensors or tensor in self.blocks.float_stream
+        return (
+            tensor in self.blocks.float_tensors
+            or tensor in self.blocks.float_stream
+            or tensor in self.chains.float_tensors
+        )
 
     def request(self, tensor: str, spec: QuantSpec, priority: int) -> None:
         if self.kept_float(tensor, spec):
@@ -602,6 +613,7 @@ class _Planner:
             or producer.op_type not in FUSABLE_PRODUCERS
             or producer.name not in self.quantized_names
             or pre not in self.specs  # never planned (not a float tensor): nothing to fuse into
+            or node.outputs[0] not in self.specs  # float inside an activation chain: nothing to fuse
             or self.graph.is_graph_output(pre)
             or [c.name for c in self.graph.consumers(pre)] != [node.name]
         ):
@@ -684,6 +696,10 @@ class _Planner:
         saturate or a tensor is a graph output or has no reader."""
         lo, hi = math.inf, -math.inf
         for tensor in tensors:
+            chain = self.chains.bounds.get(tensor)
+            if chain is not None:  # read by an activation chain alone
+                lo, hi = min(lo, chain[0]), max(hi, chain[1])
+                continue
             readers = self.graph.consumers(tensor)
             if self.graph.is_graph_output(tensor) or not readers:
                 return None

@@ -1,7 +1,7 @@
 """SmoothQuant on a float ONNX model (pre-pass, before calibration).
 
-For every activation ``X`` read only by MatMul/Gemm layers (or only by 1x1 group-1
-Convs) with initializer weights, the per-input-channel max |X| is measured on the
+For every activation ``X`` read only by MatMul/Gemm layers (or only by 1x1 group-1 and
+depthwise Convs) with initializer weights, the per-input-channel max |X| is measured on the
 calibration batches (``quant_algos.smoothquant.ActivationAbsMax``, streaming), the
 scales ``s`` come from ``quant_algos.smoothquant.smooth_layers`` and the layers'
 weights are multiplied by ``s`` along their input axis. ``1 / s`` is folded, exactly,
@@ -12,8 +12,12 @@ into what produces ``X``:
 - a Mul by a constant, a LayerNormalization (scale and bias), a BatchNormalization;
 - otherwise a new ``Mul`` by the constant ``1 / s`` is inserted before the layers.
 
-The float function is unchanged (up to float rounding). Vision CNNs rarely need this
-pass; it targets activations with outlier channels feeding dense layers.
+The float function is unchanged (up to float rounding). It targets activations with
+outlier channels feeding dense layers, and a depthwise convolution's input, whose channels
+one per-tensor 8-bit grid serves while their ranges differ tens of times (PP-OCRv4's
+recogniser: a BN-folded stem's output channels span 0.23 to 15.5). An inserted ``Mul``
+joins the activation chain before it (:mod:`quant_core.plan.activation_chains`), so the
+planner quantizes only the smoothed tensor.
 
 Example:
     See ``tests/test_algorithms_smoothquant.py``.
@@ -88,13 +92,15 @@ def _consumer(node: onnx.NodeProto, tensor: str, index: GraphIndex) -> _Consumer
         return _Consumer(node, node.input[1], weight, 0, "dense")
     if node.op_type == "Gemm" and weight.ndim == 2 and not node_attribute(node, "transA", 0):
         return _Consumer(node, node.input[1], weight, 1 if node_attribute(node, "transB", 0) else 0, "dense")
-    if (
-        node.op_type == "Conv"
-        and node_attribute(node, "group", 1) == 1
-        and weight.ndim >= 3
-        and all(k == 1 for k in weight.shape[2:])
-    ):
+    if node.op_type != "Conv" or weight.ndim < 3:
+        return None
+    group = node_attribute(node, "group", 1)
+    if group == 1 and all(k == 1 for k in weight.shape[2:]):
         return _Consumer(node, node.input[1], weight, 1, "conv")
+    if group == weight.shape[0] and weight.shape[1] == 1:
+        # Depthwise: input channel c meets only filter c, so its scale lands on that filter's
+        # own per-channel weight grid (exact with the zero padding a Conv pads with).
+        return _Consumer(node, node.input[1], weight, 0, "conv")
     return None
 
 
@@ -233,7 +239,7 @@ def apply_smoothquant_with_report(
     groups, notes = _candidates(model)
     out = copy_model(model)
     if not groups:
-        return out, SmoothQuantReport((), (*notes, "no MatMul/Gemm/1x1-Conv inputs to smooth"))
+        return out, SmoothQuantReport((), (*notes, "no MatMul/Gemm/1x1-Conv/depthwise-Conv inputs to smooth"))
     absmax, ranks = _measure(model, groups, prepare_batches(batches, samples_to_use(config)))
     smoothed = []
     for tensor, readers in groups.items():
