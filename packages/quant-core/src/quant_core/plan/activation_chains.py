@@ -7,7 +7,7 @@ before and after a decomposed HardSwish. Quantized op by op, the tensor between 
 is rounded to 8 bits seven times; no integer kernel reads six of them (onnxruntime runs
 these element-wise ops on float data, an NPU fuses them into the layer's activation). With
 the chain's internals float, the pretrained recogniser's ``a8w8`` error against the float
-reading fell from ~11% to ~X% of characters (``docs/benchmarks.md``).
+reading fell from 11.3% to 9.9% of characters (``docs/benchmarks.md``).
 
 :func:`find_chains` follows, from every float tensor a node writes, the steps that read it
 alone (their intermediate tensors read inside the step only, none a graph output):
