@@ -159,8 +159,9 @@ def test_activation_with_a_non_dense_reader_is_left_alone():
 
 def test_smoothing_indexes_the_graph_once_per_activation_and_infers_no_shapes(monkeypatch):
     """Each smoothed activation reads the weights as earlier smoothing left them from one
-    fresh index (plus one to find the candidates); folding into the producer needs no
-    element types, so neither a second index nor shape inference per activation."""
+    fresh index (plus one to find the candidates and one to add the in-graph reductions
+    that measure them); folding into the producer needs no element types, so neither a
+    second index nor shape inference per activation."""
     from quant_core.onnx_qdq.graph import GraphIndex
     from quant_onnx.algorithms import smoothquant
     from quant_onnx.pipeline.preprocess import shape_inference
@@ -180,7 +181,7 @@ def test_smoothing_indexes_the_graph_once_per_activation_and_infers_no_shapes(mo
     groups, _ = smoothquant._candidates(model)
     builds.clear()
     apply_smoothquant_with_report(model, batches, SmoothQuantConfig(alpha=0.5))
-    assert len(builds) == 1 + len(groups)
+    assert len(builds) == 2 + len(groups)
 
 
 def test_an_inserted_scale_joins_the_activation_chain_and_only_its_output_is_quantized(tmp_path):
@@ -196,3 +197,20 @@ def test_an_inserted_scale_joins_the_activation_chain_and_only_its_output_is_qua
     quantized = {n.input[0] for n in result.model.graph.node if n.op_type == "QuantizeLinear"}
     assert "h" not in quantized and "h_smoothed" in quantized
     assert any("activation chain" in note for note in result.calibrated.plan.notes)
+
+
+@pytest.mark.parametrize("opset", [13, 18])  # ReduceMax takes its axes as an input from opset 18
+@pytest.mark.parametrize("builder", [stem_depthwise_model, input_model, conv_model])
+def test_in_graph_channel_absmax_equals_numpy(builder, opset):
+    from quant_onnx.algorithms import smoothquant
+
+    model, batches = builder()
+    model.opset_import[0].version = opset
+    groups, _ = smoothquant._candidates(model)
+    absmax, ranks = smoothquant._measure(model, groups, batches)
+    for tensor in groups:
+        value = TensorCapture(model, [tensor]).collect(batches)[tensor]
+        axis = 1 if value.ndim == 4 else value.ndim - 1
+        expected = np.abs(np.moveaxis(value, axis, -1)).reshape(-1, value.shape[axis]).max(axis=0)
+        np.testing.assert_array_equal(absmax[tensor], expected.astype(np.float64))
+        assert ranks[tensor] == value.ndim
