@@ -29,7 +29,14 @@ import numpy as np
 
 from quant_algos.layer import Layer
 from quant_core.errors import ModelError
-from quant_core.plan import HOMOGENEOUS_ACTIVATIONS, GraphView, PlanNode, activation_kind, weight_is_transposed
+from quant_core.plan import (
+    HOMOGENEOUS_ACTIVATIONS,
+    GraphView,
+    PlanNode,
+    activation_kind,
+    sole_reader,
+    weight_is_transposed,
+)
 
 # Ops between two layers that commute with a positive per-channel scale.
 _CHANNEL_WISE = ("MaxPool", "AveragePool")
@@ -100,13 +107,6 @@ class ChainSearch:
     chains: list[tuple[str, ...]]
 
 
-def _sole_consumer(graph: GraphView, tensor: str) -> PlanNode | None:
-    consumers = graph.consumers(tensor)
-    if len(consumers) != 1 or graph.is_graph_output(tensor):
-        return None
-    return consumers[0]
-
-
 def _owned_constant(graph: GraphView, name: str, writable: Writable) -> np.ndarray | None:
     value = graph.constant(name)
     if value is None or not writable(name) or len(graph.consumers(name)) != 1:
@@ -172,7 +172,7 @@ def _follow(
     relu6: list[str] = []
     absorbable = True
     while True:
-        node = _sole_consumer(graph, tensor)
+        node = sole_reader(graph, tensor)
         if node is None or not node.standard or node.input(0) != tensor:
             return None
         if node.name in layers:

@@ -39,7 +39,7 @@ from quant_core.plan.calibrated import (
     observers_from_statistics,
     plan_weight_qparams,
 )
-from quant_core.plan.graph import ConstantLookup, GraphView, PlanGraph, PlanNode
+from quant_core.plan.graph import ConstantLookup, GraphView, PlanGraph, PlanNode, scalar_constant, sole_reader
 from quant_core.plan.ops import (
     FUSABLE_PRODUCERS,
     HOMOGENEOUS_ACTIVATIONS,
@@ -109,6 +109,8 @@ __all__ = [
     "policy_for",
     "resolve_weight_spec",
     "saturation_interval",
+    "scalar_constant",
+    "sole_reader",
     "unmatched_selectors",
     "weight_channel_axis",
     "weight_is_transposed",

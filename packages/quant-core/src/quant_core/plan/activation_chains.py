@@ -49,9 +49,8 @@ import math
 from collections.abc import Mapping
 
 import attrs
-import numpy as np
 
-from quant_core.plan.graph import GraphView, PlanNode
+from quant_core.plan.graph import GraphView, PlanNode, scalar_constant, sole_reader
 from quant_core.plan.ops import clip_bounds, saturation_interval
 
 _AFFINE = frozenset({"Mul", "Add", "Sub", "Div"})
@@ -102,19 +101,22 @@ class ActivationChains:
         )
 
 
-def _scalar(graph: GraphView, tensor: str) -> float | None:
-    value = graph.constant(tensor) if tensor else None
-    if value is None or np.size(value) != 1:
+def _constant_operand(graph: GraphView, node: PlanNode, x: str) -> str | None:
+    """The constant ``node`` combines ``x`` with element-wise (``Mul``/``Add``/``Sub``/``Div``;
+    a Div only as ``x / c``), or ``None``."""
+    if node.op_type not in _AFFINE or not node.standard or len(node.inputs) != 2 or x not in node.inputs:
         return None
-    return float(np.asarray(value).reshape(-1)[0])
+    first = node.inputs[0] == x
+    other = node.inputs[1] if first else node.inputs[0]
+    if (node.op_type == "Div" and not first) or graph.constant(other) is None:
+        return None
+    return other
 
 
 def _affine(graph: GraphView, node: PlanNode, x: str) -> tuple[float, float] | None:
     """``(a, b)`` when ``node`` computes ``a * x + b`` from ``x`` and a scalar constant."""
-    if node.op_type not in _AFFINE or not node.standard or len(node.inputs) != 2 or x not in node.inputs:
-        return None
-    first = node.inputs[0] == x
-    c = _scalar(graph, node.inputs[1] if first else node.inputs[0])
+    operand = _constant_operand(graph, node, x)
+    c = None if operand is None else scalar_constant(graph, operand)
     if c is None or not math.isfinite(c):
         return None
     if node.op_type == "Mul":
@@ -122,26 +124,8 @@ def _affine(graph: GraphView, node: PlanNode, x: str) -> tuple[float, float] | N
     if node.op_type == "Add":
         return 1.0, c
     if node.op_type == "Sub":
-        return (1.0, -c) if first else (-1.0, c)
-    return (1.0 / c, 0.0) if first and c != 0.0 else None  # Div: c / x is not affine
-
-
-def _by_constant(graph: GraphView, node: PlanNode, x: str) -> bool:
-    """``node`` combines ``x`` with a constant tensor element-wise (a per-channel scale or
-    offset, such as the ``Mul`` SmoothQuant inserts): a step, but not a scalar affine one."""
-    if node.op_type not in _AFFINE or not node.standard or len(node.inputs) != 2 or x not in node.inputs:
-        return False
-    other = node.inputs[1] if node.inputs[0] == x else node.inputs[0]
-    if node.op_type == "Div" and other == node.inputs[0]:
-        return False
-    return other != x and graph.constant(other) is not None
-
-
-def _sole_reader(graph: GraphView, tensor: str) -> PlanNode | None:
-    readers = graph.consumers(tensor)
-    if len(readers) != 1 or graph.is_graph_output(tensor):
-        return None
-    return readers[0]
+        return (1.0, -c) if node.inputs[0] == x else (-1.0, c)
+    return (1.0 / c, 0.0) if c != 0.0 else None  # Div, as x / c
 
 
 def _gate_product(graph: GraphView, x: str, readers: list[PlanNode]) -> _Step | None:
@@ -194,8 +178,8 @@ def _gate(graph: GraphView, x: str, start: PlanNode, product: PlanNode) -> _Step
         if tensor == gate:
             break
         internal.append(tensor)
-        node = _sole_reader(graph, tensor)
-    if tensor != gate or not nonlinear or _sole_reader(graph, gate) is not product:
+        node = sole_reader(graph, tensor)
+    if tensor != gate or not nonlinear or sole_reader(graph, gate) is not product:
         return None
     saturates = None
     if zero_below is not None:
@@ -229,7 +213,7 @@ def _step(graph: GraphView, x: str) -> _Step | None:
     affine = _affine(graph, node, x)
     if affine is not None:
         return _Step(node.outputs[0], (node,), affine=affine)
-    if _by_constant(graph, node, x):
+    if _constant_operand(graph, node, x) is not None:  # a per-channel scale or offset (SmoothQuant's Mul)
         return _Step(node.outputs[0], (node,))
     if node.op_type not in _SINGLE or node.input(0) != x:
         return None
@@ -256,9 +240,6 @@ def _input_interval(steps: list[_Step]) -> tuple[float, float] | None:
 
 def find_chains(graph: GraphView) -> ActivationChains:
     """Recognise the activation chains of ``graph`` (see the module docstring)."""
-    internal: set[str] = set()
-    constants: dict[str, set[str]] = {}  # constant -> the chain nodes that read it
-    chain_nodes: set[str] = set()
     bounds: dict[str, tuple[float, float]] = {}
     starts: list[tuple[str, list[_Step]]] = []
     for node in graph.nodes:
@@ -275,16 +256,18 @@ def find_chains(graph: GraphView) -> ActivationChains:
                 bounds[x] = interval
             if len(steps) >= 2 or any(step.internal for step in steps):
                 starts.append((x, steps))
-    inside = set()
+    inside: set[str] = set()
+    chain_nodes: set[str] = set()
     for _x, steps in starts:
         inside |= {step.output for step in steps[:-1]} | {t for step in steps for t in step.internal}
-        for step in steps:
-            chain_nodes |= {n.name for n in step.nodes}
-            for n in step.nodes:
-                for name in n.inputs:
-                    if name and graph.constant(name) is not None:
-                        constants.setdefault(name, set()).add(n.name)
-    internal |= inside
-    internal |= {c for c, readers in constants.items() if {r.name for r in graph.consumers(c)} <= chain_nodes}
+        chain_nodes |= {n.name for step in steps for n in step.nodes}
+    constants = {
+        name
+        for node in graph.nodes
+        if node.name in chain_nodes
+        for name in node.inputs
+        if name and graph.constant(name) is not None
+    }
+    internal = inside | {c for c in constants if {r.name for r in graph.consumers(c)} <= chain_nodes}
     count = sum(1 for x, _ in starts if x not in inside)
     return ActivationChains(count, frozenset(internal), bounds)

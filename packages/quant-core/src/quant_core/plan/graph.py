@@ -177,3 +177,32 @@ class PlanGraph:
 
     def consumers(self, tensor: str) -> Sequence[PlanNode]:
         return tuple(self._consumers.get(tensor, ()))
+
+
+def scalar_constant(graph: GraphView, tensor: str) -> float | None:
+    """The value of ``tensor`` when it is a one-element constant, else ``None``.
+
+    Example:
+        >>> g = PlanGraph([], inputs=(), outputs=(), constant={"k": np.float32([2.5]), "v": np.ones(3)}.get)
+        >>> scalar_constant(g, "k"), scalar_constant(g, "v"), scalar_constant(g, "")
+        (2.5, None, None)
+    """
+    value = graph.constant(tensor) if tensor else None
+    if value is None or np.size(value) != 1:
+        return None
+    return float(np.asarray(value).reshape(-1)[0])
+
+
+def sole_reader(graph: GraphView, tensor: str) -> PlanNode | None:
+    """The one node reading ``tensor``, or ``None`` when more or none read it or it is a
+    graph output (something outside the graph reads it too).
+
+    Example:
+        >>> g = PlanGraph([PlanNode("r", "Relu", ("x",), ("y",))], inputs=("x",), outputs=("y",))
+        >>> sole_reader(g, "x").name, sole_reader(g, "y")
+        ('r', None)
+    """
+    readers = graph.consumers(tensor)
+    if len(readers) != 1 or graph.is_graph_output(tensor):
+        return None
+    return readers[0]

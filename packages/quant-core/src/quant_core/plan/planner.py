@@ -17,10 +17,10 @@ Under ``config.transformer_recipe`` (the default) the recognised transformer blo
 (:mod:`quant_core.plan.transformer`) adjust formats: residual-stream tensors float (widened
 to 16 bits under power-of-two formats), LayerNorm/GELU internals float, Softmax outputs on
 the fixed ``[0, 1]`` grid, and quantized masked attention scores (and their mask) on a
-range derived from the scores before the mask (:class:`DerivedRange`). The activation chains between layers
-(:mod:`quant_core.plan.activation_chains`: scalar affine steps, decomposed HardSwish, SiLU)
-are quantized at their end only, except under power-of-two formats. Under every format but
-power-of-two, the result tail (:mod:`quant_core.plan.tail`: what is computed after the last
+range derived from the scores before the mask (:class:`DerivedRange`). The activation
+chains between layers (:mod:`quant_core.plan.activation_chains`: scalar affine steps,
+decomposed HardSwish, SiLU) are quantized at their end only, except under power-of-two
+formats. Under every format but power-of-two, the result tail (:mod:`quant_core.plan.tail`: what is computed after the last
 layer, a classifier's logits, a detector's box decoding) stays float. A per-tensor
 power-of-two weight whose min-max grid rounds most of it to zero (one outlier element) gets
 its position by squared error (:mod:`quant_core.plan.weight_range`). A tensor every reader

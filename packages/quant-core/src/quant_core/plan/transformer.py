@@ -56,7 +56,7 @@ import numpy as np
 
 from quant_core.dtypes import DType
 from quant_core.observer_config import FixedRange
-from quant_core.plan.graph import GraphView, PlanNode
+from quant_core.plan.graph import GraphView, PlanNode, scalar_constant, sole_reader
 from quant_core.spec import QuantSpec, ScaleType
 
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -179,13 +179,6 @@ def softmax_spec(spec: QuantSpec) -> QuantSpec:
     return spec.evolve(observer=SOFTMAX_GRID)
 
 
-def _constant_value(graph: GraphView, tensor: str) -> float | None:
-    value = graph.constant(tensor) if tensor else None
-    if value is None or np.size(value) != 1:
-        return None
-    return float(np.asarray(value).reshape(-1)[0])
-
-
 def _other_input(graph: GraphView, node: PlanNode, known: str) -> str | None:
     """The input of binary ``node`` that is not ``known`` (``None``: no such single input)."""
     if len(node.inputs) != 2 or known not in node.inputs:
@@ -195,10 +188,8 @@ def _other_input(graph: GraphView, node: PlanNode, known: str) -> str | None:
 
 
 def _sole_consumer(graph: GraphView, tensor: str, op_type: str) -> PlanNode | None:
-    consumers = graph.consumers(tensor)
-    if len(consumers) != 1 or consumers[0].op_type != op_type or graph.is_graph_output(tensor):
-        return None
-    return consumers[0]
+    reader = sole_reader(graph, tensor)
+    return reader if reader is not None and reader.op_type == op_type else None
 
 
 def _with_constant(graph: GraphView, node: PlanNode | None, op_type: str) -> tuple[str, float] | None:
@@ -206,7 +197,7 @@ def _with_constant(graph: GraphView, node: PlanNode | None, op_type: str) -> tup
     if node is None or node.op_type != op_type or len(node.inputs) != 2:
         return None
     for data, const in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
-        value = _constant_value(graph, const)
+        value = scalar_constant(graph, const)
         if value is not None and graph.constant(data) is None:
             return data, value
     return None
@@ -231,7 +222,7 @@ def _decomposed_layernorm(graph: GraphView, mean: PlanNode) -> _Block | None:
     d = sub.outputs[0]
     internal.append(d)
     square = next((c for c in graph.consumers(d) if c.op_type in ("Pow", "Mul") and c.outputs), None)
-    if square is None or not (square.inputs == (d, d) or _constant_value(graph, square.input(1)) == 2.0):
+    if square is None or not (square.inputs == (d, d) or scalar_constant(graph, square.input(1)) == 2.0):
         return None
     chain = [square]
     for op_type in ("ReduceMean", "Add", "Sqrt", "Div"):
@@ -377,15 +368,14 @@ def _attention_weights(graph: GraphView, probs: str) -> tuple[str, ...]:
     a mask hides everywhere with ``Where(IsNaN(p), 0, p)`` before the MatMul."""
     found = [probs]
     for reader in graph.consumers(probs):
-        if reader.op_type == "Where" and len(reader.inputs) == 3 and 0.0 in {_scalar(graph, i) for i in reader.inputs}:
+        if (
+            reader.op_type == "Where"
+            and len(reader.inputs) == 3
+            and 0.0 in {scalar_constant(graph, i) for i in reader.inputs}
+        ):
             found += [out for out in reader.outputs[:1] if any(c.op_type == "MatMul" for c in graph.consumers(out))]
     reads = any(c.op_type == "MatMul" for t in found for c in graph.consumers(t))
     return tuple(found) if reads else ()
-
-
-def _scalar(graph: GraphView, tensor: str) -> float | None:
-    value = graph.constant(tensor) if tensor else None
-    return float(np.asarray(value).reshape(-1)[0]) if value is not None and np.size(value) == 1 else None
 
 
 def _is_fill(value: float | None) -> bool:
@@ -419,7 +409,7 @@ def mask_fill(graph: GraphView, tensor: str) -> float | None:
         if producer is None:
             return None
         if producer.op_type == "Where" and len(producer.inputs) == 3:
-            a, b = _scalar(graph, producer.inputs[1]), _scalar(graph, producer.inputs[2])
+            a, b = scalar_constant(graph, producer.inputs[1]), scalar_constant(graph, producer.inputs[2])
             chosen = {a, b} - {0.0}
             fill = chosen.pop() if len(chosen) == 1 and 0.0 in (a, b) else None
             return fill if _is_fill(fill) else None
@@ -446,7 +436,7 @@ def _masked_scores(graph: GraphView, softmax: PlanNode, scores: set[str]) -> Mas
             return None
         if producer.op_type == "Where" and len(producer.inputs) == 3:
             for data, fill in (producer.inputs[1:], producer.inputs[:0:-1]):
-                if data in scores and _is_fill(_scalar(graph, fill)):
+                if data in scores and _is_fill(scalar_constant(graph, fill)):
                     return MaskedScores(tensor, data, "", softmax.outputs[0])
             return None
         if producer.op_type not in _MOVEMENT:
