@@ -16,8 +16,10 @@ decoding with the model's own character table (its ``character`` metadata), and 
 model's CER is against the float model's reading.
 
 A recipe is a preset name, optionally with algorithms after ``+`` (``smoothquant``: alpha
-0.5, which also smooths every depthwise Conv's input; ``bias_correction``; ``cle``: without
-high-bias absorption), e.g. ``a8w8+smoothquant+bias_correction``.
+0.5, which also smooths every depthwise Conv's input; ``bias_correction``;
+``analytic_bias_correction``; ``cle``: without high-bias absorption), e.g.
+``a8w8+smoothquant+bias_correction``. A bias correction named after ``a16w8`` replaces the
+preset's own.
 
 ``--ablate-convs`` quantizes one Conv at a time (every other op float) and prints the
 output SQNR and CER each costs alone.
@@ -120,13 +122,17 @@ def recipe(name: str) -> Any:
     known = {
         "smoothquant": SmoothQuantConfig(alpha=0.5),
         "bias_correction": BiasCorrectionConfig(),
+        "analytic_bias_correction": BiasCorrectionConfig(method="analytic"),
         "cle": CLEConfig(absorb_high_bias=False),
     }
     unknown = [e for e in extra if e not in known]
     if unknown:
         raise SystemExit(f"recipe {name!r}: unknown algorithm {unknown[0]!r}; allowed: {', '.join(known)}")
     config = get_preset(preset)
-    return config.evolve(algorithms=(*config.algorithms, *(known[e] for e in extra))) if extra else config
+    added = [known[e] for e in extra]
+    # An algorithm the preset already runs (a16w8's bias correction) is replaced, not run twice.
+    kept = [a for a in config.algorithms if type(a).kind not in {type(b).kind for b in added}]
+    return config.evolve(algorithms=(*kept, *added)) if extra else config
 
 
 def main(argv: list[str] | None = None) -> int:

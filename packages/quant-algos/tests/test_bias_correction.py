@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference_ops import conv2d
 
-from quant_algos.bias_correction import MeanErrorAccumulator, correct_bias
+from quant_algos.bias_correction import InputMeanAccumulator, MeanErrorAccumulator, correct_bias, weight_rounding_shift
+from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.algorithm_config import BiasCorrectionConfig
 from quant_core.qparams import QParams, fake_quantize
 
@@ -81,3 +84,66 @@ def test_errors():
         acc.update(np.full((2, 3), np.nan), np.zeros((2, 3)))
     with pytest.raises(ValueError, match="bias"):
         acc.corrected_bias(np.zeros(5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    kernel=st.sampled_from([(1, 1), (3, 3), (3, 1), (5, 5)]),
+    stride=st.integers(1, 2),
+    dilation=st.integers(1, 2),
+    pads=st.tuples(*[st.integers(0, 2)] * 4),
+    groups=st.sampled_from([1, 2, 4]),
+    size=st.tuples(st.integers(5, 9), st.integers(5, 9)),
+)
+def test_the_analytic_shift_of_a_convolution_is_its_mean_output_over_samples_and_positions(
+    seed, kernel, stride, dilation, pads, groups, size
+):
+    # Padding included: the inputs are not stationary (a ramp plus an offset per channel), so
+    # taking each channel's mean for every tap would miss where the taps read padding.
+    rng = np.random.default_rng(seed)
+    channels = 4
+    x = rng.normal(size=(6, channels, *size)) + np.arange(size[1]) / 3.0 + rng.normal(size=(1, channels, 1, 1))
+    delta = rng.normal(size=(8, channels // groups, *kernel))
+    geometry = ConvGeometry(strides=(stride, stride), pads=pads, dilations=(dilation, dilation), groups=groups)
+    span = [dilation * (k - 1) + 1 for k in kernel]
+    if any(size[i] + pads[i] + pads[i + 2] < span[i] for i in range(2)):
+        return
+    expected = conv2d(x, delta, None, (stride, stride), pads, (dilation, dilation), groups).mean(axis=(0, 2, 3))
+    acc = InputMeanAccumulator(conv=True)
+    acc.update(x[:2])
+    acc.update(x[2:])
+    np.testing.assert_allclose(weight_rounding_shift(delta, acc.mean(), geometry), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_the_analytic_shift_of_a_dense_layer_averages_over_samples_and_tokens():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 7, 6)) + rng.normal(size=6)  # [samples, tokens, features]
+    delta = rng.normal(size=(3, 6))
+    acc = InputMeanAccumulator(conv=False)
+    acc.update(x)
+    np.testing.assert_allclose(weight_rounding_shift(delta, acc.mean()), (x @ delta.T).mean(axis=(0, 1)), rtol=1e-12)
+
+
+def test_a_convolution_without_geometry_takes_each_channels_mean_and_its_groups_from_the_input():
+    # A 1-D depthwise convolution: no 2-D geometry, groups read from the 4 input channels.
+    mean = np.arange(4.0).reshape(4, 1) * np.ones((4, 10))
+    delta = np.ones((4, 1, 3))
+    np.testing.assert_allclose(weight_rounding_shift(delta, mean), 3.0 * np.arange(4.0))
+
+
+def test_analytic_errors():
+    with pytest.raises(ValueError, match="no inputs"):
+        InputMeanAccumulator(conv=True).mean()
+    acc = InputMeanAccumulator(conv=True)
+    with pytest.raises(ValueError, match="rank 2"):
+        acc.update(np.zeros((2, 3)))
+    acc.update(np.zeros((2, 3, 4, 4)))
+    with pytest.raises(ValueError, match="earlier batches"):
+        acc.update(np.zeros((2, 3, 5, 5)))
+    with pytest.raises(ValueError, match="NaN"):
+        acc.update(np.full((2, 3, 4, 4), np.inf))
+    with pytest.raises(ValueError, match="5 channels"):
+        weight_rounding_shift(np.zeros((4, 2, 3, 3)), np.zeros((5, 4, 4)))
+    with pytest.raises(ValueError, match="does not match"):
+        weight_rounding_shift(np.zeros((4, 2)), np.zeros(3))

@@ -119,6 +119,30 @@ def gemm_mlp(seed: int = 0, sizes=(12, 16, 4)) -> onnx.ModelProto:
     return make_model(nodes, [x], [y], inits)
 
 
+def matmul_mlp(seed: int = 0, sizes=(12, 16, 4), shared_bias: bool = False) -> onnx.ModelProto:
+    """A linear layer over tokens as exporters write it, twice: MatMul ``[in, out]`` then an
+    Add of the bias (``shared_bias``: both Adds read one constant, so ``out`` must match)."""
+    rng = np.random.default_rng(seed)
+    a, b, c = sizes
+    inits = [
+        _init("w1", _ranged(rng, (b, a), 0.5).T.copy()),
+        _init("b1", rng.normal(size=b).astype(np.float32)),
+        _init("w2", (rng.normal(size=(b, c)) * 0.3).astype(np.float32)),
+    ]
+    if not shared_bias:
+        inits.append(_init("b2", rng.normal(size=(1, c)).astype(np.float32)))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["m1"], name="fc1"),
+        helper.make_node("Add", ["m1", "b1"], ["h"], name="fc1_bias"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["m2"], name="fc2"),
+        helper.make_node("Add", ["b1" if shared_bias else "b2", "m2"], ["y"], name="fc2_bias"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, a])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5, c])
+    return make_model(nodes, [x], [y], inits)
+
+
 def batches_for(model: onnx.ModelProto, count: int = 4, batch: int = 8, seed: int = 1) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     vi = model.graph.input[0]

@@ -1,4 +1,5 @@
-"""Empirical bias correction (quant_algos' driver over the ONNX runner) on QDQ models."""
+"""Bias correction, empirical and analytic (quant_algos' driver over the ONNX runner), on QDQ
+models."""
 
 from __future__ import annotations
 
@@ -10,16 +11,21 @@ from algorithms_models import (
     conv_relu_conv,
     gemm_mlp,
     initializer,
+    make_model,
+    matmul_mlp,
     mobilenet_block,
     quantize_for_passes,
+    run,
     stored_bias_scale,
 )
+from onnx import TensorProto, helper, numpy_helper
 
 from quant_core.algorithm_config import BiasCorrectionConfig
 from quant_core.qparams import sqnr_db
 from quant_core.spec import QuantSpec
 from quant_onnx.algorithms import OnnxLayerRunner, apply_bias_correction
 from quant_onnx.algorithms.capture import TensorCapture
+from quant_onnx.pipeline.calibrate import CalibratedModel
 
 
 def _mean_errors(calibrated, qdq_model, batches):
@@ -137,3 +143,129 @@ def test_a_broadcast_float_gemm_bias_is_corrected_per_channel(bias_shape):
     assert "fc2_float_bias" not in {t.name for t in corrected.graph.initializer}
     out = TensorCapture(corrected, ["y"]).collect(batches)["y"]  # onnxruntime loads and runs it
     assert np.all(np.isfinite(out))
+
+
+def _stored_weight(qdq: onnx.ModelProto, layer: str) -> np.ndarray:
+    """``layer``'s weight as the file holds it (codes times the DequantizeLinear's scale), in
+    the float model's layout."""
+    node = next(n for n in qdq.graph.node if n.name == layer)
+    dq = next(n for n in qdq.graph.node if node.input[1] in n.output)
+    codes = initializer(qdq, dq.input[0]).astype(np.float64)
+    scale = initializer(qdq, dq.input[1]).astype(np.float64)
+    axis = next((helper.get_attribute_value(a) for a in dq.attribute if a.name == "axis"), 1)
+    return codes * (
+        scale.reshape([-1 if i == axis % codes.ndim else 1 for i in range(codes.ndim)]) if scale.ndim else scale
+    )
+
+
+def _mean_response(model, node, delta, batches) -> np.ndarray:
+    """onnxruntime's mean output, per channel over samples and positions, of ``node`` with
+    weight ``delta`` and no bias, on the float model's inputs of ``node``."""
+    inputs = TensorCapture(model, [node.input[0]]).collect(batches)[node.input[0]]
+    probe = helper.make_node(node.op_type, ["x", "delta"], ["y"], name="probe")
+    probe.attribute.extend(node.attribute)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, inputs.shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * inputs.ndim)
+    one = make_model([probe], [x], [y], [numpy_helper.from_array(delta.astype(np.float32), "delta")])
+    out = TensorCapture(one, ["y"]).collect([{"x": inputs}])["y"].astype(np.float64)
+    axis = 1 if node.op_type == "Conv" else out.ndim - 1
+    return out.mean(axis=tuple(i for i in range(out.ndim) if i != axis))
+
+
+def _bias_values(qdq: onnx.ModelProto, layer: str) -> np.ndarray:
+    node = next(n for n in qdq.graph.node if n.name == layer)
+    dq = next(n for n in qdq.graph.node if node.input[2] in n.output)
+    return initializer(qdq, dq.input[0]).astype(np.float64) * initializer(qdq, dq.input[1])
+
+
+@pytest.mark.parametrize("builder", [conv_relu_conv, mobilenet_block, gemm_mlp])
+def test_analytic_bias_correction_subtracts_what_the_weight_rounding_adds_to_the_mean(builder):
+    # The reference: onnxruntime runs each layer with the stored-minus-float weight on the
+    # float model's inputs (padding and groups as the layer has them) and averages the output.
+    model = builder()
+    # Inputs of mean 1: what a first layer's rounding shifts is then well above a bias step.
+    batches = [{k: v + 1.0 for k, v in batch.items()} for batch in batches_for(model, count=3)]
+    calibrated, qdq = quantize_for_passes(model, batches)
+    before = qdq.SerializeToString()
+    corrected, notes = apply_bias_correction(
+        calibrated, qdq, batches, BiasCorrectionConfig(method="analytic"), quiet=True
+    )
+    assert qdq.SerializeToString() == before and notes == []
+    layers = [n.name for n in model.graph.node if n.op_type in ("Conv", "Gemm")]
+    for name in layers:
+        node = next(n for n in calibrated.model.graph.node if n.name == name)
+        float_weight = initializer(calibrated.model, node.input[1]).astype(np.float64)
+        delta = _stored_weight(qdq, name) - float_weight
+        shift = _mean_response(calibrated.model, node, delta, batches)
+        step = stored_bias_scale(corrected, name)
+        assert np.any(np.abs(shift) > step), name  # the test would see a correction left out
+        np.testing.assert_allclose(
+            _bias_values(qdq, name) - _bias_values(corrected, name), shift, atol=float(np.max(step)) + 1e-6
+        )
+    assert [n.op_type for n in corrected.graph.node] == [n.op_type for n in qdq.graph.node]
+
+
+def test_analytic_bias_correction_reads_the_codes_a_learned_pass_wrote():
+    model = conv_relu_conv()
+    batches = batches_for(model, count=2)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    runner = OnnxLayerRunner(calibrated, qdq, batches)
+    layer = runner.layers()[0]
+    codes = np.clip(np.round(layer.float_weight / 0.05), -127, 127)  # not the float weight's rounding
+    runner.set_weight_codes(layer, codes)
+    from quant_core.qparams import dequantize
+
+    np.testing.assert_array_equal(runner.quantized_weight(layer), dequantize(codes, layer.weight_qparams))
+
+
+def _mean_add_errors(calibrated: CalibratedModel, qdq: onnx.ModelProto, batches) -> dict[str, np.ndarray]:
+    """Per Add after a MatMul: the per-channel mean of (quantized - float) over samples and tokens."""
+    outputs = ["h", "y"]
+    f = TensorCapture(calibrated.model, outputs).collect(batches)
+    q = TensorCapture(qdq, outputs).collect(batches)
+    return {t: (q[t].astype(np.float64) - f[t]).reshape(-1, f[t].shape[-1]).mean(axis=0) for t in outputs}
+
+
+@pytest.mark.parametrize("method", ["empirical", "analytic"])
+def test_a_matmul_then_add_has_its_float_bias_corrected(method):
+    # A linear layer over tokens from an ONNX exporter is MatMul then Add: the bias stays a
+    # float constant on the Add (here after fc1's quantized output, and straight after fc2),
+    # and bias correction now reaches it (it skipped every one).
+    model = matmul_mlp(sizes=(12, 4, 4))
+    batches = [{k: v + 1.0 for k, v in batch.items()} for batch in batches_for(model, count=3)]
+    calibrated, qdq = quantize_for_passes(model, batches)
+    layers = OnnxLayerRunner(calibrated, qdq, batches).layers()
+    assert [(layer.name, layer.bias_allowed) for layer in layers] == [("fc1", True), ("fc2", True)]
+    corrected, notes = apply_bias_correction(calibrated, qdq, batches, BiasCorrectionConfig(method=method), quiet=True)
+    assert notes == []
+    constants = {t.name: t for t in corrected.graph.initializer}
+    adds = {n.name: n for n in corrected.graph.node if n.op_type == "Add"}
+    for add in adds.values():
+        assert [constants[i].data_type for i in add.input if i in constants] == [TensorProto.FLOAT]
+    assert initializer(corrected, "b2").shape == (1, 4)
+    if method == "empirical":  # every mean error gone, float noise apart (the bias is float)
+        for tensor, err in _mean_add_errors(calibrated, corrected, batches).items():
+            np.testing.assert_allclose(err, 0.0, atol=1e-5, err_msg=tensor)
+    else:  # the bias moved by mean(x @ (W_q - W)) over samples and tokens
+        for layer, source, bias in (("fc1", "x", "b1"), ("fc2", "r", "b2")):
+            x = TensorCapture(calibrated.model, [source]).collect(batches)[source].astype(np.float64)
+            node = next(n for n in calibrated.model.graph.node if n.name == layer)
+            delta = _stored_weight(qdq, layer) - initializer(calibrated.model, node.input[1])
+            shift = (x @ delta).reshape(-1, delta.shape[1]).mean(axis=0)
+            assert np.abs(shift).max() > 1e-3, layer  # a shift this test would see left out
+            moved = initializer(model, bias).reshape(-1) - initializer(corrected, bias).reshape(-1)
+            np.testing.assert_allclose(moved, shift, rtol=1e-4, atol=1e-6)
+    f = run(calibrated.model, batches)
+    assert sqnr_db(f, run(corrected, batches)) > sqnr_db(f, run(qdq, batches))
+
+
+def test_a_float_bias_two_adds_read_is_left_alone():
+    # Rewriting it for one layer would change the other's.
+    model = matmul_mlp(sizes=(12, 4, 4))
+    batches = batches_for(model, count=2)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    next(n for n in qdq.graph.node if n.name == "fc2_bias").input[0] = "b1"  # [4] against b2's [1, 4]
+    layers = OnnxLayerRunner(calibrated, qdq, batches).layers()
+    assert [(layer.name, layer.bias_allowed) for layer in layers] == [("fc1", False), ("fc2", False)]
+    corrected, _ = apply_bias_correction(calibrated, qdq, batches, BiasCorrectionConfig(), quiet=True)
+    np.testing.assert_array_equal(initializer(corrected, "b1"), initializer(model, "b1"))

@@ -163,7 +163,7 @@ def test_smoothing_indexes_the_graph_once_per_activation_and_infers_no_shapes(mo
     that measure them); folding into the producer needs no element types, so neither a
     second index nor shape inference per activation."""
     from quant_core.onnx_qdq.graph import GraphIndex
-    from quant_onnx.algorithms import smoothquant
+    from quant_onnx.algorithms import reductions, smoothquant
     from quant_onnx.pipeline.preprocess import shape_inference
 
     builds: list[int] = []
@@ -175,6 +175,7 @@ def test_smoothing_indexes_the_graph_once_per_activation_and_infers_no_shapes(mo
 
     model, batches = gemm_producer_model()
     monkeypatch.setattr(smoothquant, "GraphIndex", CountingIndex)
+    monkeypatch.setattr(reductions, "GraphIndex", CountingIndex)
     monkeypatch.setattr(shape_inference, "GraphIndex", CountingIndex)
     _, report = apply_smoothquant_with_report(model, batches, SmoothQuantConfig(alpha=0.5))
     assert report.smoothed and any(s.folded.startswith("into:") for s in report.smoothed)

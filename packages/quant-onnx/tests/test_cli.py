@@ -267,6 +267,11 @@ def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them()
     assert _algorithms(flags("--adaround", "--iterations", "50"), plain) == [AdaRoundConfig(num_iterations=50)]
     with pytest.raises(ValueError, match=r"--iterations: 50 .* neither runs"):
         _algorithms(flags("--iterations", "50"), plain)
+    # --bias-correction alone is the empirical walk; a method may follow it
+    from quant_core.algorithm_config import BiasCorrectionConfig
+
+    assert _algorithms(flags("--bias-correction"), plain) == [BiasCorrectionConfig()]
+    assert _algorithms(flags("--bias-correction", "analytic"), plain) == [BiasCorrectionConfig(method="analytic")]
 
 
 @pytest.mark.parametrize(

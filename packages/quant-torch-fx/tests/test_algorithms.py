@@ -98,6 +98,45 @@ def test_bias_correction_lowers_the_mean_output_error(data, plain_output) -> Non
     assert after < before / 2
 
 
+def test_analytic_bias_correction_moves_each_bias_by_torchs_mean_response_to_the_weight_error(data) -> None:
+    # The reference: torch's own conv2d/linear of (W_q - W) over each layer's input in the
+    # float nn.Module (stride, padding and groups as the layer has them), averaged per channel.
+    net, calibration, _test, _reference = data
+    config = get_preset("xint8")
+    q = ModelQuantizer(config, quiet=True)
+    plain = q.quantize_model(net, EXAMPLE, calibration)
+    runner = TorchLayerRunner(plain, [(x,) for x in calibration])
+    analytic = ModelQuantizer(config.evolve(algorithms=(BiasCorrectionConfig(method="analytic"),)), quiet=True)
+    corrected = TorchLayerRunner(analytic.quantize_model(net, EXAMPLE, calibration), [(x,) for x in calibration])
+    inputs: list[torch.Tensor] = []  # each Conv2d/Linear's input, in the order they run
+    hooks = [
+        m.register_forward_hook(lambda _m, args, _out: inputs.append(args[0].double()))
+        for m in net.modules()
+        if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)
+    ]
+    with torch.no_grad():
+        runs = [net(x) for x in calibration]
+    for hook in hooks:
+        hook.remove()
+    per_layer = [torch.cat(inputs[i :: len(hooks)]) for i in range(len(hooks))]
+    assert len(runs) == len(calibration) and len(per_layer) == len(runner.layers())
+    largest = 0.0
+    for layer, after, x in zip(runner.layers(), corrected.layers(), per_layer, strict=True):
+        delta = torch.from_numpy(runner.quantized_weight(layer) - layer.float_weight).double()
+        if layer.geometry is None:
+            response = x @ delta.T
+        else:
+            g = layer.geometry
+            response = torch.nn.functional.conv2d(
+                x, delta, stride=g.strides, padding=g.pads[:2], dilation=g.dilations, groups=g.groups
+            )
+        shift = response.transpose(0, 1).reshape(layer.out_channels, -1).mean(1).numpy()
+        # What is left is the bias encoding's rounding (about 1e-4 here).
+        np.testing.assert_allclose(layer.bias - after.bias, shift, atol=2e-4, err_msg=layer.name)
+        largest = max(largest, float(np.abs(shift).max()))
+    assert largest > 1e-2  # corrections this test would see left out (the depthwise one: padding)
+
+
 def test_adaquant_raises_the_output_sqnr(data, plain_output) -> None:
     net, calibration, test, reference = data
     adaquant = _quantize(net, calibration, AdaQuantConfig(num_iterations=100, num_samples=64))

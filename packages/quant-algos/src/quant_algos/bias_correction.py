@@ -1,11 +1,14 @@
-"""Empirical bias correction: a quantized layer's output is biased (its mean differs
-from the float output's mean per channel); subtracting the per-channel mean error
-from the bias removes that shift.
+"""Bias correction: a quantized layer's output is biased (its mean differs from the
+float output's mean per channel); subtracting the per-channel mean error from the bias
+removes that shift.
 
-The backend runs calibration batches through the float and the quantized model,
-captures one layer's float and quantized outputs (pre-activation, the tensor the
-bias is added to), and feeds them here batch by batch; memory does not grow with
-the number of samples.
+Empirical: the backend runs calibration batches through the float and the quantized
+model, captures one layer's float and quantized outputs (pre-activation, the tensor the
+bias is added to), and feeds them to :class:`MeanErrorAccumulator` batch by batch.
+Analytic: the shift a layer's own weight rounding adds is ``(W_q - W) E[x]``;
+:class:`InputMeanAccumulator` keeps the float model's mean input and
+:func:`weight_rounding_shift` applies the rounding error to it. Memory does not grow
+with the number of samples in either.
 
 Example:
     >>> import numpy as np
@@ -25,6 +28,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from quant_algos._channel_stats import channels_last, check_channels
+from quant_algos.layer import Layer, response_to_constant
+from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.algorithm_config import BiasCorrectionConfig
 from quant_core.errors import DataError, ModelError
 
@@ -122,3 +127,124 @@ def correct_bias(
         acc.update(float_out, quant_out)
         seen += len(float_out)
     return acc.corrected_bias(bias)
+
+
+class InputMeanAccumulator:
+    """Streaming mean of one layer's float input over the calibration samples.
+
+    A convolution's input (``[N, C, ...]``) keeps its mean map ``[C, ...]``, position by
+    position: near a zero-padded border a filter tap reads padding, so the taps' means
+    differ from the channel's (:func:`weight_rounding_shift` uses them). A dense layer's
+    input (``[..., K]``) keeps the mean of each feature over every leading axis (samples
+    and tokens alike: one bias serves every token).
+
+    Example:
+        >>> import numpy as np
+        >>> acc = InputMeanAccumulator(conv=False)
+        >>> acc.update(np.array([[[1.0, 2.0], [3.0, 4.0]]]))
+        >>> acc.mean().tolist()
+        [2.0, 3.0]
+    """
+
+    def __init__(self, conv: bool) -> None:
+        self.conv = conv
+        self._sum: np.ndarray | None = None
+        self._count = 0
+
+    def update(self, inputs: np.ndarray) -> None:
+        x = np.asarray(inputs)
+        if x.ndim < (3 if self.conv else 1):
+            raise DataError(f"input: rank {x.ndim} is too small for a {'convolution' if self.conv else 'dense'} layer")
+        rows = x if self.conv else x.reshape(-1, x.shape[-1])
+        self.add(rows.sum(axis=0, dtype=np.float64), rows.shape[0])
+
+    def add(self, total: np.ndarray, rows: int) -> None:
+        """Add the sum of ``rows`` rows reduced elsewhere (e.g. inside onnxruntime)."""
+        total = np.asarray(total, np.float64)
+        if not np.all(np.isfinite(total)):
+            raise DataError("input: contains NaN or Inf")
+        if self._sum is not None and self._sum.shape != total.shape:
+            raise DataError(
+                f"input: shape {list(total.shape)} per sample, but earlier batches had {list(self._sum.shape)}"
+            )
+        self._sum = total if self._sum is None else self._sum + total
+        self._count += rows
+
+    def mean(self) -> np.ndarray:
+        """``[C, ...]`` for a convolution, ``[K]`` for a dense layer (float64)."""
+        if self._sum is None or self._count == 0:
+            raise DataError("bias correction: no inputs were accumulated")
+        return self._sum / self._count
+
+
+def mean_input(batches: Iterable[np.ndarray], conv: bool, count: int) -> np.ndarray:
+    """:meth:`InputMeanAccumulator.mean` of the first ``count`` samples of ``batches``
+    (every batch is still read: a backend's walk moves on only once they are drained).
+
+    Example:
+        >>> import numpy as np
+        >>> mean_input([np.ones((2, 3)), np.zeros((2, 3))], conv=False, count=3).round(3).tolist()
+        [0.667, 0.667, 0.667]
+    """
+    acc = InputMeanAccumulator(conv)
+    seen = 0
+    for batch in batches:
+        take = min(len(batch), count - seen)
+        if take > 0:
+            acc.update(batch[:take])
+            seen += take
+    return acc.mean()
+
+
+def _tap_means(mean_map: np.ndarray, geometry: ConvGeometry, kernel_hw: tuple[int, int]) -> np.ndarray:
+    """``[C, kh, kw]``: the mean, over a 2-D convolution's output positions, of the value
+    each filter tap reads (zero where it reads padding)."""
+    height, width = int(mean_map.shape[1]), int(mean_map.shape[2])
+    out_h, out_w = geometry.output_size((height, width), kernel_hw)
+    taps = np.zeros((mean_map.shape[0], *kernel_hw))
+    for i in range(kernel_hw[0]):
+        rows = np.arange(out_h) * geometry.strides[0] + i * geometry.dilations[0] - geometry.pads[0]
+        rows = rows[(rows >= 0) & (rows < height)]
+        for j in range(kernel_hw[1]):
+            cols = np.arange(out_w) * geometry.strides[1] + j * geometry.dilations[1] - geometry.pads[1]
+            cols = cols[(cols >= 0) & (cols < width)]
+            taps[:, i, j] = mean_map[:, rows][:, :, cols].sum(axis=(1, 2))
+    return taps / (out_h * out_w)
+
+
+def weight_rounding_shift(
+    delta_weight: np.ndarray, mean_input: np.ndarray, geometry: ConvGeometry | None = None
+) -> np.ndarray:
+    """What a weight error ``delta_weight`` (``W_q - W``, ``[out, in, ...]``) adds to the
+    mean of each output channel, given the layer's mean input (:class:`InputMeanAccumulator`).
+
+    A 2-D convolution with its ``geometry`` is exact, padding included; another
+    convolution takes each channel's mean for every tap (exact away from padded borders),
+    its groups read from the input's channel count.
+
+    Example:
+        >>> import numpy as np
+        >>> weight_rounding_shift(np.array([[0.5, -1.0]]), np.array([2.0, 1.0])).tolist()
+        [0.0]
+        >>> # a 3x3 filter of ones over a 2x2 map of ones, padded by 1: each output sums
+        >>> # the four values, not nine
+        >>> g = ConvGeometry(pads=(1, 1, 1, 1))
+        >>> weight_rounding_shift(np.ones((1, 1, 3, 3)), np.ones((1, 2, 2)), g).tolist()
+        [4.0]
+    """
+    delta = np.asarray(delta_weight, np.float64)
+    mean = np.asarray(mean_input, np.float64)
+    if delta.ndim == 2:
+        if mean.shape != (delta.shape[1],):
+            raise ModelError(f"mean input: {list(mean.shape)} does not match a weight of {delta.shape[1]} inputs")
+        return delta @ mean
+    channels = int(mean.shape[0])
+    if channels % delta.shape[1]:
+        raise ModelError(f"mean input: {channels} channels do not fit a weight of {delta.shape[1]} inputs per group")
+    groups = channels // delta.shape[1]
+    if geometry is None or delta.ndim != 4 or mean.ndim != 3:
+        channel_means = mean.reshape(channels, -1).mean(axis=1)
+        return response_to_constant(Layer(delta, None, groups=groups), channel_means)
+    taps = _tap_means(mean, geometry, (int(delta.shape[2]), int(delta.shape[3])))
+    grouped = delta.reshape(groups, delta.shape[0] // groups, delta.shape[1], -1)
+    return np.einsum("goik,gik->go", grouped, taps.reshape(groups, delta.shape[1], -1)).reshape(-1)

@@ -104,21 +104,46 @@ class CLEConfig:
         return self.steps == 0
 
 
+BIAS_CORRECTION_METHODS = ("empirical", "analytic")
+
+
 @attrs.frozen
 class BiasCorrectionConfig:
-    """Empirical bias correction: shift each layer's bias by the per-channel mean
-    difference between its float and quantized outputs on calibration data.
+    """Bias correction: remove the per-channel mean that quantization adds to each
+    layer's output, by shifting its bias.
 
     Args:
         num_samples: calibration samples measured (``None``: ``DEFAULT_NUM_SAMPLES``).
+        method: ``"empirical"`` walks the layers in order and measures each one's mean
+            output error on the calibration data, every earlier layer already corrected
+            (it also removes the shift its quantized inputs carry). ``"analytic"`` computes
+            ``(W_q - W) E[x]`` from the float model's mean input of each layer, in one
+            float pass: it removes what each layer's own weight rounding shifts, at a
+            fraction of the walk's cost.
 
     Example:
         >>> BiasCorrectionConfig(num_samples=64).num_samples
         64
+        >>> BiasCorrectionConfig(method="exact")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: method: 'exact' is not allowed; allowed: empirical, analytic
     """
 
     kind: ClassVar[str] = "bias_correction"
     num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    method: str = attrs.field(default="empirical")
+
+    @method.validator
+    def _known(self, attribute: attrs.Attribute, value: str) -> None:  # type: ignore[type-arg]
+        if value not in BIAS_CORRECTION_METHODS:
+            raise ConfigError(
+                f"{attribute.name}: {value!r} is not allowed; allowed: {', '.join(BIAS_CORRECTION_METHODS)}"
+            )
+
+    @property
+    def analytic(self) -> bool:
+        return self.method == "analytic"
 
 
 @attrs.frozen

@@ -1,41 +1,65 @@
-"""The empirical bias-correction walk, on any backend.
+"""Bias correction on any backend.
 
-Layer by layer in order, with every earlier layer already corrected, the per-channel
-mean of ``quantized output - float output`` over the calibration samples
-(:class:`~quant_algos.bias_correction.MeanErrorAccumulator`, streaming) is subtracted
-from the layer's bias; a layer without one gets one. Outputs are compared before the
-activation (the tensor the bias is added to).
+Empirical (the walk): layer by layer in order, with every earlier layer already
+corrected, the per-channel mean of ``quantized output - float output`` over the
+calibration samples (:class:`~quant_algos.bias_correction.MeanErrorAccumulator`,
+streaming) is subtracted from the layer's bias; a layer without one gets one. Outputs
+are compared before the activation (the tensor the bias is added to).
+
+Analytic: the float model alone runs, once, for every layer's mean input (the runner's
+:meth:`~quant_algos.drivers.runner.LayerRunner.float_input_means`); what the layer's weight
+rounding does to that mean (:func:`~quant_algos.bias_correction.weight_rounding_shift`) is
+subtracted from the bias. No quantized model runs, so what a layer's quantized input adds
+is left.
 
 Example:
-    See ``packages/quant-algos/tests/test_drivers.py``.
+    See ``packages/quant-onnx/tests/test_algorithms_bias_correction.py`` and
+    ``packages/quant-torch-fx/tests/test_algorithms.py``.
 """
 
 from __future__ import annotations
 
-from quant_algos.bias_correction import MeanErrorAccumulator
-from quant_algos.drivers.runner import LayerRunner
+import numpy as np
+
+from quant_algos.bias_correction import MeanErrorAccumulator, weight_rounding_shift
+from quant_algos.drivers.runner import LayerRunner, QuantLayer
 from quant_algos.progress import progress_bar
 from quant_core.algorithm_config import BiasCorrectionConfig, samples_to_use
 
 
+def _mean_error(runner: LayerRunner, layer: QuantLayer, count: int) -> MeanErrorAccumulator:
+    acc = MeanErrorAccumulator(channel_axis=layer.output_channel_axis)
+    seen = 0
+    for quantized, reference in zip(runner.quantized_outputs(layer), runner.float_outputs(layer), strict=True):
+        take = min(len(quantized), count - seen)  # every batch is still read (see mean_input)
+        if take > 0:
+            acc.update(reference[:take], quantized[:take])
+            seen += take
+    return acc
+
+
+def _analytic_bias(runner: LayerRunner, layer: QuantLayer, mean_input: np.ndarray) -> np.ndarray:
+    shift = weight_rounding_shift(runner.quantized_weight(layer) - layer.float_weight, mean_input, layer.geometry)
+    bias = np.zeros(layer.out_channels, np.float32) if layer.bias is None else np.asarray(layer.bias)
+    return (bias - shift).astype(bias.dtype)
+
+
 def correct_biases(runner: LayerRunner, config: BiasCorrectionConfig, *, quiet: bool = False) -> list[str]:
-    """Correct every layer's bias through ``runner``; returns notes on layers left alone."""
+    """Correct every layer's bias through ``runner`` (``config.method``); returns notes on
+    layers left alone."""
     count = min(runner.num_samples, samples_to_use(config))
     notes: list[str] = []
-    layers = runner.layers()
+    # Left out: no bias input (a MatMul without an added one), or no integer bias possible (float input).
+    layers = [layer for layer in runner.layers() if layer.bias_allowed]
+    means = runner.float_input_means(layers, count) if config.analytic else {}
     with progress_bar(total=len(layers), desc="bias correction", unit="layer", quiet=quiet) as bar:
         for layer in layers:
             bar.update(1)
-            if not layer.bias_allowed:
-                continue  # no bias input (MatMul) or no integer bias possible (float input)
-            acc = MeanErrorAccumulator(channel_axis=layer.output_channel_axis)
-            seen = 0
-            for quantized, reference in zip(runner.quantized_outputs(layer), runner.float_outputs(layer), strict=True):
-                take = min(len(quantized), count - seen)
-                if take > 0:
-                    acc.update(reference[:take], quantized[:take])
-                    seen += take
-            note = runner.set_bias(layer, acc.corrected_bias(layer.bias))
+            if config.analytic:
+                corrected = _analytic_bias(runner, layer, means[layer.name])
+            else:
+                corrected = _mean_error(runner, layer, count).corrected_bias(layer.bias)
+            note = runner.set_bias(layer, corrected)
             if note is not None:
                 notes.append(f"{layer.name}: {note}")
     return notes

@@ -80,12 +80,14 @@ def describe_layer(
     *,
     input_quantized: bool,
     input_hw: Sequence[int] | None = None,
+    float_bias: bool = False,
 ) -> QuantLayer:
     """The drivers' view of one Conv/Gemm/MatMul (``float_weight`` in ``[out, in, ...]``
     layout). A 2-D convolution gets its geometry; the output channels are axis 1 of a
     Conv's NCHW output and the last axis otherwise (a Gemm's ``[N, C]``, a linear layer
     over tokens); a bias may be written for a Conv/Gemm whose input is quantized (a
-    MatMul has no bias input).
+    MatMul has no bias input), or where the backend holds it as a float constant added to
+    the output (``float_bias``: a MatMul then Add), whatever the input.
 
     Raises:
         GeometryUnknown: as :func:`conv_geometry`.
@@ -102,5 +104,5 @@ def describe_layer(
         geometry=geometry,
         activation=activation,
         output_channel_axis=1 if op_type == "Conv" else -1,
-        bias_allowed=op_type != "MatMul" and input_quantized,
+        bias_allowed=float_bias or (op_type != "MatMul" and input_quantized),
     )

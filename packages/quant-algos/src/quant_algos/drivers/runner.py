@@ -44,7 +44,8 @@ class QuantLayer:
             layer's output (drivers compare outputs after it), else ``None``.
         output_channel_axis: channel axis of the layer's output (1 for NCHW and
             ``[N, C]``, -1 for ``[..., N]`` MatMul outputs).
-        bias_allowed: a bias can be written (Conv/Gemm whose input is quantized).
+        bias_allowed: a bias can be written (Conv/Gemm whose input is quantized, or a
+            MatMul whose output an Add of a float constant reads).
     """
 
     name: str
@@ -69,8 +70,9 @@ class QuantLayer:
 class LayerRunner(Protocol):
     """A backend's float model, its quantized model, the calibration samples, and the
     quantized layers in topological order. Drivers call, per layer and in order:
-    :meth:`quantized_inputs` and/or :meth:`quantized_outputs`, :meth:`float_outputs`,
-    then the setters; a layer's data reflects every earlier layer as written back."""
+    :meth:`quantized_inputs` and/or :meth:`quantized_outputs`, :meth:`float_outputs` (or
+    :meth:`float_inputs` and :meth:`quantized_weight`), then the setters; a layer's data
+    reflects every earlier layer as written back."""
 
     @property
     def num_samples(self) -> int:
@@ -93,6 +95,15 @@ class LayerRunner(Protocol):
 
     def float_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
         """The float model's output of the layer (before its activation), batch by batch."""
+        ...
+
+    def float_inputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
+        """The float model's input of the layer, batch by batch."""
+        ...
+
+    def quantized_weight(self, layer: QuantLayer) -> np.ndarray:
+        """The weight the quantized model holds now, as real values (``[out, in, ...]``
+        layout): its codes (learned ones included) dequantized."""
         ...
 
     def set_weight_codes(self, layer: QuantLayer, codes: np.ndarray) -> None:

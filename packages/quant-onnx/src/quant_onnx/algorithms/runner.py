@@ -21,8 +21,9 @@ from collections.abc import Iterator, Sequence
 import attrs
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
+from quant_algos.bias_correction import InputMeanAccumulator
 from quant_algos.drivers.layers import GeometryUnknown, describe_layer
 from quant_algos.drivers.runner import QuantLayer
 from quant_core.bias import accumulation_headroom, encode_bias
@@ -31,7 +32,8 @@ from quant_core.onnx_qdq.graph import GraphIndex, node_attribute, plan_node
 from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX
 from quant_core.plan import activation_kind, weight_is_transposed
 from quant_core.qparams import QParams, dequantize, quantize
-from quant_onnx.algorithms.capture import LIVE_MEMORY_BYTES, Feeds, IncrementalRunner
+from quant_onnx.algorithms.capture import LIVE_MEMORY_BYTES, Feeds, IncrementalRunner, prepare_batches
+from quant_onnx.algorithms.reductions import Reduction, reduce_over
 from quant_onnx.graph_edit import copy_model, set_attr, set_initializer
 from quant_onnx.pipeline.calibrate import CalibratedModel
 from quant_onnx.pipeline.preprocess.shape_inference import typed_index
@@ -49,6 +51,8 @@ class _Storage:
     transposed: bool
     input_tensor: str  # the float model's input tensor of the layer (the plan's name)
     float_output: str
+    added_bias: str | None = None  # a MatMul's bias: the float constant an Add adds to its output
+    biased_output: str | None = None  # ... and what that Add adds it to (the output, dequantized)
 
 
 def _per_channel(node: onnx.NodeProto, bias: np.ndarray, channels: int) -> np.ndarray:
@@ -63,6 +67,32 @@ def _per_channel(node: onnx.NodeProto, bias: np.ndarray, channels: int) -> np.nd
             f"nor one per output channel ({channels})"
         )
     return flat
+
+
+def _added_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> tuple[str, str] | None:
+    """The float constant an ``Add`` adds to ``node``'s output, one value per output column
+    (shape ``[C]`` or ``[1, ..., C]``): a linear layer's bias that its exporter wrote as
+    MatMul then Add, the output quantized or not between them; returned with the tensor the
+    Add adds it to. ``None`` when a tensor on the way has other readers, the Add is not that,
+    or the constant is not an initializer of that Add's own (rewriting a shared one would
+    change its other readers)."""
+    tensor = node.output[0]
+    add = index.sole_consumer(tensor)
+    if add is not None and add.op_type == "QuantizeLinear" and not index.is_graph_output(tensor):
+        dq = index.sole_consumer(add.output[0])
+        tensor = dq.output[0] if dq is not None and dq.op_type == "DequantizeLinear" else tensor
+        add = index.sole_consumer(tensor) if dq is not None and not index.is_graph_output(add.output[0]) else None
+    if add is None or add.op_type != "Add" or index.is_graph_output(tensor) or len(add.input) != 2:
+        return None
+    other = add.input[1] if add.input[0] == tensor else add.input[0]
+    value = index.constant(other)
+    own = index.initializer_proto(other) is not None and index.consumers(other) == [add]
+    if value is None or not own or index.is_graph_output(other) or not np.issubdtype(value.dtype, np.floating):
+        return None
+    shape = np.shape(value)
+    if not shape or shape[-1] != channels or any(d != 1 for d in shape[:-1]):
+        return None
+    return other, tensor
 
 
 def _oi(qp: QParams, transposed: bool) -> QParams:
@@ -96,6 +126,7 @@ class OnnxLayerRunner:
         self.learned_codes = learned_codes
         self.float_model = calibrated.model
         self.model = copy_model(qdq_model)
+        self._batches = batches
         self._count = sum(int(next(iter(b.values())).shape[0]) for b in batches)
         self.notes: list[str] = []
         # Each walk holds at most ``memory_budget`` bytes of live tensors; the rest wait on disk.
@@ -177,8 +208,13 @@ class OnnxLayerRunner:
                 f"node {name!r}: the float weight does not quantize to the stored codes; pass the calibrated "
                 "model the QDQ model was written from (after CLE/SmoothQuant)"
             )
+        added_bias = _added_bias(node, qdq, int(float_weight.shape[0])) if node.op_type == "MatMul" else None
+        bias: np.ndarray | None
         try:
-            bias = self._current_bias(node, qdq, int(float_weight.shape[0]))
+            if added_bias is not None:
+                bias = np.asarray(qdq.constant(added_bias[0]), np.float32).reshape(-1)
+            else:
+                bias = self._current_bias(node, qdq, int(float_weight.shape[0]))
         except ModelError as error:  # e.g. a per-row Gemm C: not a per-channel bias to correct
             self.notes.append(f"{name}: left alone: {error}")
             return None
@@ -193,6 +229,7 @@ class OnnxLayerRunner:
                 activation,
                 input_quantized=input_quantized,
                 input_hw=hw,  # type: ignore[arg-type]
+                float_bias=added_bias is not None,
             )
         except GeometryUnknown as unknown:
             self.notes.append(f"{name}: {unknown}: shape inference did not give it")
@@ -204,6 +241,7 @@ class OnnxLayerRunner:
             transposed,
             float_node.input[0],
             float_node.output[0],
+            *(added_bias or (None, None)),
         )
         return layer
 
@@ -254,12 +292,38 @@ class OnnxLayerRunner:
     def quantized_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
         node = next(n for n in self.model.graph.node if n.name == layer.name)
         self._quantized.advance(self.model, [node.input[0]])  # everything upstream, as written back
-        outputs = self._quantized.compute(self.model, [node.output[0]], commit=False)
-        yield from (batch[node.output[0]] for batch in outputs)
+        # A MatMul's added bias is compared where the Add adds it: after the output's own
+        # quantization, when the plan quantizes it.
+        tensor = self._storage[layer.name].biased_output or node.output[0]
+        outputs = self._quantized.compute(self.model, [tensor], commit=False)
+        yield from (batch[tensor] for batch in outputs)
 
     def float_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
         tensor = self._storage[layer.name].float_output
         yield from (batch[tensor] for batch in self._reference.compute(self.float_model, [tensor]))
+
+    def float_input_means(self, layers: Sequence[QuantLayer], count: int) -> dict[str, np.ndarray]:
+        # One pass of the float model with each input summed inside onnxruntime: a Conv's
+        # over the samples (its map kept), a dense layer's over every axis but the last.
+        wanted = {(self._storage[layer.name].input_tensor, layer.is_conv): layer for layer in layers}
+        reductions = [
+            Reduction(tensor, "ReduceSum", (0,), None if conv else (-1, layer.float_weight.shape[1]))
+            for (tensor, conv), layer in wanted.items()
+        ]
+        sums = [InputMeanAccumulator(conv) for _tensor, conv in wanted]
+        for batch in reduce_over(self.float_model, reductions, prepare_batches(self._batches, count)):
+            for acc, (total, shape) in zip(sums, batch, strict=True):
+                rows = int(shape[0]) if acc.conv else int(np.prod(shape[:-1]))
+                acc.add(total, rows)
+        by_key = dict(zip(wanted, sums, strict=True))
+        return {layer.name: by_key[(self._storage[layer.name].input_tensor, layer.is_conv)].mean() for layer in layers}
+
+    def quantized_weight(self, layer: QuantLayer) -> np.ndarray:
+        where = self._storage[layer.name]
+        # Read from the graph, not an index: an earlier pass or set_weight_codes may have
+        # replaced the initializer since any index cached it.
+        codes = next(numpy_helper.to_array(t) for t in self.model.graph.initializer if t.name == where.codes)
+        return dequantize(codes.T if where.transposed else codes, layer.weight_qparams)
 
     # --- write back ----------------------------------------------------------------------
     def set_weight_codes(self, layer: QuantLayer, codes: np.ndarray) -> None:
@@ -268,6 +332,10 @@ class OnnxLayerRunner:
         set_initializer(self.model.graph, where.codes, np.ascontiguousarray(stored).astype(where.codes_dtype))
 
     def set_bias(self, layer: QuantLayer, values: np.ndarray) -> str | None:
+        added = self._storage[layer.name].added_bias
+        if added is not None:
+            self._store_added_bias(added, np.asarray(values, np.float32))
+            return None
         slot = self.calibrated.plan.bias_of(layer.name)
         input_qp = None if slot is None else self.calibrated.input_qparams(layer.name, slot.input_tensor)
         if slot is None or input_qp is None:
@@ -283,6 +351,12 @@ class OnnxLayerRunner:
             return f"bias left as it was: {encoded.note or 'the config keeps it float'}"
         self._store_bias(layer.name, encoded.codes, encoded.qparams)
         return None
+
+    def _store_added_bias(self, tensor: str, values: np.ndarray) -> None:
+        """Write a MatMul's float bias (the initializer its Add adds) in its own shape and dtype."""
+        old = next(t for t in self.model.graph.initializer if t.name == tensor)
+        stored = values.reshape(tuple(old.dims)).astype(helper.tensor_dtype_to_np_dtype(old.data_type))
+        set_initializer(self.model.graph, tensor, stored)
 
     def _store_bias(self, name: str, codes: np.ndarray, qp: QParams) -> None:
         # The quantized walk's index of this model: its structure is current (adding the

@@ -2,7 +2,8 @@
 
 For every activation ``X`` read only by MatMul/Gemm layers (or only by 1x1 group-1 and
 depthwise Convs) with initializer weights, the per-input-channel max |X| is measured on the
-calibration batches (reduced inside onnxruntime, one pass for all of them), the
+calibration batches (reduced inside onnxruntime, one pass for all of them:
+:mod:`~quant_onnx.algorithms.reductions`), the
 scales ``s`` come from ``quant_algos.smoothquant.smooth_layers`` and the layers'
 weights are multiplied by ``s`` along their input axis. ``1 / s`` is folded, exactly,
 into what produces ``X``:
@@ -38,9 +39,9 @@ from quant_algos.layer import scale_outputs
 from quant_algos.smoothquant import smooth_layers
 from quant_core.algorithm_config import SmoothQuantConfig, samples_to_use
 from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, plan_graph, plan_node
-from quant_core.onnx_qdq.model_io import opset_version
 from quant_core.plan import HOMOGENEOUS_ACTIVATIONS, activation_kind
-from quant_onnx.algorithms.capture import Feeds, TensorCapture, prepare_batches
+from quant_onnx.algorithms.capture import Feeds, prepare_batches
+from quant_onnx.algorithms.reductions import Reduction, reduce_over
 from quant_onnx.graph_edit import copy_model, set_initializer
 
 
@@ -124,56 +125,32 @@ def _candidates(model: onnx.ModelProto) -> tuple[dict[str, list[_Consumer]], lis
     return groups, notes
 
 
-def _absmax_model(model: onnx.ModelProto, groups: dict[str, list[_Consumer]]) -> tuple[onnx.ModelProto, list[str]]:
-    """``model`` with two outputs per candidate activation: its per-channel max |x| and its
-    shape. onnxruntime reduces in the graph, so a pass moves ``C`` values per tensor out of
-    the session instead of the whole activation (PP-OCRv4's recogniser: 6.7 -> 2.5 s).
-    ``C`` is the readers' input width: ``x`` is reshaped to ``[N, C, -1]`` (Conv, channel
-    axis 1) or ``[-1, C]`` (dense, channel last) and reduced over every other axis."""
-    out = copy_model(model)
-    index = GraphIndex(out.graph)
-    opset = opset_version(out)
-    outputs = []
+def _absmax_reductions(groups: dict[str, list[_Consumer]]) -> list[Reduction]:
+    """Each candidate's per-channel max |x|. ``C`` is the readers' input width: ``x`` is
+    reshaped to ``[N, C, -1]`` (Conv, channel axis 1) or ``[-1, C]`` (dense, channel last)
+    and reduced over every other axis."""
+    reductions = []
     for tensor, readers in groups.items():
         first = readers[0]
         channels = int(first.weight.shape[first.in_axis])
         conv = first.family == "conv"
-        shape = index.unique_name(f"{tensor}_absmax_shape")
-        set_initializer(out.graph, shape, np.array([0, channels, -1] if conv else [-1, channels], np.int64))
-        names = [index.unique_name(f"{tensor}_{step}") for step in ("abs", "rows", "absmax", "shape")]
-        axes = [0, 2] if conv else [0]
-        reduce_inputs = [names[1]]
-        if opset >= 18:
-            axes_name = index.unique_name(f"{tensor}_absmax_axes")
-            set_initializer(out.graph, axes_name, np.array(axes, np.int64))
-            reduce_inputs.append(axes_name)
-        reduce = helper.make_node("ReduceMax", reduce_inputs, [names[2]], name=names[2], keepdims=0)
-        if opset < 18:
-            reduce.attribute.append(helper.make_attribute("axes", axes))
-        out.graph.node.extend(
-            [
-                helper.make_node("Abs", [tensor], [names[0]], name=names[0]),
-                helper.make_node("Reshape", [names[0], shape], [names[1]], name=names[1]),
-                reduce,
-                helper.make_node("Shape", [tensor], [names[3]], name=names[3]),
-            ]
-        )
-        outputs += [names[2], names[3]]
-    return out, outputs
+        shape, axes = ((0, channels, -1), (0, 2)) if conv else ((-1, channels), (0,))
+        reductions.append(Reduction(tensor, "ReduceMax", axes, shape, absolute=True))
+    return reductions
 
 
 def _measure(
     model: onnx.ModelProto, groups: dict[str, list[_Consumer]], feeds: list[dict]
 ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """Per-channel max |x| and the rank of every candidate activation, in one pass."""
-    augmented, outputs = _absmax_model(model, groups)
+    """Per-channel max |x| and the rank of every candidate activation, in one pass
+    (reduced inside onnxruntime)."""
     absmax: dict[str, np.ndarray] = {}
     ranks: dict[str, int] = {}
-    for values in TensorCapture(augmented, outputs).iterate(feeds):
-        for tensor, (reduced, shape) in zip(groups, zip(outputs[::2], outputs[1::2], strict=True), strict=True):
-            value = values[reduced].astype(np.float64)
+    for batch in reduce_over(model, _absmax_reductions(groups), feeds):
+        for tensor, (reduced, shape) in zip(groups, batch, strict=True):
+            value = reduced.astype(np.float64)
             absmax[tensor] = value if tensor not in absmax else np.maximum(absmax[tensor], value)
-            ranks[tensor] = int(values[shape].size)
+            ranks[tensor] = int(shape.size)
     return absmax, ranks
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 
 from quant_algos.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
+from quant_core.algorithm_config import BIAS_CORRECTION_METHODS
 from quant_core.errors import ConfigError, ModelError
 
 
@@ -57,7 +58,14 @@ def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
     """Accuracy recovery; a flag for an algorithm the preset already runs keeps its settings."""
     group = parser.add_argument_group("accuracy recovery (defaults: quant_core.algorithm_config)")
     group.add_argument("--cle", action="store_true", help="cross-layer equalization (Clip(0,6) -> Relu)")
-    group.add_argument("--bias-correction", action="store_true", help="empirical bias correction")
+    group.add_argument(
+        "--bias-correction",
+        nargs="?",
+        const="empirical",
+        choices=BIAS_CORRECTION_METHODS,
+        metavar="METHOD",
+        help="bias correction: empirical (the default: a layer-by-layer walk) or analytic (one float pass)",
+    )
     group.add_argument("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
     group.add_argument("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
     group.add_argument("--adaquant", action="store_true", help="AdaQuant (needs quant-onnx[torch])")
@@ -113,7 +121,7 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
     if args.adaquant:
         chosen.append(own_or(AdaQuantConfig()))
     if args.bias_correction:
-        chosen.append(BiasCorrectionConfig())
+        chosen.append(BiasCorrectionConfig(method=args.bias_correction))
     if args.iterations is not None:
         learned = [a for a in (*chosen, *base.algorithms) if isinstance(a, AdaRoundConfig | AdaQuantConfig)]
         if not learned:

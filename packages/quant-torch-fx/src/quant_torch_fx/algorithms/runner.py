@@ -29,12 +29,13 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
+from quant_algos.bias_correction import mean_input
 from quant_algos.drivers.layers import describe_layer
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES
 from quant_algos.drivers.runner import QuantLayer
 from quant_core.bias import accumulation_headroom, encode_bias
 from quant_core.errors import ConfigError
-from quant_core.qparams import QParams, dequantize
+from quant_core.qparams import QParams, dequantize, quantize
 from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
 from quant_torch_fx.algorithms.incremental import IncrementalGraphRunner
 from quant_torch_fx.algorithms.probe import Batch, float_mode, sample_count
@@ -162,6 +163,23 @@ class TorchLayerRunner:
 
     def float_outputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
         yield from self._run(self._reference, self._fx(layer).name)
+
+    def float_input_means(self, layers: Sequence[QuantLayer], count: int) -> dict[str, np.ndarray]:
+        means = {}
+        for layer in layers:
+            # Every quantizer of the float copy passes through: the layer's input node there
+            # holds the float model's input.
+            source = self._fx(layer).args[0]
+            assert isinstance(source, Node)
+            means[layer.name] = mean_input(self._run(self._reference, source.name), layer.is_conv, count)
+        return means
+
+    def quantized_weight(self, layer: QuantLayer) -> np.ndarray:
+        weight = self._weight_node(self._fx(layer))
+        assert weight is not None
+        values = get_attr_value(self.gm, weight).detach().float().cpu().numpy()
+        values = values.T if self._transposed[layer.name] else values
+        return dequantize(quantize(values, layer.weight_qparams), layer.weight_qparams)
 
     # --- write back ----------------------------------------------------------------------
     def set_weight_codes(self, layer: QuantLayer, codes: np.ndarray) -> None:

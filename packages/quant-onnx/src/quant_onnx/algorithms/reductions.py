@@ -1,0 +1,85 @@
+"""Per-channel statistics of activations, reduced inside onnxruntime.
+
+An algorithm that needs a few numbers per channel of many activations (SmoothQuant's
+``max |x|``, analytic bias correction's mean input) asks for them here: the model gains,
+for each requested tensor, the nodes that reduce it and an output of its shape, and one
+pass over the samples moves those small results out of the session instead of every
+activation (PP-OCRv4's recogniser, SmoothQuant: 6.7 -> 2.5 s).
+
+Example:
+    >>> Reduction("x", "ReduceSum", axes=(0,)).absolute
+    False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import attrs
+import numpy as np
+import onnx
+from onnx import helper
+
+from quant_core.onnx_qdq.graph import GraphIndex
+from quant_core.onnx_qdq.model_io import opset_version
+from quant_onnx.algorithms.capture import Feeds, TensorCapture
+from quant_onnx.graph_edit import copy_model, set_initializer
+
+
+@attrs.frozen
+class Reduction:
+    """One statistic of one tensor: ``op`` (``ReduceMax``, ``ReduceSum``...) over ``axes``
+    of the tensor, reshaped first to ``shape`` when given (ONNX Reshape semantics: 0 keeps
+    a dimension, -1 takes the rest), of its absolute value when ``absolute``."""
+
+    tensor: str
+    op: str
+    axes: tuple[int, ...]
+    shape: tuple[int, ...] | None = None
+    absolute: bool = False
+
+
+def reduction_model(model: onnx.ModelProto, reductions: Sequence[Reduction]) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of ``model`` with two outputs per reduction, in order: the reduced value
+    (``keepdims=0``) and the tensor's shape."""
+    out = copy_model(model)
+    index = GraphIndex(out.graph)
+    opset = opset_version(out)
+    outputs: list[str] = []
+    for r in reductions:
+        source = r.tensor
+        nodes = []
+        if r.absolute:
+            name = index.unique_name(f"{r.tensor}_abs")
+            nodes.append(helper.make_node("Abs", [source], [name], name=name))
+            source = name
+        if r.shape is not None:
+            target = index.unique_name(f"{r.tensor}_rows_shape")
+            set_initializer(out.graph, target, np.array(r.shape, np.int64))
+            name = index.unique_name(f"{r.tensor}_rows")
+            nodes.append(helper.make_node("Reshape", [source, target], [name], name=name))
+            source = name
+        reduced = index.unique_name(f"{r.tensor}_{r.op.lower()}")
+        inputs = [source]
+        # ReduceSum takes its axes as an input from opset 13, the other reductions from 18.
+        if opset >= (13 if r.op == "ReduceSum" else 18):
+            axes = index.unique_name(f"{r.tensor}_{r.op.lower()}_axes")
+            set_initializer(out.graph, axes, np.array(r.axes, np.int64))
+            inputs.append(axes)
+        node = helper.make_node(r.op, inputs, [reduced], name=reduced, keepdims=0)
+        if len(inputs) == 1:
+            node.attribute.append(helper.make_attribute("axes", list(r.axes)))
+        shape = index.unique_name(f"{r.tensor}_shape")
+        nodes += [node, helper.make_node("Shape", [r.tensor], [shape], name=shape)]
+        out.graph.node.extend(nodes)
+        outputs += [reduced, shape]
+    return out, outputs
+
+
+def reduce_over(
+    model: onnx.ModelProto, reductions: Sequence[Reduction], feeds: Sequence[Feeds]
+) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+    """Per batch of ``feeds``: each reduction's ``(value, shape of the tensor)``, in order."""
+    augmented, outputs = reduction_model(model, reductions)
+    for values in TensorCapture(augmented, outputs).iterate(feeds):
+        yield [(values[reduced], values[shape]) for reduced, shape in zip(outputs[::2], outputs[1::2], strict=True)]
