@@ -33,7 +33,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: make `tools.*` importable
 from tools.bench import common  # noqa: E402
 from tools.bench.models import MODELS, load_data  # noqa: E402
 
-ALGORITHMS = ("cle", "smoothquant", "bias_correction", "mixed_precision", "adaround", "adaquant")
+ALGORITHMS = ("cle", "smoothquant", "bias_correction", "mixed_precision", "gptq", "adaround", "adaquant")
 
 
 def _candidates(names: list[str]):  # -> dict[str, tuple[Candidate, Candidate]]: (plain, with the algorithm)
@@ -45,6 +45,7 @@ def _candidates(names: list[str]):  # -> dict[str, tuple[Candidate, Candidate]]:
         power_of_two_space,
         refine,
     )
+    from quant_core.algorithm_config import GPTQConfig
     from quant_core.config import CalibrationConfig
 
     calibration = CalibrationConfig()
@@ -54,6 +55,7 @@ def _candidates(names: list[str]):  # -> dict[str, tuple[Candidate, Candidate]]:
     single = {group[0].kind: group[0] for group in CORRECTIONS if len(group) == 1}
     single.update({algorithm.kind: algorithm for algorithm in LEARNED})
     single["mixed_precision"] = default_space().mixed_precision[0]
+    single["gptq"] = GPTQConfig()  # not in the default spaces: measured for a space that holds it
     chosen = {}
     for name in names:
         plain = base["a8w8" if name == "mixed_precision" else "xint8"]

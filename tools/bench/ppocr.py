@@ -17,7 +17,7 @@ model's CER is against the float model's reading.
 
 A recipe is a preset name, optionally with algorithms after ``+`` (``smoothquant``: alpha
 0.5, which also smooths every depthwise Conv's input; ``bias_correction``;
-``analytic_bias_correction``; ``cle``: without high-bias absorption), e.g.
+``analytic_bias_correction``; ``cle``: without high-bias absorption; ``gptq``), e.g.
 ``a8w8+smoothquant+bias_correction``. A bias correction named after ``a16w8`` replaces the
 preset's own.
 
@@ -116,7 +116,7 @@ RECIPES = ("a8w8", "a8w8+smoothquant", "a8w8+smoothquant+bias_correction", "a16w
 def recipe(name: str) -> Any:
     """The config of a recipe name (see the module docstring)."""
     from quant_core import get_preset
-    from quant_core.algorithm_config import BiasCorrectionConfig, CLEConfig, SmoothQuantConfig
+    from quant_core.algorithm_config import BiasCorrectionConfig, CLEConfig, GPTQConfig, SmoothQuantConfig
 
     preset, *extra = name.split("+")
     known = {
@@ -124,6 +124,7 @@ def recipe(name: str) -> Any:
         "bias_correction": BiasCorrectionConfig(),
         "analytic_bias_correction": BiasCorrectionConfig(method="analytic"),
         "cle": CLEConfig(absorb_high_bias=False),
+        "gptq": GPTQConfig(),
     }
     unknown = [e for e in extra if e not in known]
     if unknown:

@@ -139,6 +139,7 @@ def test_algorithm_registry_is_complete() -> None:
         "smoothquant",
         "adaround",
         "adaquant",
+        "gptq",
         "mixed_precision",
     }
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import attrs
 import numpy as np
 import pytest
-from algorithms_models import batches_for, conv_relu_conv, quantize_for_passes, run
+from algorithms_models import batches_for, conv_relu_conv, gemm_mlp, mobilenet_block, quantize_for_passes, run
 
 from quant_core.algorithm_config import (
     AdaQuantConfig,
@@ -75,3 +76,30 @@ def test_without_torch_adaround_names_the_extra(monkeypatch):
 def test_importing_the_algorithms_does_not_import_torch():
     code = "import sys, quant_onnx.algorithms; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@pytest.mark.parametrize("builder", [conv_relu_conv, mobilenet_block, gemm_mlp])
+def test_gptq_lowers_the_output_error_without_torch(builder):
+    # GPTQ is numpy: it runs in a process where torch cannot be imported.
+    code = f"""
+import sys
+sys.modules["torch"] = None
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import numpy as np
+from algorithms_models import batches_for, {builder.__name__}, quantize_for_passes, run
+from quant_core.algorithm_config import GPTQConfig
+from quant_core.qparams import sqnr_db
+from quant_onnx.algorithms import apply_reconstruction
+model = {builder.__name__}()
+batches = batches_for(model, count=4)
+calibrated, qdq = quantize_for_passes(model, batches, per_channel=False, power_of_two=True)
+rounded, report = apply_reconstruction(calibrated, qdq, batches, GPTQConfig(), quiet=True)
+f = run(model, batches)
+layers = report.to_dict()["layers"]
+assert report.method == "gptq" and layers and all(l["loss"] <= l["loss_nearest"] for l in layers), layers
+assert any(l["loss"] < l["loss_nearest"] for l in layers), layers
+print(sqnr_db(f, run(rounded, batches)) - sqnr_db(f, run(qdq, batches)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) > 0.0

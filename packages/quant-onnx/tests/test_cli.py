@@ -272,6 +272,9 @@ def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them()
 
     assert _algorithms(flags("--bias-correction"), plain) == [BiasCorrectionConfig()]
     assert _algorithms(flags("--bias-correction", "analytic"), plain) == [BiasCorrectionConfig(method="analytic")]
+    from quant_core.algorithm_config import GPTQConfig
+
+    assert _algorithms(flags("--gptq", "--bias-correction"), plain) == [GPTQConfig(), BiasCorrectionConfig()]
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from quant_core.algorithm_config import (
     AdaRoundConfig,
     BiasCorrectionConfig,
     CLEConfig,
+    GPTQConfig,
     MixedPrecisionConfig,
 )
 from quant_core.presets import get_preset
@@ -135,6 +136,17 @@ def test_analytic_bias_correction_moves_each_bias_by_torchs_mean_response_to_the
         np.testing.assert_allclose(layer.bias - after.bias, shift, atol=2e-4, err_msg=layer.name)
         largest = max(largest, float(np.abs(shift).max()))
     assert largest > 1e-2  # corrections this test would see left out (the depthwise one: padding)
+
+
+def test_gptq_raises_the_output_sqnr_and_its_codes_survive_freezing(data, plain_output) -> None:
+    net, calibration, test, reference = data
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(GPTQConfig(num_samples=64),)), quiet=True)
+    qmodel = q.quantize_model(net, EXAMPLE, calibration)
+    layers = graph_info(qmodel).algorithms["gptq"]["layers"]
+    assert len(layers) == 4 and all(layer["loss"] <= layer["loss_nearest"] for layer in layers)
+    frozen = q.freeze(qmodel)
+    with torch.no_grad():
+        assert _sqnr(frozen(test), reference) > _sqnr(plain_output, reference) + 0.5
 
 
 def test_adaquant_raises_the_output_sqnr(data, plain_output) -> None:

@@ -268,6 +268,36 @@ def _metric(value: Any) -> SensitivityMetric:
 
 
 @attrs.frozen
+class GPTQConfig:
+    """GPTQ: each layer's weights rounded one input column at a time, each column's
+    rounding error spread, in closed form, over the columns not yet rounded through the
+    inverse of the layer's input Hessian ``X^T X`` (its inputs in the quantized model,
+    every earlier layer already rounded). No optimiser and no torch: one linear solve per
+    layer, so it costs a small fraction of AdaRound.
+
+    Args:
+        damping: added to the Hessian's diagonal, as a fraction of its mean (keeps the
+            inverse stable where inputs are nearly dependent).
+        num_samples: calibration samples whose inputs make the Hessian (``None``:
+            ``DEFAULT_NUM_SAMPLES``).
+
+    Example:
+        >>> GPTQConfig().damping
+        0.01
+        >>> GPTQConfig(damping=0)
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: damping: 0 is out of range; allowed: a number > 0 and <= 1
+    """
+
+    kind: ClassVar[str] = "gptq"
+    damping: float = attrs.field(
+        default=0.01, validator=_in_range(lambda v: isinstance(v, (int, float)) and 0 < v <= 1, "a number > 0 and <= 1")
+    )
+    num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+
+
+@attrs.frozen
 class MixedPrecisionConfig:
     """Auto mixed precision: rank layers by sensitivity and raise the most sensitive
     to a wider type until ``accuracy_target`` (an output SQNR in dB for the ``sqnr``
@@ -321,7 +351,13 @@ def samples_to_use(config: object) -> int:
 
 
 AlgorithmConfig = (
-    CLEConfig | BiasCorrectionConfig | SmoothQuantConfig | AdaRoundConfig | AdaQuantConfig | MixedPrecisionConfig
+    CLEConfig
+    | BiasCorrectionConfig
+    | SmoothQuantConfig
+    | AdaRoundConfig
+    | AdaQuantConfig
+    | GPTQConfig
+    | MixedPrecisionConfig
 )
 
 ALGORITHM_CONFIGS: dict[str, type] = {
@@ -332,6 +368,7 @@ ALGORITHM_CONFIGS: dict[str, type] = {
         SmoothQuantConfig,
         AdaRoundConfig,
         AdaQuantConfig,
+        GPTQConfig,
         MixedPrecisionConfig,
     )
 }

@@ -1,30 +1,33 @@
-"""The layer-by-layer reconstruction loop shared by AdaRound and AdaQuant, on any backend.
+"""The layer-by-layer reconstruction loop shared by AdaRound, AdaQuant and GPTQ, on any backend.
 
 For each quantized Conv/Gemm/MatMul, in order: its input as the quantized model computes
 it (every earlier layer already updated) and the float model's output of the layer are
 streamed batch by batch into a pool of output positions
 (:class:`~quant_algos.reconstruction_data.PoolBuilder`: memory is the pool plus one
-batch, whatever the calibration count), :func:`~quant_algos.adaround.adaround_pool` or
-:func:`~quant_algos.adaquant.adaquant_pool` learns the codes (and AdaQuant the bias),
+batch, whatever the calibration count), :func:`~quant_algos.adaround.adaround_pool`,
+:func:`~quant_algos.adaquant.adaquant_pool` or :func:`~quant_algos.gptq.gptq_pool` (which
+needs no float output) finds the codes (and AdaQuant the bias),
 and the runner writes them back. The weight qparams are the calibrated plan's, never
 re-derived.
 
 Example:
-    See ``packages/quant-algos/tests/test_drivers.py`` (a numpy runner) and the backends'
+    See the backends
     tests.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
+import numpy as np
 
 from quant_algos._reconstruction import PoolSettings
 from quant_algos.drivers.runner import LayerRunner, QuantLayer
 from quant_algos.progress import progress_bar
-from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, samples_to_use
+from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, GPTQConfig, samples_to_use
 
 
 @attrs.frozen
@@ -70,22 +73,38 @@ def _skip_reason(layer: QuantLayer) -> str | None:
     return None
 
 
+def _batches(
+    runner: LayerRunner, layer: QuantLayer, with_targets: bool
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """The layer's quantized inputs, each with the float model's output when asked for."""
+    if not with_targets:
+        yield from ((inputs, None) for inputs in runner.quantized_inputs(layer))
+        return
+    yield from zip(runner.quantized_inputs(layer), runner.float_outputs(layer), strict=True)
+
+
 def reconstruct_layers(
     runner: LayerRunner,
-    config: AdaRoundConfig | AdaQuantConfig,
+    config: AdaRoundConfig | AdaQuantConfig | GPTQConfig,
     *,
     quiet: bool = False,
     settings: PoolSettings | None = None,
 ) -> ReconstructionReport:
-    """AdaRound (``AdaRoundConfig``) or AdaQuant (``AdaQuantConfig``) over every layer of
-    ``runner``; writes the learned codes (and AdaQuant's biases) back through it.
-    Needs ``quant-algos[torch]``."""
-    from quant_algos.adaquant import adaquant_pool
-    from quant_algos.adaround import adaround_pool
-
+    """AdaRound (``AdaRoundConfig``), AdaQuant (``AdaQuantConfig``) or GPTQ
+    (``GPTQConfig``) over every layer of ``runner``; writes the learned codes (and
+    AdaQuant's biases) back through it. AdaRound and AdaQuant need ``quant-algos[torch]``;
+    GPTQ reads no float output (it needs only each layer's inputs) and no torch."""
     learn_bias = isinstance(config, AdaQuantConfig)
-    solve = adaquant_pool if learn_bias else adaround_pool
-    method = "adaquant" if learn_bias else "adaround"
+    with_targets = not isinstance(config, GPTQConfig)
+    solve: Any
+    if isinstance(config, GPTQConfig):
+        from quant_algos.gptq import gptq_pool as solve
+    elif learn_bias:
+        from quant_algos.adaquant import adaquant_pool as solve
+    else:
+        from quant_algos.adaround import adaround_pool as solve
+    method = config.kind
+    batch_size = getattr(config, "batch_size", 1)
     pool_settings = settings or PoolSettings()
     count = min(runner.num_samples, samples_to_use(config))
     outcomes, notes = [], []
@@ -99,13 +118,13 @@ def reconstruct_layers(
                 continue
             start = time.perf_counter()
             builder = pool_settings.builder(
-                layer.float_weight.shape, layer.geometry, count, with_targets=True, batch_size=config.batch_size
+                layer.float_weight.shape, layer.geometry, count, with_targets=with_targets, batch_size=batch_size
             )
             seen = 0
-            for inputs, targets in zip(runner.quantized_inputs(layer), runner.float_outputs(layer), strict=True):
+            for inputs, targets in _batches(runner, layer, with_targets):
                 take = min(len(inputs), count - seen)
                 if take > 0:
-                    builder.add(inputs[:take], targets[:take])
+                    builder.add(inputs[:take], None if targets is None else targets[:take])
                     seen += take
             pool = builder.pool()
             captured = time.perf_counter()

@@ -5,8 +5,8 @@ Two phases around calibration:
 - before it, on the float model: CLE, then SmoothQuant (SmoothQuant measures the
   activations of the equalized model);
 - after it, on the quantized model and the calibrated plan: mixed precision first (it
-  chooses the formats the others then work in), AdaRound, AdaQuant, and bias correction
-  last (it removes the mean error the others leave).
+  chooses the formats the others then work in), GPTQ, AdaRound, AdaQuant, and bias
+  correction last (it removes the mean error the others leave).
 
 Within a kind, the config's order is kept. A backend passes the kinds it runs; any other
 is refused with one line naming it and what the backend runs instead.
@@ -32,6 +32,7 @@ from quant_core.algorithm_config import (
     AlgorithmConfig,
     BiasCorrectionConfig,
     CLEConfig,
+    GPTQConfig,
     MixedPrecisionConfig,
     SmoothQuantConfig,
 )
@@ -42,6 +43,7 @@ BEFORE_CALIBRATION: tuple[str, ...] = (CLEConfig.kind, SmoothQuantConfig.kind)
 """Kinds that edit the float model, in run order."""
 AFTER_CALIBRATION: tuple[str, ...] = (
     MixedPrecisionConfig.kind,
+    GPTQConfig.kind,
     AdaRoundConfig.kind,
     AdaQuantConfig.kind,
     BiasCorrectionConfig.kind,

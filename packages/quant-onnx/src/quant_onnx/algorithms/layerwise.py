@@ -1,4 +1,4 @@
-"""AdaRound, AdaQuant and bias correction on a QDQ model (post-passes): the drivers of
+"""GPTQ, AdaRound, AdaQuant and bias correction on a QDQ model (post-passes): the drivers of
 ``quant_algos.drivers`` over :class:`~quant_onnx.algorithms.runner.OnnxLayerRunner`.
 
 Each pass takes the calibrated plan the QDQ model was written from (weight qparams and
@@ -6,7 +6,8 @@ the bias rule come from there, never from the file), the QDQ model and the calib
 batches (the first ``num_samples``, ``quant_core.algorithm_config.DEFAULT_NUM_SAMPLES``
 when unset), and returns a new QDQ model whose integer initializers were rewritten; the
 graph structure the writer chose is kept (a layer without a bias may gain one).
-AdaRound and AdaQuant need ``quant-onnx[torch]``; quant_onnx never imports torch itself.
+AdaRound and AdaQuant need ``quant-onnx[torch]``; GPTQ is numpy; quant_onnx never imports
+torch itself.
 
 Example:
     See ``tests/test_algorithms_layerwise.py`` and ``tests-integration/test_onnx_adaround.py``.
@@ -21,7 +22,13 @@ import onnx
 from quant_algos._torch import check_torch
 from quant_algos.drivers.bias_correction import correct_biases
 from quant_algos.drivers.reconstruction import ReconstructionReport, reconstruct_layers
-from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, BiasCorrectionConfig, samples_to_use
+from quant_core.algorithm_config import (
+    AdaQuantConfig,
+    AdaRoundConfig,
+    BiasCorrectionConfig,
+    GPTQConfig,
+    samples_to_use,
+)
 from quant_onnx.algorithms.capture import Feeds, prepare_batches
 from quant_onnx.algorithms.runner import OnnxLayerRunner
 from quant_onnx.pipeline.calibrate import CalibratedModel
@@ -44,18 +51,21 @@ def apply_reconstruction(
     calibrated: CalibratedModel,
     qdq_model: onnx.ModelProto,
     batches: Iterable[Feeds],
-    config: AdaRoundConfig | AdaQuantConfig,
+    config: AdaRoundConfig | AdaQuantConfig | GPTQConfig,
     *,
     learned_codes: bool = False,
     quiet: bool = False,
 ) -> tuple[onnx.ModelProto, ReconstructionReport]:
-    """AdaRound (``AdaRoundConfig``) or AdaQuant (``AdaQuantConfig``) over every quantized
-    Conv/Gemm/MatMul of ``qdq_model``: a new model and the per-layer report.
+    """AdaRound (``AdaRoundConfig``), AdaQuant (``AdaQuantConfig``) or GPTQ (``GPTQConfig``)
+    over every quantized Conv/Gemm/MatMul of ``qdq_model``: a new model and the per-layer
+    report.
 
     Raises:
-        ImportError: PyTorch is not installed (names the ``quant-onnx[torch]`` extra).
+        ImportError: AdaRound or AdaQuant without PyTorch (names the ``quant-onnx[torch]``
+            extra); GPTQ needs no torch.
     """
-    check_torch("AdaQuant" if isinstance(config, AdaQuantConfig) else "AdaRound", TORCH_EXTRA)
+    if not isinstance(config, GPTQConfig):
+        check_torch("AdaQuant" if isinstance(config, AdaQuantConfig) else "AdaRound", TORCH_EXTRA)
     runner = _runner(calibrated, qdq_model, batches, config, learned_codes)
     try:
         report = reconstruct_layers(runner, config, quiet=quiet)

@@ -4,7 +4,8 @@ for, in a fixed order, so that the quantizer needs two calls:
 - :func:`run_pre_passes` on the pre-processed float model, before calibration (CLE,
   SmoothQuant);
 - :func:`run_post_passes` on the written QDQ model and the calibrated plan it came from
-  (mixed precision, which hands on the plan it chose, AdaRound, AdaQuant, bias correction).
+  (mixed precision, which hands on the plan it chose, GPTQ, AdaRound, AdaQuant, bias
+  correction).
 
 The order is :func:`quant_algos.drivers.schedule.schedule`'s, the same on both backends.
 
@@ -36,6 +37,7 @@ from quant_core.algorithm_config import (
     AdaRoundConfig,
     BiasCorrectionConfig,
     CLEConfig,
+    GPTQConfig,
     MixedPrecisionConfig,
     SmoothQuantConfig,
     samples_to_use,
@@ -105,7 +107,7 @@ def run_post_passes(
     evaluate: EvaluateFn | None = None,
     quiet: bool = False,
 ) -> PassesResult:
-    """Mixed precision, AdaRound, AdaQuant and bias correction as configured.
+    """Mixed precision, GPTQ, AdaRound, AdaQuant and bias correction as configured.
 
     Args:
         calibrated: the calibrated plan ``qdq_model`` was written from (float model after
@@ -137,7 +139,7 @@ def run_post_passes(
                 quiet=quiet,
             )
             reports["mixed_precision"] = mp_report.to_dict()
-        elif isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig)):
+        elif isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig, GPTQConfig)):
             model, rec_report = apply_reconstruction(
                 calibrated, model, feeds, algorithm, learned_codes=learned, quiet=quiet
             )

@@ -67,6 +67,7 @@ def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
         help="bias correction: empirical (the default: a layer-by-layer walk) or analytic (one float pass)",
     )
     group.add_argument("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
+    group.add_argument("--gptq", action="store_true", help="GPTQ weight rounding (closed form; no torch)")
     group.add_argument("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
     group.add_argument("--adaquant", action="store_true", help="AdaQuant (needs quant-onnx[torch])")
     group.add_argument(
@@ -95,6 +96,7 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
         AdaRoundConfig,
         BiasCorrectionConfig,
         CLEConfig,
+        GPTQConfig,
         MixedPrecisionConfig,
         SmoothQuantConfig,
     )
@@ -116,6 +118,8 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
                 max_layers=args.mp_max_layers,
             )
         )
+    if args.gptq:
+        chosen.append(own_or(GPTQConfig()))
     if args.adaround:
         chosen.append(own_or(AdaRoundConfig()))
     if args.adaquant:

@@ -1,14 +1,14 @@
 """Accuracy-recovery algorithms on the torch backend: the torch side of the drivers in
 ``quant_algos.drivers`` (which decide; this package runs graph modules and writes their
 tensors). CLE edits the normalised float graph before planning
-(:func:`apply_cle`); AdaRound, AdaQuant and bias correction walk the calibrated graph
+(:func:`apply_cle`); GPTQ, AdaRound, AdaQuant and bias correction walk the calibrated graph
 through :class:`TorchLayerRunner`. :class:`~quant_torch_fx.ModelQuantizer` runs what a
 config's ``algorithms`` list asks for (:mod:`~quant_torch_fx.algorithms.passes`).
 
 Example:
     >>> from quant_torch_fx.algorithms import SUPPORTED
     >>> SUPPORTED
-    ('cle', 'adaround', 'adaquant', 'bias_correction')
+    ('cle', 'gptq', 'adaround', 'adaquant', 'bias_correction')
 """
 
 from quant_torch_fx.algorithms.cle import apply_cle

@@ -19,14 +19,21 @@ from torch.fx import GraphModule
 from quant_algos.drivers.bias_correction import correct_biases
 from quant_algos.drivers.reconstruction import ReconstructionReport, reconstruct_layers
 from quant_algos.drivers.schedule import schedule
-from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, BiasCorrectionConfig, CLEConfig, samples_to_use
+from quant_core.algorithm_config import (
+    AdaQuantConfig,
+    AdaRoundConfig,
+    BiasCorrectionConfig,
+    CLEConfig,
+    GPTQConfig,
+    samples_to_use,
+)
 from quant_core.config import QuantConfig
 from quant_torch_fx.algorithms.cle import apply_cle
 from quant_torch_fx.algorithms.probe import Batch, take_samples
 from quant_torch_fx.algorithms.runner import TorchLayerRunner
 from quant_torch_fx.prepare import graph_info
 
-SUPPORTED = (CLEConfig.kind, AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
+SUPPORTED = (CLEConfig.kind, GPTQConfig.kind, AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
 """The kinds this backend runs (:mod:`quant_algos.drivers.schedule` orders them)."""
 
 
@@ -52,7 +59,7 @@ def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[
 
 
 def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batch], *, quiet: bool = False) -> None:
-    """AdaRound, AdaQuant and bias correction as configured, on the calibrated graph
+    """GPTQ, AdaRound, AdaQuant and bias correction as configured, on the calibrated graph
     ``gm`` (PTQ, or QAT with batch norm folded; in place, in eval mode); their reports go
     to the graph's ``algorithms``."""
     info = graph_info(gm)
@@ -66,7 +73,7 @@ def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batc
                     "notes": [*runner.notes, *notes],
                 }
                 continue
-            assert isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig))  # the rest of SUPPORTED
+            assert isinstance(algorithm, (AdaRoundConfig, AdaQuantConfig, GPTQConfig))  # the rest of SUPPORTED
             report = reconstruct_layers(runner, algorithm, quiet=quiet)
         finally:
             runner.close()  # the live values a walk spilled to disk
