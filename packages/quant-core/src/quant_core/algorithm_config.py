@@ -350,6 +350,24 @@ def samples_to_use(config: object) -> int:
     return DEFAULT_NUM_SAMPLES if count is None else int(count)
 
 
+def algorithm_label(algorithm: object) -> str:
+    """An algorithm config's short name, as a recipe's name and the presets table show it:
+    its ``kind``, with what tells two configs of that kind apart in recipes.
+
+    Example:
+        >>> algorithm_label(MixedPrecisionConfig(accuracy_target=30.0))
+        'mixed_precision(30dB)'
+        >>> algorithm_label(BiasCorrectionConfig(method="analytic")), algorithm_label(CLEConfig())
+        ('bias_correction(analytic)', 'cle')
+    """
+    if isinstance(algorithm, MixedPrecisionConfig):
+        target = algorithm.accuracy_target
+        return f"mixed_precision({target:g}dB)" if target is not None else "mixed_precision"
+    if isinstance(algorithm, BiasCorrectionConfig) and algorithm.analytic:
+        return "bias_correction(analytic)"
+    return str(type(algorithm).kind)  # type: ignore[attr-defined]
+
+
 AlgorithmConfig = (
     CLEConfig
     | BiasCorrectionConfig

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import attrs
 
-from quant_core.algorithm_config import AdaRoundConfig, AlgorithmConfig, BiasCorrectionConfig, CLEConfig
+from quant_core.algorithm_config import AdaRoundConfig, AlgorithmConfig, BiasCorrectionConfig, CLEConfig, GPTQConfig
 from quant_core.config import OperatorConfig, QuantConfig
 from quant_core.dtypes import DType
 from quant_core.errors import ConfigError
@@ -148,17 +148,23 @@ def a8w8_percentile() -> QuantConfig:
 
 
 def a16w8() -> QuantConfig:
-    """uint16 asymmetric activations, int8 per-channel weights, then bias correction.
+    """uint16 asymmetric activations, int8 per-channel weights rounded by GPTQ, then the
+    analytic bias correction.
 
     With 16-bit activations nearly lossless, the int8 weights are what is left of the
-    error, and its mean per channel is what bias correction removes (EfficientNet-Lite0:
-    0.854 top-1 agreement with float without it, 0.958 with it; docs/benchmarks.md).
+    error. GPTQ rounds each layer's weights against its inputs, and the bias correction
+    removes the mean shift left (at 16-bit activations the one-pass analytic form does what
+    the layer walk does). Against the walk alone, on 512 calibration samples:
+    EfficientNet-Lite0's top-1 agreement with float 0.936 -> 0.955 in the same time
+    (29 against 31 s); PP-OCRv4's recogniser 0.60% -> 0.23% CER against the float reading;
+    the trained detector's output 38.1 -> 47.4 dB (docs/benchmarks.md).
 
     Example:
         >>> a16w8().global_config.input.dtype.value, [type(a).kind for a in a16w8().algorithms]
-        ('uint16', ['bias_correction'])
+        ('uint16', ['gptq', 'bias_correction'])
     """
-    return _config("a16w8", _asym_act(DType.UINT16), _sym_weight(), (BiasCorrectionConfig(),))
+    algorithms = (GPTQConfig(), BiasCorrectionConfig(method="analytic"))
+    return _config("a16w8", _asym_act(DType.UINT16), _sym_weight(), algorithms)
 
 
 def w4a8() -> QuantConfig:

@@ -51,7 +51,7 @@ def correct_biases(runner: LayerRunner, config: BiasCorrectionConfig, *, quiet: 
     notes: list[str] = []
     # Left out: no bias input (a MatMul without an added one), or no integer bias possible (float input).
     layers = [layer for layer in runner.layers() if layer.bias_allowed]
-    means = runner.float_input_means(layers, count) if config.analytic else {}
+    means = runner.float_input_means(layers, count) if config.analytic and layers else {}
     with progress_bar(total=len(layers), desc="bias correction", unit="layer", quiet=quiet) as bar:
         for layer in layers:
             bar.update(1)

@@ -49,6 +49,7 @@ from quant_core.algorithm_config import (
     CLEConfig,
     MixedPrecisionConfig,
     SmoothQuantConfig,
+    algorithm_label,
 )
 from quant_core.config import CalibrationConfig, OperatorConfig, QuantConfig
 from quant_core.errors import ConfigError
@@ -65,7 +66,8 @@ OBSERVER_COST = {"minmax": 0.0, "percentile": 0.5, "minmse_pow2": 1.5, "entropy"
 #: measures them on fmnist_mobilenetv2 with 128 calibration samples (a pass 0.09 s; CLE
 #: adds 0.2 s, SmoothQuant 0.3-0.6 s, bias correction 0.7 s, mixed precision at 30 dB
 #: 18 s, AdaQuant 35 s, AdaRound as ``xint8_adaround`` runs it 53 s; medians of three runs
-#: for the first three, one run for the rest, on a shared 2-core machine), rounded. So
+#: for the first three, one run for the rest, on a shared 2-core machine; later, the
+#: analytic bias correction 0.07 s and GPTQ 1.0 s, medians of three), rounded. So
 #: AdaQuant goes before AdaRound in the learned stage, and a budget skips what it expects
 #: to outrun: the learned algorithms train for a fixed number of steps, so on a model with
 #: more calibration samples per step they cost fewer passes than here.
@@ -73,6 +75,8 @@ ALGORITHM_COST = {
     "cle": 2.0,
     "smoothquant": 3.5,
     "bias_correction": 7.0,
+    "bias_correction(analytic)": 1.5,
+    "gptq": 16.0,
     "mixed_precision": 150.0,
     "adaround": 570.0,
     "adaquant": 380.0,
@@ -256,7 +260,13 @@ def expected_cost(config: QuantConfig) -> float:
     methods = {s.observer.method for s in _activation_specs(config)}
     methods |= {s.observer.method for s in _weight_specs(config) if s.observer.method == "minmse_pow2"}
     observers = sum(OBSERVER_COST.get(m, 0.0) for m in methods)
-    return observers + sum(ALGORITHM_COST.get(a.kind, 0.0) for a in config.algorithms)
+    return observers + sum(ALGORITHM_COST.get(_cost_key(a), 0.0) for a in config.algorithms)
+
+
+def _cost_key(algorithm: AlgorithmConfig) -> str:
+    """An algorithm's row of :data:`ALGORITHM_COST`: its kind, the analytic bias correction apart."""
+    label = algorithm_label(algorithm)
+    return label if label in ALGORITHM_COST else algorithm.kind
 
 
 def _operator_configs(config: QuantConfig) -> list[OperatorConfig]:
@@ -318,19 +328,6 @@ def observer_label(observer: ObserverConfig) -> str:
     if isinstance(observer, Percentile):
         return f"percentile({observer.percentile:g})"
     return observer.method
-
-
-def algorithm_label(algorithm: AlgorithmConfig) -> str:
-    """Short name of an algorithm config in a candidate's name.
-
-    Example:
-        >>> algorithm_label(MixedPrecisionConfig(accuracy_target=30.0))
-        'mixed_precision(30dB)'
-    """
-    if isinstance(algorithm, MixedPrecisionConfig):
-        target = algorithm.accuracy_target
-        return f"mixed_precision({target:g}dB)" if target is not None else "mixed_precision"
-    return algorithm.kind
 
 
 #: :func:`axis_is_flat`: the gap to the target, in spreads of the scores so far, beyond
@@ -402,7 +399,7 @@ def wide_stage(space: SearchSpace, calibration: CalibrationConfig) -> list[Candi
 
     Example:
         >>> [c.name for c in wide_stage(default_space(), CalibrationConfig())]
-        ['a16w8/minmax+bias_correction']
+        ['a16w8/minmax+gptq+bias_correction(analytic)']
     """
     found = []
     for format_name in space.wide_formats:
