@@ -118,3 +118,20 @@ def test_the_pool_solver_reports_both_errors_and_never_returns_a_worse_rounding(
         direct = sum(np.sum((patches[g] @ delta[g].T) ** 2) for g in range(2)) / patches.shape[1]
         assert loss == pytest.approx(direct, rel=1e-6)
     assert not result.fell_back and result.loss < result.loss_nearest
+
+
+def test_act_order_rounds_the_largest_inputs_first_and_returns_codes_in_place():
+    rng = np.random.default_rng(4)
+    x = _correlated(rng, 128, 6) * np.array([0.1, 3.0, 1.0, 0.5, 2.0, 0.2])  # inputs of unequal size
+    hessian = x.T @ x
+    w = rng.normal(size=(4, 6))
+    qp = _per_channel(w)
+    order = np.argsort(-np.diag(hessian), kind="stable")  # [1, 4, 2, 3, 5, 0]
+    by_hand = gptq_codes(w[:, order], hessian[np.ix_(order, order)], qp, damping=0.01)
+    expected = np.empty_like(by_hand)
+    expected[:, order] = by_hand
+    np.testing.assert_array_equal(gptq_codes(w, hessian, qp, damping=0.01, act_order=True), expected)
+    grouped = gptq_codes(
+        np.stack([w, w]), np.stack([hessian, hessian]), _per_channel(np.vstack([w, w])), damping=0.01, act_order=True
+    )
+    np.testing.assert_array_equal(grouped[1], expected)

@@ -38,13 +38,17 @@ from quant_core.qparams import QParams, dequantize, quantize
 _BLOCK = 128
 
 
-def gptq_codes(weight: np.ndarray, hessian: np.ndarray, qparams: QParams, *, damping: float) -> np.ndarray:
+def gptq_codes(
+    weight: np.ndarray, hessian: np.ndarray, qparams: QParams, *, damping: float, act_order: bool = False
+) -> np.ndarray:
     """GPTQ's codes for ``weight`` (``[groups, out, K]`` or one group ``[out, K]``) given
     each group's input Hessian ``X^T X`` (``[groups, K, K]`` or ``[K, K]``) and the
     weight's qparams (per output row, axis 0 over ``groups * out`` rows, or per tensor).
 
     ``damping`` times the mean of each Hessian's diagonal is added to it; an input that is
     always zero (a zero diagonal) gets a unit one, so its weight rounds to nearest.
+    ``act_order``: round the columns of the largest inputs (Hessian diagonal) first, so the
+    columns left to absorb errors are the ones whose errors matter least.
     """
     single = np.ndim(weight) == 2
     w = np.array(weight, np.float64, ndmin=3, copy=True)
@@ -52,6 +56,14 @@ def gptq_codes(weight: np.ndarray, hessian: np.ndarray, qparams: QParams, *, dam
     groups, out, k = w.shape
     if h.shape != (groups, k, k):
         raise DataError(f"hessian: shape {list(h.shape)} does not fit {groups} group(s) of {k} inputs")
+    if act_order:
+        order = np.argsort(-np.einsum("gkk->gk", h), axis=1, kind="stable")
+        w = np.take_along_axis(w, order[:, None, :], axis=2)
+        h = np.take_along_axis(np.take_along_axis(h, order[:, :, None], axis=1), order[:, None, :], axis=2)
+        permuted = gptq_codes(w, h, qparams, damping=damping)
+        codes = np.empty_like(permuted)
+        np.put_along_axis(codes, order[:, None, :], permuted, axis=2)
+        return codes[0] if single else codes
     diagonal = np.einsum("gkk->gk", h)  # a view: writes go into h
     diagonal[diagonal <= 0] = 1.0
     diagonal += damping * diagonal.mean(axis=1, keepdims=True)
@@ -105,7 +117,7 @@ def gptq_pool(
     grouped = w.reshape(groups, w.shape[0] // groups, -1).astype(np.float64)
     flat_qp = weight_qparams if weight_qparams.axis is None else weight_qparams.evolve(axis=0)
     nearest = quantize(grouped.reshape(w.shape[0], -1), flat_qp).reshape(grouped.shape)
-    learned = gptq_codes(grouped, hessian, flat_qp, damping=config.damping)
+    learned = gptq_codes(grouped, hessian, flat_qp, damping=config.damping, act_order=config.act_order)
 
     def error(codes: np.ndarray) -> float:
         values = dequantize(codes.reshape(w.shape[0], -1), flat_qp).reshape(grouped.shape)

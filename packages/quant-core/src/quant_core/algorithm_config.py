@@ -280,6 +280,7 @@ class GPTQConfig:
             inverse stable where inputs are nearly dependent).
         num_samples: calibration samples whose inputs make the Hessian (``None``:
             ``DEFAULT_NUM_SAMPLES``).
+        act_order: round the columns of the largest inputs first (GPTQ's "act-order").
 
     Example:
         >>> GPTQConfig().damping
@@ -295,6 +296,7 @@ class GPTQConfig:
         default=0.01, validator=_in_range(lambda v: isinstance(v, (int, float)) and 0 < v <= 1, "a number > 0 and <= 1")
     )
     num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    act_order: bool = attrs.field(default=False, validator=_bool)
 
 
 @attrs.frozen
