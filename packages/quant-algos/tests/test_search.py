@@ -432,9 +432,9 @@ def test_each_stage_is_ordered_by_the_cost_table(monkeypatch):
     def corrections_order() -> list[str]:
         return [c.name.split("+", 1)[1] for c in space.refine(base, space.CORRECTIONS)]
 
-    assert learned_order() == ["adaquant", "adaround"]
+    assert learned_order() == ["gptq", "adaquant", "adaround"]
     assert corrections_order() == ["cle", "smoothquant", "bias_correction", "cle+bias_correction"]
     monkeypatch.setitem(space.ALGORITHM_COST, "adaquant", space.ALGORITHM_COST["adaround"] + 1)
     monkeypatch.setitem(space.ALGORITHM_COST, "cle", space.ALGORITHM_COST["bias_correction"] + 1)
-    assert learned_order() == ["adaround", "adaquant"]
+    assert learned_order() == ["gptq", "adaround", "adaquant"]
     assert corrections_order() == ["smoothquant", "bias_correction", "cle", "cle+bias_correction"]

@@ -47,6 +47,7 @@ from quant_core.algorithm_config import (
     AlgorithmConfig,
     BiasCorrectionConfig,
     CLEConfig,
+    GPTQConfig,
     MixedPrecisionConfig,
     SmoothQuantConfig,
     algorithm_label,
@@ -95,8 +96,10 @@ CORRECTIONS: tuple[tuple[AlgorithmConfig, ...], ...] = (
     (BiasCorrectionConfig(),),
     (CLEConfig(), BiasCorrectionConfig()),
 )
-#: Stage 3 of the default spaces.
-LEARNED: tuple[AlgorithmConfig, ...] = (ADAROUND, AdaQuantConfig())
+#: What a space's ``learned`` stage may hold: the algorithms that choose the weight codes.
+_LEARNED_KINDS = ("gptq", "adaround", "adaquant")
+#: Stage 3 of the default spaces (by cost: GPTQ, a closed form, before the two optimisers).
+LEARNED: tuple[AlgorithmConfig, ...] = (GPTQConfig(), ADAROUND, AdaQuantConfig())
 
 
 def _combinations(value: Iterable[Iterable[AlgorithmConfig]]) -> tuple[tuple[AlgorithmConfig, ...], ...]:
@@ -160,14 +163,14 @@ class SearchSpace:
             get_preset(name)  # an unknown name fails here, listing the presets
         for combination in self.corrections:
             kinds = [a.kind for a in combination]
-            if not kinds or len(set(kinds)) != len(kinds) or {"mixed_precision", "adaround", "adaquant"} & set(kinds):
+            if not kinds or len(set(kinds)) != len(kinds) or {"mixed_precision", *_LEARNED_KINDS} & set(kinds):
                 raise ConfigError(
                     f"search space: corrections entry {kinds}; allowed: non-empty combinations of cle, smoothquant, "
                     "bias_correction, each kind once"
                 )
         for algorithm in self.learned:
-            if algorithm.kind not in ("adaround", "adaquant"):
-                raise ConfigError(f"search space: learned holds {algorithm.kind}; allowed: adaround, adaquant")
+            if algorithm.kind not in _LEARNED_KINDS:
+                raise ConfigError(f"search space: learned holds {algorithm.kind}; allowed: {', '.join(_LEARNED_KINDS)}")
 
     @property
     def size(self) -> int:
@@ -179,12 +182,12 @@ class SearchSpace:
 
 def default_space() -> SearchSpace:
     """The space for onnxruntime on x86 (``quant-onnx search``): ``a8w8``'s formats with
-    five activation observers, then CLE, SmoothQuant, bias correction, AdaRound, AdaQuant,
-    mixed precision to 30 and 40 dB output SQNR, and ``a16w8`` last.
+    five activation observers, then CLE, SmoothQuant, bias correction, GPTQ, AdaRound,
+    AdaQuant, mixed precision to 30 and 40 dB output SQNR, and ``a16w8`` last.
 
     Example:
         >>> default_space().size
-        14
+        15
     """
     return SearchSpace(
         formats=("a8w8",),
@@ -206,7 +209,7 @@ def power_of_two_space() -> SearchSpace:
 
     Example:
         >>> power_of_two_space().size
-        12
+        13
     """
     return SearchSpace(
         formats=("xint8",),

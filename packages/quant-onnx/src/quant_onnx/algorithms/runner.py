@@ -79,9 +79,12 @@ def _added_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> tuple
     tensor = node.output[0]
     add = index.sole_consumer(tensor)
     if add is not None and add.op_type == "QuantizeLinear" and not index.is_graph_output(tensor):
-        dq = index.sole_consumer(add.output[0])
-        tensor = dq.output[0] if dq is not None and dq.op_type == "DequantizeLinear" else tensor
-        add = index.sole_consumer(tensor) if dq is not None and not index.is_graph_output(add.output[0]) else None
+        quantized = add.output[0]
+        dq = index.sole_consumer(quantized)
+        if dq is None or dq.op_type != "DequantizeLinear" or index.is_graph_output(quantized):
+            return None
+        tensor = dq.output[0]
+        add = index.sole_consumer(tensor)
     if add is None or add.op_type != "Add" or index.is_graph_output(tensor) or len(add.input) != 2:
         return None
     other = add.input[1] if add.input[0] == tensor else add.input[0]
