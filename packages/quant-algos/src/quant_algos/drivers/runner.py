@@ -70,9 +70,9 @@ class QuantLayer:
 class LayerRunner(Protocol):
     """A backend's float model, its quantized model, the calibration samples, and the
     quantized layers in topological order. Drivers call, per layer and in order:
-    :meth:`quantized_inputs` and/or :meth:`quantized_outputs`, :meth:`float_outputs` (or
-    :meth:`float_inputs` and :meth:`quantized_weight`), then the setters; a layer's data
-    reflects every earlier layer as written back."""
+    :meth:`quantized_inputs` and/or :meth:`quantized_outputs`, :meth:`float_outputs` (or,
+    once for all layers, :meth:`float_input_means`, then :meth:`quantized_weight`), then the
+    setters; a layer's data reflects every earlier layer as written back."""
 
     @property
     def num_samples(self) -> int:
@@ -97,8 +97,11 @@ class LayerRunner(Protocol):
         """The float model's output of the layer (before its activation), batch by batch."""
         ...
 
-    def float_inputs(self, layer: QuantLayer) -> Iterator[np.ndarray]:
-        """The float model's input of the layer, batch by batch."""
+    def float_input_means(self, layers: Sequence[QuantLayer], count: int) -> dict[str, np.ndarray]:
+        """Each layer's float input averaged over the first ``count`` samples, by layer name:
+        a convolution's mean map ``[C, ...]``, a dense layer's mean over every axis but the
+        last (:class:`~quant_algos.bias_correction.InputMeanAccumulator`). One call serves
+        every layer, so a backend can compute them in one pass."""
         ...
 
     def quantized_weight(self, layer: QuantLayer) -> np.ndarray:
