@@ -149,6 +149,24 @@ def test_gptq_raises_the_output_sqnr_and_its_codes_survive_freezing(data, plain_
         assert _sqnr(frozen(test), reference) > _sqnr(plain_output, reference) + 0.5
 
 
+def test_a_pass_after_a_learned_one_still_compares_with_the_float_weights(data) -> None:
+    # GPTQ writes its rounded weights into the graph; the bias correction after it must
+    # still see them against the float weights (it once saw W_q - W = 0 and did nothing).
+    net, calibration, _test, _reference = data
+    batches = [(x,) for x in calibration]
+
+    def biases(*algorithms: object) -> list[np.ndarray]:
+        q = ModelQuantizer(get_preset("xint8").evolve(algorithms=algorithms), quiet=True)
+        return [layer.bias for layer in TorchLayerRunner(q.quantize_model(net, EXAMPLE, calibration), batches).layers()]
+
+    gptq = GPTQConfig(num_samples=64)
+    moved = [
+        float(np.abs(a - b).max())
+        for a, b in zip(biases(gptq), biases(gptq, BiasCorrectionConfig(method="analytic")), strict=True)
+    ]
+    assert max(moved) > 1e-3, moved
+
+
 def test_adaquant_raises_the_output_sqnr(data, plain_output) -> None:
     net, calibration, test, reference = data
     adaquant = _quantize(net, calibration, AdaQuantConfig(num_iterations=100, num_samples=64))

@@ -31,6 +31,7 @@ from quant_core.config import QuantConfig
 from quant_torch_fx.algorithms.cle import apply_cle
 from quant_torch_fx.algorithms.probe import Batch, take_samples
 from quant_torch_fx.algorithms.runner import TorchLayerRunner
+from quant_torch_fx.capture import copy_captured
 from quant_torch_fx.prepare import graph_info
 
 SUPPORTED = (CLEConfig.kind, GPTQConfig.kind, AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
@@ -63,8 +64,12 @@ def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batc
     ``gm`` (PTQ, or QAT with batch norm folded; in place, in eval mode); their reports go
     to the graph's ``algorithms``."""
     info = graph_info(gm)
-    for algorithm in schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx").after_calibration:
-        runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(algorithm)))
+    scheduled = schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx").after_calibration
+    # One float reference for every pass: each pass writes its weights and biases into
+    # ``gm``, and a later pass must still compare with the float model, not with them.
+    float_gm = copy_captured(gm) if scheduled else None
+    for algorithm in scheduled:
+        runner = TorchLayerRunner(gm, take_samples(batches, samples_to_use(algorithm)), float_gm=float_gm)
         try:
             if isinstance(algorithm, BiasCorrectionConfig):
                 notes = correct_biases(runner, algorithm, quiet=quiet)

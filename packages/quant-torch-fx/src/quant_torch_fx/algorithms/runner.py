@@ -53,14 +53,23 @@ def _oi(qp: QParams, transposed: bool) -> QParams:
 class TorchLayerRunner:
     """A :class:`~quant_algos.drivers.runner.LayerRunner` over a calibrated graph
     module ``gm`` (PTQ, or QAT with batch norm folded; changed in place) on held
-    ``batches`` (model inputs on its device).
+    ``batches`` (model inputs on its device). ``float_gm``: the float reference, a
+    :func:`~quant_torch_fx.capture.copy_captured` of ``gm`` made before any pass wrote
+    into it (default: a copy of ``gm`` now).
 
     Example:
         >>> TorchLayerRunner.__name__
         'TorchLayerRunner'
     """
 
-    def __init__(self, gm: GraphModule, batches: Sequence[Batch], *, memory_budget: int = LIVE_MEMORY_BYTES) -> None:
+    def __init__(
+        self,
+        gm: GraphModule,
+        batches: Sequence[Batch],
+        *,
+        memory_budget: int = LIVE_MEMORY_BYTES,
+        float_gm: GraphModule | None = None,
+    ) -> None:
         self.gm = gm
         self.info = graph_info(gm)
         simulated_batch_norm = any(isinstance(m, ConvBn) for m in gm.modules())
@@ -69,7 +78,10 @@ class TorchLayerRunner:
                 "algorithms: AdaRound, AdaQuant and bias correction run on a calibrated model before freezing: "
                 "PTQ, or QAT with batch norm folded (prepare_qat(fold_batch_norm=True))"
             )
-        self.float_gm = copy_captured(gm)  # the float reference keeps the weights the walk rewrites
+        # The float reference keeps the weights the walk rewrites. After an earlier pass wrote
+        # learned weights into ``gm``, the caller passes the copy it made before that pass:
+        # a copy of ``gm`` then would hold the learned weights as its "float" ones.
+        self.float_gm = copy_captured(gm) if float_gm is None else float_gm
         self.batches = list(batches)
         self._count = sum(sample_count(b) for b in self.batches)
         # Each walk holds at most ``memory_budget`` bytes of live tensors; the rest wait on disk.
@@ -110,7 +122,7 @@ class TorchLayerRunner:
         if weight_node is None or slot.op_type not in ("Conv", "Gemm", "MatMul"):
             self.notes.append(f"{name}: weight is not a tensor of the graph")
             return None
-        weight = get_attr_value(self.gm, weight_node).detach().float().cpu().numpy()
+        weight = get_attr_value(self.float_gm, weight_node).detach().float().cpu().numpy()
         transposed = name in self.info.transposed_weights
         if slot.op_type == "MatMul" and weight.ndim != 2:
             self.notes.append(f"{name}: MatMul with a rank-{weight.ndim} weight is left alone")
