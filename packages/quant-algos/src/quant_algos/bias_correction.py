@@ -90,14 +90,26 @@ class MeanErrorAccumulator:
         return self._sum / self._count
 
     def corrected_bias(self, bias: np.ndarray | None) -> np.ndarray:
-        """``bias - mean_error`` in the bias's dtype (a zero bias when ``bias`` is None)."""
-        err = self.mean_error()
-        if bias is None:
-            return (-err).astype(np.float32)
-        b = np.asarray(bias)
-        if b.shape != err.shape:
-            raise ModelError(f"bias: shape {b.shape} does not match {err.shape[0]} output channels")
-        return (b - err).astype(b.dtype)
+        """``bias - mean_error`` (:func:`shifted_bias`)."""
+        return shifted_bias(bias, self.mean_error())
+
+
+def shifted_bias(bias: np.ndarray | None, shift: np.ndarray) -> np.ndarray:
+    """``bias - shift`` in the bias's dtype (float32 from a zero bias when ``bias`` is None):
+    what either correction writes.
+
+    Example:
+        >>> import numpy as np
+        >>> shifted_bias(None, np.array([0.5, -1.0])).tolist()
+        [-0.5, 1.0]
+    """
+    s = np.asarray(shift)
+    if bias is None:
+        return (-s).astype(np.float32)
+    b = np.asarray(bias)
+    if b.shape != s.shape:
+        raise ModelError(f"bias: shape {b.shape} does not match {s.shape[0]} output channels")
+    return (b - s).astype(b.dtype)
 
 
 def correct_bias(
@@ -175,25 +187,6 @@ class InputMeanAccumulator:
         if self._sum is None or self._count == 0:
             raise DataError("bias correction: no inputs were accumulated")
         return self._sum / self._count
-
-
-def mean_input(batches: Iterable[np.ndarray], conv: bool, count: int) -> np.ndarray:
-    """:meth:`InputMeanAccumulator.mean` of the first ``count`` samples of ``batches``
-    (every batch is still read: a backend's walk moves on only once they are drained).
-
-    Example:
-        >>> import numpy as np
-        >>> mean_input([np.ones((2, 3)), np.zeros((2, 3))], conv=False, count=3).round(3).tolist()
-        [0.667, 0.667, 0.667]
-    """
-    acc = InputMeanAccumulator(conv)
-    seen = 0
-    for batch in batches:
-        take = min(len(batch), count - seen)
-        if take > 0:
-            acc.update(batch[:take])
-            seen += take
-    return acc.mean()
 
 
 def _tap_means(mean_map: np.ndarray, geometry: ConvGeometry, kernel_hw: tuple[int, int]) -> np.ndarray:

@@ -352,7 +352,7 @@ def samples_to_use(config: object) -> int:
     return DEFAULT_NUM_SAMPLES if count is None else int(count)
 
 
-def algorithm_label(algorithm: object) -> str:
+def algorithm_label(algorithm: AlgorithmConfig) -> str:
     """An algorithm config's short name, as a recipe's name and the presets table show it:
     its ``kind``, with what tells two configs of that kind apart in recipes.
 
@@ -367,7 +367,7 @@ def algorithm_label(algorithm: object) -> str:
         return f"mixed_precision({target:g}dB)" if target is not None else "mixed_precision"
     if isinstance(algorithm, BiasCorrectionConfig) and algorithm.analytic:
         return "bias_correction(analytic)"
-    return str(type(algorithm).kind)  # type: ignore[attr-defined]
+    return algorithm.kind
 
 
 AlgorithmConfig = (

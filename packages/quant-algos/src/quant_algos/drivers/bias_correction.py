@@ -21,27 +21,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from quant_algos.bias_correction import MeanErrorAccumulator, weight_rounding_shift
-from quant_algos.drivers.runner import LayerRunner, QuantLayer
+from quant_algos.bias_correction import MeanErrorAccumulator, shifted_bias, weight_rounding_shift
+from quant_algos.drivers.runner import LayerRunner, QuantLayer, first_samples
 from quant_algos.progress import progress_bar
 from quant_core.algorithm_config import BiasCorrectionConfig, samples_to_use
 
 
 def _mean_error(runner: LayerRunner, layer: QuantLayer, count: int) -> MeanErrorAccumulator:
     acc = MeanErrorAccumulator(channel_axis=layer.output_channel_axis)
-    seen = 0
-    for quantized, reference in zip(runner.quantized_outputs(layer), runner.float_outputs(layer), strict=True):
-        take = min(len(quantized), count - seen)  # every batch is still read (see mean_input)
-        if take > 0:
-            acc.update(reference[:take], quantized[:take])
-            seen += take
+    pairs = zip(runner.quantized_outputs(layer), runner.float_outputs(layer), strict=True)
+    for quantized, reference in first_samples(pairs, count):
+        acc.update(reference, quantized)
     return acc
 
 
 def _analytic_bias(runner: LayerRunner, layer: QuantLayer, mean_input: np.ndarray) -> np.ndarray:
     shift = weight_rounding_shift(runner.quantized_weight(layer) - layer.float_weight, mean_input, layer.geometry)
-    bias = np.zeros(layer.out_channels, np.float32) if layer.bias is None else np.asarray(layer.bias)
-    return (bias - shift).astype(bias.dtype)
+    return shifted_bias(layer.bias, shift)
 
 
 def correct_biases(runner: LayerRunner, config: BiasCorrectionConfig, *, quiet: bool = False) -> list[str]:

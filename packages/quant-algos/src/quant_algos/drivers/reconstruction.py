@@ -11,8 +11,7 @@ and the runner writes them back. The weight qparams are the calibrated plan's, n
 re-derived.
 
 Example:
-    See the backends
-    tests.
+    See the backends' tests (``test_algorithms*.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import attrs
 import numpy as np
 
 from quant_algos._reconstruction import PoolSettings
-from quant_algos.drivers.runner import LayerRunner, QuantLayer
+from quant_algos.drivers.runner import LayerRunner, QuantLayer, first_samples
 from quant_algos.progress import progress_bar
 from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, GPTQConfig, samples_to_use
 
@@ -120,12 +119,8 @@ def reconstruct_layers(
             builder = pool_settings.builder(
                 layer.float_weight.shape, layer.geometry, count, with_targets=with_targets, batch_size=batch_size
             )
-            seen = 0
-            for inputs, targets in _batches(runner, layer, with_targets):
-                take = min(len(inputs), count - seen)
-                if take > 0:
-                    builder.add(inputs[:take], None if targets is None else targets[:take])
-                    seen += take
+            for inputs, targets in first_samples(_batches(runner, layer, with_targets), count):
+                builder.add(inputs, targets)
             pool = builder.pool()
             captured = time.perf_counter()
             result = solve(

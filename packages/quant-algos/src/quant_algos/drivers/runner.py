@@ -19,8 +19,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 import attrs
 import numpy as np
@@ -117,3 +117,25 @@ class LayerRunner(Protocol):
         """Store a new bias (real values; the backend encodes it by ``quant_core.bias``).
         Returns a note when the bias could not be stored as asked."""
         ...
+
+
+_Batch = TypeVar("_Batch", bound=tuple[Any, ...])
+
+
+def first_samples(batches: Iterable[_Batch], count: int) -> Iterator[_Batch]:
+    """Each batch's arrays cut to the first ``count`` samples in all (``None`` entries
+    pass as they are). Every batch is still read: a runner's walk moves past a layer only
+    once its batches are drained.
+
+    Example:
+        >>> import numpy as np
+        >>> [tuple(len(a) for a in b) for b in first_samples([(np.ones(3), np.ones(3))] * 3, 5)]
+        [(3, 3), (2, 2)]
+    """
+    seen = 0
+    for arrays in batches:
+        first = next(a for a in arrays if a is not None)
+        take = min(len(first), count - seen)
+        if take > 0:
+            yield cast(_Batch, tuple(None if a is None else a[:take] for a in arrays))
+            seen += take

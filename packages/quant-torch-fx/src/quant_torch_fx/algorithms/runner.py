@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
-from quant_algos.bias_correction import mean_input
+from quant_algos.bias_correction import InputMeanAccumulator
 from quant_algos.drivers.layers import describe_layer
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES
-from quant_algos.drivers.runner import QuantLayer
+from quant_algos.drivers.runner import QuantLayer, first_samples
 from quant_core.bias import accumulation_headroom, encode_bias
 from quant_core.errors import ConfigError
 from quant_core.qparams import QParams, dequantize, quantize
@@ -183,7 +183,10 @@ class TorchLayerRunner:
             # holds the float model's input.
             source = self._fx(layer).args[0]
             assert isinstance(source, Node)
-            means[layer.name] = mean_input(self._run(self._reference, source.name), layer.is_conv, count)
+            acc = InputMeanAccumulator(layer.is_conv)
+            for (inputs,) in first_samples(((x,) for x in self._run(self._reference, source.name)), count):
+                acc.update(inputs)
+            means[layer.name] = acc.mean()
         return means
 
     def quantized_weight(self, layer: QuantLayer) -> np.ndarray:
