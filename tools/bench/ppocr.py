@@ -6,7 +6,9 @@ The model: a PP-LCNetV3 convolutional backbone (HardSwish written as ``x * Clip(
 6) / 6``, scalar "learnable affine" Mul/Add after each activation, squeeze-excite), an SVTR
 neck with two attention blocks (decomposed LayerNorm, Swish), a CTC head over 6,625 classes
 with its Softmax; opset 12, dynamic width. It stands in for the issue's hidden recogniser,
-which has this shape.
+which has this shape. ``--model v3`` takes PP-OCRv3's recogniser instead (from the 1.2.3
+wheel): a MobileNetV1-style backbone with HardSwish and BN-folded Convs whose output
+channels span ranges thousands of times apart, the same SVTR neck and head.
 
 The data: the rendered text lines of ``tools.bench.synthetic.text_lines`` (the ``calib``
 split to calibrate, ``eval`` to score), resized from 32x256 to 48x384 grey, repeated to
@@ -15,7 +17,8 @@ three channels and scaled to ``[-1, 1]`` as PaddleOCR does. The float model read
 decoding with the model's own character table (its ``character`` metadata), and a quantized
 model's CER is against the float model's reading.
 
-A recipe is a preset name, optionally with algorithms after ``+`` (``smoothquant``: alpha
+A recipe is a preset name, optionally with algorithms after ``+`` (``activation_equalization``;
+``smoothquant``: alpha
 0.5, which also smooths every depthwise Conv's input; ``bias_correction``;
 ``analytic_bias_correction``; ``cle``: without high-bias absorption; ``gptq``), e.g.
 ``a8w8+smoothquant+bias_correction``. A bias correction named after ``a16w8`` replaces the
@@ -28,6 +31,7 @@ The wheel comes from the package registry (``pip download``), once, into ``.cach
 
 Example:
     $ python -m tools.bench.ppocr                               # the default recipes, ~3 min
+    $ python -m tools.bench.ppocr --model v3                    # PP-OCRv3's recogniser
     $ python -m tools.bench.ppocr --recipes a8w8 --num-eval 100 --ablate-convs
 """
 
@@ -48,25 +52,30 @@ if __package__ in (None, ""):  # run as a file: make `tools.*` importable
 
 from tools.bench import common, synthetic, tasks
 
-WHEEL = "rapidocr_onnxruntime==1.4.4"
-MODEL_IN_WHEEL = "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
+# Recogniser -> (the wheel that ships it, its path inside the wheel).
+RECOGNISERS = {
+    "v4": ("rapidocr_onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"),
+    "v3": ("rapidocr_onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx"),
+}
 WORK_DIR = common.CACHE_DIR / "bench" / "ppocr"
 HEIGHT, WIDTH = 48, 384
 
 
-def model_path() -> Path:
+def model_path(version: str = "v4") -> Path:
     """The recogniser's ONNX file, extracted from the wheel (downloaded once)."""
-    target = WORK_DIR / Path(MODEL_IN_WHEEL).name
+    requirement, in_wheel = RECOGNISERS[version]
+    target = WORK_DIR / Path(in_wheel).name
     if target.exists():
         return target
     WORK_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(WORK_DIR), WHEEL], check=True
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(WORK_DIR), requirement],
+        check=True,
     )
-    wheel = next(WORK_DIR.glob("rapidocr_onnxruntime-*.whl"))
+    wheel = WORK_DIR / f"{requirement.replace('==', '-')}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:
         part = target.with_suffix(".part")
-        part.write_bytes(archive.read(MODEL_IN_WHEEL))
+        part.write_bytes(archive.read(in_wheel))
         part.replace(target)
     return target
 
@@ -110,16 +119,30 @@ def quantized_reading(
     return out, tasks.greedy_ctc_decode(out, charset), seconds
 
 
-RECIPES = ("a8w8", "a8w8+smoothquant", "a8w8+smoothquant+bias_correction", "a16w8", "xint8")
+RECIPES = (
+    "a8w8",
+    "a8w8+activation_equalization",
+    "a8w8+activation_equalization+analytic_bias_correction",
+    "a8w8+smoothquant+bias_correction",
+    "a16w8",
+    "xint8",
+)
 
 
 def recipe(name: str) -> Any:
     """The config of a recipe name (see the module docstring)."""
     from quant_core import get_preset
-    from quant_core.algorithm_config import BiasCorrectionConfig, CLEConfig, GPTQConfig, SmoothQuantConfig
+    from quant_core.algorithm_config import (
+        ActivationEqualizationConfig,
+        BiasCorrectionConfig,
+        CLEConfig,
+        GPTQConfig,
+        SmoothQuantConfig,
+    )
 
     preset, *extra = name.split("+")
     known = {
+        "activation_equalization": ActivationEqualizationConfig(),
         "smoothquant": SmoothQuantConfig(alpha=0.5),
         "bias_correction": BiasCorrectionConfig(),
         "analytic_bias_correction": BiasCorrectionConfig(method="analytic"),
@@ -138,6 +161,7 @@ def recipe(name: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(RECOGNISERS), default="v4", help="PP-OCR recogniser version")
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), help="preset[+algorithm...]")
     parser.add_argument("--num-calib", type=int, default=128)
     parser.add_argument("--num-eval", type=int, default=300)
@@ -149,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     from quant_core import get_preset
     from quant_core.qparams import sqnr_db
 
-    path = model_path()
+    path = model_path(args.model)
     model = onnx.load(str(path))
     charset = characters(model)
     calib, _ = text_lines("calib", args.num_calib)

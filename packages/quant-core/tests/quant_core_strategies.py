@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from quant_core.algorithm_config import (
+    ActivationEqualizationConfig,
     AdaQuantConfig,
     AdaRoundConfig,
     BiasCorrectionConfig,
@@ -91,6 +92,7 @@ _algorithm_strategies = [
     ),
     st.builds(BiasCorrectionConfig, num_samples=opt_pos_int),
     st.builds(SmoothQuantConfig, alpha=unit, num_samples=opt_pos_int),
+    st.builds(ActivationEqualizationConfig, num_samples=opt_pos_int),
     st.tuples(positive, positive).flatmap(
         lambda betas: st.builds(
             AdaRoundConfig,

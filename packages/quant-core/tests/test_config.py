@@ -137,6 +137,7 @@ def test_algorithm_registry_is_complete() -> None:
         "cle",
         "bias_correction",
         "smoothquant",
+        "activation_equalization",
         "adaround",
         "adaquant",
         "gptq",

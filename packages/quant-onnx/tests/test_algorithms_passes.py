@@ -36,9 +36,13 @@ def test_pre_passes_run_cle_then_smoothquant():
     np.testing.assert_allclose(run(result.model, batches), run(model, batches), rtol=1e-4, atol=1e-3)
 
 
-def test_smoothquant_needs_data():
-    with pytest.raises(ValueError, match="SmoothQuant needs calibration batches"):
+def test_measured_pre_passes_need_data():
+    from quant_core.algorithm_config import ActivationEqualizationConfig
+
+    with pytest.raises(ValueError, match="smoothquant needs calibration batches"):
         run_pre_passes(conv_relu_conv(), _config(SmoothQuantConfig()), None)
+    with pytest.raises(ValueError, match="activation_equalization needs calibration batches"):
+        run_pre_passes(conv_relu_conv(), _config(ActivationEqualizationConfig()), None)
 
 
 def test_post_passes_bias_correction_then_mixed_precision_hand_on_the_plan():

@@ -275,6 +275,12 @@ def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them()
     from quant_core.algorithm_config import GPTQConfig
 
     assert _algorithms(flags("--gptq", "--bias-correction"), plain) == [GPTQConfig(), BiasCorrectionConfig()]
+    from quant_core.algorithm_config import ActivationEqualizationConfig
+
+    assert _algorithms(flags("--activation-equalization", "--bias-correction", "analytic"), plain) == [
+        ActivationEqualizationConfig(),
+        BiasCorrectionConfig(method="analytic"),
+    ]
 
 
 @pytest.mark.parametrize(

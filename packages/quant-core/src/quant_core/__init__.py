@@ -12,6 +12,7 @@ Example:
 """
 
 from quant_core.algorithm_config import (
+    ActivationEqualizationConfig,
     AdaQuantConfig,
     AdaRoundConfig,
     AlgorithmConfig,
@@ -63,6 +64,7 @@ __all__ = [
     "MSE",
     "PRESETS",
     "SCHEMA_VERSION",
+    "ActivationEqualizationConfig",
     "AdaQuantConfig",
     "AdaRoundConfig",
     "AlgorithmConfig",

@@ -166,6 +166,35 @@ class SmoothQuantConfig:
 
 
 @attrs.frozen
+class ActivationEqualizationConfig:
+    """Even out the channels of the activations one per-tensor grid serves, where that
+    costs nothing: weights per output channel absorb the per-channel scales exactly, and
+    the compensating scale runs in an activation chain that stays float anyway
+    (``quant_algos.activation_equalization``). Two places:
+
+    - a Conv's output read only by an activation chain (a BN-folded Conv before its
+      HardSwish): the Conv computes ``y / s`` per channel, a ``Mul`` by ``s`` starts the
+      chain;
+    - a depthwise Conv's input: filter ``c`` takes ``s_c``, and ``1 / s`` goes into the
+      Conv that writes the input (its output channels) or a ``Mul`` that ends the chain
+      writing it.
+
+    The float function is unchanged. Formats with per-tensor or power-of-two weights, or
+    power-of-two activations (the chains are quantized there), are left alone.
+
+    Args:
+        num_samples: calibration samples measured (``None``: ``DEFAULT_NUM_SAMPLES``).
+
+    Example:
+        >>> ActivationEqualizationConfig().kind
+        'activation_equalization'
+    """
+
+    kind: ClassVar[str] = "activation_equalization"
+    num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
+
+
+@attrs.frozen
 class AdaRoundConfig:
     """AdaRound: learn whether each weight rounds up or down by reconstructing each
     layer's float output from quantized upstream inputs (needs ``quant-algos[torch]``).
@@ -374,6 +403,7 @@ AlgorithmConfig = (
     CLEConfig
     | BiasCorrectionConfig
     | SmoothQuantConfig
+    | ActivationEqualizationConfig
     | AdaRoundConfig
     | AdaQuantConfig
     | GPTQConfig
@@ -386,6 +416,7 @@ ALGORITHM_CONFIGS: dict[str, type] = {
         CLEConfig,
         BiasCorrectionConfig,
         SmoothQuantConfig,
+        ActivationEqualizationConfig,
         AdaRoundConfig,
         AdaQuantConfig,
         GPTQConfig,

@@ -2,8 +2,8 @@
 
 Two phases around calibration:
 
-- before it, on the float model: CLE, then SmoothQuant (SmoothQuant measures the
-  activations of the equalized model);
+- before it, on the float model: CLE, activation equalization, then SmoothQuant (each
+  measures the activations the one before left);
 - after it, on the quantized model and the calibrated plan: mixed precision first (it
   chooses the formats the others then work in), GPTQ, AdaRound, AdaQuant, and bias
   correction last (it removes the mean error the others leave).
@@ -27,6 +27,7 @@ from collections.abc import Collection
 import attrs
 
 from quant_core.algorithm_config import (
+    ActivationEqualizationConfig,
     AdaQuantConfig,
     AdaRoundConfig,
     AlgorithmConfig,
@@ -39,7 +40,7 @@ from quant_core.algorithm_config import (
 from quant_core.config import QuantConfig
 from quant_core.errors import ConfigError
 
-BEFORE_CALIBRATION: tuple[str, ...] = (CLEConfig.kind, SmoothQuantConfig.kind)
+BEFORE_CALIBRATION: tuple[str, ...] = (CLEConfig.kind, ActivationEqualizationConfig.kind, SmoothQuantConfig.kind)
 """Kinds that edit the float model, in run order."""
 AFTER_CALIBRATION: tuple[str, ...] = (
     MixedPrecisionConfig.kind,

@@ -75,6 +75,7 @@ OBSERVER_COST = {"minmax": 0.0, "percentile": 0.5, "minmse_pow2": 1.5, "entropy"
 ALGORITHM_COST = {
     "cle": 2.0,
     "smoothquant": 3.5,
+    "activation_equalization": 3.5,
     "bias_correction": 7.0,
     "bias_correction(analytic)": 1.5,
     "gptq": 16.0,
@@ -165,8 +166,8 @@ class SearchSpace:
             kinds = [a.kind for a in combination]
             if not kinds or len(set(kinds)) != len(kinds) or {"mixed_precision", *_LEARNED_KINDS} & set(kinds):
                 raise ConfigError(
-                    f"search space: corrections entry {kinds}; allowed: non-empty combinations of cle, smoothquant, "
-                    "bias_correction, each kind once"
+                    f"search space: corrections entry {kinds}; allowed: non-empty combinations of cle, "
+                    "activation_equalization, smoothquant, bias_correction, each kind once"
                 )
         for algorithm in self.learned:
             if algorithm.kind not in _LEARNED_KINDS:

@@ -41,6 +41,8 @@ Example (a Conv, a scalar affine, a decomposed HardSwish, the next Conv):
     >>> chains = find_chains(PlanGraph(nodes, inputs=("x",), outputs=("o",), constant=c.get))
     >>> sorted(chains.float_tensors), chains.bounds["y"]
     (['a', 'b', 'c', 'h', 'm', 'p', 's', 'six', 'three', 'zero'], (-2.0, inf))
+    >>> sorted(chains.heads), sorted(chains.ends)
+    (['y'], ['z'])
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ class ActivationChains:
             steps read.
         bounds: chain input -> the interval outside which the chain's output no longer
             changes (only where a step saturates).
+        heads: the first tensor of each chain of two or more steps (read by the chain
+            alone, quantized where the layer before writes it).
+        ends: the last tensor of each such chain (the one the planner quantizes).
 
     Example:
         >>> ActivationChains().summary()
@@ -90,6 +95,8 @@ class ActivationChains:
     chains: int = 0
     float_tensors: frozenset[str] = frozenset()
     bounds: Mapping[str, tuple[float, float]] = attrs.field(factory=dict)
+    heads: frozenset[str] = frozenset()
+    ends: frozenset[str] = frozenset()
 
     def summary(self) -> str:
         """One line for the report; ``""`` when nothing was recognised."""
@@ -269,5 +276,7 @@ def find_chains(graph: GraphView) -> ActivationChains:
         if name and graph.constant(name) is not None
     }
     internal = inside | {c for c in constants if {r.name for r in graph.consumers(c)} <= chain_nodes}
-    count = sum(1 for x, _ in starts if x not in inside)
-    return ActivationChains(count, frozenset(internal), bounds)
+    outermost = [(x, steps) for x, steps in starts if x not in inside]
+    heads = frozenset(x for x, _ in outermost)
+    ends = frozenset(steps[-1].output for _, steps in outermost)
+    return ActivationChains(len(outermost), frozenset(internal), bounds, heads, ends)

@@ -33,6 +33,7 @@ import onnx
 
 from quant_algos.drivers.schedule import schedule
 from quant_core.algorithm_config import (
+    ActivationEqualizationConfig,
     AdaQuantConfig,
     AdaRoundConfig,
     BiasCorrectionConfig,
@@ -44,6 +45,7 @@ from quant_core.algorithm_config import (
 )
 from quant_core.config import QuantConfig
 from quant_core.errors import DataError
+from quant_onnx.algorithms.activation_equalization import apply_activation_equalization_with_report
 from quant_onnx.algorithms.capture import Feeds, prepare_batches
 from quant_onnx.algorithms.cle import apply_cle
 from quant_onnx.algorithms.layerwise import apply_bias_correction, apply_reconstruction
@@ -80,14 +82,17 @@ def _reusable(batches: Iterable[Feeds] | None, needed: bool, what: str) -> list[
 def run_pre_passes(
     model: onnx.ModelProto, config: QuantConfig, batches: Iterable[Feeds] | None, *, quiet: bool = False
 ) -> PassesResult:
-    """CLE and SmoothQuant as configured in ``config.algorithms``, in the order
-    :func:`quant_algos.drivers.schedule.schedule` gives."""
+    """CLE, activation equalization and SmoothQuant as configured in ``config.algorithms``,
+    in the order :func:`quant_algos.drivers.schedule.schedule` gives."""
     reports: dict[str, Any] = {}
     scheduled = schedule(config).before_calibration
-    smooth = any(a.kind == "smoothquant" for a in scheduled)
-    feeds = _reusable(batches, smooth, "SmoothQuant")
+    measured = [a.kind for a in scheduled if a.kind != CLEConfig.kind]
+    feeds = _reusable(batches, bool(measured), ", ".join(measured))
     for algorithm in scheduled:
-        if isinstance(algorithm, CLEConfig):
+        if isinstance(algorithm, ActivationEqualizationConfig):
+            model, eq_report = apply_activation_equalization_with_report(model, feeds or [], algorithm, config)
+            reports[algorithm.kind] = eq_report.to_dict()
+        elif isinstance(algorithm, CLEConfig):
             model, report = apply_cle(model, algorithm, feeds)
             reports["cle"] = report.to_dict()
         elif isinstance(algorithm, SmoothQuantConfig):

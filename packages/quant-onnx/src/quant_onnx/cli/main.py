@@ -66,6 +66,11 @@ def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
         metavar="METHOD",
         help="bias correction: empirical (the default: a layer-by-layer walk) or analytic (one float pass)",
     )
+    group.add_argument(
+        "--activation-equalization",
+        action="store_true",
+        help="even out activation channels where it is free (Conv outputs before activation chains, depthwise inputs)",
+    )
     group.add_argument("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
     group.add_argument("--gptq", action="store_true", help="GPTQ weight rounding (closed form; no torch)")
     group.add_argument("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
@@ -92,6 +97,7 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
     not reset to the defaults); ``--iterations`` sets AdaRound's/AdaQuant's iterations,
     whether the flag or ``base`` brings them."""
     from quant_core.algorithm_config import (
+        ActivationEqualizationConfig,
         AdaQuantConfig,
         AdaRoundConfig,
         BiasCorrectionConfig,
@@ -107,6 +113,8 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
     chosen: list[Any] = []
     if args.cle:
         chosen.append(own_or(CLEConfig()))
+    if args.activation_equalization:
+        chosen.append(own_or(ActivationEqualizationConfig()))
     if args.smoothquant is not None:
         chosen.append(SmoothQuantConfig(alpha=args.smoothquant))
     if args.mixed_precision:
