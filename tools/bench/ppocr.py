@@ -17,12 +17,14 @@ three channels and scaled to ``[-1, 1]`` as PaddleOCR does. The float model read
 decoding with the model's own character table (its ``character`` metadata), and a quantized
 model's CER is against the float model's reading.
 
-A recipe is a preset name, optionally with algorithms after ``+`` (``activation_equalization``;
+A recipe is a preset name, optionally with algorithms it runs left out after ``-`` and
+algorithms added after ``+`` (``activation_equalization``;
 ``smoothquant``: alpha
 0.5, which also smooths every depthwise Conv's input; ``bias_correction``;
 ``analytic_bias_correction``; ``cle``: without high-bias absorption; ``gptq``), e.g.
-``a8w8+smoothquant+bias_correction``. A bias correction named after ``a16w8`` replaces the
-preset's own.
+``a8w8+smoothquant+bias_correction``, ``a8w8-activation_equalization`` (the preset as it was
+before it ran activation equalization). A bias correction named after ``a16w8`` replaces
+the preset's own.
 
 ``--ablate-convs`` quantizes one Conv at a time (every other op float) and prints the
 output SQNR and CER each costs alone.
@@ -121,8 +123,8 @@ def quantized_reading(
 
 RECIPES = (
     "a8w8",
-    "a8w8+activation_equalization",
-    "a8w8+activation_equalization+analytic_bias_correction",
+    "a8w8-activation_equalization",
+    "a8w8+analytic_bias_correction",
     "a8w8+smoothquant+bias_correction",
     "a16w8",
     "xint8",
@@ -140,7 +142,8 @@ def recipe(name: str) -> Any:
         SmoothQuantConfig,
     )
 
-    preset, *extra = name.split("+")
+    head, *extra = name.split("+")
+    preset, *dropped = head.split("-")
     known = {
         "activation_equalization": ActivationEqualizationConfig(),
         "smoothquant": SmoothQuantConfig(alpha=0.5),
@@ -152,7 +155,11 @@ def recipe(name: str) -> Any:
     unknown = [e for e in extra if e not in known]
     if unknown:
         raise SystemExit(f"recipe {name!r}: unknown algorithm {unknown[0]!r}; allowed: {', '.join(known)}")
+    unknown = [d for d in dropped if d not in known]
+    if unknown:
+        raise SystemExit(f"recipe {name!r}: unknown algorithm {unknown[0]!r}; allowed: {', '.join(known)}")
     config = get_preset(preset)
+    config = config.evolve(algorithms=tuple(a for a in config.algorithms if a.kind not in dropped))
     added = [known[e] for e in extra]
     # An algorithm the preset already runs (a16w8's bias correction) is replaced, not run twice.
     kept = [a for a in config.algorithms if type(a).kind not in {type(b).kind for b in added}]

@@ -66,13 +66,20 @@ def test_silu_chain_heads_and_ends() -> None:
     assert _sites(nodes, ("o", "y")) == []
 
 
-@given(arrays(np.float64, st.integers(1, 16), elements=st.floats(0.0, 1e4)))
-def test_scales_bring_every_live_channel_to_the_largest(absmax: np.ndarray) -> None:
-    scales = equalizing_scales(absmax)
+@given(
+    arrays(np.float64, st.integers(1, 16), elements=st.floats(-1e4, 0.0)),
+    arrays(np.float64, st.integers(1, 16), elements=st.floats(0.0, 1e4)),
+)
+def test_scales_stretch_each_channel_inside_the_tensors_own_range(low: np.ndarray, high: np.ndarray) -> None:
+    n = min(low.size, high.size)
+    low, high = low[:n], high[:n]
+    scales = equalizing_scales(low, high)
     assert np.all(scales > 0) and np.all(scales <= 1.0)
-    live = absmax > 0
-    if live.any():
-        top = absmax.max()
-        clamped = absmax / top < 1e-4
-        np.testing.assert_allclose((absmax / scales)[live & ~clamped], top, rtol=1e-12)
-    np.testing.assert_array_equal(scales[~live], 1.0)
+    bottom, top = low.min(), high.max()
+    # The tensor's range does not widen...
+    assert np.all(low / scales >= bottom * (1 + 1e-9)) and np.all(high / scales <= top * (1 + 1e-9))
+    # ...and every live channel unclamped reaches one of its ends.
+    live = ((high > 0) | (low < 0)) & (scales > 1e-4)
+    reaches = np.isclose(high / scales, top, rtol=1e-9) | np.isclose(low / scales, bottom, rtol=1e-9)
+    assert np.all(reaches[live])
+    np.testing.assert_array_equal(scales[(high <= 0) & (low >= 0)], 1.0)

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from quant_algos.drivers.schedule import schedule
+from quant_core.algorithm_config import ActivationEqualizationConfig
 from quant_core.config import QuantConfig
 from quant_core.errors import ConfigError
 from quant_core.plan import check_selectors
@@ -103,6 +104,11 @@ class ModelQuantizer:
     ) -> None:
         self.config = resolve_config(config)
         check_algorithms(self.config)
+        self.left_out: str | None = None  # why the config's activation equalization does not run
+        if regions is not None and self.config.algorithm(ActivationEqualizationConfig.kind):
+            # A pre-pass over a model captured whole (the 8-bit presets carry it).
+            self.config = _without_equalization(self.config)
+            self.left_out = "left out: it runs on a model captured whole, not with regions"
         if self.config.algorithms and regions is not None:
             raise ConfigError("regions: the config's algorithms run on a model captured whole; allowed with them: None")
         if qat_method not in QAT_METHODS:
@@ -191,7 +197,7 @@ class ModelQuantizer:
         *,
         check_selectors: bool = True,
     ) -> torch.fx.GraphModule:
-        return prepare_graph(
+        prepared = prepare_graph(
             gm,
             self.config,
             mode=mode,
@@ -202,6 +208,12 @@ class ModelQuantizer:
             fold_batch_norms=fold_batch_norms,
             check_selectors=check_selectors,
         )
+        if self.left_out is not None:
+            graph_info(prepared).algorithms[ActivationEqualizationConfig.kind] = {
+                "equalized": [],
+                "notes": [self.left_out],
+            }
+        return prepared
 
     def signature(self, example_inputs: Any) -> InputSignature:
         """What a data batch must look like (the example inputs' shapes, any batch size)."""
@@ -260,7 +272,14 @@ class ModelQuantizer:
         calibration over ``calib_loader``), so training starts from the PTQ model.
         Learnable qparams (``qat_method``) start from a calibration over ``calib_loader``
         when given, else from the first training batch."""
-        kinds = [type(a).kind for a in self.config.algorithms]
+        config = self.config
+        left_out = None
+        if config.algorithm(ActivationEqualizationConfig.kind) and not (fold_batch_norm and calib_loader is not None):
+            # A PTQ pre-pass (the 8-bit presets carry it) that rewrites folded weights from
+            # calibration data; without both, QAT trains around what it would even out.
+            config = _without_equalization(config)
+            left_out = "left out: it runs under QAT with fold_batch_norm=True and a calib_loader"
+        kinds = [type(a).kind for a in config.algorithms]
         allowed = SUPPORTED if fold_batch_norm else ()
         refused = [kind for kind in kinds if kind not in allowed]
         if refused:
@@ -268,18 +287,20 @@ class ModelQuantizer:
                 f"config.algorithms: {', '.join(refused)} run with quantize_model (PTQ); allowed with QAT: "
                 f"{', '.join(SUPPORTED)}, with fold_batch_norm=True"
             )
-        post = [a.kind for a in schedule(self.config, SUPPORTED, backend="torch").after_calibration]
+        post = [a.kind for a in schedule(config, SUPPORTED, backend="torch").after_calibration]
         if post and calib_loader is None:
             raise ConfigError(f"calib_loader: config.algorithms {', '.join(post)} run on calibration data; pass one")
         float_pass = None
         held = None
-        if self.config.algorithms:
+        if config.algorithms:
             if calib_loader is not None:  # read several times: by CLE's checks, the calibration, the passes
                 held = calib_loader = self._hold(calib_loader, model, example_inputs, num_batches)
-            float_pass = pre_pass(self.config, held)
+            float_pass = pre_pass(config, held)
         prepared = self.prepare(
             model, example_inputs, mode="qat", float_pass=float_pass, fold_batch_norms=fold_batch_norm
         )
+        if left_out is not None:
+            graph_info(prepared).algorithms[ActivationEqualizationConfig.kind] = {"equalized": [], "notes": [left_out]}
         enable_qat(prepared, self.qat_method, compiled=self.compile_fake_quant)
         if calib_loader is not None:
             self.calibrate(prepared, calib_loader, example_inputs, num_batches=num_batches)
@@ -287,7 +308,7 @@ class ModelQuantizer:
             raise ConfigError("prepare_qat: qat_method 'ste' keeps calibrated qparams; pass calib_loader")
         if post:
             assert isinstance(prepared, torch.fx.GraphModule) and held is not None
-            run_post_passes(prepared.eval(), self.config, held, quiet=self.quiet)
+            run_post_passes(prepared.eval(), config, held, quiet=self.quiet)
             # Training goes on from the learned codes, and freezing keeps the qparams QAT learns.
             graph_info(prepared).fixed_weights.clear()
         return prepared.train()
@@ -337,3 +358,8 @@ class ModelQuantizer:
                 "algorithms": dict(info.algorithms),
             }
         return graphs
+
+
+def _without_equalization(config: QuantConfig) -> QuantConfig:
+    """``config`` without its activation equalization."""
+    return config.evolve(algorithms=tuple(a for a in config.algorithms if a.kind != ActivationEqualizationConfig.kind))

@@ -1,16 +1,18 @@
 """Per-channel scales moved through an ONNX graph without changing its function: folded
-into what writes a tensor, or a ``Mul`` inserted before its readers (SmoothQuant and
-activation equalization share these edits).
+into what writes a tensor, a ``Mul`` inserted before its readers, rescaled layers written
+back (CLE, SmoothQuant and activation equalization share these edits).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from quant_algos.drivers.cle_chains import layer_ref
-from quant_algos.layer import scale_outputs
+from quant_algos.drivers.cle_chains import LayerRef, layer_ref
+from quant_algos.layer import Layer, scale_outputs
 from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, plan_graph, plan_node
 from quant_core.plan import HOMOGENEOUS_ACTIVATIONS, activation_kind
 from quant_onnx.graph_edit import set_initializer
@@ -93,8 +95,9 @@ def insert_mul(
     mult: np.ndarray,
     label: str = "smooth",
 ) -> str:
-    """Insert ``Mul(tensor, mult)`` (per channel) before every reader of ``tensor``; the new
-    node's name. ``label`` names the new node, constant and tensor after ``tensor``."""
+    """Insert ``Mul(tensor, mult)`` (per channel: the last axis for ``family`` ``"dense"``,
+    axis 1 otherwise) before every reader of ``tensor``; the new node's name. ``label``
+    names the new node, constant and tensor after ``tensor``."""
     shape = [-1] if family == "dense" else [-1] + [1] * max((rank or 4) - 2, 0)
     const = index.unique_name(f"{tensor}_{label}_scale")
     out = index.unique_name(f"{tensor}_{label}ed")
@@ -111,3 +114,24 @@ def insert_mul(
                     node.input[j] = out
     model.graph.node.insert(position, helper.make_node("Mul", [tensor, const], [out], name=name))
     return name
+
+
+def write_layers(model: onnx.ModelProto, layers: Mapping[str, Layer], refs: Mapping[str, LayerRef]) -> None:
+    """Write rescaled layers (``[out, in, ...]`` weights and biases) where ``refs`` says they
+    live; a layer that gained a bias gets a new initializer."""
+    index = GraphIndex(model.graph)
+    nodes = {node.name: node for node in model.graph.node}
+    for name, layer in layers.items():
+        ref = refs[name]
+        set_initializer(model.graph, ref.weight_name, np.ascontiguousarray(ref.stored_weight(layer.weight), np.float32))
+        if layer.bias is None:
+            continue
+        if ref.bias_name is not None:
+            set_initializer(model.graph, ref.bias_name, np.asarray(layer.bias, np.float32))
+        else:  # high-bias absorption gave a bias-free layer a bias
+            bias_name = index.unique_name(f"{name}_bias")
+            set_initializer(model.graph, bias_name, np.asarray(layer.bias, np.float32))
+            node = nodes[name]
+            while len(node.input) < 3:
+                node.input.append("")
+            node.input[2] = bias_name

@@ -30,11 +30,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from quant_algos.drivers.cle import CLEReport, Equalization, plan_equalization
+from quant_algos.drivers.cle import CLEReport, plan_equalization
 from quant_core.algorithm_config import CLEConfig
 from quant_core.onnx_qdq.graph import GraphIndex
 from quant_onnx.algorithms.capture import Feeds, TensorCapture, prepare_batches
-from quant_onnx.graph_edit import copy_model, set_initializer
+from quant_onnx.algorithms.channel_scaling import write_layers
+from quant_onnx.graph_edit import copy_model
 from quant_onnx.pipeline.annotate import plan_graph
 
 __all__ = ["CLEReport", "FloatTensors", "apply_cle"]
@@ -63,25 +64,6 @@ def _replace_with_relu(model: onnx.ModelProto, names: set[str]) -> None:
             model.graph.node[i].CopyFrom(helper.make_node("Relu", [node.input[0]], list(node.output), name=node.name))
 
 
-def _write(model: onnx.ModelProto, equalization: Equalization) -> None:
-    index = GraphIndex(model.graph)
-    nodes = {node.name: node for node in model.graph.node}
-    for name, layer in equalization.layers.items():
-        ref = equalization.refs[name]
-        set_initializer(model.graph, ref.weight_name, np.ascontiguousarray(ref.stored_weight(layer.weight), np.float32))
-        if layer.bias is None:
-            continue
-        if ref.bias_name is not None:
-            set_initializer(model.graph, ref.bias_name, np.asarray(layer.bias, np.float32))
-        else:  # high-bias absorption gave a bias-free layer a bias
-            bias_name = index.unique_name(f"{name}_bias")
-            set_initializer(model.graph, bias_name, np.asarray(layer.bias, np.float32))
-            node = nodes[name]
-            while len(node.input) < 3:
-                node.input.append("")
-            node.input[2] = bias_name
-
-
 def apply_cle(
     model: onnx.ModelProto, config: CLEConfig, batches: Iterable[Feeds] | None = None
 ) -> tuple[onnx.ModelProto, CLEReport]:
@@ -102,5 +84,5 @@ def apply_cle(
     )
     out = copy_model(model)
     _replace_with_relu(out, set(equalization.report.replaced_relu6))
-    _write(out, equalization)
+    write_layers(out, equalization.layers, equalization.refs)
     return out, equalization.report

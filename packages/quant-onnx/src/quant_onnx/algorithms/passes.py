@@ -18,7 +18,7 @@ Example:
     >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
     ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
     ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
-    >>> result = run_pre_passes(helper.make_model(g), get_preset("a8w8"), None)
+    >>> result = run_pre_passes(helper.make_model(g), get_preset("xint8"), None)
     >>> result.reports
     {}
 """

@@ -8,7 +8,7 @@ config's ``algorithms`` list asks for (:mod:`~quant_torch_fx.algorithms.passes`)
 Example:
     >>> from quant_torch_fx.algorithms import SUPPORTED
     >>> SUPPORTED
-    ('cle', 'gptq', 'adaround', 'adaquant', 'bias_correction')
+    ('cle', 'activation_equalization', 'gptq', 'adaround', 'adaquant', 'bias_correction')
 """
 
 from quant_torch_fx.algorithms.cle import apply_cle

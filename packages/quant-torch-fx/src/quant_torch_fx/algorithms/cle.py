@@ -30,13 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch.fx import GraphModule
 
 from quant_algos.drivers.cle import CLEReport, plan_equalization
 from quant_core.algorithm_config import CLEConfig
-from quant_torch_fx.algorithms.edit import set_bias, set_constant
+from quant_torch_fx.algorithms.edit import write_layers
 from quant_torch_fx.algorithms.probe import Batch, GraphTensors, take_samples
 from quant_torch_fx.graph_plan import build_plan_graph
 
@@ -55,14 +54,6 @@ def apply_cle(gm: GraphModule, config: CLEConfig, batches: Sequence[Batch] | Non
         node = view.nodes[name]
         node.target = aten.relu.default
         node.args, node.kwargs = (node.args[0],), {}
-    for name, layer in equalization.layers.items():
-        ref = equalization.refs[name]
-        set_constant(gm, ref.weight_name, _tensor(ref.stored_weight(layer.weight)))
-        if layer.bias is not None:
-            set_bias(gm, view.nodes[name], _tensor(layer.bias))
+    write_layers(gm, view, equalization.layers, equalization.refs)
     gm.recompile()
     return equalization.report
-
-
-def _tensor(value: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(value, np.float32))

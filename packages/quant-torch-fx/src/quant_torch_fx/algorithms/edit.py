@@ -13,13 +13,18 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 from torch.fx import GraphModule, Node
 
+from quant_algos.drivers.cle_chains import LayerRef
+from quant_algos.layer import Layer
 from quant_core.errors import ModelError
 from quant_torch_fx.aten_map import op_name
 from quant_torch_fx.graph_passes import get_attr_value
+from quant_torch_fx.graph_plan import GraphView
 
 BIAS_INDEX = 2
 """Position of the bias argument of ``aten.conv*d`` and ``aten.linear``."""
@@ -67,3 +72,17 @@ def set_bias(gm: GraphModule, node: Node, value: torch.Tensor) -> str:
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != "bias"}
     gm.recompile()
     return getter.name
+
+
+def write_layers(gm: GraphModule, view: GraphView, layers: Mapping[str, Layer], refs: Mapping[str, LayerRef]) -> None:
+    """Write rescaled layers (``[out, in, ...]`` weights and biases, by plan node name) into
+    the tensors ``refs`` names (CLE's and activation equalization's edits)."""
+    for name, layer in layers.items():
+        ref = refs[name]
+        set_constant(gm, ref.weight_name, _tensor(ref.stored_weight(layer.weight)))
+        if layer.bias is not None:
+            set_bias(gm, view.nodes[name], _tensor(layer.bias))
+
+
+def _tensor(value: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(value, np.float32))

@@ -1,6 +1,6 @@
 """Run what a config's ``algorithms`` list asks for on the torch backend, in the ONNX
-backend's order (``quant_onnx.algorithms.passes``): CLE on the normalised float graph
-before planning and calibration; AdaRound, AdaQuant, then bias correction (it removes
+backend's order (``quant_onnx.algorithms.passes``): CLE and activation equalization on the
+normalised float graph before planning and calibration; AdaRound, AdaQuant, then bias correction (it removes
 the mean error the others leave) on the calibrated graph. Mixed precision and
 SmoothQuant are not run here; :func:`check_algorithms` refuses them.
 
@@ -20,6 +20,7 @@ from quant_algos.drivers.bias_correction import correct_biases
 from quant_algos.drivers.reconstruction import ReconstructionReport, reconstruct_layers
 from quant_algos.drivers.schedule import schedule
 from quant_core.algorithm_config import (
+    ActivationEqualizationConfig,
     AdaQuantConfig,
     AdaRoundConfig,
     BiasCorrectionConfig,
@@ -28,13 +29,22 @@ from quant_core.algorithm_config import (
     samples_to_use,
 )
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
+from quant_torch_fx.algorithms.activation_equalization import apply_activation_equalization
 from quant_torch_fx.algorithms.cle import apply_cle
 from quant_torch_fx.algorithms.probe import Batch, take_samples
 from quant_torch_fx.algorithms.runner import TorchLayerRunner
 from quant_torch_fx.capture import copy_captured
 from quant_torch_fx.prepare import graph_info
 
-SUPPORTED = (CLEConfig.kind, GPTQConfig.kind, AdaRoundConfig.kind, AdaQuantConfig.kind, BiasCorrectionConfig.kind)
+SUPPORTED = (
+    CLEConfig.kind,
+    ActivationEqualizationConfig.kind,
+    GPTQConfig.kind,
+    AdaRoundConfig.kind,
+    AdaQuantConfig.kind,
+    BiasCorrectionConfig.kind,
+)
 """The kinds this backend runs (:mod:`quant_algos.drivers.schedule` orders them)."""
 
 
@@ -44,16 +54,24 @@ def check_algorithms(config: QuantConfig) -> None:
 
 
 def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[GraphModule], dict[str, Any]] | None:
-    """The float-graph pass (CLE) ``prepare_graph`` runs before planning, or ``None``."""
-    cles = schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx").before_calibration
-    if not cles:
+    """The float-graph passes (CLE, activation equalization) ``prepare_graph`` runs before
+    planning, or ``None``."""
+    scheduled = schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx").before_calibration
+    if not scheduled:
         return None
+    measured = [a.kind for a in scheduled if a.kind != CLEConfig.kind]
+    if measured and batches is None:
+        raise ConfigError(f"calib_loader: config.algorithms {', '.join(measured)} run on calibration data; pass one")
 
     def run(gm: GraphModule) -> dict[str, Any]:
         reports: dict[str, Any] = {}
-        for cle in cles:
-            assert isinstance(cle, CLEConfig)  # SUPPORTED runs nothing else before calibration
-            reports["cle"] = apply_cle(gm, cle, batches).to_dict()
+        for algorithm in scheduled:
+            if isinstance(algorithm, ActivationEqualizationConfig):
+                assert batches is not None
+                reports[algorithm.kind] = apply_activation_equalization(gm, algorithm, config, batches).to_dict()
+                continue
+            assert isinstance(algorithm, CLEConfig)  # the rest of SUPPORTED before calibration
+            reports["cle"] = apply_cle(gm, algorithm, batches).to_dict()
         return reports
 
     return run
