@@ -145,3 +145,26 @@ def test_same_inputs_give_identical_files(tmp_path) -> None:
         quantize(model, str(path), config, batches, quiet=True)
         files.append(path.read_bytes())
     assert files[0] == files[1]
+
+
+def test_one_dimensional_convolutions_keep_their_function() -> None:
+    # The inserted scales take the activation's rank (here [N, C, L]).
+    inits = [
+        _init("w", RNG.normal(size=(4, 2, 3)) * SPREAD[:, None, None]),
+        _init("dw", RNG.normal(size=(4, 1, 3))),
+        _init("three", np.float32(3.0)),
+        _init("zero", np.float32(0.0)),
+        _init("six", np.float32(6.0)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1]),
+        *_hardswish("c", "h", "hs"),
+        helper.make_node("Conv", ["h", "dw"], ["y"], name="dw", group=4, pads=[1, 1]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 16])
+    model = make_model(nodes, [x], [y], inits)
+    batches = [{"x": RNG.normal(size=(8, 2, 16)).astype(np.float32)} for _ in range(2)]
+    out, report = apply_activation_equalization_with_report(model, batches, AE, get_preset("a8w8"))
+    assert {e.side for e in report.equalized} == {"input", "output"}
+    np.testing.assert_allclose(run(out, batches), run(model, batches), rtol=1e-4, atol=1e-4)

@@ -46,10 +46,12 @@ Measure = Callable[[Sequence[str]], Mapping[str, tuple[np.ndarray, np.ndarray]]]
 
 @attrs.frozen(eq=False)
 class ScaleInsertion:
-    """A ``Mul(tensor, multiplier)`` (per channel, axis 1) before every reader of ``tensor``."""
+    """A ``Mul(tensor, multiplier)`` (per channel, axis 1) before every reader of ``tensor``,
+    a tensor of ``rank`` dimensions (its Conv's weight's)."""
 
     tensor: str
     multiplier: np.ndarray
+    rank: int
 
 
 @attrs.frozen
@@ -148,7 +150,7 @@ def plan_activation_equalization(
             if np.allclose(scales, 1.0) or not _pays_without_the_cut(low, high, scales, bound):
                 continue
             layers[site.layer] = scale_outputs(layer, scales)
-            insertions.append(ScaleInsertion(site.tensor, scales))
+            insertions.append(ScaleInsertion(site.tensor, scales, layer.weight.ndim))
             compensated = "mul"
         else:
             # Every channel's max |x| brought to the largest. A depthwise input is mostly a
@@ -163,7 +165,7 @@ def plan_activation_equalization(
             # input is divided by s where it is written.
             layers[site.layer] = scale_inputs(layer, scales)
             if site.fold is None:
-                insertions.append(ScaleInsertion(site.tensor, 1.0 / scales))
+                insertions.append(ScaleInsertion(site.tensor, 1.0 / scales, layer.weight.ndim))
                 compensated = "mul"
             else:
                 layers[site.fold] = scale_outputs(layers.get(site.fold, refs[site.fold].layer), scales)

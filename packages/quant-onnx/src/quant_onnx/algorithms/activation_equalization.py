@@ -1,6 +1,6 @@
 """Activation equalization on a float ONNX model (pre-pass, before calibration): the
 driver (:mod:`quant_algos.drivers.activation_equalization`) decides on the planner's view
-of the model; the per-channel max ``|x|`` of every site is reduced inside onnxruntime in
+of the model; the per-channel min and max of every site are reduced inside onnxruntime in
 one pass, and the rescaled Convs and inserted ``Mul`` nodes are written here. The float
 function is unchanged (up to float rounding).
 
@@ -69,7 +69,9 @@ def apply_activation_equalization_with_report(
     out = copy_model(model)
     write_layers(out, plan.layers, plan.refs)
     for insertion in plan.insertions:
-        insert_mul(out, GraphIndex(out.graph), insertion.tensor, "conv", None, insertion.multiplier, "equaliz")
+        insert_mul(
+            out, GraphIndex(out.graph), insertion.tensor, "conv", insertion.rank, insertion.multiplier, "equaliz"
+        )
     return out, plan.report
 
 

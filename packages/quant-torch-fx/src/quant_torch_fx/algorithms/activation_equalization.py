@@ -85,9 +85,8 @@ def _insert_mul(gm: GraphModule, view: GraphView, insertion: ScaleInsertion) -> 
     """``aten.mul(x, buffer)`` (the multiplier on axis 1) read by every former reader of ``x``."""
     node = view.tensors[insertion.tensor]
     meta = node.meta.get("val")
-    rank = meta.ndim if isinstance(meta, torch.Tensor) else 4
     device = meta.device if isinstance(meta, torch.Tensor) else torch.device("cpu")
-    value = torch.tensor(insertion.multiplier, dtype=torch.float32).reshape((-1,) + (1,) * (rank - 2))
+    value = torch.tensor(insertion.multiplier, dtype=torch.float32).reshape((-1,) + (1,) * (insertion.rank - 2))
     name = f"{node.name}_equalize_scale"
     while hasattr(gm, name):
         name += "_"
