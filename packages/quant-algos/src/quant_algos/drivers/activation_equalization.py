@@ -98,7 +98,7 @@ def site_cost(config: QuantConfig, site: EqualizationSite) -> str | None:
     """Why a per-channel scale at ``site`` would cost precision under ``config`` (a Conv
     involved without per-output-channel float-scale weights, or power-of-two activations,
     under which the chains are quantized step by step), or ``None`` where it is free."""
-    for name in sorted({site.layer, site.fold} - {None}):
+    for name in _convs(site):
         operator = config.for_node(name, "Conv")
         weight = operator.weight if operator is not None else None
         if weight is None or weight.per_channel_axis is None or weight.scale_type is ScaleType.POWER_OF_TWO:
@@ -121,7 +121,7 @@ def plan_activation_equalization(
     for site in equalization_sites(graph, chains):
         why = site_cost(config, site)
         if why is None:
-            for name in sorted({site.layer, site.fold} - {None}):
+            for name in _convs(site):
                 ref = refs.get(name) or layer_ref(nodes[name], graph, writable)
                 if ref is None:
                     why = f"{name}: its weights are shared or cannot be rewritten"
@@ -201,3 +201,8 @@ def _pays_without_the_cut(
     step_cut = (cut_high - cut_low) / extent[live]
     step_equalized = (seen_high - seen_low) * scales[live] / extent[live]
     return float(np.mean(np.log(step_equalized))) < float(np.mean(np.log(step_cut)))
+
+
+def _convs(site: EqualizationSite) -> list[str]:
+    """The Convs whose weights a site rescales."""
+    return sorted({site.layer} | ({site.fold} if site.fold is not None else set()))
