@@ -54,7 +54,7 @@ import numpy as np
 
 from quant_core.plan.activation_chains import ActivationChains
 from quant_core.plan.graph import GraphView, PlanNode, sole_reader
-from quant_core.plan.ops import HOMOGENEOUS_ACTIVATIONS, activation_kind
+from quant_core.plan.ops import crossed_by_channel_scales
 
 # Activations that are one op and no integer kernel reads: a Mul before or after one joins
 # it in a float chain (Relu and Clip are left out: a Conv's integer kernel fuses them, and a
@@ -113,10 +113,7 @@ def _writing_conv(graph: GraphView, tensor: str) -> PlanNode | None:
     while node is not None and node.standard and len(node.inputs) >= 1:
         if _conv_with_weight(graph, node):
             return node if sole_reader(graph, node.outputs[0]) is not None else None
-        homogeneous = node.op_type in (*HOMOGENEOUS_ACTIVATIONS, "MaxPool", "AveragePool") or (
-            activation_kind(node, graph.constant) == "relu"
-        )
-        if not homogeneous or node.op_type == "PRelu" or sole_reader(graph, node.inputs[0]) is None:
+        if not crossed_by_channel_scales(node, graph.constant) or sole_reader(graph, node.inputs[0]) is None:
             return None
         node = graph.producer(node.inputs[0])
     return None

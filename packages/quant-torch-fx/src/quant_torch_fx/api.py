@@ -56,6 +56,7 @@ from quant_torch_fx.algorithms.passes import (
     SUPPORTED,
     check_algorithms,
     pre_pass,
+    require_data,
     run_post_passes,
 )
 from quant_torch_fx.calibrate import calibrate, finish_calibration, model_device, run_batches, start_observing
@@ -209,10 +210,7 @@ class ModelQuantizer:
             check_selectors=check_selectors,
         )
         if self.left_out is not None:
-            graph_info(prepared).algorithms[ActivationEqualizationConfig.kind] = {
-                "equalized": [],
-                "notes": [self.left_out],
-            }
+            _report_left_out(prepared, self.left_out)
         return prepared
 
     def signature(self, example_inputs: Any) -> InputSignature:
@@ -288,8 +286,7 @@ class ModelQuantizer:
                 f"{', '.join(SUPPORTED)}, with fold_batch_norm=True"
             )
         post = [a.kind for a in schedule(config, SUPPORTED, backend="torch").after_calibration]
-        if post and calib_loader is None:
-            raise ConfigError(f"calib_loader: config.algorithms {', '.join(post)} run on calibration data; pass one")
+        require_data(post, calib_loader)
         float_pass = None
         held = None
         if config.algorithms:
@@ -300,7 +297,7 @@ class ModelQuantizer:
             model, example_inputs, mode="qat", float_pass=float_pass, fold_batch_norms=fold_batch_norm
         )
         if left_out is not None:
-            graph_info(prepared).algorithms[ActivationEqualizationConfig.kind] = {"equalized": [], "notes": [left_out]}
+            _report_left_out(prepared, left_out)
         enable_qat(prepared, self.qat_method, compiled=self.compile_fake_quant)
         if calib_loader is not None:
             self.calibrate(prepared, calib_loader, example_inputs, num_batches=num_batches)
@@ -363,3 +360,8 @@ class ModelQuantizer:
 def _without_equalization(config: QuantConfig) -> QuantConfig:
     """``config`` without its activation equalization."""
     return config.evolve(algorithms=tuple(a for a in config.algorithms if a.kind != ActivationEqualizationConfig.kind))
+
+
+def _report_left_out(prepared: nn.Module, why: str) -> None:
+    """Say in the model's report why the config's activation equalization did not run."""
+    graph_info(prepared).algorithms[ActivationEqualizationConfig.kind] = {"equalized": [], "notes": [why]}

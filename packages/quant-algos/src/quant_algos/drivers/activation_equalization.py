@@ -26,7 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -92,6 +92,26 @@ class ActivationEqualization:
     refs: dict[str, LayerRef]
     insertions: tuple[ScaleInsertion, ...]
     report: ActivationEqualizationReport
+
+
+def merged_ranges(
+    batches: Iterable[Mapping[str, tuple[np.ndarray, np.ndarray]]],
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each tensor's per-channel (min, max) over batches that give theirs (what a backend's
+    ``measure`` returns).
+
+    Example:
+        >>> merged_ranges([{"x": (np.array([-1.0]), np.array([2.0]))}, {"x": (np.array([-3.0]), np.array([1.0]))}])
+        {'x': (array([-3.]), array([2.]))}
+    """
+    ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for batch in batches:
+        for tensor, (low, high) in batch.items():
+            low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+            if tensor in ranges:
+                low, high = np.minimum(ranges[tensor][0], low), np.maximum(ranges[tensor][1], high)
+            ranges[tensor] = (low, high)
+    return ranges
 
 
 def site_cost(config: QuantConfig, site: EqualizationSite) -> str | None:

@@ -239,6 +239,24 @@ def activation_kind(node: PlanNode, constant: ConstantLookup) -> str | None:
     return None
 
 
+def crossed_by_channel_scales(node: PlanNode, constant: ConstantLookup) -> bool:
+    """Whether a positive per-channel scale of ``node``'s first input comes out unchanged at
+    its output (Relu, LeakyRelu, Clip(0, inf), max and average pooling), so that it can
+    move from one side of the node to the other. PRelu, homogeneous too, is not crossed:
+    its per-channel slope is a second input, which the walks that move scales do not read.
+
+    Example:
+        >>> crossed_by_channel_scales(PlanNode("p", "MaxPool", ("x",), ("y",)), lambda n: None)
+        True
+        >>> crossed_by_channel_scales(PlanNode("c", "Clip", ("x",), ("y",), {"min": 0.0, "max": 6.0}), lambda n: None)
+        False
+    """
+    if not node.standard:
+        return False
+    kept = (*(op for op in HOMOGENEOUS_ACTIVATIONS if op != "PRelu"), "MaxPool", "AveragePool")
+    return node.op_type in kept or activation_kind(node, constant) == "relu"
+
+
 def weight_channel_axis(node: PlanNode, weight_rank: int) -> int | None:
     """The output-channel axis of a weighted op's weight, or ``None`` when the layout has
     no single such axis (a grouped ConvTranspose: ``[Cin, Cout/g, ...]``; a MatMul vector

@@ -18,6 +18,7 @@ import onnx
 from quant_algos.drivers.activation_equalization import (
     ActivationEqualizationReport,
     Measure,
+    merged_ranges,
     plan_activation_equalization,
 )
 from quant_core.algorithm_config import ActivationEqualizationConfig, samples_to_use
@@ -39,13 +40,10 @@ def _channel_ranges(model: onnx.ModelProto, feeds: list[dict]) -> Measure:
     def measure(tensors: Sequence[str]) -> Mapping[str, tuple[np.ndarray, np.ndarray]]:
         # [N, C, ...] -> [N, C, -1], reduced over the samples and positions.
         reductions = [Reduction(t, op, (0, 2), (0, 0, -1)) for t in tensors for op in ("ReduceMin", "ReduceMax")]
-        low: dict[str, np.ndarray] = {}
-        high: dict[str, np.ndarray] = {}
-        for batch in reduce_over(model, reductions, feeds):
-            for tensor, (mins, _), (maxs, _) in zip(tensors, batch[::2], batch[1::2], strict=True):
-                low[tensor] = mins if tensor not in low else np.minimum(low[tensor], mins)
-                high[tensor] = maxs if tensor not in high else np.maximum(high[tensor], maxs)
-        return {t: (low[t].astype(np.float64), high[t].astype(np.float64)) for t in tensors}
+        return merged_ranges(
+            {tensor: (low, high) for tensor, (low, _), (high, _) in zip(tensors, batch[::2], batch[1::2], strict=True)}
+            for batch in reduce_over(model, reductions, feeds)
+        )
 
     return measure
 

@@ -14,7 +14,7 @@ from onnx import helper
 from quant_algos.drivers.cle_chains import LayerRef, layer_ref
 from quant_algos.layer import Layer, scale_outputs
 from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, plan_graph, plan_node
-from quant_core.plan import HOMOGENEOUS_ACTIVATIONS, activation_kind
+from quant_core.plan import crossed_by_channel_scales
 from quant_onnx.graph_edit import set_initializer
 
 
@@ -37,10 +37,7 @@ def fold_into_producer(
             return None
         if crossed and index.sole_consumer(node.output[0]) is None:
             return None
-        homogeneous = node.op_type in (*HOMOGENEOUS_ACTIVATIONS, "MaxPool", "AveragePool") or (
-            activation_kind(plan_node(node), index.constant) == "relu"
-        )
-        if homogeneous and node.op_type != "PRelu":
+        if crossed_by_channel_scales(plan_node(node), index.constant):
             current, crossed = node.input[0], True
             continue
         break

@@ -37,11 +37,12 @@ from torch.fx import GraphModule
 from quant_algos.drivers.activation_equalization import (
     ActivationEqualizationReport,
     ScaleInsertion,
+    merged_ranges,
     plan_activation_equalization,
 )
 from quant_core.algorithm_config import ActivationEqualizationConfig, samples_to_use
 from quant_core.config import QuantConfig
-from quant_torch_fx.algorithms.edit import write_layers
+from quant_torch_fx.algorithms.edit import new_buffer, write_layers
 from quant_torch_fx.algorithms.probe import Batch, GraphTensors, take_samples
 from quant_torch_fx.graph_plan import GraphView, build_plan_graph
 
@@ -63,15 +64,10 @@ def apply_activation_equalization(
 
     def measure(tensors: Sequence[str]) -> Mapping[str, tuple[np.ndarray, np.ndarray]]:
         nodes = [view.tensors[t].name for t in tensors]
-        ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for values in source.tensors(nodes):
-            for tensor, node in zip(tensors, nodes, strict=True):
-                rows = np.moveaxis(values[node], 1, 0).reshape(values[node].shape[1], -1).astype(np.float64)
-                low, high = rows.min(axis=1), rows.max(axis=1)
-                if tensor in ranges:
-                    low, high = np.minimum(ranges[tensor][0], low), np.maximum(ranges[tensor][1], high)
-                ranges[tensor] = (low, high)
-        return ranges
+        return merged_ranges(
+            {tensor: _channel_range(values[node]) for tensor, node in zip(tensors, nodes, strict=True)}
+            for values in source.tensors(nodes)
+        )
 
     plan = plan_activation_equalization(view.graph, config, measure, writable=getters.__contains__)
     write_layers(gm, view, plan.layers, plan.refs)
@@ -81,21 +77,19 @@ def apply_activation_equalization(
     return plan.report
 
 
+def _channel_range(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel (min, max) of ``value`` (channels on axis 1)."""
+    rows = np.moveaxis(value, 1, 0).reshape(value.shape[1], -1)
+    return rows.min(axis=1), rows.max(axis=1)
+
+
 def _insert_mul(gm: GraphModule, view: GraphView, insertion: ScaleInsertion) -> None:
     """``aten.mul(x, buffer)`` (the multiplier on axis 1) read by every former reader of ``x``."""
     node = view.tensors[insertion.tensor]
-    meta = node.meta.get("val")
-    device = meta.device if isinstance(meta, torch.Tensor) else torch.device("cpu")
     value = torch.tensor(insertion.multiplier, dtype=torch.float32).reshape((-1,) + (1,) * (insertion.rank - 2))
-    name = f"{node.name}_equalize_scale"
-    while hasattr(gm, name):
-        name += "_"
-    gm.register_buffer(name, value.to(device))
-    with gm.graph.inserting_after(node):
-        getter = gm.graph.get_attr(name)
+    getter = new_buffer(gm, node, "equalize_scale", value, after=True)
     with gm.graph.inserting_after(getter):
         mul = gm.graph.call_function(aten.mul.Tensor, (node, getter))
-    getter.meta["val"] = value
-    if isinstance(meta, torch.Tensor):
+    if isinstance(meta := node.meta.get("val"), torch.Tensor):
         mul.meta["val"] = meta
     node.replace_all_uses_with(mul, delete_user_cb=lambda user: user is not mul)

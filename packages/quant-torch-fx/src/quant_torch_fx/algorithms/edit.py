@@ -53,16 +53,7 @@ def set_bias(gm: GraphModule, node: Node, value: torch.Tensor) -> str:
         return current.name
     if op_name(node) not in ("conv1d", "conv2d", "conv3d", "linear"):
         raise ModelError(f"node {node.name!r}: {op_name(node)} takes no bias")
-    meta = node.meta.get("val")
-    device = meta.device if isinstance(meta, torch.Tensor) else torch.device("cpu")
-    base = re.sub(r"\W", "_", f"{node.name}_bias")
-    name = base
-    while hasattr(gm, name):
-        name += "_"
-    gm.register_buffer(name, value.detach().clone().to(device).float())
-    with gm.graph.inserting_before(node):
-        getter = gm.graph.get_attr(name)
-    getter.meta["val"] = value
+    getter = new_buffer(gm, node, "bias", value)
     args = list(node.args)
     if len(args) > BIAS_INDEX:
         args[BIAS_INDEX] = getter
@@ -72,6 +63,21 @@ def set_bias(gm: GraphModule, node: Node, value: torch.Tensor) -> str:
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != "bias"}
     gm.recompile()
     return getter.name
+
+
+def new_buffer(gm: GraphModule, node: Node, suffix: str, value: torch.Tensor, *, after: bool = False) -> Node:
+    """A ``get_attr`` node just before ``node`` (after it with ``after``) reading a new float
+    buffer ``<node>_<suffix>`` that holds ``value`` on ``node``'s device."""
+    meta = node.meta.get("val")
+    device = meta.device if isinstance(meta, torch.Tensor) else torch.device("cpu")
+    name = re.sub(r"\W", "_", f"{node.name}_{suffix}")
+    while hasattr(gm, name):
+        name += "_"
+    gm.register_buffer(name, value.detach().clone().to(device).float())
+    with gm.graph.inserting_after(node) if after else gm.graph.inserting_before(node):
+        getter = gm.graph.get_attr(name)
+    getter.meta["val"] = value
+    return getter
 
 
 def write_layers(gm: GraphModule, view: GraphView, layers: Mapping[str, Layer], refs: Mapping[str, LayerRef]) -> None:

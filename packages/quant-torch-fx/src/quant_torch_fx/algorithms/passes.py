@@ -53,15 +53,20 @@ def check_algorithms(config: QuantConfig) -> None:
     schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx")
 
 
+def require_data(kinds: Sequence[str], data: object | None) -> None:
+    """Refuse, naming them, algorithm ``kinds`` that run on calibration data when ``data``
+    is ``None``."""
+    if kinds and data is None:
+        raise ConfigError(f"calib_loader: config.algorithms {', '.join(kinds)} run on calibration data; pass one")
+
+
 def pre_pass(config: QuantConfig, batches: Sequence[Batch] | None) -> Callable[[GraphModule], dict[str, Any]] | None:
     """The float-graph passes (CLE, activation equalization) ``prepare_graph`` runs before
     planning, or ``None``."""
     scheduled = schedule(config, SUPPORTED, backend="torch", elsewhere="quant-onnx").before_calibration
     if not scheduled:
         return None
-    measured = [a.kind for a in scheduled if a.kind != CLEConfig.kind]
-    if measured and batches is None:
-        raise ConfigError(f"calib_loader: config.algorithms {', '.join(measured)} run on calibration data; pass one")
+    require_data([a.kind for a in scheduled if a.kind != CLEConfig.kind], batches)
 
     def run(gm: GraphModule) -> dict[str, Any]:
         reports: dict[str, Any] = {}
