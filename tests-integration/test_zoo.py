@@ -83,8 +83,8 @@ def test_check_flags_unlisted_failures_and_listed_passes() -> None:
     results = {"a": {"torch_fx": failed, "quant_onnx": ok, "pt2e": failed}, "b": {"torch_fx": ok, "quant_onnx": ok}}
     assert zoo.check(results, {("a", "torch_fx", "export"): "known"}) == []  # PT2E is never checked
     assert zoo.check(results, {}) == ["a / quant-torch-fx: failed at export: RuntimeError: boom"]
-    moved = zoo.check(results, {("a", "torch_fx", "capture"): "known"})
-    assert moved == ["a / quant-torch-fx: failed at export (listed at capture): RuntimeError: boom"]
+    moved = zoo.check(results, {("a", "torch_fx", "quantize"): "known"})
+    assert moved == ["a / quant-torch-fx: failed at export (listed at quantize): RuntimeError: boom"]
     fixed = zoo.check(results, {("a", "torch_fx", "export"): "known", ("b", "quant_onnx", "quantize"): "known"})
     assert fixed == [
         "b / quant-onnx: listed as failing at quantize but ran end to end: remove it from EXPECTED_FAILURES"
@@ -94,7 +94,7 @@ def test_check_flags_unlisted_failures_and_listed_passes() -> None:
 
 
 def test_expected_failures_name_real_models_backends_and_stages() -> None:
-    stages = {"torch_fx": {"capture", "calibrate", "freeze", "export", "run frozen", "onnxruntime"},
+    stages = {"torch_fx": {"quantize", "freeze", "export", "run frozen", "onnxruntime"},
               "quant_onnx": {"float export", "quantize", "onnxruntime"}}  # fmt: skip
     for (model, backend, stage), why in zoo.EXPECTED_FAILURES.items():
         assert model in zoo_models.ZOO and stage in stages[backend] and why

@@ -22,9 +22,9 @@ algorithms added after ``+`` (``activation_equalization``;
 ``smoothquant``: alpha
 0.5, which also smooths every depthwise Conv's input; ``bias_correction``;
 ``analytic_bias_correction``; ``cle``: without high-bias absorption; ``gptq``), e.g.
-``a8w8+smoothquant+bias_correction``, ``a8w8-activation_equalization`` (the preset as it was
-before it ran activation equalization). A bias correction named after ``a16w8`` replaces
-the preset's own.
+``a8w8+smoothquant+bias_correction`` (an added bias correction replaces a preset's own),
+``a8w8-activation_equalization-bias_correction`` (``a8w8`` without its two corrections: the
+preset as it was before them).
 
 ``--ablate-convs`` quantizes one Conv at a time (every other op float) and prints the
 output SQNR and CER each costs alone.
@@ -123,9 +123,9 @@ def quantized_reading(
 
 RECIPES = (
     "a8w8",
-    "a8w8-activation_equalization",
-    "a8w8+analytic_bias_correction",
-    "a8w8+smoothquant+bias_correction",
+    "a8w8-bias_correction",  # the preset before its bias correction
+    "a8w8-activation_equalization-bias_correction",  # ... and before its activation equalization
+    "a8w8_percentile",
     "a16w8",
     "xint8",
 )

@@ -8,7 +8,8 @@ passing, or when a model not listed fails):
 Every model of ``tools/zoo_models.py`` (timm architectures with random weights, a YOLOv8-style
 detector, DeepLabV3/LR-ASPP heads, ...) runs, in a fresh subprocess each, as a new user would run it:
 
-* quant-torch-fx ``a8w8``: capture, calibrate, freeze, ``export_onnx``; the frozen model and the
+* quant-torch-fx ``a8w8``: ``quantize_model`` (capture, the preset's algorithms, calibration),
+  freeze, ``export_onnx``; the frozen model and the
   exported file (onnxruntime's default session) scored against the float model;
 * quant-onnx ``a8w8``: the float model exported with ``torch.onnx.export(dynamo=False,
   opset_version=17)`` (tool side), ``quant_onnx.quantize``, the file in onnxruntime;
@@ -339,9 +340,9 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
         [[n, *_coverage(r.get("torch_fx")), *_coverage(r.get("quant_onnx"))] for n, r in models],
     )  # fmt: skip
     timing = common.markdown_table(
-        ["model", "torch-fx capture s", "calibrate", "freeze", "export", "float ONNX export", "quant-onnx quantize",
+        ["model", "torch-fx quantize s", "freeze", "export", "float ONNX export", "quant-onnx quantize",
          "PT2E prepare", "PT2E calibrate", "PT2E convert", "model total s"],
-        [[n, *(_get(r, "torch_fx", "seconds", s) for s in ("capture", "calibrate", "freeze", "export")),
+        [[n, *(_get(r, "torch_fx", "seconds", s) for s in ("quantize", "freeze", "export")),
           _get(r, "quant_onnx", "seconds", "float export"), _get(r, "quant_onnx", "seconds", "quantize"),
           *(_get(r, "pt2e", "seconds", s) for s in ("prepare", "calibrate", "convert")), r.get("wall_s")]
          for n, r in models],

@@ -164,8 +164,8 @@ def torch_backend(
 
     example = torch.from_numpy(data["eval"][:1])
     quantizer = ModelQuantizer(preset, quiet=True)
-    prepared = flow.stage("capture", lambda: quantizer.prepare(model, example))
-    flow.stage("calibrate", lambda: quantizer.calibrate(prepared, torch_batches(data["calib"]), example).eval())
+    # As a user runs a preset: capture, its algorithms (the 8-bit presets' corrections), calibration.
+    prepared = flow.stage("quantize", lambda: quantizer.quantize_model(model, example, torch_batches(data["calib"])))
     frozen = flow.stage("freeze", lambda: quantizer.freeze(prepared))
     flow.stage("export", lambda: quantizer.export_onnx(frozen, example, path))
     frozen_out = flow.stage("run frozen", lambda: torch_outputs(frozen, data["eval"]))

@@ -21,8 +21,10 @@ from algorithms_models import (
 from onnx import TensorProto, helper, numpy_helper
 
 from quant_core.algorithm_config import BiasCorrectionConfig
+from quant_core.presets import get_preset
 from quant_core.qparams import sqnr_db
 from quant_core.spec import QuantSpec
+from quant_onnx import ModelQuantizer
 from quant_onnx.algorithms import OnnxLayerRunner, apply_bias_correction
 from quant_onnx.algorithms.capture import TensorCapture
 from quant_onnx.pipeline.calibrate import CalibratedModel
@@ -269,3 +271,42 @@ def test_a_float_bias_two_adds_read_is_left_alone():
     assert [(layer.name, layer.bias_allowed) for layer in layers] == [("fc1", False), ("fc2", False)]
     corrected, _ = apply_bias_correction(calibrated, qdq, batches, BiasCorrectionConfig(), quiet=True)
     np.testing.assert_array_equal(initializer(corrected, "b1"), initializer(model, "b1"))
+
+
+@pytest.mark.parametrize("builder", [conv_relu_conv, mobilenet_block, matmul_mlp])
+def test_the_calibration_pass_takes_the_means_the_analytic_correction_reads(builder):
+    # The quantizer asks the calibration pass for every layer input's float mean over the
+    # correction's first samples; the correction then runs no float pass of its own and
+    # writes the biases its own pass would have written.
+    model = builder()
+    batches = [{k: v + 1.0 for k, v in batch.items()} for batch in batches_for(model, count=3)]
+    correction = BiasCorrectionConfig(method="analytic", num_samples=20)  # two batches and a half
+    quantizer = ModelQuantizer(get_preset("a8w8").evolve(algorithms=(correction,)), quiet=True)
+    calibrated = quantizer.calibrate(quantizer.prepare(model), batches)
+    means = calibrated.input_means
+    assert means is not None and means.samples == 20 and means.values
+    for tensor, mean in means.values.items():  # an independent numpy mean over those samples
+        x = TensorCapture(calibrated.model, [tensor]).collect(batches)[tensor][:20].astype(np.float64)
+        expected = x.mean(axis=0) if means.conv[tensor] else x.reshape(-1, x.shape[-1]).mean(axis=0)
+        np.testing.assert_allclose(mean, expected, rtol=1e-6, atol=1e-7, err_msg=tensor)
+    qdq = quantizer.write(calibrated).model
+    taken, notes = apply_bias_correction(calibrated, qdq, batches, correction, quiet=True)
+    own, own_notes = apply_bias_correction(calibrated.evolve(input_means=None), qdq, batches, correction, quiet=True)
+    assert notes == own_notes
+    own_values = {t.name: numpy_helper.to_array(t) for t in own.graph.initializer}
+    changed = 0
+    for tensor in taken.graph.initializer:
+        value, reference = numpy_helper.to_array(tensor), own_values[tensor.name]
+        changed += not np.array_equal(value, reference)
+        if np.issubdtype(value.dtype, np.integer):  # bias codes: float sums in another order, a code at most
+            assert np.abs(value.astype(np.int64) - reference.astype(np.int64)).max() <= 1, tensor.name
+        else:
+            np.testing.assert_allclose(value, reference, rtol=1e-5, atol=1e-7, err_msg=tensor.name)
+    assert changed <= 2
+
+
+def test_no_means_are_taken_without_an_analytic_correction():
+    model = conv_relu_conv()
+    for algorithms in ((), (BiasCorrectionConfig(),)):
+        quantizer = ModelQuantizer(get_preset("a8w8").evolve(algorithms=algorithms), quiet=True)
+        assert quantizer.calibrate(quantizer.prepare(model), batches_for(model, count=1)).input_means is None

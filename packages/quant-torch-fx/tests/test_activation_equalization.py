@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from models import images
 from torch import nn
 
+from quant_core.algorithm_config import ActivationEqualizationConfig
 from quant_core.presets import get_preset
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.algorithms.probe import float_mode, probe, run_probe
@@ -48,8 +49,9 @@ def test_the_sites_the_float_function_and_the_gain() -> None:
     net, calibration, test = _net(), images(4, batch=16), torch.cat(images(2, batch=16, seed=9))
     with torch.no_grad():
         reference = net(test)
-    q = ModelQuantizer("a8w8", quiet=True)  # the preset runs it
-    qmodel = q.quantize_model(net, EXAMPLE, calibration)
+    # The preset's equalization alone (its bias correction moves the float function on purpose).
+    equalized = get_preset("a8w8").evolve(algorithms=(ActivationEqualizationConfig(),))
+    qmodel = ModelQuantizer(equalized, quiet=True).quantize_model(net, EXAMPLE, calibration)
     report = graph_info(qmodel).algorithms["activation_equalization"]
     sites = sorted((e["side"], e["compensated"]) for e in report["equalized"])
     # conv1's and dw's outputs before their HardSwish; dw's input after conv1's HardSwish.
@@ -89,5 +91,6 @@ def test_the_export_matches_the_frozen_model_node_by_node() -> None:
 
 def test_qat_without_folded_batch_norm_leaves_it_out_and_says_so() -> None:
     qat = ModelQuantizer("a8w8", quiet=True).prepare_qat(_net(), EXAMPLE)
-    notes = graph_info(qat).algorithms["activation_equalization"]["notes"]
-    assert notes and "left out" in notes[0]
+    for kind in ("activation_equalization", "bias_correction"):  # the preset's two corrections
+        notes = graph_info(qat).algorithms[kind]["notes"]
+        assert notes and "left out" in notes[0], kind

@@ -168,24 +168,29 @@ class InputMeanAccumulator:
         if x.ndim < (3 if self.conv else 1):
             raise DataError(f"input: rank {x.ndim} is too small for a {'convolution' if self.conv else 'dense'} layer")
         rows = x if self.conv else x.reshape(-1, x.shape[-1])
-        self.add(rows.sum(axis=0, dtype=np.float64), rows.shape[0])
+        # One row (a calibration run of one sample) is its own sum: no float64 copy of it.
+        self.add(rows[0] if len(rows) == 1 else rows.sum(axis=0, dtype=np.float64), rows.shape[0])
 
     def add(self, total: np.ndarray, rows: int) -> None:
         """Add the sum of ``rows`` rows reduced elsewhere (e.g. inside onnxruntime)."""
-        total = np.asarray(total, np.float64)
-        if not np.all(np.isfinite(total)):
-            raise DataError("input: contains NaN or Inf")
-        if self._sum is not None and self._sum.shape != total.shape:
+        total = np.asarray(total)
+        if self._sum is None:
+            self._sum = total.astype(np.float64)  # its own buffer: later sums add into it in place
+        elif self._sum.shape != total.shape:
             raise DataError(
                 f"input: shape {list(total.shape)} per sample, but earlier batches had {list(self._sum.shape)}"
             )
-        self._sum = total if self._sum is None else self._sum + total
+        else:
+            np.add(self._sum, total, out=self._sum)
         self._count += rows
 
     def mean(self) -> np.ndarray:
         """``[C, ...]`` for a convolution, ``[K]`` for a dense layer (float64)."""
         if self._sum is None or self._count == 0:
             raise DataError("bias correction: no inputs were accumulated")
+        # A NaN or Inf in any sample stays in the sum: one check here serves every batch.
+        if not np.all(np.isfinite(self._sum)):
+            raise DataError("input: contains NaN or Inf")
         return self._sum / self._count
 
 

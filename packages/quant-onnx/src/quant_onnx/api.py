@@ -60,6 +60,7 @@ from quant_core.onnx_qdq.model_io import (
 from quant_core.plan import PlanGraph, QuantPlan
 from quant_core.qdq import encode_activation_dtype, required_opset
 from quant_core.spec import QuantSpec
+from quant_onnx.algorithms.layerwise import input_mean_request
 from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_onnx.algorithms.passes import PassesResult, run_post_passes, run_pre_passes
 from quant_onnx.data import CalibrationReader, ImageOptions
@@ -289,7 +290,12 @@ class ModelQuantizer:
         )
         held = _HeldBatches(batches, self.hold_samples)
         calibrated = calibrate(
-            prepared.model, prepared.plan, held, total_batches=batches.num_batches(), quiet=self.quiet
+            prepared.model,
+            prepared.plan,
+            held,
+            total_batches=batches.num_batches(),
+            quiet=self.quiet,
+            input_means=input_mean_request(prepared.model, self.config),  # one float pass less
         )
         for hook in self.calibrated_hooks:
             calibrated = hook(calibrated, held.held)

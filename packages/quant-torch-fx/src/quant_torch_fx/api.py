@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from quant_algos.drivers.schedule import schedule
-from quant_core.algorithm_config import ActivationEqualizationConfig
+from quant_core.algorithm_config import ActivationEqualizationConfig, AlgorithmConfig, BiasCorrectionConfig
 from quant_core.config import QuantConfig
 from quant_core.errors import ConfigError
 from quant_core.plan import check_selectors
@@ -105,11 +105,12 @@ class ModelQuantizer:
     ) -> None:
         self.config = resolve_config(config)
         check_algorithms(self.config)
-        self.left_out: str | None = None  # why the config's activation equalization does not run
-        if regions is not None and self.config.algorithm(ActivationEqualizationConfig.kind):
-            # A pre-pass over a model captured whole (the 8-bit presets carry it).
-            self.config = _without_equalization(self.config)
-            self.left_out = "left out: it runs on a model captured whole, not with regions"
+        # The preset corrections left out, and why (they run on a model captured whole).
+        self.left_out: tuple[tuple[str, ...], str] | None = None
+        if regions is not None:
+            self.config, kinds = _without_corrections(self.config)
+            if kinds:
+                self.left_out = (kinds, "left out: it runs on a model captured whole, not with regions")
         if self.config.algorithms and regions is not None:
             raise ConfigError("regions: the config's algorithms run on a model captured whole; allowed with them: None")
         if qat_method not in QAT_METHODS:
@@ -210,7 +211,7 @@ class ModelQuantizer:
             check_selectors=check_selectors,
         )
         if self.left_out is not None:
-            _report_left_out(prepared, self.left_out)
+            _report_left_out(prepared, *self.left_out)
         return prepared
 
     def signature(self, example_inputs: Any) -> InputSignature:
@@ -271,12 +272,11 @@ class ModelQuantizer:
         Learnable qparams (``qat_method``) start from a calibration over ``calib_loader``
         when given, else from the first training batch."""
         config = self.config
-        left_out = None
-        if config.algorithm(ActivationEqualizationConfig.kind) and not (fold_batch_norm and calib_loader is not None):
-            # A PTQ pre-pass (the 8-bit presets carry it) that rewrites folded weights from
-            # calibration data; without both, QAT trains around what it would even out.
-            config = _without_equalization(config)
-            left_out = "left out: it runs under QAT with fold_batch_norm=True and a calib_loader"
+        left_out: tuple[str, ...] = ()
+        if not (fold_batch_norm and calib_loader is not None):
+            # They rewrite folded weights and biases from calibration data; without both,
+            # QAT trains around what they would even out and learns the biases itself.
+            config, left_out = _without_corrections(config)
         kinds = [type(a).kind for a in config.algorithms]
         allowed = SUPPORTED if fold_batch_norm else ()
         refused = [kind for kind in kinds if kind not in allowed]
@@ -296,8 +296,10 @@ class ModelQuantizer:
         prepared = self.prepare(
             model, example_inputs, mode="qat", float_pass=float_pass, fold_batch_norms=fold_batch_norm
         )
-        if left_out is not None:
-            _report_left_out(prepared, left_out)
+        if left_out:
+            _report_left_out(
+                prepared, left_out, "left out: it runs under QAT with fold_batch_norm=True and a calib_loader"
+            )
         enable_qat(prepared, self.qat_method, compiled=self.compile_fake_quant)
         if calib_loader is not None:
             self.calibrate(prepared, calib_loader, example_inputs, num_batches=num_batches)
@@ -357,11 +359,25 @@ class ModelQuantizer:
         return graphs
 
 
-def _without_equalization(config: QuantConfig) -> QuantConfig:
-    """``config`` without its activation equalization."""
-    return config.evolve(algorithms=tuple(a for a in config.algorithms if a.kind != ActivationEqualizationConfig.kind))
+def _is_preset_correction(algorithm: AlgorithmConfig) -> bool:
+    """Activation equalization and the analytic bias correction: what the 8-bit presets
+    carry, left out (with a note) where the torch backend cannot run them, not refused."""
+    return isinstance(algorithm, ActivationEqualizationConfig) or (
+        isinstance(algorithm, BiasCorrectionConfig) and algorithm.analytic
+    )
 
 
-def _report_left_out(prepared: nn.Module, why: str) -> None:
-    """Say in the model's report why the config's activation equalization did not run."""
-    graph_info(prepared).algorithms[ActivationEqualizationConfig.kind] = {"equalized": [], "notes": [why]}
+def _without_corrections(config: QuantConfig) -> tuple[QuantConfig, tuple[str, ...]]:
+    """``config`` without its preset corrections, and their kinds."""
+    kept = tuple(a for a in config.algorithms if not _is_preset_correction(a))
+    left = tuple(a.kind for a in config.algorithms if _is_preset_correction(a))
+    return (config.evolve(algorithms=kept) if left else config), left
+
+
+def _report_left_out(prepared: nn.Module, kinds: Sequence[str], why: str) -> None:
+    """Say in the model's report why the config's corrections ``kinds`` did not run."""
+    for kind in kinds:
+        entry: dict[str, Any] = {"notes": [why]}
+        if kind == ActivationEqualizationConfig.kind:
+            entry["equalized"] = []
+        graph_info(prepared).algorithms[kind] = entry

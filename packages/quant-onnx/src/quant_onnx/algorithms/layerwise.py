@@ -29,9 +29,10 @@ from quant_core.algorithm_config import (
     GPTQConfig,
     samples_to_use,
 )
+from quant_core.config import QuantConfig
 from quant_onnx.algorithms.capture import Feeds, prepare_batches
-from quant_onnx.algorithms.runner import OnnxLayerRunner
-from quant_onnx.pipeline.calibrate import CalibratedModel
+from quant_onnx.algorithms.runner import WEIGHTED_OPS, OnnxLayerRunner
+from quant_onnx.pipeline.calibrate import CalibratedModel, InputMeans
 
 TORCH_EXTRA = "quant-onnx[torch]"
 
@@ -44,7 +45,8 @@ def _runner(
     learned_codes: bool = False,
 ) -> OnnxLayerRunner:
     feeds = prepare_batches(batches, samples_to_use(config))
-    return OnnxLayerRunner(calibrated, qdq_model, feeds, learned_codes=learned_codes)
+    bias_only = isinstance(config, BiasCorrectionConfig)  # it walks only the layers a bias can be written to
+    return OnnxLayerRunner(calibrated, qdq_model, feeds, learned_codes=learned_codes, bias_layers_only=bias_only)
 
 
 def apply_reconstruction(
@@ -95,3 +97,23 @@ def apply_bias_correction(
     finally:
         runner.close()
     return runner.model, [*runner.notes, *notes]
+
+
+def input_mean_request(model: onnx.ModelProto, config: QuantConfig) -> InputMeans | None:
+    """What ``config``'s analytic bias correction reads, for the calibration pass to take:
+    the float input of every Conv, Gemm and MatMul with a constant weight over the first
+    samples it uses. ``None`` when ``config`` runs no analytic bias correction."""
+    correction = config.algorithm(BiasCorrectionConfig.kind)
+    if not isinstance(correction, BiasCorrectionConfig) or not correction.analytic:
+        return None
+    constants = {tensor.name for tensor in model.graph.initializer}
+    conv: dict[str, bool] = {}
+    mixed: set[str] = set()  # read by a convolution and a dense layer: left to the correction's own pass
+    for node in model.graph.node:
+        weighted = node.op_type in WEIGHTED_OPS and len(node.input) > 1 and node.input[1] in constants
+        if not weighted or not node.input[0] or node.input[0] in constants:
+            continue
+        is_conv = node.op_type == "Conv"
+        if conv.setdefault(node.input[0], is_conv) is not is_conv:
+            mixed.add(node.input[0])
+    return InputMeans(samples_to_use(correction), {t: c for t, c in conv.items() if t not in mixed})

@@ -109,7 +109,9 @@ class OnnxLayerRunner:
     :attr:`model` is the copy with everything written back. ``learned_codes``: an AdaRound
     or AdaQuant pass over this calibrated model wrote ``qdq_model``'s weight codes, so they
     may lie any distance from the float weights' rounding (the check that the float model is
-    the one the file was written from is skipped).
+    the one the file was written from is skipped). ``bias_layers_only``: only the layers a
+    bias can be written to (what bias correction walks); the others' weights are never read,
+    which keeps a big model of MatMuls without an added bias out of memory.
 
     Example:
         >>> OnnxLayerRunner.__name__
@@ -124,9 +126,11 @@ class OnnxLayerRunner:
         *,
         memory_budget: int = LIVE_MEMORY_BYTES,
         learned_codes: bool = False,
+        bias_layers_only: bool = False,
     ) -> None:
         self.calibrated = calibrated
         self.learned_codes = learned_codes
+        self._bias_layers_only = bias_layers_only
         self.float_model = calibrated.model
         self.model = copy_model(qdq_model)
         self._batches = batches
@@ -163,10 +167,26 @@ class OnnxLayerRunner:
             if float_node is None or float_node.op_type != node.op_type:
                 self.notes.append(f"{node.name}: no float {node.op_type} of that name")
                 continue
+            if self._bias_layers_only and not self._may_take_bias(node, float_node, qdq, floats):
+                continue
             layer = self._describe(node, float_node, qdq, floats)
             if layer is not None:
                 layers.append(layer)
         return layers
+
+    def _may_take_bias(
+        self, node: onnx.NodeProto, float_node: onnx.NodeProto, qdq: GraphIndex, floats: GraphIndex
+    ) -> bool:
+        """``describe_layer``'s ``bias_allowed`` from the graph alone: a MatMul's bias is the
+        constant an Add adds after it; a Conv or Gemm can take one where its input is quantized."""
+        if node.op_type != "MatMul":
+            return self._input_quantized(node.name)
+        proto = floats.initializer_proto(float_node.input[1])
+        return proto is not None and len(proto.dims) == 2 and _added_bias(node, qdq, int(proto.dims[1])) is not None
+
+    def _input_quantized(self, layer: str) -> bool:
+        slot = self.calibrated.plan.bias_of(layer)
+        return slot is not None and self.calibrated.qparams_of(slot.input_tensor) is not None
 
     def _describe(
         self, node: onnx.NodeProto, float_node: onnx.NodeProto, qdq: GraphIndex, floats: GraphIndex
@@ -195,8 +215,7 @@ class OnnxLayerRunner:
             if shape is not None and len(shape) == 4 and all(isinstance(d, int) for d in shape[2:4])
             else None
         )
-        slot = self.calibrated.plan.bias_of(name)
-        input_quantized = slot is not None and self.calibrated.qparams_of(slot.input_tensor) is not None
+        input_quantized = self._input_quantized(name)
         consumer = floats.sole_consumer(float_node.output[0])
         activation = activation_kind(plan_node(consumer), floats.constant) if consumer is not None else None
         qp = _oi(self.calibrated.weight_qparams[name], transposed)
@@ -306,6 +325,13 @@ class OnnxLayerRunner:
         yield from (batch[tensor] for batch in self._reference.compute(self.float_model, [tensor]))
 
     def float_input_means(self, layers: Sequence[QuantLayer], count: int) -> dict[str, np.ndarray]:
+        stored = self.calibrated.input_means
+        if stored is not None:  # taken in the calibration pass, over the same first samples
+            found = {
+                layer.name: stored.of(self._storage[layer.name].input_tensor, layer.is_conv, count) for layer in layers
+            }
+            if all(mean is not None for mean in found.values()):
+                return {name: mean for name, mean in found.items() if mean is not None}
         # One pass of the float model with each input summed inside onnxruntime: a Conv's
         # over the samples (its map kept), a dense layer's over every axis but the last.
         wanted = {(self._storage[layer.name].input_tensor, layer.is_conv): layer for layer in layers}

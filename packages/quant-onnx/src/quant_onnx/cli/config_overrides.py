@@ -10,7 +10,7 @@ Example:
     >>> override_config(cfg, per_channel=True).global_config.weight.per_channel_axis
     'output'
     >>> [type(a).kind for a in override_config(cfg, algorithms=[CLEConfig(steps=4)]).algorithms]
-    ['activation_equalization', 'cle']
+    ['activation_equalization', 'bias_correction', 'cle']
 """
 
 from __future__ import annotations

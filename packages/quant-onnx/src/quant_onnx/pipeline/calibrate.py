@@ -43,6 +43,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from quant_algos.bias_correction import InputMeanAccumulator
 from quant_algos.progress import first_taken, progress_bar
 from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.observers.base import Observer
@@ -68,6 +69,49 @@ _LOG = logging.getLogger(__name__)
 
 
 @attrs.frozen(eq=False)
+class InputMeans:
+    """The float means of layer inputs over the first ``samples`` calibration samples,
+    taken in the calibration pass for the analytic bias correction (which would otherwise
+    run the float model once more). ``conv``: tensor -> whether a convolution reads it (its
+    mean keeps the map, :class:`~quant_algos.bias_correction.InputMeanAccumulator`);
+    ``values``: tensor -> mean, empty in a request.
+
+    Example:
+        >>> InputMeans(256, {"x": True}).values
+        {}
+    """
+
+    samples: int
+    conv: Mapping[str, bool]
+    values: Mapping[str, np.ndarray] = attrs.field(factory=dict)
+
+    def of(self, tensor: str, conv: bool, samples: int) -> np.ndarray | None:
+        """The mean of ``tensor`` as a layer of kind ``conv`` reads it over ``samples``
+        samples, or ``None`` where these means do not give it."""
+        if samples != self.samples or self.conv.get(tensor) is not conv:
+            return None
+        return self.values.get(tensor)
+
+
+_MEAN_KEY = "input mean of "  # no observer key starts so: they are tensor group keys
+_NO_MEANS = InputMeans(0, {})
+
+
+class _FirstSamplesMean:
+    """An observer-like sum of one tensor over the first ``limit`` samples of the stream."""
+
+    def __init__(self, conv: bool, limit: int) -> None:
+        self.mean = InputMeanAccumulator(conv)
+        self.left = limit
+
+    def update(self, value: np.ndarray) -> None:
+        if self.left > 0:
+            taken = np.asarray(value)[: self.left]
+            self.left -= len(taken)
+            self.mean.update(taken)
+
+
+@attrs.frozen(eq=False)
 class CalibratedModel:
     """A float model with every quantization decision made: the input of the writer.
 
@@ -85,6 +129,7 @@ class CalibratedModel:
         notes: what calibration decided that a report should say (weight scales
             raised so that a bias fits int32).
         requant_qparams: :attr:`~quant_core.plan.InputRequant.key` -> qparams.
+        input_means: layer inputs' float means from the calibration pass, where requested.
 
     Example:
         >>> empty = QuantPlan(groups=(), weights=(), biases=(), fused=(), quantized_nodes=(), float_nodes=())
@@ -100,6 +145,7 @@ class CalibratedModel:
     observers: Mapping[str, Observer] = attrs.field(factory=dict)
     notes: tuple[str, ...] = ()
     requant_qparams: Mapping[str, QParams] = attrs.field(factory=dict)
+    input_means: InputMeans | None = None
 
     def qparams_of(self, tensor: str) -> QParams | None:
         """Qparams of an activation tensor (through its group), or ``None`` when it stays float."""
@@ -134,7 +180,7 @@ class CalibratedModel:
         missing = [key for key in needs_own_observer(plan) if key not in self.observers]
         if missing:
             raise ConfigError(f"plan: requants {missing} observe differently than their groups; calibrate it instead")
-        return self.from_observers(self.model, plan, self.observers)
+        return self.from_observers(self.model, plan, self.observers).evolve(input_means=self.input_means)
 
     def evolve(self, **changes: Any) -> CalibratedModel:
         """A copy with fields replaced (how algorithms hand back their changes)."""
@@ -213,14 +259,27 @@ def calibrate(
     *,
     total_batches: int | None = None,
     quiet: bool = False,
+    input_means: InputMeans | None = None,
 ) -> CalibratedModel:
     """Observe every annotated activation over ``batches`` (validated feeds: input name ->
-    array) and return the :class:`CalibratedModel`. ``total_batches`` sizes the progress bar."""
+    array) and return the :class:`CalibratedModel`. ``total_batches`` sizes the progress bar.
+    ``input_means``: a request (tensors, samples) for float means taken in the same pass."""
     observers = fresh_observers(plan)
-    feeds_of = observer_feeds(plan)
+    feeds_of = {tensor: list(keys) for tensor, keys in observer_feeds(plan).items()}
+    limit = input_means.samples if input_means is not None else 0
+    sums = {tensor: _FirstSamplesMean(conv, limit) for tensor, conv in (input_means or _NO_MEANS).conv.items()}
+    for tensor in sums:
+        feeds_of.setdefault(tensor, []).append(_MEAN_KEY + tensor)
+    filled: dict[str, Any] = {**observers, **{_MEAN_KEY + tensor: mean for tensor, mean in sums.items()}}
     batching_free = all(spec.observer.method != "moving_average" for spec in observer_specs(plan).values())
-    observe_tensors(model, feeds_of, observers, batches, total_batches=total_batches, quiet=quiet, chunk=batching_free)
-    return from_filled_observers(model, plan, observers)
+    observe_tensors(model, feeds_of, filled, batches, total_batches=total_batches, quiet=quiet, chunk=batching_free)
+    calibrated = from_filled_observers(model, plan, observers)
+    if input_means is None:
+        return calibrated
+    # Every requested tensor comes out of the same runs, so each saw the same samples.
+    samples = limit - max((mean.left for mean in sums.values()), default=limit)
+    values = {tensor: mean.mean.mean() for tensor, mean in sums.items()} if samples else {}
+    return calibrated.evolve(input_means=InputMeans(samples, input_means.conv, values))
 
 
 def from_filled_observers(
