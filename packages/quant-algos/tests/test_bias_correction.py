@@ -148,3 +148,23 @@ def test_analytic_errors():
         weight_rounding_shift(np.zeros((4, 2, 3, 3)), np.zeros((5, 4, 4)))
     with pytest.raises(ValueError, match="does not match"):
         weight_rounding_shift(np.zeros((4, 2)), np.zeros(3))
+
+
+@pytest.mark.parametrize("conv", [True, False])
+def test_input_mean_of_one_sample_runs_and_batches_mixed(conv):
+    # A calibration pass hands the accumulator one sample per run (float32 partial sums that
+    # fold into float64 every 64 rows) or whole batches (float64 sums): numpy's mean either way.
+    rng = np.random.default_rng(3)
+    shape = (4, 5, 6) if conv else (7, 3)
+    samples = (rng.normal(size=(150, *shape)) * 10 + 3).astype(np.float32)
+    acc = InputMeanAccumulator(conv=conv)
+    start = 0
+    for size in [1] * 70 + [5, 1, 1, 20] + [1] * 53:
+        acc.update(samples[start : start + size])
+        start += size
+    assert start == len(samples)
+    x = samples.astype(np.float64)
+    expected = x.mean(axis=0) if conv else x.reshape(-1, shape[-1]).mean(axis=0)
+    np.testing.assert_allclose(acc.mean(), expected, rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="earlier batches"):
+        acc.update(np.zeros((1, *shape[:-1], shape[-1] + 1), np.float32))

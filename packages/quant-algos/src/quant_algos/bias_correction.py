@@ -160,38 +160,69 @@ class InputMeanAccumulator:
 
     def __init__(self, conv: bool) -> None:
         self.conv = conv
-        self._sum: np.ndarray | None = None
+        self._sum: np.ndarray | None = None  # float64
         self._count = 0
+        # Float32 rows (a calibration run's tensors) add into a float32 partial sum, which
+        # folds into the float64 total every _PARTIAL_ROWS rows: adding float32 into float64
+        # in place costs numpy twice a same-type add, and 64 float32 additions lose nothing
+        # a bias correction can see (relative error ~1e-6).
+        self._partial: np.ndarray | None = None
+        self._partial_rows = 0
 
     def update(self, inputs: np.ndarray) -> None:
         x = np.asarray(inputs)
         if x.ndim < (3 if self.conv else 1):
             raise DataError(f"input: rank {x.ndim} is too small for a {'convolution' if self.conv else 'dense'} layer")
         rows = x if self.conv else x.reshape(-1, x.shape[-1])
-        # One row (a calibration run of one sample) is its own sum: no float64 copy of it.
-        self.add(rows[0] if len(rows) == 1 else rows.sum(axis=0, dtype=np.float64), rows.shape[0])
+        if len(rows) == 1 and rows.dtype == np.float32:  # one sample: its own sum
+            self._add_partial(rows[0])
+            return
+        self.add(rows.sum(axis=0, dtype=np.float64), rows.shape[0])
 
     def add(self, total: np.ndarray, rows: int) -> None:
         """Add the sum of ``rows`` rows reduced elsewhere (e.g. inside onnxruntime)."""
         total = np.asarray(total)
+        self._check_shape(total)
         if self._sum is None:
             self._sum = total.astype(np.float64)  # its own buffer: later sums add into it in place
-        elif self._sum.shape != total.shape:
-            raise DataError(
-                f"input: shape {list(total.shape)} per sample, but earlier batches had {list(self._sum.shape)}"
-            )
         else:
             np.add(self._sum, total, out=self._sum)
         self._count += rows
 
+    def _add_partial(self, row: np.ndarray) -> None:
+        self._check_shape(row)
+        if self._partial is None:
+            self._partial = row.copy()
+        else:
+            np.add(self._partial, row, out=self._partial)
+        self._partial_rows += 1
+        if self._partial_rows == _PARTIAL_ROWS:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self._partial is not None:
+            partial, rows = self._partial, self._partial_rows
+            self._partial, self._partial_rows = None, 0
+            self.add(partial, rows)
+
+    def _check_shape(self, total: np.ndarray) -> None:
+        known = self._sum if self._sum is not None else self._partial
+        if known is not None and known.shape != total.shape:
+            raise DataError(f"input: shape {list(total.shape)} per sample, but earlier batches had {list(known.shape)}")
+
     def mean(self) -> np.ndarray:
         """``[C, ...]`` for a convolution, ``[K]`` for a dense layer (float64)."""
+        self._fold()
         if self._sum is None or self._count == 0:
             raise DataError("bias correction: no inputs were accumulated")
         # A NaN or Inf in any sample stays in the sum: one check here serves every batch.
         if not np.all(np.isfinite(self._sum)):
             raise DataError("input: contains NaN or Inf")
         return self._sum / self._count
+
+
+#: Rows of float32 partial sum before it folds into an input mean's float64 total.
+_PARTIAL_ROWS = 64
 
 
 def _tap_means(mean_map: np.ndarray, geometry: ConvGeometry, kernel_hw: tuple[int, int]) -> np.ndarray:
