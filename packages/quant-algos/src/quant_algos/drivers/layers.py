@@ -69,6 +69,18 @@ def conv_geometry(
     return ConvGeometry(strides=strides, pads=pads, dilations=dilations, groups=int(attributes.get("group", 1)))
 
 
+def bias_allowed(op_type: str, *, input_quantized: bool, float_bias: bool) -> bool:
+    """Whether a bias may be written for a layer (:func:`describe_layer`): a Conv/Gemm whose
+    input is quantized (a MatMul has no bias input), or one whose bias the backend holds as
+    a float constant added to the output (``float_bias``: a MatMul then Add).
+
+    Example:
+        >>> bias_allowed("MatMul", input_quantized=True, float_bias=False)
+        False
+    """
+    return float_bias or (op_type != "MatMul" and input_quantized)
+
+
 def describe_layer(
     name: str,
     op_type: str,
@@ -104,5 +116,5 @@ def describe_layer(
         geometry=geometry,
         activation=activation,
         output_channel_axis=1 if op_type == "Conv" else -1,
-        bias_allowed=float_bias or (op_type != "MatMul" and input_quantized),
+        bias_allowed=bias_allowed(op_type, input_quantized=input_quantized, float_bias=float_bias),
     )

@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quant_algos.bias_correction import InputMeanAccumulator
-from quant_algos.drivers.layers import GeometryUnknown, describe_layer
+from quant_algos.drivers.layers import GeometryUnknown, bias_allowed, describe_layer
 from quant_algos.drivers.runner import QuantLayer
 from quant_core.bias import accumulation_headroom, encode_bias
 from quant_core.errors import ModelError
@@ -177,12 +177,16 @@ class OnnxLayerRunner:
     def _may_take_bias(
         self, node: onnx.NodeProto, float_node: onnx.NodeProto, qdq: GraphIndex, floats: GraphIndex
     ) -> bool:
-        """``describe_layer``'s ``bias_allowed`` from the graph alone: a MatMul's bias is the
-        constant an Add adds after it; a Conv or Gemm can take one where its input is quantized."""
-        if node.op_type != "MatMul":
-            return self._input_quantized(node.name)
+        """:func:`~quant_algos.drivers.layers.bias_allowed` from the graph alone (no weight
+        read): a MatMul's float bias is the constant an Add adds after it."""
         proto = floats.initializer_proto(float_node.input[1])
-        return proto is not None and len(proto.dims) == 2 and _added_bias(node, qdq, int(proto.dims[1])) is not None
+        float_bias = (
+            node.op_type == "MatMul"
+            and proto is not None
+            and len(proto.dims) == 2
+            and _added_bias(node, qdq, int(proto.dims[1])) is not None
+        )
+        return bias_allowed(node.op_type, input_quantized=self._input_quantized(node.name), float_bias=float_bias)
 
     def _input_quantized(self, layer: str) -> bool:
         slot = self.calibrated.plan.bias_of(layer)

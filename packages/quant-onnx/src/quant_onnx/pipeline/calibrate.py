@@ -94,7 +94,6 @@ class InputMeans:
 
 
 _MEAN_KEY = "input mean of "  # no observer key starts so: they are tensor group keys
-_NO_MEANS = InputMeans(0, {})
 
 
 class _FirstSamplesMean:
@@ -267,7 +266,8 @@ def calibrate(
     observers = fresh_observers(plan)
     feeds_of = {tensor: list(keys) for tensor, keys in observer_feeds(plan).items()}
     limit = input_means.samples if input_means is not None else 0
-    sums = {tensor: _FirstSamplesMean(conv, limit) for tensor, conv in (input_means or _NO_MEANS).conv.items()}
+    requested = input_means.conv.items() if input_means is not None else ()
+    sums = {tensor: _FirstSamplesMean(conv, limit) for tensor, conv in requested}
     for tensor in sums:
         feeds_of.setdefault(tensor, []).append(_MEAN_KEY + tensor)
     filled: dict[str, Any] = {**observers, **{_MEAN_KEY + tensor: mean for tensor, mean in sums.items()}}
