@@ -119,6 +119,31 @@ def _writing_conv(graph: GraphView, tensor: str) -> PlanNode | None:
     return None
 
 
+def fold_path(graph: GraphView, site: EqualizationSite) -> tuple[str, ...]:
+    """The tensors an ``"input"`` site with a ``fold`` divides by its scales where they are:
+    the fold Conv's output, every Relu-like step's output after it, and the site's tensor
+    (empty for other sites).
+
+    Example:
+        >>> import numpy as np
+        >>> from quant_core.plan.graph import PlanGraph, PlanNode
+        >>> c = {"w": np.ones((2, 2, 1, 1), np.float32), "dw": np.ones((2, 1, 3, 3), np.float32)}
+        >>> g = PlanGraph([PlanNode("c", "Conv", ("x", "w"), ("y",)), PlanNode("r", "Relu", ("y",), ("z",)),
+        ...                PlanNode("d", "Conv", ("z", "dw"), ("o",), {"group": 2})],
+        ...               inputs=("x",), outputs=("o",), constant=c.get)
+        >>> fold_path(g, EqualizationSite("input", "z", "d", "c"))
+        ('y', 'z')
+    """
+    if site.side != "input" or site.fold is None:
+        return ()
+    path = [site.tensor]
+    node = graph.producer(site.tensor)
+    while node is not None and node.name != site.fold:
+        path.append(node.inputs[0])
+        node = graph.producer(node.inputs[0])
+    return tuple(reversed(path))
+
+
 def equalization_sites(graph: GraphView, chains: ActivationChains) -> list[EqualizationSite]:
     """Where :mod:`activation equalization <quant_algos.activation_equalization>` applies
     in ``graph``, given its activation chains (the module docstring), in graph order. The

@@ -15,10 +15,13 @@ Each call returns its own result; the quantizer keeps no state between calls, so
 :class:`ModelQuantizer` serves any number of models.
 
 :meth:`ModelQuantizer.quantize` also runs the config's ``algorithms``
-(:mod:`quant_onnx.algorithms`): CLE and SmoothQuant on the float model between phases 1
-and 2 (the model is planned again after them), mixed precision, AdaRound, AdaQuant
-and bias correction on the QDQ model after phase 3. These read the calibration set
-several times, so with algorithms configured it is held in memory.
+(:mod:`quant_onnx.algorithms`): CLE, activation equalization and SmoothQuant on the float
+model between phases 1 and 2 (the model is planned again after them), mixed precision,
+AdaRound, AdaQuant and bias correction on the QDQ model after phase 3. These read the
+calibration set several times, so with algorithms configured it is held in memory. Where
+activation equalization is the only float-model pass and every observer keeps min and
+max (``a8w8``), it is measured in the calibration pass itself
+(:mod:`quant_onnx.algorithms.equalized_calibration`): one float pass instead of two.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -46,7 +49,9 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_algos.drivers.schedule import schedule
 from quant_core import presets
+from quant_core.algorithm_config import ActivationEqualizationConfig
 from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
 from quant_core.onnx_qdq.model_io import (
@@ -60,6 +65,7 @@ from quant_core.onnx_qdq.model_io import (
 from quant_core.plan import PlanGraph, QuantPlan
 from quant_core.qdq import encode_activation_dtype, required_opset
 from quant_core.spec import QuantSpec
+from quant_onnx.algorithms.equalized_calibration import calibrate_with_equalization, one_pass_observers
 from quant_onnx.algorithms.layerwise import input_mean_request
 from quant_onnx.algorithms.mixed_precision import EvaluateFn
 from quant_onnx.algorithms.passes import PassesResult, run_post_passes, run_pre_passes
@@ -297,9 +303,56 @@ class ModelQuantizer:
             quiet=self.quiet,
             input_means=input_mean_request(prepared.model, self.config),  # one float pass less
         )
+        return self._after_calibration(calibrated, held.held), held.held
+
+    def _after_calibration(self, calibrated: CalibratedModel, held: list[dict[str, np.ndarray]]) -> CalibratedModel:
         for hook in self.calibrated_hooks:
-            calibrated = hook(calibrated, held.held)
-        return calibrated, held.held
+            calibrated = hook(calibrated, held)
+        return calibrated
+
+    def _equalize_in_calibration(
+        self,
+        prepared: PreparedModel,
+        feeds: list[Mapping[str, np.ndarray]],
+        num_samples: int | None,
+        batch_size: int | None,
+        image_options: ImageOptions | None,
+    ) -> tuple[PreparedModel, CalibratedModel, list[dict[str, np.ndarray]], dict[str, Any]] | None:
+        """Activation equalization and calibration in one float pass
+        (:mod:`quant_onnx.algorithms.equalized_calibration`): the equalized model, its
+        calibration, the held samples and the equalization's report; ``None`` unless the
+        equalization is the config's only pre-pass and every observer keeps min and max."""
+        before = schedule(self.config).before_calibration
+        if len(before) != 1 or not isinstance(before[0], ActivationEqualizationConfig):
+            return None
+        if not one_pass_observers(prepared.plan):
+            return None
+        batches = self.calibration_batches(
+            prepared, feeds, num_samples=num_samples, batch_size=batch_size, image_options=image_options
+        )
+        held = _HeldBatches(batches, self.hold_samples)
+        planned: list[PreparedModel] = []
+
+        def plan_of(model: onnx.ModelProto) -> QuantPlan:
+            planned.append(self.replan(model, prepared.preprocess_changes))
+            return planned[-1].plan
+
+        result = calibrate_with_equalization(
+            prepared.model,
+            prepared.plan,
+            self.config,
+            before[0],
+            held,
+            plan_of,
+            total_batches=batches.num_batches(),
+            quiet=self.quiet,
+        )
+        equalized = planned[-1]
+        report = result.report.to_dict()
+        if result.calibrated is None:
+            calibrated, held_samples = self._calibrate(equalized, feeds, num_samples, batch_size, image_options)
+            return equalized, calibrated, held_samples, report
+        return equalized, self._after_calibration(result.calibrated, held.held), held.held, report
 
     def write(self, calibrated: CalibratedModel) -> WrittenModel:
         """Phase 3: the QDQ model, the notes writing it made and how each bias was stored."""
@@ -351,6 +404,7 @@ class ModelQuantizer:
         prepared = self.prepare(model_in)
         feeds: list[Mapping[str, np.ndarray]] | None = None
         algorithm_reports: dict[str, Any] = {}
+        one_pass = None
         if self.config.algorithms:
             feeds = list(
                 self.calibration_batches(
@@ -361,10 +415,15 @@ class ModelQuantizer:
                     image_options=image_options,
                 )
             )
-            prepared, pre_reports = self.run_pre_passes(prepared, feeds)
-            algorithm_reports.update(pre_reports)
+            one_pass = self._equalize_in_calibration(prepared, feeds, num_samples, batch_size, image_options)
+            if one_pass is None:
+                prepared, pre_reports = self.run_pre_passes(prepared, feeds)
+                algorithm_reports.update(pre_reports)
             calibration_data = feeds
-        calibrated, held = self._calibrate(prepared, calibration_data, num_samples, batch_size, image_options)
+        if one_pass is not None:
+            prepared, calibrated, held, algorithm_reports[ActivationEqualizationConfig.kind] = one_pass
+        else:
+            calibrated, held = self._calibrate(prepared, calibration_data, num_samples, batch_size, image_options)
         written = self.write(calibrated)
         quantized = written.model
         if feeds is not None:

@@ -32,7 +32,12 @@ from typing import Any
 import attrs
 import numpy as np
 
-from quant_algos.activation_equalization import EqualizationSite, equalization_sites, equalizing_scales
+from quant_algos.activation_equalization import (
+    EqualizationSite,
+    equalization_sites,
+    equalizing_scales,
+    fold_path,
+)
 from quant_algos.drivers.cle_chains import LayerRef, Writable, layer_ref
 from quant_algos.layer import Layer, scale_inputs, scale_outputs
 from quant_core.config import QuantConfig
@@ -86,12 +91,15 @@ class ActivationEqualizationReport:
 @attrs.frozen(eq=False)
 class ActivationEqualization:
     """What a backend writes: the changed layers with where they live (as CLE's), the
-    ``Mul`` nodes to insert, and the report."""
+    ``Mul`` nodes to insert, and the report. ``divided``: tensor -> the per-channel
+    divisor (axis 1) its values take in the equalized model, which keeps its name; an
+    inserted ``Mul``'s output holds its input's values (as divided) times the multiplier."""
 
     layers: dict[str, Layer]
     refs: dict[str, LayerRef]
     insertions: tuple[ScaleInsertion, ...]
     report: ActivationEqualizationReport
+    divided: Mapping[str, np.ndarray] = attrs.field(factory=dict)
 
 
 def merged_ranges(
@@ -129,10 +137,34 @@ def site_cost(config: QuantConfig, site: EqualizationSite) -> str | None:
     return None
 
 
-def plan_activation_equalization(
-    graph: GraphView, config: QuantConfig, measure: Measure, writable: Writable
-) -> ActivationEqualization:
-    """The equalization of ``graph`` under ``config``'s formats (module docstring)."""
+@attrs.frozen(eq=False)
+class EqualizationCandidates:
+    """The sites :func:`plan_activation_equalization` may equalize, decided from the graph
+    and the formats before anything is measured (a backend may measure them in a pass it
+    runs anyway: :meth:`channel_tensors`)."""
+
+    sites: tuple[EqualizationSite, ...]
+    refs: dict[str, LayerRef]
+    notes: tuple[str, ...]
+    chains: ActivationChains
+    paths: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+
+    @property
+    def measured(self) -> list[str]:
+        """The tensors whose per-channel ranges decide the scales."""
+        return [site.tensor for site in self.sites]
+
+    def channel_tensors(self) -> list[str]:
+        """Every tensor an equalization of these sites may divide per channel, with the
+        measured ones: whose per-channel ranges give every range the equalized model can
+        have (:attr:`ActivationEqualization.divided`)."""
+        names = [*self.measured, *(t for site in self.sites for t in self.paths.get(site.tensor, ()))]
+        return list(dict.fromkeys(names))
+
+
+def equalization_candidates(graph: GraphView, config: QuantConfig, writable: Writable) -> EqualizationCandidates:
+    """The sites of ``graph`` whose per-channel scales are free under ``config``'s formats
+    and whose Convs can be rewritten; a note for each site left alone."""
     chains = find_chains(graph) if config.transformer_recipe else ActivationChains()
     nodes = {node.name: node for node in graph.nodes}
     notes: list[str] = []
@@ -151,15 +183,35 @@ def plan_activation_equalization(
             sites.append(site)
         else:
             notes.append(f"{site.tensor} ({site.side} of {site.layer}): left alone; {why}")
-    if not sites:
+    paths = {site.tensor: fold_path(graph, site) for site in sites if site.fold is not None}
+    return EqualizationCandidates(tuple(sites), refs, tuple(notes), chains, paths)
+
+
+def plan_activation_equalization(
+    graph: GraphView, config: QuantConfig, measure: Measure, writable: Writable
+) -> ActivationEqualization:
+    """The equalization of ``graph`` under ``config``'s formats (module docstring)."""
+    return equalize(equalization_candidates(graph, config, writable), measure)
+
+
+def equalize(candidates: EqualizationCandidates, measure: Measure) -> ActivationEqualization:
+    """The equalization of ``candidates``, with the per-channel ranges ``measure`` gives."""
+    notes, refs, chains = list(candidates.notes), candidates.refs, candidates.chains
+    if not candidates.sites:
         return ActivationEqualization(
             {}, {}, (), ActivationEqualizationReport((), (*notes, "no activation to equalize"))
         )
-    ranges = measure([site.tensor for site in sites])
+    ranges = measure(candidates.measured)
     layers: dict[str, Layer] = {}
     insertions: list[ScaleInsertion] = []
     equalized: list[EqualizedActivation] = []
-    for site in sites:
+    divided: dict[str, np.ndarray] = {}
+
+    def divide(tensors: Sequence[str], scales: np.ndarray) -> None:
+        for tensor in tensors:
+            divided[tensor] = divided[tensor] * scales if tensor in divided else scales
+
+    for site in candidates.sites:
         low, high = (np.asarray(v, np.float64) for v in ranges[site.tensor])
         layer = layers.get(site.layer, refs[site.layer].layer)
         if site.side == "output":
@@ -171,6 +223,7 @@ def plan_activation_equalization(
                 continue
             layers[site.layer] = scale_outputs(layer, scales)
             insertions.append(ScaleInsertion(site.tensor, scales, layer.weight.ndim))
+            divide([site.tensor], scales)
             compensated = "mul"
         else:
             # Every channel's max |x| brought to the largest. A depthwise input is mostly a
@@ -189,6 +242,7 @@ def plan_activation_equalization(
                 compensated = "mul"
             else:
                 layers[site.fold] = scale_outputs(layers.get(site.fold, refs[site.fold].layer), scales)
+                divide(candidates.paths[site.tensor], scales)
                 compensated = f"into:{site.fold}"
         extent = high - low
         live = extent[extent > 0]
@@ -199,6 +253,7 @@ def plan_activation_equalization(
         {name: refs[name] for name in layers},
         tuple(insertions),
         ActivationEqualizationReport(tuple(equalized), tuple(notes)),
+        divided,
     )
 
 

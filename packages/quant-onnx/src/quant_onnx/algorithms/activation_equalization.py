@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from quant_algos.drivers.activation_equalization import (
+    ActivationEqualization,
     ActivationEqualizationReport,
     Measure,
     merged_ranges,
@@ -33,6 +34,7 @@ __all__ = [
     "ActivationEqualizationReport",
     "apply_activation_equalization",
     "apply_activation_equalization_with_report",
+    "write_equalization",
 ]
 
 
@@ -64,13 +66,33 @@ def apply_activation_equalization_with_report(
         _channel_ranges(model, feeds),
         writable=lambda name: index.initializer_proto(name) is not None,
     )
+    out, _sources = write_equalization(model, plan)
+    return out, plan.report
+
+
+TensorSource = tuple[str, np.ndarray]
+"""An equalized model's tensor as the float model's ``(tensor, per-channel factor)``
+(axis 1): its values are the float tensor's times the factor."""
+
+
+def write_equalization(
+    model: onnx.ModelProto, equalization: ActivationEqualization
+) -> tuple[onnx.ModelProto, dict[str, TensorSource]]:
+    """A copy of ``model`` with ``equalization`` written (rescaled Convs, inserted ``Mul``
+    nodes), and the source of every tensor whose values it changed or that it added."""
     out = copy_model(model)
-    write_layers(out, plan.layers, plan.refs)
-    for insertion in plan.insertions:
-        insert_mul(
+    write_layers(out, equalization.layers, equalization.refs)
+    sources: dict[str, TensorSource] = {
+        tensor: (tensor, 1.0 / divisor) for tensor, divisor in equalization.divided.items()
+    }
+    for insertion in equalization.insertions:
+        name = insert_mul(
             out, GraphIndex(out.graph), insertion.tensor, "conv", insertion.rank, insertion.multiplier, "equaliz"
         )
-    return out, plan.report
+        written = next(node.output[0] for node in out.graph.node if node.name == name)
+        source, factor = sources.get(insertion.tensor, (insertion.tensor, np.ones_like(insertion.multiplier)))
+        sources[written] = (source, factor * insertion.multiplier)
+    return out, sources
 
 
 def apply_activation_equalization(

@@ -110,6 +110,35 @@ class _FirstSamplesMean:
             self.mean.update(taken)
 
 
+class MeansTaken:
+    """What a pass feeds to answer an :class:`InputMeans` request (``None``: none): an
+    accumulator per requested tensor, under keys no observer has.
+
+    Example:
+        >>> taken = MeansTaken(InputMeans(1, {"x": False}))
+        >>> taken.accumulators[taken.keys["x"]].update(np.array([[1.0, 3.0]]))
+        >>> taken.result().values["x"].tolist()
+        [1.0, 3.0]
+    """
+
+    def __init__(self, request: InputMeans | None) -> None:
+        self.request = request
+        limit = request.samples if request is not None else 0
+        requested = request.conv.items() if request is not None else ()
+        self.keys = {tensor: _MEAN_KEY + tensor for tensor, _conv in requested}
+        self.accumulators = {self.keys[tensor]: _FirstSamplesMean(conv, limit) for tensor, conv in requested}
+
+    def result(self) -> InputMeans | None:
+        """The request answered (every requested tensor came out of the same runs, so each
+        saw the same samples), or ``None`` when nothing was requested."""
+        if self.request is None:
+            return None
+        limit = self.request.samples
+        samples = limit - max((mean.left for mean in self.accumulators.values()), default=limit)
+        values = {tensor: self.accumulators[key].mean.mean() for tensor, key in self.keys.items()} if samples else {}
+        return InputMeans(samples, self.request.conv, values)
+
+
 @attrs.frozen(eq=False)
 class CalibratedModel:
     """A float model with every quantization decision made: the input of the writer.
@@ -265,21 +294,14 @@ def calibrate(
     ``input_means``: a request (tensors, samples) for float means taken in the same pass."""
     observers = fresh_observers(plan)
     feeds_of = {tensor: list(keys) for tensor, keys in observer_feeds(plan).items()}
-    limit = input_means.samples if input_means is not None else 0
-    requested = input_means.conv.items() if input_means is not None else ()
-    sums = {tensor: _FirstSamplesMean(conv, limit) for tensor, conv in requested}
-    for tensor in sums:
-        feeds_of.setdefault(tensor, []).append(_MEAN_KEY + tensor)
-    filled: dict[str, Any] = {**observers, **{_MEAN_KEY + tensor: mean for tensor, mean in sums.items()}}
+    means = MeansTaken(input_means)
+    for tensor, key in means.keys.items():
+        feeds_of.setdefault(tensor, []).append(key)
     batching_free = all(spec.observer.method != "moving_average" for spec in observer_specs(plan).values())
+    filled: dict[str, Any] = {**observers, **means.accumulators}
     observe_tensors(model, feeds_of, filled, batches, total_batches=total_batches, quiet=quiet, chunk=batching_free)
     calibrated = from_filled_observers(model, plan, observers)
-    if input_means is None:
-        return calibrated
-    # Every requested tensor comes out of the same runs, so each saw the same samples.
-    samples = limit - max((mean.left for mean in sums.values()), default=limit)
-    values = {tensor: mean.mean.mean() for tensor, mean in sums.items()} if samples else {}
-    return calibrated.evolve(input_means=InputMeans(samples, input_means.conv, values))
+    return calibrated if input_means is None else calibrated.evolve(input_means=means.result())
 
 
 def from_filled_observers(
