@@ -9,7 +9,8 @@ per-channel ranges: ``min_c(low_c * f_c)``, ``max_c(high_c * f_c)``. So one pass
 float model keeps each observed tensor's range, the per-channel ranges of every tensor an
 equalization may scale, and the analytic bias correction's input means; the equalization
 is decided from them, and the equalized model's observers are filled without running it
-(PP-OCRv4's recogniser at ``a8w8``: 4.9 s -> see ``docs/benchmarks.md``).
+(PP-OCRv4's recogniser at ``a8w8``: 2.11x -> 1.38x the time of the preset without
+its algorithms; ``docs/benchmarks.md``).
 
 Where the equalized plan observes any other way (percentile, MSE, moving averages, per
 channel), or observes a tensor this pass did not keep, the caller calibrates the equalized
