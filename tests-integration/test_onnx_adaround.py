@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
 torch = pytest.importorskip("torch")
 
@@ -18,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "quant
 from algorithms_models import (  # noqa: E402
     batches_for,
     conv_relu_conv,
+    matmul_mlp,
     mobilenet_block,
     quantize_for_passes,
     run,
@@ -87,3 +89,25 @@ def test_adaround_through_the_dispatcher_and_num_samples():
         calibrated, qdq, batches[:1], AdaRoundConfig(num_iterations=50, num_samples=8), quiet=True
     )
     assert direct.SerializeToString() == result.model.SerializeToString()  # deterministic, first 8 samples
+
+
+@pytest.mark.parametrize("config", [AdaRoundConfig(num_iterations=300, batch_size=16), AdaQuantConfig()])
+def test_a_bias_added_after_a_matmul_is_part_of_the_target(config):
+    # An exporter writes a linear layer over tokens as MatMul then Add. The runner compares
+    # the MatMul's output, without the bias; the problem adds the bias, so the target must
+    # have it too, or the bias is an error the learned rounding bends every weight to cancel.
+    model = matmul_mlp(sizes=(12, 16, 4))
+    for tensor in model.graph.initializer:
+        if tensor.name in ("b1", "b2"):  # biases far above what rounding a weight moves
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) * 20.0, tensor.name))
+    batches = batches_for(model, count=4, batch=16)
+    calibrated, qdq = quantize_for_passes(model, batches)
+    out, report = apply_reconstruction(calibrated, qdq, batches, config, quiet=True)
+    reference = run(model, batches)
+    assert _mse(run(out, batches), reference) <= _mse(run(qdq, batches), reference)
+    for outcome in report.layers:  # what nearest rounding leaves is small against the bias
+        assert outcome.loss_nearest < 1.0, outcome
+    if isinstance(config, AdaRoundConfig):
+        for layer in ("fc1", "fc2"):
+            moved = stored_weight_codes(out, layer) != stored_weight_codes(qdq, layer)
+            assert moved.mean() < 0.25, (layer, moved.mean())

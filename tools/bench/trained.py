@@ -33,7 +33,7 @@ from tools.bench.models import DATA_DIR, calibration_batches, save_npy
 
 MODELS = ("fmnist_deit", "fmnist_deit_decomposed", "fmnist_hardswish_se", "ocr_ctc", "fmnist_yolo", "text_seg")
 PRESETS = ("a8w8", "a16w8", "xint8")
-CONFIGS = (*PRESETS, "ort")
+CONFIGS = (*PRESETS, "ort")  # the default run; any preset of quant_core can be named
 COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 WORK_DIR = common.CACHE_DIR / "bench" / "trained"
 RESULTS = common.CACHE_DIR / "bench" / "trained.json"
@@ -107,7 +107,8 @@ def run_model(name: str, args: argparse.Namespace, results: dict[str, Any]) -> N
 
 def tables(results: dict[str, Any]) -> str:
     """Headline metric (output SQNR dB) per model and config, then what each keeps of the float model."""
-    configs = [c for c in CONFIGS if any(c in m["configs"] for m in results["models"].values())]
+    named = dict.fromkeys(c for m in results["models"].values() for c in m["configs"])
+    configs = [c for c in dict.fromkeys((*CONFIGS, *named)) if c in named]  # the default ones first
     first, second = [], []
     for name, m in results["models"].items():
         cells, kept = [], []
@@ -132,6 +133,12 @@ def tables(results: dict[str, Any]) -> str:
 
 
 ORT_LABEL = "ORT quantize_static"
+
+
+def _preset_names() -> tuple[str, ...]:
+    from quant_core.presets import PRESETS as ALL
+
+    return tuple(ALL)
 
 
 def _vs_name(m: dict[str, Any]) -> str:
@@ -159,7 +166,7 @@ def environment() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    p.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    p.add_argument("--configs", nargs="+", choices=(*_preset_names(), "ort"), default=list(CONFIGS))
     p.add_argument("--num-calib", type=int, default=512)
     p.add_argument("--calib-batch", type=int, default=32)
     p.add_argument("--num-eval", type=int, default=None, help="first N eval samples (default: the task's split)")

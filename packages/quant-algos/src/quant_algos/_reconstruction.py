@@ -62,6 +62,12 @@ def check_qparams(weight: np.ndarray, qp: QParams) -> None:
         raise ModelError(f"weight_qparams: per-tensor qparams with scale shape {qp.scale.shape}")
 
 
+def _tensor(torch: ModuleType, array: np.ndarray) -> Any:
+    """``array`` as a CPU tensor sharing its memory, or a copy where it is read-only (an
+    initializer's view): torch warns on a tensor over memory it may not write."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
 class LayerProblem:
     """One layer's reconstruction problem on a torch device."""
 
@@ -86,12 +92,10 @@ class LayerProblem:
         self.groups, self.size, self.k = self.x.shape
         self.cout_g = weight_shape[0] // self.groups
         self.rows = rows
-        self.bias = (
-            None if bias is None else self.grouped_bias(torch.from_numpy(np.asarray(bias, np.float32)).to(device))
-        )
+        self.bias = None if bias is None else self.grouped_bias(_tensor(torch, np.asarray(bias, np.float32)).to(device))
         with torch.no_grad():
             if pool.targets is None:
-                w = torch.from_numpy(float_weight).to(device)
+                w = _tensor(torch, float_weight).to(device)
                 target = torch.cat([self.output(w, self.bias, sl) for sl in self.chunks()], dim=1)
             else:
                 target = torch.from_numpy(pool.targets).to(device)
@@ -135,11 +139,11 @@ class LayerProblem:
     def full_loss(self, weight: np.ndarray, bias: np.ndarray | None) -> float:
         torch = self.torch
         with torch.no_grad():
-            w = torch.from_numpy(np.asarray(weight, np.float32)).to(self.device)
+            w = _tensor(self.torch, np.asarray(weight, np.float32)).to(self.device)
             b = (
                 self.bias
                 if bias is None
-                else self.grouped_bias(torch.from_numpy(np.asarray(bias, np.float32)).to(self.device))
+                else self.grouped_bias(_tensor(self.torch, np.asarray(bias, np.float32)).to(self.device))
             )
             total = sum(float(self.loss(w, b, sl)) * (sl.stop - sl.start) for sl in self.chunks())
         return total / self.size

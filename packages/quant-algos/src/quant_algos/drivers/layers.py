@@ -117,4 +117,5 @@ def describe_layer(
         activation=activation,
         output_channel_axis=1 if op_type == "Conv" else -1,
         bias_allowed=bias_allowed(op_type, input_quantized=input_quantized, float_bias=float_bias),
+        bias_added_after=float_bias and bias is not None,
     )

@@ -46,6 +46,9 @@ class QuantLayer:
             ``[N, C]``, -1 for ``[..., N]`` MatMul outputs).
         bias_allowed: a bias can be written (Conv/Gemm whose input is quantized, or a
             MatMul whose output an Add of a float constant reads).
+        bias_added_after: ``bias`` is that Add's constant, added after the output the
+            runner gives (:meth:`LayerRunner.float_outputs` and
+            :meth:`LayerRunner.quantized_outputs` leave it out, as they leave out no Conv's).
     """
 
     name: str
@@ -57,6 +60,7 @@ class QuantLayer:
     activation: str | None
     output_channel_axis: int
     bias_allowed: bool
+    bias_added_after: bool = False
 
     @property
     def is_conv(self) -> bool:
