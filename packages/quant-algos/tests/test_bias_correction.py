@@ -139,8 +139,8 @@ def test_analytic_errors():
     with pytest.raises(ValueError, match="rank 2"):
         acc.update(np.zeros((2, 3)))
     acc.update(np.zeros((2, 3, 4, 4)))
-    with pytest.raises(ValueError, match="earlier batches"):
-        acc.update(np.zeros((2, 3, 5, 5)))
+    with pytest.raises(ValueError, match="earlier batches"):  # another channel count
+        acc.update(np.zeros((2, 4, 4, 4)))
     acc.update(np.full((2, 3, 4, 4), np.inf))  # it stays in the sum, and the mean says so
     with pytest.raises(ValueError, match="NaN"):
         acc.mean()
@@ -166,5 +166,34 @@ def test_input_mean_of_one_sample_runs_and_batches_mixed(conv):
     x = samples.astype(np.float64)
     expected = x.mean(axis=0) if conv else x.reshape(-1, shape[-1]).mean(axis=0)
     np.testing.assert_allclose(acc.mean(), expected, rtol=1e-6, atol=1e-5)
-    with pytest.raises(ValueError, match="earlier batches"):
-        acc.update(np.zeros((1, *shape[:-1], shape[-1] + 1), np.float32))
+    with pytest.raises(ValueError, match="earlier batches"):  # another channel (feature) count
+        acc.update(np.zeros((1, shape[0] + 1, *shape[1:]) if conv else (1, *shape[:-1], shape[-1] + 1), np.float32))
+
+
+@pytest.mark.parametrize("first", ["batch", "one_sample"])
+def test_a_convolution_input_whose_size_changes_keeps_channel_means(first):
+    # Text lines of several widths: no mean map fits them all, so from the first change on
+    # each channel's mean over every value (what weight_rounding_shift takes for each tap).
+    rng = np.random.default_rng(5)
+    widths = [8, 8, 12, 8, 5, 12]
+    samples = [
+        (rng.normal(size=(2 if first == "batch" and i == 0 else 1, 3, 4, w)) + np.arange(3)[:, None, None]).astype(
+            np.float32
+        )
+        for i, w in enumerate(widths)
+    ]
+    acc = InputMeanAccumulator(conv=True)
+    for x in samples:
+        acc.update(x)
+    values = np.concatenate([x.transpose(1, 0, 2, 3).reshape(3, -1) for x in samples], axis=1).astype(np.float64)
+    np.testing.assert_allclose(acc.mean(), values.mean(axis=1), rtol=1e-6)
+    # The shift then takes each channel's mean for every tap.
+    delta = rng.normal(size=(2, 3, 3, 3))
+    np.testing.assert_allclose(
+        weight_rounding_shift(delta, acc.mean()), delta.sum(axis=(2, 3)) @ values.mean(axis=1), rtol=1e-6
+    )
+    # Sums reduced elsewhere (the ONNX runner's in-graph pass) take the same path.
+    summed = InputMeanAccumulator(conv=True)
+    for x in samples:
+        summed.add(x.sum(axis=0, dtype=np.float64), len(x))
+    np.testing.assert_allclose(summed.mean(), values.mean(axis=1), rtol=1e-9)

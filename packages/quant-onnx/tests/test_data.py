@@ -123,11 +123,19 @@ def test_missing_input_and_mismatched_counts():
         list(calibration_batches(specs, np.ones((2, 2))))
 
 
-def test_symbolic_dims_need_consistent_sample_shapes():
+def test_samples_of_another_size_start_a_batch_of_their_own():
+    # Text lines of several widths: one batch holds one size, in the order they come.
     specs = [InputSpec("x", ("N", 3, "H", "W"), F32)]
-    items = [samples(1, (3, 4, 4))[0], samples(1, (3, 5, 5))[0]]
+    items = [samples(1, (3, 4, 4))[0], samples(1, (3, 4, 4))[0], samples(1, (3, 5, 5))[0], samples(1, (3, 4, 4))[0]]
+    batches = list(calibration_batches(specs, items, batch_size=4))
+    assert [b["x"].shape for b in batches] == [(2, 3, 4, 4), (1, 3, 5, 5), (1, 3, 4, 4)]
+    np.testing.assert_array_equal(batches[0]["x"], np.stack(items[:2]))
+    np.testing.assert_array_equal(batches[1]["x"][0], items[2])
+    np.testing.assert_array_equal(batches[2]["x"][0], items[3])
+    # A model that fixes its batch size cannot take a short batch: mixed sizes stay an error.
+    fixed = [InputSpec("x", (2, 3, "H", "W"), F32)]
     with pytest.raises(DataError, match="input 'x' samples have different shapes"):
-        list(calibration_batches(specs, items, batch_size=2))
+        list(calibration_batches(fixed, items[1:3], batch_size=2))
 
 
 def test_bad_arguments():

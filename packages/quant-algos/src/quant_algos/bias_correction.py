@@ -146,9 +146,11 @@ class InputMeanAccumulator:
 
     A convolution's input (``[N, C, ...]``) keeps its mean map ``[C, ...]``, position by
     position: near a zero-padded border a filter tap reads padding, so the taps' means
-    differ from the channel's (:func:`weight_rounding_shift` uses them). A dense layer's
-    input (``[..., K]``) keeps the mean of each feature over every leading axis (samples
-    and tokens alike: one bias serves every token).
+    differ from the channel's (:func:`weight_rounding_shift` uses them). Where the map's
+    size changes between samples (a text line's width), there is no map to keep: from then
+    on it keeps each channel's mean over every value, ``[C]`` (exact away from padded
+    borders). A dense layer's input (``[..., K]``) keeps the mean of each feature over
+    every leading axis (samples and tokens alike: one bias serves every token).
 
     Example:
         >>> import numpy as np
@@ -156,6 +158,10 @@ class InputMeanAccumulator:
         >>> acc.update(np.array([[[1.0, 2.0], [3.0, 4.0]]]))
         >>> acc.mean().tolist()
         [2.0, 3.0]
+        >>> acc = InputMeanAccumulator(conv=True)
+        >>> acc.update(np.ones((1, 2, 1, 2))); acc.update(np.zeros((1, 2, 1, 6)))
+        >>> acc.mean().tolist()  # 2 ones among 8 values per channel
+        [0.25, 0.25]
     """
 
     def __init__(self, conv: bool) -> None:
@@ -168,6 +174,7 @@ class InputMeanAccumulator:
         # a bias correction can see (relative error ~1e-6).
         self._partial: np.ndarray | None = None
         self._partial_rows = 0
+        self._channels_only = False  # a convolution's map changed size: per-channel sums
 
     def update(self, inputs: np.ndarray) -> None:
         x = np.asarray(inputs)
@@ -182,6 +189,10 @@ class InputMeanAccumulator:
     def add(self, total: np.ndarray, rows: int) -> None:
         """Add the sum of ``rows`` rows reduced elsewhere (e.g. inside onnxruntime)."""
         total = np.asarray(total)
+        if self.conv and (self._channels_only or self._changes_size(total)):
+            self._to_channels()
+            rows *= int(np.prod(total.shape[1:]))
+            total = total.reshape(total.shape[0], -1).sum(axis=1, dtype=np.float64)
         self._check_shape(total)
         if self._sum is None:
             self._sum = total.astype(np.float64)  # its own buffer: later sums add into it in place
@@ -190,6 +201,9 @@ class InputMeanAccumulator:
         self._count += rows
 
     def _add_partial(self, row: np.ndarray) -> None:
+        if self._channels_only or self._changes_size(row):
+            self.add(row, 1)
+            return
         self._check_shape(row)
         if self._partial is None:
             self._partial = row.copy()
@@ -205,13 +219,36 @@ class InputMeanAccumulator:
             self._partial, self._partial_rows = None, 0
             self.add(partial, rows)
 
+    def _changes_size(self, total: np.ndarray) -> bool:
+        """Whether a convolution's per-sample map ``total`` has the known channels at
+        another size."""
+        known = self._sum if self._sum is not None else self._partial
+        return (
+            known is not None
+            and known.ndim == total.ndim
+            and known.shape[0] == total.shape[0]
+            and known.shape != total.shape
+        )
+
+    def _to_channels(self) -> None:
+        """Fold the mean map so far into per-channel sums (counting every position)."""
+        if self._channels_only:
+            return
+        self._channels_only = True
+        kept = ((self._sum, self._count), (self._partial, self._partial_rows))
+        self._sum, self._count, self._partial, self._partial_rows = None, 0, None, 0
+        for total, rows in kept:
+            if total is not None and rows:
+                self.add(total, rows)
+
     def _check_shape(self, total: np.ndarray) -> None:
         known = self._sum if self._sum is not None else self._partial
         if known is not None and known.shape != total.shape:
             raise DataError(f"input: shape {list(total.shape)} per sample, but earlier batches had {list(known.shape)}")
 
     def mean(self) -> np.ndarray:
-        """``[C, ...]`` for a convolution, ``[K]`` for a dense layer (float64)."""
+        """``[C, ...]`` for a convolution (``[C]`` once its size changed), ``[K]`` for a
+        dense layer (float64)."""
         self._fold()
         if self._sum is None or self._count == 0:
             raise DataError("bias correction: no inputs were accumulated")

@@ -127,7 +127,9 @@ class PoolBuilder:
 
     The output positions are drawn once, for ``num_samples`` samples in all, and each
     batch contributes the rows at its positions: the pool equals :func:`build_pool` on the
-    concatenated batches.
+    concatenated batches. Samples may change size between batches (text lines of several
+    widths): from the first change on, the rows still to fill are shared out evenly over
+    the samples to come.
 
     Args:
         weight_shape: ``[Cout, Cin/g, kh, kw]`` (Conv, with ``geometry``) or ``[out, in]``.
@@ -178,24 +180,24 @@ class PoolBuilder:
         self.flat: np.ndarray | None = None
         self.patches: np.ndarray | None = None
         self.targets: np.ndarray | None = None
+        self._quota: tuple[np.ndarray, np.ndarray] | None = None  # (pool rows, sample of each)
+        self._quota_rng: np.random.Generator | None = None
 
-    def _layout(self, x: np.ndarray) -> tuple[int, tuple[int, ...]]:
-        """Rows per sample and the layer's output shape for batch ``x`` (validated)."""
+    def _layout(self, x: np.ndarray) -> tuple[int, tuple[int, ...], tuple[int, int] | None]:
+        """Rows per sample, the layer's output shape and (a convolution) its output size for
+        batch ``x`` (validated)."""
         if self.geometry is None:
             if x.ndim < 2 or x.shape[-1] != self.k:
                 raise DataError(f"inputs: shape {x.shape} does not end in the weight's {self.k} input features")
             per_sample = int(np.prod(x.shape[1:-1], dtype=np.int64))
-            return per_sample, (*x.shape[:-1], self.cout)
+            return per_sample, (*x.shape[:-1], self.cout), None
         w = self.weight_shape
         if self.cout % self.groups or x.ndim != 4 or x.shape[1] != w[1] * self.groups:
             raise DataError(
                 f"inputs: shape {x.shape} does not fit weight {w} with groups={self.groups} (expected NCHW)"
             )
         out_hw = self.geometry.output_size((x.shape[2], x.shape[3]), (w[2], w[3]))
-        if self.out_hw is not None and out_hw != self.out_hw:
-            raise DataError(f"inputs: batch of spatial size {x.shape[2:]} differs from the earlier batches'")
-        self.out_hw = out_hw
-        return out_hw[0] * out_hw[1], (x.shape[0], self.cout, *out_hw)
+        return out_hw[0] * out_hw[1], (x.shape[0], self.cout, *out_hw), out_hw
 
     def _start(self, per_sample: int) -> None:
         self.per_sample = per_sample
@@ -214,20 +216,24 @@ class PoolBuilder:
         x = inputs
         if (targets is not None) != self.with_targets:
             raise DataError(f"targets: expected {'one per batch' if self.with_targets else 'none'}")
-        per_sample, out_shape = self._layout(x)
+        per_sample, out_shape, out_hw = self._layout(x)
         if targets is not None and tuple(targets.shape) != tuple(out_shape):
             raise DataError(f"targets: shape {tuple(targets.shape)} differs from the layer's output shape {out_shape}")
         if self.per_sample is None:
             self._start(per_sample)
-        elif per_sample != self.per_sample:
-            raise DataError(f"inputs: {per_sample} rows per sample, earlier batches had {self.per_sample}")
-        assert self.flat is not None and self.patches is not None
+            self.out_hw = out_hw
+        assert self.flat is not None and self.patches is not None and self.per_sample is not None
         n = int(x.shape[0])
         if self.seen + n > self.num_samples:
             raise DataError(f"inputs: more than the {self.num_samples} samples the pool was sized for")
-        lo, hi = self.seen * per_sample, (self.seen + n) * per_sample
-        rows = np.nonzero((self.flat >= lo) & (self.flat < hi))[0]
-        local = self.flat[rows] - lo
+        if self._quota is None and (per_sample != self.per_sample or out_hw != self.out_hw):
+            self._share_out_the_rest()
+        if self._quota is None:
+            lo, hi = self.seen * per_sample, (self.seen + n) * per_sample
+            rows = np.nonzero((self.flat >= lo) & (self.flat < hi))[0]
+            local = self.flat[rows] - lo
+        else:
+            rows, local = self._quota_rows(n, per_sample)
         self.seen += n
         if rows.size == 0:
             return
@@ -237,15 +243,36 @@ class PoolBuilder:
             if targets is not None and self.targets is not None:
                 self.targets[0, rows] = np.asarray(targets.reshape(-1, self.cout)[local], np.float32)
             return
-        assert self.out_hw is not None
+        assert out_hw is not None
         w = self.weight_shape
-        p = _conv_patches(x, (w[2], w[3]), self.geometry, local, self.out_hw)  # [P, Cin, khkw]
+        p = _conv_patches(x, (w[2], w[3]), self.geometry, local, out_hw)  # [P, Cin, khkw]
         self.patches[:, rows] = p.reshape(rows.size, self.groups, self.k).transpose(1, 0, 2)
         if targets is not None and self.targets is not None:
             s, rem = np.divmod(local, per_sample)
-            oh, ow = np.divmod(rem, self.out_hw[1])
+            oh, ow = np.divmod(rem, out_hw[1])
             t = np.asarray(targets[s, :, oh, ow], np.float32)  # [P, Cout]
             self.targets[:, rows] = t.reshape(rows.size, self.groups, cout_g).transpose(1, 0, 2)
+
+    def _share_out_the_rest(self) -> None:
+        """Samples of another size than the first (text lines of several widths): the pool
+        rows not filled yet go to the samples still to come, the same number to each, at
+        random positions of each (the rows drawn so far stay: samples of one size keep the
+        uniform draw)."""
+        assert self.flat is not None and self.per_sample is not None
+        pending = np.nonzero(self.flat >= self.seen * self.per_sample)[0]
+        remaining = self.num_samples - self.seen
+        self._quota = (pending, self.seen + np.arange(pending.size) % max(remaining, 1))
+        self._quota_rng = np.random.default_rng([self.seed, 1])
+
+    def _quota_rows(self, n: int, per_sample: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pool rows for the next ``n`` samples of ``per_sample`` positions each, and the
+        positions they take (flat within the batch)."""
+        assert self._quota is not None and self._quota_rng is not None
+        pending, owner = self._quota
+        mine = (owner >= self.seen) & (owner < self.seen + n)
+        rows = pending[mine]
+        positions = self._quota_rng.integers(0, max(per_sample, 1), size=rows.size)
+        return rows, (owner[mine] - self.seen) * per_sample + positions
 
     def pool(self) -> Pool:
         """The pool, once every sample was added."""

@@ -117,6 +117,8 @@ class CalibrationReader:
     """Iterable of validated calibration batches for a model (see the module docstring for data forms).
 
     A model with a fixed batch dim (e.g. 1) gets batches of exactly that size; a smaller remainder is dropped.
+    Samples of another size than those before them (text lines of several widths, for a model
+    whose input size is free) start a batch of their own, since one batch holds one size.
     Iterating twice re-reads the data: arrays, dicts, lists and paths allow that, a one-shot iterator
     or generator raises DataError on the second pass.
 
@@ -448,11 +450,19 @@ def _rebatch(
         _check_finite(batch)
         return batch
 
+    def sizes(batch: Batch) -> list[tuple[int, ...]]:
+        return [tuple(batch[name].shape[1:]) for name in names]
+
     for chunk in chunks:
         take = min(_count(chunk), limit - emitted - pending_count)
         if take <= 0:
             break
-        pending.append({k: v[: int(take)] for k, v in chunk.items()})
+        part = {k: v[: int(take)] for k, v in chunk.items()}
+        if pending and not exact and sizes(part) != sizes(pending[0]):
+            # Samples of another size (text lines of another width) start a batch of their own.
+            emitted += pending_count
+            yield flush(pending_count)
+        pending.append(part)
         pending_count += int(take)
         while pending_count >= batch_size:
             batch = flush(batch_size)

@@ -27,6 +27,7 @@ from quant_algos._reconstruction import PoolSettings
 from quant_algos.drivers.runner import LayerRunner, QuantLayer, first_samples
 from quant_algos.progress import progress_bar
 from quant_core.algorithm_config import AdaQuantConfig, AdaRoundConfig, GPTQConfig, samples_to_use
+from quant_core.errors import DataError
 
 
 @attrs.frozen
@@ -127,9 +128,12 @@ def reconstruct_layers(
             builder = pool_settings.builder(
                 layer.float_weight.shape, layer.geometry, count, with_targets=with_targets, batch_size=batch_size
             )
-            for inputs, targets in first_samples(_batches(runner, layer, with_targets), count):
-                builder.add(inputs, targets)
-            pool = builder.pool()
+            try:
+                for inputs, targets in first_samples(_batches(runner, layer, with_targets), count):
+                    builder.add(inputs, targets)
+                pool = builder.pool()
+            except DataError as error:
+                raise DataError(f"{method}: layer {layer.name!r}: {error}") from None
             captured = time.perf_counter()
             result = solve(
                 layer.float_weight,
