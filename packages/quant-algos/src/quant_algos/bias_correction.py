@@ -222,7 +222,7 @@ class InputMeanAccumulator:
     def _changes_size(self, total: np.ndarray) -> bool:
         """Whether a convolution's per-sample map ``total`` has the known channels at
         another size."""
-        known = self._sum if self._sum is not None else self._partial
+        known = self._known
         return (
             known is not None
             and known.ndim == total.ndim
@@ -241,8 +241,13 @@ class InputMeanAccumulator:
             if total is not None and rows:
                 self.add(total, rows)
 
+    @property
+    def _known(self) -> np.ndarray | None:
+        """The running sum whose shape later rows must match (total or partial)."""
+        return self._sum if self._sum is not None else self._partial
+
     def _check_shape(self, total: np.ndarray) -> None:
-        known = self._sum if self._sum is not None else self._partial
+        known = self._known
         if known is not None and known.shape != total.shape:
             raise DataError(f"input: shape {list(total.shape)} per sample, but earlier batches had {list(known.shape)}")
 
