@@ -112,3 +112,18 @@ def test_a_channel_that_overflows_names_its_tensor() -> None:
     bad[1]["x"][0, :, :, :] = 3e38  # finite inputs; the stem's output overflows to Inf
     with pytest.raises(ModelError, match="calibration: tensor '"):
         quantize(model, None, "a8w8", bad, quiet=True)
+
+
+def test_an_empty_batch_adds_nothing_to_the_channel_ranges() -> None:
+    from quant_onnx.algorithms.equalized_calibration import _ChannelRanges
+
+    batch = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 5.0
+    alone, after_empty = _ChannelRanges(1), _ChannelRanges(1)
+    alone.update(batch)
+    after_empty.update(np.zeros((0, 3, 4), np.float32))  # as observers ignore it
+    after_empty.update(batch)
+    assert alone.all is not None and after_empty.all is not None
+    for got, expected in ((after_empty.all, alone.all), (after_empty.first, alone.first)):
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(alone.first[1], [-2.0, 2.0, 6.0])  # the first sample only

@@ -3,10 +3,12 @@
 A batch is reduced where it lives: ``torch.aminmax`` (per tensor, or per channel after
 moving the channel axis first) for the min-max observers, and a histogram on the grid
 the observer hands out (:meth:`HistogramObserver.grid_for`) for the histogram methods
-(percentile, entropy, MSE, power-of-two MinMSE), counted by ``torch.bincount`` on an
-accelerator (the crowded bin of the zeros spread out first: :data:`DEVICE_COUNTING`); on
-the CPU by a scatter-add split over the intra-op threads, or by ``torch.bincount`` of narrow integer bins on one thread (small tensors, and every tensor while
-the machine is busy: :func:`quant_torch_fx.shared_cores.observer_threads`). Only the reduction (two
+(percentile, entropy, MSE, power-of-two MinMSE), counted by ``torch.bincount``: on an
+accelerator the crowded bin of the zeros spread out first (:data:`DEVICE_COUNTING`), on
+the CPU consecutive values spread over interleaved copies of the counts
+(:data:`COUNT_LANES`), on one thread. The elementwise steps before the count run on
+torch's threads, or on one while the machine is busy
+(:func:`quant_torch_fx.shared_cores.observer_threads`). Only the reduction (two
 numbers, one per channel, or ``bins`` counts) crosses to the host, and a min-max observer's
 running range on an accelerator only when it is read (:func:`observe_later`); the
 observer then makes its decision with ``quant_core``'s one implementation of the math, so
@@ -76,9 +78,22 @@ DEVICE_COUNTING = "zero_spread"
 #: Extra bins the zero bin's values are spread over on an accelerator (a power of two).
 ZERO_SPREAD = 1024
 
-# Below this many values one thread counts faster than splitting the work (measured on two
-# cores: the crossover lies between 32 Ki and 64 Ki values).
-PARALLEL_MIN_VALUES = 1 << 16
+#: Interleaved copies of the counts a CPU count spreads consecutive values over (value ``i``
+#: counts in copy ``i mod COUNT_LANES``), summed at the end. ``torch.bincount`` adds one to
+#: a count per value, and when consecutive values share a bin (the runs of zeros after a
+#: ReLU, 43-50% of the values) each addition waits for the last one's store. Spread over 8
+#: copies the additions are independent: 0.48-0.53 against 0.9 ns per value on one thread,
+#: whatever the data (docs/benchmarks.md).
+COUNT_LANES = 8
+
+#: Unused counts between two copies. Copies exactly ``bins`` apart (a power of two) put one
+#: bin's 8 counts in the same L1 cache set, and a run of zeros then missed the cache on every
+#: addition (2.4 against 0.5 ns per value); one 64-byte line apart they do not.
+LANE_GAP = 8
+
+#: Below this many values a chunk is counted without copies: zeroing and summing the copies
+#: costs more than the waits it saves (crossover measured at 12-16 Ki values).
+LANE_MIN_VALUES = 1 << 14
 
 
 def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
@@ -86,9 +101,11 @@ def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
 
     A value's bin is ``floor(x * 2**-e) - offset``: exact in float32 when
     ``grid.float32_exact`` (float32 data), exact in float64 always, so the counts equal
-    ``quant_core.observers.binning.bin_counts`` on the same values. On the CPU one thread
-    counts int32 bins with ``torch.bincount`` (small tensors, or torch on one thread); more
-    threads fill one row of counts each (:class:`RowCounter`).
+    ``quant_core.observers.binning.bin_counts`` on the same values. On the CPU the binning's
+    elementwise steps run on torch's threads and one thread counts the bins with
+    ``torch.bincount`` (:func:`_cpu_counts`): no parallel region waits on another thread
+    per chunk, which is what collapsed when other work shared the cores, and the copies of
+    the counts make the one thread faster than the two-thread scatter-add it replaced.
 
     Example:
         >>> g = HistogramGrid(exponent=-1, offset=-2, bins=4)  # edges -1, -0.5, 0, 0.5, 1
@@ -100,17 +117,7 @@ def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
         flat = flat.to(torch.float64)
     if flat.device.type != "cpu":
         return _device_counts(bin_indices(flat, grid), grid)
-    n = flat.numel()
-    rows = torch.get_num_threads() if n >= PARALLEL_MIN_VALUES else 1
-    scaled, narrow, index = _chunk_buffers(flat.dtype)
-    if rows == 1:
-        return _serial_counts(flat, grid, scaled, narrow)
-    counter = RowCounter(grid.bins, n, rows=rows)
-    for start in range(0, n, CPU_CHUNK):
-        values = flat[start : start + CPU_CHUNK]
-        m = values.numel()
-        counter.add(index[:m].copy_(scaled_bins(values, grid, scaled[:m])))
-    return counter.total()
+    return _cpu_counts(flat, grid)
 
 
 def _device_counts(index: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
@@ -147,37 +154,70 @@ def _spread_lanes(bins: int, device: torch.device) -> torch.Tensor:
     return held
 
 
-def _serial_counts(flat: torch.Tensor, grid: HistogramGrid, scaled: torch.Tensor, narrow: torch.Tensor) -> torch.Tensor:
-    """One thread's counts: ``torch.bincount`` of int32 bins (int16 when they fit: 0.2 ns
-    per value less to convert and read), which on the CPU counts faster than a scatter-add
-    of int64 ones (1.6-1.7 against 1.9 ns per value plus the widening pass, on a 32-pixel
-    model's activations) and needs neither."""
-    if grid.bins <= 1 << 15:
-        narrow = narrow.view(torch.int16)  # the same buffer, twice as many slots
+def _cpu_counts(flat: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
+    """Counts on the CPU, ``CPU_CHUNK`` values at a time: the bins as int16 (int32 when they
+    do not fit; 0.2 ns per value less to convert and read than int64), offset by their copy
+    (:data:`COUNT_LANES`) in chunks of at least :data:`LANE_MIN_VALUES`, and counted by
+    ``torch.bincount`` into one running total.
+
+    Example:
+        >>> g = HistogramGrid(exponent=0, offset=0, bins=3)
+        >>> _cpu_counts(torch.zeros(LANE_MIN_VALUES), g).tolist()  # one long run: spread
+        [16384, 0, 0]
+    """
+    stride = grid.bins + LANE_GAP
+    # Copies only while their bins fit int16 (up to 4088 bins): wider counts cost more to
+    # zero and sum per chunk than the waits they save.
+    lanes = COUNT_LANES if flat.numel() >= LANE_MIN_VALUES and COUNT_LANES * stride <= 1 << 15 else 1
+    width = lanes * stride if lanes > 1 else grid.bins
+    dtype = torch.int16 if width <= 1 << 15 else torch.int32
+    scaled, narrow = _chunk_buffers(flat.dtype, dtype)
+    offsets = _lane_offsets(stride, dtype) if lanes > 1 else None
     total: torch.Tensor | None = None
     for start in range(0, flat.numel(), CPU_CHUNK):
         values = flat[start : start + CPU_CHUNK]
         m = values.numel()
-        counts = torch.bincount(narrow[:m].copy_(scaled_bins(values, grid, scaled[:m])), minlength=grid.bins)
-        if counts.numel() != grid.bins:  # bincount grows past minlength for an index >= bins
+        index = narrow[:m].copy_(scaled_bins(values, grid, scaled[:m]))
+        if offsets is not None:
+            index.add_(offsets[:m])
+        counts = torch.bincount(index, minlength=width)
+        if counts.numel() != width:  # bincount grows past minlength for an index >= width
             raise AssertionError("histogram: values fall outside the grid")
         total = counts if total is None else total.add_(counts)
     assert total is not None  # histogram_counts is never called with an empty tensor
-    return total
+    if lanes == 1:
+        return total
+    copies = total.view(lanes, stride)
+    if copies[:, grid.bins :].any():  # a bin past the grid landed in a gap: the grid is wrong
+        raise AssertionError("histogram: values fall outside the grid")
+    return copies[:, : grid.bins].sum(0)
+
+
+_offsets: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def _lane_offsets(stride: int, dtype: torch.dtype) -> torch.Tensor:
+    """``(i mod COUNT_LANES) * stride`` for ``i < CPU_CHUNK``, made once per stride."""
+    held = _offsets.get((stride, dtype))
+    if held is None or held.numel() < CPU_CHUNK:
+        held = (torch.arange(CPU_CHUNK) % COUNT_LANES * stride).to(dtype)
+        _offsets[(stride, dtype)] = held
+    return held
 
 
 _buffers = threading.local()
 
 
-def _chunk_buffers(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This thread's ``CPU_CHUNK``-long buffers: scaled values of ``dtype``, int32 and int64
-    indices, made once. Fresh buffers of a few MB are fresh pages, and faulting them in cost
-    more than the binning itself on tensors of 100-200 K values (up to 5 ns per value)."""
+def _chunk_buffers(values: torch.dtype, bins: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """This thread's ``CPU_CHUNK``-long buffers of scaled ``values`` and of ``bins``, made
+    once. Fresh buffers of a few MB are fresh pages, and faulting them in cost more than the
+    binning itself on tensors of 100-200 K values (up to 5 ns per value)."""
     held: dict[str, torch.Tensor] = _buffers.__dict__
-    for key, kind in ((str(dtype), dtype), ("narrow", torch.int32), ("index", torch.int64)):
+    for kind in (values, bins):
+        key = str(kind)
         if key not in held or held[key].numel() < CPU_CHUNK:
             held[key] = torch.empty(CPU_CHUNK, dtype=kind)
-    return held[str(dtype)], held["narrow"], held["index"]
+    return held[str(values)], held[str(bins)]
 
 
 def scaled_bins(values: torch.Tensor, grid: HistogramGrid, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -209,39 +249,6 @@ def bin_indices(values: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
         [0, 1, 2, 3]
     """
     return scaled_bins(values, grid).to(torch.int64)
-
-
-class RowCounter:
-    """Counts int64 bin indices (all in ``[0, bins)``) into ``rows`` histograms that
-    ``scatter_add_`` fills in parallel on the CPU, one per intra-op thread, summed at the end:
-    1.5-1.8x faster than ``torch.bincount``, which counts on one thread, on two cores
-    (skewed ReLU data included). ``total_values`` bounds what one row can hold.
-
-    Example:
-        >>> counter = RowCounter(4, 5, rows=2)
-        >>> counter.add(torch.tensor([0, 2, 2, 3, 2]))
-        >>> counter.total().tolist()
-        [1, 0, 3, 1]
-    """
-
-    def __init__(self, bins: int, total_values: int, rows: int = 1) -> None:
-        self.rows = max(1, rows)
-        # int32 rows hold any count below 2**31 exactly and add half the bytes.
-        dtype = torch.int32 if total_values < 2**31 else torch.int64
-        self.counts = torch.zeros(self.rows, bins, dtype=dtype)
-        self._one = torch.ones((), dtype=dtype)
-
-    def add(self, index: torch.Tensor) -> None:
-        n = index.numel()
-        rows = self.rows if n >= self.rows else 1
-        per_row = n // rows
-        self.counts[:rows].scatter_add_(1, index[: rows * per_row].view(rows, per_row), self._one.expand(rows, per_row))
-        if rows * per_row < n:
-            rest = index[rows * per_row :]
-            self.counts[0].scatter_add_(0, rest, self._one.expand(rest.numel()))
-
-    def total(self) -> torch.Tensor:
-        return self.counts.sum(0, dtype=torch.int64)
 
 
 def _finite_pair(lo: torch.Tensor, hi: torch.Tensor) -> tuple[float, float]:

@@ -81,8 +81,10 @@ class _ChannelRanges:
 
     def update(self, value: np.ndarray) -> None:
         a = np.asarray(value)
-        if a.ndim < 2 or a.shape[0] == 0:
+        if a.ndim < 2:
             raise DataError(f"shape {list(a.shape)} has no channel axis")
+        if a.size == 0:  # as the observers do: an empty batch adds nothing
+            return
         rows = a.reshape(a.shape[0], a.shape[1], -1)
         lows, highs = rows.min(axis=2), rows.max(axis=2)  # [samples, channels]
         if not (np.isfinite(lows).all() and np.isfinite(highs).all()):
