@@ -157,8 +157,8 @@ def _spread_lanes(bins: int, device: torch.device) -> torch.Tensor:
 def _cpu_counts(flat: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
     """Counts on the CPU, ``CPU_CHUNK`` values at a time: the bins as int16 (int32 when they
     do not fit; 0.2 ns per value less to convert and read than int64), offset by their copy
-    (:data:`COUNT_LANES`) in chunks of at least :data:`LANE_MIN_VALUES`, and counted by
-    ``torch.bincount`` into one running total.
+    (:data:`COUNT_LANES`) in tensors of at least :data:`LANE_MIN_VALUES` values, and counted
+    by ``torch.bincount`` into one running total.
 
     Example:
         >>> g = HistogramGrid(exponent=0, offset=0, bins=3)
