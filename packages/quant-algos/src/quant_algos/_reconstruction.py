@@ -139,11 +139,11 @@ class LayerProblem:
     def full_loss(self, weight: np.ndarray, bias: np.ndarray | None) -> float:
         torch = self.torch
         with torch.no_grad():
-            w = _tensor(self.torch, np.asarray(weight, np.float32)).to(self.device)
+            w = _tensor(torch, np.asarray(weight, np.float32)).to(self.device)
             b = (
                 self.bias
                 if bias is None
-                else self.grouped_bias(_tensor(self.torch, np.asarray(bias, np.float32)).to(self.device))
+                else self.grouped_bias(_tensor(torch, np.asarray(bias, np.float32)).to(self.device))
             )
             total = sum(float(self.loss(w, b, sl)) * (sl.stop - sl.start) for sl in self.chunks())
         return total / self.size

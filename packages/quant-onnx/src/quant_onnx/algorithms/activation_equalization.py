@@ -86,10 +86,10 @@ def write_equalization(
         tensor: (tensor, 1.0 / divisor) for tensor, divisor in equalization.divided.items()
     }
     for insertion in equalization.insertions:
-        name = insert_mul(
+        mul = insert_mul(
             out, GraphIndex(out.graph), insertion.tensor, "conv", insertion.rank, insertion.multiplier, "equaliz"
         )
-        written = next(node.output[0] for node in out.graph.node if node.name == name)
+        written = mul.output[0]
         source, factor = sources.get(insertion.tensor, (insertion.tensor, np.ones_like(insertion.multiplier)))
         sources[written] = (source, factor * insertion.multiplier)
     return out, sources

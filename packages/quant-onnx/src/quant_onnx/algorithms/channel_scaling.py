@@ -91,10 +91,10 @@ def insert_mul(
     rank: int | None,
     mult: np.ndarray,
     label: str = "smooth",
-) -> str:
+) -> onnx.NodeProto:
     """Insert ``Mul(tensor, mult)`` (per channel: the last axis for ``family`` ``"dense"``,
-    axis 1 otherwise) before every reader of ``tensor``; the new node's name. ``label``
-    names the new node, constant and tensor after ``tensor``."""
+    axis 1 otherwise) before every reader of ``tensor``; the new node. ``label`` names the
+    new node, constant and tensor after ``tensor``."""
     shape = [-1] if family == "dense" else [-1] + [1] * max((rank or 4) - 2, 0)
     const = index.unique_name(f"{tensor}_{label}_scale")
     out = index.unique_name(f"{tensor}_{label}ed")
@@ -109,8 +109,9 @@ def insert_mul(
             for j, inp in enumerate(node.input):
                 if inp == tensor:
                     node.input[j] = out
-    model.graph.node.insert(position, helper.make_node("Mul", [tensor, const], [out], name=name))
-    return name
+    node = helper.make_node("Mul", [tensor, const], [out], name=name)
+    model.graph.node.insert(position, node)
+    return node
 
 
 def write_layers(model: onnx.ModelProto, layers: Mapping[str, Layer], refs: Mapping[str, LayerRef]) -> None:

@@ -173,7 +173,7 @@ def apply_smoothquant_with_report(
         where = (
             f"into:{folded}"
             if folded
-            else f"mul:{insert_mul(out, index, tensor, family, rank, result.input_multiplier)}"
+            else f"mul:{insert_mul(out, index, tensor, family, rank, result.input_multiplier).name}"
         )
         for reader, weight in zip(readers, result.weights, strict=True):
             set_initializer(out.graph, reader.weight_name, weight)
