@@ -8,8 +8,10 @@ from quant_algos.shared_cores import current_load, machine_is_busy, runnable_now
 
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
-    """Each test starts with no running mean and no earlier decision."""
+    """Each test starts with no running mean and no earlier decision, and every call
+    samples (the interval between samples has its own test)."""
     monkeypatch.setattr(shared_cores, "_STATE", shared_cores._LoadState())
+    monkeypatch.setattr(shared_cores, "SAMPLE_INTERVAL_S", 0.0)
     monkeypatch.setattr(shared_cores.os, "cpu_count", lambda: 2)
 
 
@@ -65,3 +67,13 @@ def test_busy_ends_once_the_load_falls_to_the_cores(monkeypatch):
     answers = [machine_is_busy() for _ in range(65)]
     assert all(answers[:35])  # 3 is not above 2 + 1, but the machine was busy: it stays so
     assert not answers[-1]  # back at one runnable thread: quiet again
+
+
+def test_calls_within_the_sample_interval_return_the_last_decision(monkeypatch):
+    """Calibration asks once per observed tensor: the load is read at most once per
+    interval, and the next sample after it sees a neighbour that started meanwhile."""
+    clock = iter([0.0, 0.0004, 0.0008, 0.0011, 0.0012])
+    monkeypatch.setattr(shared_cores.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(shared_cores, "SAMPLE_INTERVAL_S", 0.001)
+    _samples(monkeypatch, [1, 20])  # a third sample would exhaust the feed and fail
+    assert [machine_is_busy() for _ in range(5)] == [False, False, False, True, True]

@@ -167,6 +167,49 @@ def test_update_histogram_matches_update() -> None:
         fed.update_histogram(np.ones(256, np.int64), grid, 0.0, 1e9)
 
 
+def test_update_counted_matches_update_and_changes_nothing_when_counting_fails() -> None:
+    spec = QuantSpec(dtype="int8", observer=MSE(bins=256))
+    rng = np.random.default_rng(5)
+    direct, counted = HistogramObserver(spec), HistogramObserver(spec)
+    for scale in (1.0, 3.0, 0.5, 40.0):
+        x = (rng.standard_normal(1000) * scale).astype(np.float32)
+        direct.update(x)
+        counted.update_counted(float(x.min()), float(x.max()), lambda grid, x=x: reference_counts(x, grid))
+    assert direct.grid == counted.grid and np.array_equal(direct.counts, counted.counts)
+    assert (direct.min_val, direct.max_val) == (counted.min_val, counted.max_val)
+    before = counted.state_dict()
+    for bad, message in (
+        (lambda grid: np.zeros(3, np.int64), "expected"),
+        (lambda grid: -np.ones(256, np.int64), "non-negative"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            counted.update_counted(-1e3, 1e3, bad)
+    with pytest.raises(ValueError, match="finite"):
+        counted.update_counted(0.0, float("inf"), lambda grid: np.ones(256, np.int64))
+    after = counted.state_dict()
+    assert np.array_equal(before["counts"], after["counts"]) and before["min_val"] == after["min_val"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches, st.floats(-1e3, 1e3), st.floats(0.0, 1e3), st.booleans())
+def test_a_grid_that_already_holds_the_range_is_the_canonical_one(
+    seen: np.ndarray, lo: float, span: float, clamp: bool
+) -> None:
+    """``grid_for`` answers a range inside the current grid without searching; the answer
+    equals the search's, also after ``clamped`` narrowed the range inside the grid."""
+    obs: Observer = HistogramObserver(QuantSpec(dtype="int8", observer=MSE(bins=BINS)))
+    obs.update(seen)
+    if clamp:
+        obs = obs.clamped(float(np.quantile(seen, 0.3)), float(np.quantile(seen, 0.7)))
+    assert isinstance(obs, HistogramObserver) and obs.grid is not None
+    assert obs.min_val is not None and obs.max_val is not None
+    for a, b in ((lo, lo + span), (obs.min_val, obs.max_val), (obs.grid.lower, obs.grid.lower)):
+        expected = HistogramGrid.covering(
+            min(a, obs.min_val), max(b, obs.max_val), BINS, min_exponent=obs.grid.exponent
+        )
+        assert obs.grid_for(a, b) == expected
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_state_dict_round_trip_is_exact(spec: QuantSpec) -> None:
     obs = HistogramObserver(spec)

@@ -16,7 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
+import time
 
 #: Weight of a new sample of the runnable threads in their running mean: one sample is
 #: noisy (this process's own waiting thread is runnable or not at that instant), and a
@@ -24,6 +26,13 @@ import os
 #: (fmnist_mobilenetv2 min-max calibration beside two busy processes: 2.4x float flipping,
 #: 1.2-1.5x with either thread count held).
 SAMPLE_WEIGHT = 0.2
+
+#: Seconds between two samples of the load; a call within it returns the last decision.
+#: Calibration asks once per observed tensor and batch, every 60-200 us on a small model,
+#: and a sample costs two system calls: 9 us a call measured inside fmnist_mobilenetv2's
+#: calibration (its caches cold after each convolution), 4% of the pass. A neighbour that
+#: starts is still seen within a few milliseconds.
+SAMPLE_INTERVAL_S = 0.001
 
 
 class _LoadState:
@@ -34,6 +43,7 @@ class _LoadState:
     runnable: float | None = None
     busy: bool = False
     cores: int | None = None
+    sampled_at: float = -math.inf
 
 
 _STATE = _LoadState()
@@ -45,15 +55,21 @@ def machine_is_busy(load: float | None = None, cores: int | None = None) -> bool
     With ``load`` given, that test alone. Without, this machine's load now
     (:func:`current_load`), with hysteresis: once busy, it stays busy until the load falls
     to ``cores``, so a load hovering at the threshold does not flip the answer from one call
-    to the next. ``False`` where the platform reports no load."""
+    to the next; sampled at most once per :data:`SAMPLE_INTERVAL_S`, the calls between
+    returning the last decision. ``False`` where the platform reports no load."""
     if not cores:
         if _STATE.cores is None:
             _STATE.cores = os.cpu_count() or 1
         cores = _STATE.cores
     if load is not None:
         return load > cores + 1
+    now = time.monotonic()
+    if now - _STATE.sampled_at < SAMPLE_INTERVAL_S:
+        return _STATE.busy
+    _STATE.sampled_at = now
     measured = current_load()
     if measured is None:
+        _STATE.busy = False
         return False
     _STATE.busy = measured > (cores if _STATE.busy else cores + 1)
     return _STATE.busy

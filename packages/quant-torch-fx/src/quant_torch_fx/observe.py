@@ -2,7 +2,7 @@
 
 A batch is reduced where it lives: ``torch.aminmax`` (per tensor, or per channel after
 moving the channel axis first) for the min-max observers, and a histogram on the grid
-the observer hands out (:meth:`HistogramObserver.grid_for`) for the histogram methods
+the observer picks (:meth:`HistogramObserver.update_counted`) for the histogram methods
 (percentile, entropy, MSE, power-of-two MinMSE), counted by ``torch.bincount``: on an
 accelerator the crowded bin of the zeros spread out first (:data:`DEVICE_COUNTING`), on
 the CPU consecutive values spread over interleaved copies of the counts
@@ -117,7 +117,12 @@ def histogram_counts(x: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
         flat = flat.to(torch.float64)
     if flat.device.type != "cpu":
         return _device_counts(bin_indices(flat, grid), grid)
-    return _cpu_counts(flat, grid)
+    return torch.from_numpy(_cpu_counts(flat, grid))
+
+
+def _host_counts(x: torch.Tensor, grid: HistogramGrid) -> np.ndarray:
+    """:func:`histogram_counts` as the numpy array an observer takes."""
+    return histogram_counts(x, grid).cpu().numpy()
 
 
 def _device_counts(index: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
@@ -154,7 +159,7 @@ def _spread_lanes(bins: int, device: torch.device) -> torch.Tensor:
     return held
 
 
-def _cpu_counts(flat: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
+def _cpu_counts(flat: torch.Tensor, grid: HistogramGrid) -> np.ndarray:
     """Counts on the CPU, ``CPU_CHUNK`` values at a time: the bins as int16 (int32 when they
     do not fit; 0.2 ns per value less to convert and read than int64), offset by their copy
     (:data:`COUNT_LANES`) in tensors of at least :data:`LANE_MIN_VALUES` values, and counted
@@ -175,7 +180,7 @@ def _cpu_counts(flat: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
     offsets = _lane_offsets(stride, dtype) if lanes > 1 else None
     total: torch.Tensor | None = None
     for start in range(0, flat.numel(), CPU_CHUNK):
-        values = flat[start : start + CPU_CHUNK]
+        values = flat if flat.numel() <= CPU_CHUNK else flat[start : start + CPU_CHUNK]
         m = values.numel()
         index = narrow[:m].copy_(scaled_bins(values, grid, scaled[:m]))
         if offsets is not None:
@@ -186,11 +191,12 @@ def _cpu_counts(flat: torch.Tensor, grid: HistogramGrid) -> torch.Tensor:
         total = counts if total is None else total.add_(counts)
     assert total is not None  # histogram_counts is never called with an empty tensor
     if lanes == 1:
-        return total
-    copies = total.view(lanes, stride)
-    if copies[:, grid.bins :].any():  # a bin past the grid landed in a gap: the grid is wrong
+        return total.numpy()
+    # Summed over whole copies, gaps included, and checked on the host: one torch call.
+    summed = total.view(lanes, stride).sum(0).numpy()
+    if summed[grid.bins :].any():  # a bin past the grid landed in a gap: the grid is wrong
         raise AssertionError("histogram: values fall outside the grid")
-    return copies[:, : grid.bins].sum(0)
+    return summed[: grid.bins]
 
 
 _offsets: dict[tuple[int, torch.dtype], torch.Tensor] = {}
@@ -269,7 +275,7 @@ def observe(observer: Observer, x: torch.Tensor) -> None:
 
 
 def _as_float(x: torch.Tensor) -> torch.Tensor:
-    data = x.detach()
+    data = x.detach() if x.requires_grad else x
     if not data.is_floating_point():
         return data.to(torch.float64)
     if data.dtype not in (torch.float32, torch.float64):
@@ -282,11 +288,9 @@ def _observe(observer: Observer, x: torch.Tensor) -> None:
     if data.numel() == 0:
         return
     if isinstance(observer, HistogramObserver):
-        lo_t, hi_t = torch.aminmax(data)
-        lo, hi = _finite_pair(lo_t, hi_t)
-        grid = observer.grid_for(lo, hi)  # checks finiteness first
-        counts = histogram_counts(data, grid)
-        observer.update_histogram(counts.cpu().numpy(), grid, lo, hi)
+        lo, hi = _finite_pair(*torch.aminmax(data))
+        # The observer checks the range (finite) before it asks for the counts.
+        observer.update_counted(lo, hi, lambda grid: _host_counts(data, grid))
         return
     axis = observer.spec.channel_axis
     lo_t, hi_t = channel_min_max(data, axis)

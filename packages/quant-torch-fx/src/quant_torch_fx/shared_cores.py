@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
@@ -44,11 +44,12 @@ _HINTED = False
 SERIAL_OBSERVERS: bool | None = None
 
 
-@contextmanager
-def observer_threads() -> Iterator[None]:
-    """Run the block on one intra-op thread while the machine is busy (or as
-    :data:`SERIAL_OBSERVERS` forces), on torch's setting otherwise; the setting is restored
-    after. Only for exact reductions: their values do not depend on the thread count.
+def observer_threads() -> AbstractContextManager[None]:
+    """A context that runs its block on one intra-op thread while the machine is busy (or
+    as :data:`SERIAL_OBSERVERS` forces), on torch's setting otherwise; the setting is
+    restored after. Only for exact reductions: their values do not depend on the thread
+    count. Entered once per observed tensor and batch, so the quiet case costs one shared
+    no-op context.
 
     Example:
         >>> import quant_torch_fx.shared_cores as shared_cores
@@ -60,13 +61,20 @@ def observer_threads() -> Iterator[None]:
     """
     threads = torch.get_num_threads()
     if threads < 2 or not (machine_is_busy() if SERIAL_OBSERVERS is None else SERIAL_OBSERVERS):
-        yield
-        return
+        return _UNCHANGED
+    return _one_thread(threads)
+
+
+_UNCHANGED = nullcontext()
+
+
+@contextmanager
+def _one_thread(restore: int) -> Iterator[None]:
     torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(restore)
 
 
 def spinning_hint(load: float, cores: int, threads: int, policy: str | None) -> str | None:

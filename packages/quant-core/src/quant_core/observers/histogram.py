@@ -4,6 +4,8 @@ percentile, entropy (KL), MSE or power-of-two MinMSE (see ``selection``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from quant_core.errors import ConfigError, DataError
@@ -101,9 +103,41 @@ class HistogramObserver(Observer):
     def _covering(self, lo: float, hi: float, min_exponent: int) -> HistogramGrid:
         if self.min_val is not None and self.max_val is not None:
             lo, hi = min(lo, self.min_val), max(hi, self.max_val)
-        if self.grid is not None:
-            min_exponent = max(min_exponent, self.grid.exponent)
+        grid = self.grid
+        if grid is None:
+            return HistogramGrid.covering(lo, hi, self.bins, min_exponent=min_exponent)
+        # The common case once calibration has seen a batch or two, answered without the
+        # search and with the same grid: when the grid holds the range and its minimum lies
+        # in the lowest bin, the canonical grid at an exponent no finer is this one.
+        if min_exponent <= grid.exponent and grid.lower <= lo < grid.lower + grid.width and hi < grid.upper:
+            return grid
+        min_exponent = max(min_exponent, grid.exponent)
         return HistogramGrid.covering(lo, hi, self.bins, min_exponent=min_exponent)
+
+    def update_counted(self, min_val: float, max_val: float, count_on: Callable[[HistogramGrid], np.ndarray]) -> None:
+        """Fold one batch whose exact range is ``[min_val, max_val]`` and whose counts
+        ``count_on(grid)`` computes elsewhere on the grid this observer picks:
+        :meth:`grid_for` and :meth:`update_histogram` in one call, for a backend that
+        bins on its own device and observes once per tensor and batch (the range is
+        checked once, the grid chosen once). ``count_on`` counts every value of the batch,
+        each in bin ``floor(x * grid.inv_width) - grid.offset``.
+
+        Example:
+            >>> import numpy as np
+            >>> from quant_core.observer_config import MSE
+            >>> from quant_core.spec import QuantSpec
+            >>> obs = HistogramObserver(QuantSpec(dtype="int8", observer=MSE(bins=16)))
+            >>> x = np.array([-0.5, 0.25, 0.75])
+            >>> def count_on(grid):
+            ...     return np.bincount((np.floor(x * grid.inv_width) - grid.offset).astype(int), minlength=grid.bins)
+            >>> obs.update_counted(x.min(), x.max(), count_on)
+            >>> int(obs.counts.sum()), obs.min_val, obs.max_val
+            (3, -0.5, 0.75)
+        """
+        lo, hi = self._checked_range(min_val, max_val)
+        grid = self._covering(lo, hi, MIN_EXPONENT)
+        counts = self._checked_counts(count_on(grid), grid)
+        self._commit(grid, counts, lo, hi)
 
     def update_histogram(self, counts: np.ndarray, grid: HistogramGrid, min_val: float, max_val: float) -> None:
         """Add counts computed elsewhere on ``grid`` (normally the one :meth:`grid_for`
@@ -122,18 +156,28 @@ class HistogramObserver(Observer):
             >>> int(obs.counts.sum()), obs.min_val, obs.max_val
             (3, -0.5, 0.75)
         """
+        c = self._checked_counts(counts, grid)
+        lo, hi = self._checked_range(min_val, max_val)
+        if not grid.contains(lo, hi):
+            raise DataError(f"range: [{lo}, {hi}] lies outside the grid [{grid.lower}, {grid.upper})")
+        self._absorb(c, grid, lo, hi)
+
+    @staticmethod
+    def _checked_range(min_val: float, max_val: float) -> tuple[float, float]:
+        lo, hi = float(min_val), float(max_val)
+        check_finite_range(np.asarray(lo), np.asarray(hi), "range")
+        if not lo <= hi:
+            raise DataError("range: min_val must be <= max_val")
+        return lo, hi
+
+    def _checked_counts(self, counts: np.ndarray, grid: HistogramGrid) -> np.ndarray:
+        """``counts`` as int64 (never the caller's array), checked to fit ``grid``."""
         c = np.asarray(counts)
         if c.shape != (self.bins,) or grid.bins != self.bins:
             raise DataError(f"counts: shape {c.shape} on a {grid.bins}-bin grid; expected ({self.bins},)")
         if not (np.issubdtype(c.dtype, np.integer) and bool((c >= 0).all())):
             raise DataError("counts: must be non-negative integers")
-        lo, hi = float(min_val), float(max_val)
-        check_finite_range(np.asarray(lo), np.asarray(hi), "range")
-        if not lo <= hi:
-            raise DataError("range: min_val must be <= max_val")
-        if not grid.contains(lo, hi):
-            raise DataError(f"range: [{lo}, {hi}] lies outside the grid [{grid.lower}, {grid.upper})")
-        self._absorb(c.astype(np.int64), grid, lo, hi)
+        return c.astype(np.int64)
 
     def _absorb(self, counts: np.ndarray, grid: HistogramGrid, lo: float, hi: float) -> None:
         if not counts.any():
