@@ -122,17 +122,14 @@ class HistogramObserver(Observer):
         checked once, the grid chosen once). ``count_on`` counts every value of the batch,
         each in bin ``floor(x * grid.inv_width) - grid.offset``.
 
-        Example:
-            >>> import numpy as np
-            >>> from quant_core.observer_config import MSE
+        Example (numpy's binning standing in for a device's):
+            >>> from quant_core.observer_config import Percentile
             >>> from quant_core.spec import QuantSpec
-            >>> obs = HistogramObserver(QuantSpec(dtype="int8", observer=MSE(bins=16)))
-            >>> x = np.array([-0.5, 0.25, 0.75])
-            >>> def count_on(grid):
-            ...     return np.bincount((np.floor(x * grid.inv_width) - grid.offset).astype(int), minlength=grid.bins)
-            >>> obs.update_counted(x.min(), x.max(), count_on)
-            >>> int(obs.counts.sum()), obs.min_val, obs.max_val
-            (3, -0.5, 0.75)
+            >>> obs = HistogramObserver(QuantSpec(dtype="int8", observer=Percentile(99.0, bins=32)))
+            >>> batch = np.float32([0.0, 0.5, 3.0])
+            >>> obs.update_counted(0.0, 3.0, lambda grid: bin_counts(batch, grid))
+            >>> obs.grid.width, int(obs.counts.sum())
+            (0.125, 3)
         """
         lo, hi = self._checked_range(min_val, max_val)
         grid = self._covering(lo, hi, MIN_EXPONENT)
