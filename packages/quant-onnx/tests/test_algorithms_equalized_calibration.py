@@ -115,15 +115,65 @@ def test_a_channel_that_overflows_names_its_tensor() -> None:
 
 
 def test_an_empty_batch_adds_nothing_to_the_channel_ranges() -> None:
-    from quant_onnx.algorithms.equalized_calibration import _ChannelRanges
+    from quant_onnx.algorithms.equalized_calibration import _ChannelRanges, _FirstSamples
 
     batch = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 5.0
-    alone, after_empty = _ChannelRanges(1), _ChannelRanges(1)
-    alone.update(batch)
-    after_empty.update(np.zeros((0, 3, 4), np.float32))  # as observers ignore it
-    after_empty.update(batch)
+    empty = np.zeros((0, 3, 4), np.float32)
+    alone, after_empty = _ChannelRanges(_FirstSamples(1)), _ChannelRanges(_FirstSamples(1))
+    for ranges, stream in ((alone, [batch]), (after_empty, [empty, batch])):
+        for part in ranges.window.marked({"x": b} for b in stream):  # cut at the first sample
+            ranges.update(part["x"])  # as observers ignore it, an empty batch adds nothing
     assert alone.all is not None and after_empty.all is not None
     for got, expected in ((after_empty.all, alone.all), (after_empty.first, alone.first)):
         np.testing.assert_array_equal(got[0], expected[0])
         np.testing.assert_array_equal(got[1], expected[1])
     np.testing.assert_array_equal(alone.first[1], [-2.0, 2.0, 6.0])  # the first sample only
+
+
+def test_the_first_samples_are_input_samples_where_a_tensor_has_more_rows() -> None:
+    """A Reshape folds each sample into two rows of the equalized Conv's input: the
+    equalization measures its first two input samples (four rows) in either path."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    spread = np.array([8.0, 0.01, 1.0, 0.003], np.float32)
+
+    def const(name: str, value: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(value, name)
+
+    inits = [
+        const("shape", np.array([-1, 4, 6, 6], np.int64)),
+        const("w1", (rng.normal(size=(4, 4, 1, 1)) * spread[:, None, None, None]).astype(np.float32)),
+        const("b1", (rng.normal(size=4) * spread).astype(np.float32)),
+        const("w2", rng.normal(size=(3, 4, 1, 1)).astype(np.float32)),
+        const("b2", np.zeros(3, np.float32)),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        helper.make_node("Conv", ["r", "w1", "b1"], ["y1"], name="c1"),
+        helper.make_node("HardSwish", ["y1"], ["h1"], name="hs"),
+        helper.make_node("Conv", ["h1", "w2", "b2"], ["y"], name="c2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "reshaped",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 3, 6, 6])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    # Later samples are larger: which samples are measured decides the scales.
+    scale = np.array([1.0, 5.0, 9.0, 20.0], np.float32)[:, None, None, None]
+    batches = [{"x": (rng.normal(size=(4, 8, 6, 6)) * scale).astype(np.float32)}]
+    config = get_preset("a8w8").evolve(algorithms=(ActivationEqualizationConfig(num_samples=2),))
+    equalized, reference, _ = _two_passes(model, config, batches)
+    one = quantize(model, None, config, batches, quiet=True, report_path=None).calibrated
+    scales = [
+        {i.name: numpy_helper.to_array(i) for i in m.graph.initializer if "equaliz" in i.name}
+        for m in (one.model, equalized.model)
+    ]
+    assert scales[0].keys() == scales[1].keys() and scales[0]
+    for name, value in scales[1].items():
+        np.testing.assert_allclose(scales[0][name], value, rtol=1e-6, err_msg=name)
+    for key, (low, high) in reference.activation_ranges.items():
+        np.testing.assert_allclose(one.activation_ranges[key], (low, high), rtol=1e-5, atol=1e-7, err_msg=key)

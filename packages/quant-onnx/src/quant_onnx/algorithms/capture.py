@@ -41,7 +41,8 @@ from quant_onnx.pipeline.calibrate import inference_session
 Feeds = Mapping[str, np.ndarray]
 
 
-def _num_rows(batch: Feeds) -> int:
+def num_rows(batch: Feeds) -> int:
+    """Samples in a batch of feeds (their first axis)."""
     return int(next(iter(batch.values())).shape[0]) if batch else 0
 
 
@@ -55,7 +56,7 @@ def prepare_batches(batches: Iterable[Feeds], num_samples: int | None = None) ->
         if num_samples is not None and seen >= num_samples:
             break
         feeds = {name: np.asarray(value) for name, value in batch.items()}
-        rows = _num_rows(feeds)
+        rows = num_rows(feeds)
         if num_samples is not None and seen + rows > num_samples:
             feeds = {name: value[: num_samples - seen] for name, value in feeds.items()}
             rows = num_samples - seen
@@ -68,7 +69,7 @@ def prepare_batches(batches: Iterable[Feeds], num_samples: int | None = None) ->
 
 
 def count_samples(batches: Sequence[Feeds]) -> int:
-    return sum(_num_rows(b) for b in batches)
+    return sum(num_rows(b) for b in batches)
 
 
 def pruned_model(model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.ModelProto:
