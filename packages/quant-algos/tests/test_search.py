@@ -38,10 +38,10 @@ from quant_algos.search.evaluation import (
 from quant_algos.search.metrics import Metric
 from quant_algos.search.statistics import StatisticsLedger, statistics_bins_of
 from quant_algos.search.walk import Budget, float_goal, median_batch_ms
-from quant_core.algorithm_config import CLEConfig
+from quant_core.algorithm_config import AdaRoundConfig, CLEConfig, SmoothQuantConfig
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError
-from quant_core.observer_config import MinMax, Percentile
+from quant_core.observer_config import Entropy, MinMax, Percentile
 from quant_core.plan import QuantPlan, TensorGroup
 from quant_core.presets import get_preset
 from quant_core.spec import QuantSpec
@@ -376,6 +376,36 @@ def test_the_budget_skips_what_no_longer_fits_but_always_runs_the_first():
     result, backend, _ = run_fake(flips, 0.95, SPACE, budget_s=0.1, clock=lambda: 0.0)
     assert backend.built == ["a8w8/minmax"]  # percentile costs 0.5 passes of 1 s: does not fit 0.1 s
     assert result.stopped_by == "budget" and result.candidates[1].status == "skipped"
+
+
+def test_a_refused_first_candidate_does_not_use_up_the_first_run_the_budget_allows():
+    flips = {"a8w8/minmax": 0.0, "a8w8/percentile(99.9)": 0.0, "a8w8/minmax+cle": 0.0}
+    # The float reference already spent more than the whole budget.
+    result, backend, _ = run_fake(flips, 0.95, SPACE, budget_s=2.0, clock=lambda: 5.0, refuse=("a8w8/minmax",))
+    assert backend.built == ["a8w8/percentile(99.9)"]  # the first candidate that can run
+    assert result.met and result.chosen.name == "a8w8/percentile(99.9)"
+
+
+def test_every_candidate_of_a_space_has_its_own_name():
+    """The walk runs a name once: entries that differ only in a setting are named by it,
+    and entries that would still share a name are refused."""
+    space = SearchSpace(
+        formats=("a8w8",),
+        activation_observers=(Entropy(bins=512), Entropy(), Percentile(99.99999)),
+        corrections=((SmoothQuantConfig(),), (SmoothQuantConfig(alpha=0.8),)),
+    )
+    names = [c.name for c in observer_stage(space, CalibrationConfig())]
+    assert sorted(names) == ["a8w8/entropy", "a8w8/entropy(bins=512)", "a8w8/percentile(99.99999)"]
+    flips = dict.fromkeys(names, 0.2) | {"a8w8/entropy(bins=512)": 0.1, "a8w8/entropy(bins=512)+smoothquant": 0.1}
+    result, backend, _ = run_fake(flips | {"a8w8/entropy(bins=512)+smoothquant(0.8)": 0.0}, 0.95, space)
+    assert backend.built[-2:] == ["a8w8/entropy(bins=512)+smoothquant", "a8w8/entropy(bins=512)+smoothquant(0.8)"]
+    assert result.met and result.chosen.name == "a8w8/entropy(bins=512)+smoothquant(0.8)"
+    with pytest.raises(ConfigError, match=r"^search space: learned holds two entries named 'adaround'"):
+        SearchSpace(
+            formats=("a8w8",),
+            activation_observers=(MinMax(),),
+            learned=(AdaRoundConfig(num_iterations=100), AdaRoundConfig(num_iterations=200)),
+        )
 
 
 def test_the_targets_rule_and_spaces():

@@ -478,3 +478,43 @@ def test_evaluation_data_of_an_array_is_read_without_a_copy(model, evaluation):
     data = load_evaluation_data(model, evaluation)
     assert np.shares_memory(data.inputs["x"], evaluation)
     assert data.inputs["x"].tobytes() == evaluation.tobytes()
+
+
+@pytest.mark.parametrize("second_first", [False, True])
+def test_candidates_share_a_float_model_only_where_it_is_the_same(second_first) -> None:
+    """A candidate's model is what quantizing its recipe alone writes, whichever candidate
+    the search built first: NPU conversions change the pre-processed float model, and
+    activation equalization reads the formats (it leaves power-of-two activations alone)."""
+    from model_builders import hardswish_se_cnn
+
+    from quant_algos.search.space import make_candidate, with_observers
+    from quant_core.algorithm_config import ActivationEqualizationConfig
+    from quant_onnx.data import CalibrationReader
+    from quant_onnx.recipe_search import engine
+    from quant_onnx.recipe_search.deployment import deployment_for
+
+    model = hardswish_se_cnn(seed=0)
+    calib = random_inputs(model, 32, seed=1)
+    calibration = CalibrationConfig(batch_size=16)
+
+    def candidate(preset: str, name: str, **changes) -> object:
+        config = get_preset(preset).evolve(calibration=calibration, **changes)
+        return make_candidate(name, with_observers(config, MinMax()), TIER_8BIT)
+
+    pairs = [
+        [
+            candidate("a8w8", "plain", algorithms=()),
+            candidate("a8w8", "converted", algorithms=(), npu_conversions=("hard_sigmoid", "hard_swish")),
+        ],
+        [
+            candidate("a8w8", "a8w8+ae", algorithms=(ActivationEqualizationConfig(),)),
+            candidate("xint8", "xint8+ae", algorithms=(ActivationEqualizationConfig(),)),
+        ],
+    ]
+    for pair in pairs:
+        feeds = list(CalibrationReader(model, calib, batch_size=16, num_samples=None))
+        backend = engine._OnnxBackend(engine._Shared(model, feeds, True), deployment_for(None))
+        for found in pair[::-1] if second_first else pair:
+            alone = ModelQuantizer(found.config, quiet=True).quantize(model, None, calib, batch_size=16).model
+            built = backend.build(found).model
+            assert built.SerializeToString() == alone.SerializeToString(), found.name

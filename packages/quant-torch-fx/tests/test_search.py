@@ -202,3 +202,65 @@ def test_numpy_data_in_another_float_dtype_is_fed_in_the_models(net, calib, eval
     )
     as_float32 = search(net, calib[:1], calib, evaluation, target=0.0, space=space, quiet=True)
     assert result.met and result.chosen.score == as_float32.chosen.score
+
+
+def _with_specs(config, change):
+    """``config`` with ``change`` applied to every quantized activation spec."""
+    import attrs
+
+    def operator(op):
+        fields = {k: change(getattr(op, k)) for k in ("input", "output") if getattr(op, k) is not None}
+        return attrs.evolve(op, **fields)
+
+    return config.evolve(
+        global_config=operator(config.global_config),
+        op_type_overrides={k: operator(v) for k, v in config.op_type_overrides.items()},
+        name_overrides={k: operator(v) for k, v in config.name_overrides.items()},
+    )
+
+
+def test_recipes_that_differ_outside_the_tensors_are_not_the_same_model() -> None:
+    """Rounding is in no buffer: two recipes that differ only there both run, and a
+    recipe's NPU conversions change the float graph the statistics are taken on."""
+    import copy
+
+    from torch import nn
+
+    from quant_algos.search.space import TIER_8BIT, make_candidate, with_observers
+    from quant_core.presets import get_preset
+    from quant_torch_fx import recipe_search as rs
+    from quant_torch_fx.capture import as_args, capture
+    from quant_torch_fx.data import InputSignature
+    from quant_torch_fx.prepare import normalize
+
+    net = mobile_block_net(seed=4)
+    calib = torch.randn(48, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    evaluation = torch.randn(120, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    base = with_observers(
+        get_preset("a8w8").evolve(algorithms=(), calibration=CalibrationConfig(batch_size=16)), MinMax()
+    )
+    floor = _with_specs(base, lambda s: s.evolve(rounding="floor") if s.is_quantized else s)
+    space = [make_candidate("a8w8/floor", floor, TIER_8BIT), make_candidate("a8w8/half_even", base, TIER_8BIT)]
+    result = search(
+        net, calib[:1], calib, evaluation, target=200.0, metric="sqnr", space=space, batch_size=16, quiet=True
+    )
+    rows = {row.name: row for row in result.candidates}
+    assert rows["a8w8/half_even"].same_as == "" and rows["a8w8/half_even"].score > rows["a8w8/floor"].score
+
+    torch.manual_seed(0)
+    sig_net = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.Sigmoid(), nn.Conv2d(8, 8, 3), nn.Flatten(), nn.Linear(128, 10)
+    ).eval()
+    plain = make_candidate("a8w8/minmax", base, TIER_8BIT)
+    converted = make_candidate("a8w8/minmax[npu]", base.evolve(npu_conversions=("sigmoid",)), TIER_8BIT)
+    args = as_args(calib[:1])
+    signature = InputSignature.of(args, True)
+    held = rs.calibration_batches(calib, signature, None, 16, None)
+    normalized = capture(copy.deepcopy(sig_net), args, dynamic_batch=True)
+    normalize(normalized, fold_batch_norms=True)
+    backend = rs._TorchBackend(normalized, held, signature, ["input_0"], None, None)
+    for found in (plain, converted):
+        quantizer = ModelQuantizer(found.config, quiet=True)
+        alone = quantizer.freeze(quantizer.quantize_model(sig_net, calib[:1], list(calib.split(16))))
+        built = backend.build(found)
+        assert built.digest == rs._digest(alone), found.name

@@ -390,12 +390,16 @@ def algorithm_label(algorithm: AlgorithmConfig) -> str:
         'mixed_precision(30dB)'
         >>> algorithm_label(BiasCorrectionConfig(method="analytic")), algorithm_label(CLEConfig())
         ('bias_correction(analytic)', 'cle')
+        >>> algorithm_label(SmoothQuantConfig(alpha=0.8))
+        'smoothquant(0.8)'
     """
     if isinstance(algorithm, MixedPrecisionConfig):
         target = algorithm.accuracy_target
         return f"mixed_precision({target:g}dB)" if target is not None else "mixed_precision"
     if isinstance(algorithm, BiasCorrectionConfig) and algorithm.analytic:
         return "bias_correction(analytic)"
+    if isinstance(algorithm, SmoothQuantConfig) and algorithm.alpha != SmoothQuantConfig().alpha:
+        return f"smoothquant({algorithm.alpha:g})"
     return algorithm.kind
 
 

@@ -54,7 +54,7 @@ from quant_algos.search.evaluation import DEFAULT_CONFIDENCE, EvaluationData, Ru
 from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
 from quant_algos.search.results import SearchResult, StatisticsPass, check_report_path
 from quant_algos.search.space import Candidate, SearchSpace
-from quant_algos.search.statistics import StatisticsLedger, pre_label, wide_share
+from quant_algos.search.statistics import StatisticsLedger, float_model_key, pre_label, wide_share
 from quant_algos.search.targets import check_target, target_reason, target_space
 from quant_algos.search.walk import (
     Budget,
@@ -79,6 +79,7 @@ from quant_torch_fx.freeze import freeze_in_place
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.observe import observe
 from quant_torch_fx.prepare import graph_info, normalize, prepare_graph, quantizer
+from quant_torch_fx.quantizer import FakeQuantizer
 
 
 def _outputs(value: Any) -> list[np.ndarray]:
@@ -209,8 +210,14 @@ def collect_statistics(
 
 
 def _digest(model: nn.Module) -> bytes:
-    """Equal for two frozen models with the same tensors (the qparams are buffers)."""
+    """Equal for two frozen models that compute the same: the same graph code, tensors (the
+    qparams are buffers) and quantizer specs (rounding and integer range are not buffers)."""
     digest = hashlib.blake2b(digest_size=16)
+    for path, module in sorted(model.named_modules(), key=lambda item: item[0]):
+        if isinstance(module, FakeQuantizer):
+            digest.update(f"{path}: {module.spec!r}".encode())
+        elif isinstance(module, GraphModule):
+            digest.update(f"{path}: {module.code}".encode())
     for name, value in sorted(model.state_dict().items()):
         if isinstance(value, torch.Tensor):
             tensor = value.detach().cpu().contiguous()
@@ -267,7 +274,8 @@ class _TorchBackend:
         def collect(missing: list[str], bins: int) -> dict[str, HistogramObserver]:
             return collect_statistics(gm, missing, self.held, bins)
 
-        derived = self.ledger.observers(pre, pre_label(pre), plan, candidate.name, collect)
+        float_key = float_model_key(config, pre)
+        derived = self.ledger.observers(float_key, pre_label(pre), plan, candidate.name, collect)
         if derived is None:
             calibrate(gm, self.held, self.signature, quiet=True)
             source = "calibrated"
@@ -280,7 +288,7 @@ class _TorchBackend:
                 fq.observer = observers.get(key, fq.observer)  # a derived group has none
                 fq.observing, fq.quantizing = False, False
                 observing.append(fq)
-            finish_calibration(gm, observing, weight_cache=self.ledger.weight_cache(pre, plan))
+            finish_calibration(gm, observing, weight_cache=self.ledger.weight_cache(float_key, plan))
         if schedule(config, SUPPORTED, backend="torch").after_calibration:
             run_post_passes(gm, config, self.held, quiet=True)
         frozen = freeze_in_place(gm.eval())  # the instrumented copy is this candidate's alone

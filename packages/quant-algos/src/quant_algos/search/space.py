@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -172,6 +173,13 @@ class SearchSpace:
         for algorithm in self.learned:
             if algorithm.kind not in _LEARNED_KINDS:
                 raise ConfigError(f"search space: learned holds {algorithm.kind}; allowed: {', '.join(_LEARNED_KINDS)}")
+        # A candidate's name is its recipe: the walk runs a name once, so two entries of an
+        # axis that would name their candidates alike must not both be there.
+        _check_unique("activation_observers", self.activation_observers, observer_label)
+        _check_unique("weight_observers", self.weight_observers, lambda o: "" if o is None else observer_label(o))
+        _check_unique("corrections", self.corrections, lambda c: "+".join(algorithm_label(a) for a in c))
+        _check_unique("learned", self.learned, algorithm_label)
+        _check_unique("mixed_precision", self.mixed_precision, algorithm_label)
 
     @property
     def size(self) -> int:
@@ -179,6 +187,18 @@ class SearchSpace:
         first = len(self.formats) * len(self.activation_observers) * len(self.weight_observers)
         later = len(self.corrections) + len(self.learned) + len(self.mixed_precision)
         return first + later + len(self.wide_formats)
+
+
+def _check_unique(field: str, entries: Sequence[Any], label: Callable[[Any], str]) -> None:
+    seen: dict[str, Any] = {}
+    for entry in entries:
+        name = label(entry)
+        if name in seen:
+            raise ConfigError(
+                f"search space: {field} holds two entries named {name!r} ({seen[name]!r} and {entry!r}); "
+                "allowed: entries whose names in a recipe differ"
+            )
+        seen[name] = entry
 
 
 def default_space() -> SearchSpace:
@@ -328,10 +348,17 @@ def observer_label(observer: ObserverConfig) -> str:
     Example:
         >>> observer_label(Percentile(99.99)), observer_label(PowerOfTwoMSE())
         ('percentile(99.99)', 'minmse_pow2')
+        >>> observer_label(Entropy(bins=512))  # a setting that is not the default is named
+        'entropy(bins=512)'
     """
+    settings = [
+        f"{field.name}={getattr(observer, field.name):.10g}"
+        for field in attrs.fields(type(observer))
+        if field.name != "percentile" and getattr(observer, field.name) != field.default
+    ]
     if isinstance(observer, Percentile):
-        return f"percentile({observer.percentile:g})"
-    return observer.method
+        settings.insert(0, f"{observer.percentile:.10g}")  # 99.99999 is not 100
+    return f"{observer.method}({','.join(settings)})" if settings else observer.method
 
 
 #: :func:`axis_is_flat`: the gap to the target, in spreads of the scores so far, beyond

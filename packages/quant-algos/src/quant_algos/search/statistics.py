@@ -29,14 +29,56 @@ from typing import Any
 import attrs
 
 from quant_algos.search.results import StatisticsPass
+from quant_core.config import QuantConfig
 from quant_core.observers import Observer
 from quant_core.observers.derived import DEFAULT_STATISTICS_BINS, derivable, statistics_bins
 from quant_core.observers.histogram import HistogramObserver
-from quant_core.plan import QuantPlan, WeightCache, observer_feeds, observer_specs, observers_from_statistics
+from quant_core.plan import (
+    QuantPlan,
+    WeightCache,
+    observer_feeds,
+    observer_specs,
+    observers_from_statistics,
+    planning_key,
+)
 from quant_core.plan.calibrated import DerivedCache
+from quant_core.serialization import config_to_json
 
 #: ``(tensor names, bins) -> tensor -> histogram``: a backend's pass over the calibration set.
 Collect = Callable[[list[str], int], dict[str, HistogramObserver]]
+
+
+@attrs.frozen
+class FloatModelKey:
+    """What decides the float model a candidate is planned and observed on, in both
+    backends: the NPU conversions pre-processing applies, the pre-passes (CLE, activation
+    equalization, SmoothQuant) and the backend's own part (quant-onnx: the opset).
+    Activation equalization reads the formats too (it leaves per-tensor and power-of-two
+    activations alone), so with it the key holds the planning config, as JSON text (a
+    config holds dicts and has no hash). Candidates with equal keys share statistics and
+    weight qparams; the key's ``pre_passes`` name the float model in the report.
+
+    Example:
+        >>> from quant_core.presets import get_preset
+        >>> a8w8, xint8 = get_preset("a8w8"), get_preset("xint8")
+        >>> float_model_key(a8w8, ()) == float_model_key(xint8, ())  # no pre-pass reads the formats
+        True
+        >>> pre = a8w8.algorithms[:1]
+        >>> pre[0].kind, float_model_key(a8w8, pre) == float_model_key(xint8, pre)
+        ('activation_equalization', False)
+    """
+
+    npu_conversions: tuple[str, ...]
+    pre_passes: tuple[Any, ...]
+    formats: str | None = None
+    backend: Hashable = None
+
+
+def float_model_key(config: QuantConfig, pre_passes: Sequence[Any], backend: Hashable = None) -> FloatModelKey:
+    """The :class:`FloatModelKey` of ``config`` whose pre-passes are ``pre_passes``."""
+    equalizes = any(a.kind == "activation_equalization" for a in pre_passes)
+    formats = config_to_json(planning_key(config), indent=None) if equalizes else None
+    return FloatModelKey(tuple(config.npu_conversions), tuple(pre_passes), formats, backend)
 
 
 def pre_label(pre_passes: Sequence[Any]) -> str:

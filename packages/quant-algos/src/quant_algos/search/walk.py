@@ -518,10 +518,11 @@ class Walk:
         return best
 
     def _fits(self, candidate: Candidate) -> bool:
-        """The budget rule: the first candidate always runs; later ones start while time is
-        left and their expected cost (in measured statistics passes) fits what is left."""
+        """The budget rule: the first candidate that can run always runs (one the backend
+        refused does not count); later ones start while time is left and their expected
+        cost (in measured statistics passes) fits what is left."""
         limit = self.budget.seconds
-        if limit is None or not self.rows:
+        if limit is None or all(row.status == "skipped" for row in self.rows):
             return True
         elapsed = self.budget.elapsed()
         if elapsed >= limit:

@@ -55,7 +55,7 @@ from quant_algos.search.evaluation import DEFAULT_CONFIDENCE, Runner, Scored
 from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
 from quant_algos.search.results import SearchResult, StatisticsPass, format_table
 from quant_algos.search.space import Candidate, SearchSpace
-from quant_algos.search.statistics import StatisticsLedger, pre_label, wide_share
+from quant_algos.search.statistics import FloatModelKey, StatisticsLedger, float_model_key, pre_label, wide_share
 from quant_algos.search.walk import (
     Budget,
     Build,
@@ -78,7 +78,6 @@ from quant_onnx.recipe_search.deployment import Deployment, deployment_for, onnx
 from quant_onnx.recipe_search.evaluation import load_evaluation_data
 
 _LOG = logging.getLogger("quant_onnx")
-PreKey = tuple[int, tuple[Any, ...]]
 
 
 @attrs.define
@@ -124,28 +123,30 @@ class _Shared:
     source: onnx.ModelProto
     feeds: list[dict[str, np.ndarray]]
     quiet: bool
-    prepared: dict[int, tuple[onnx.ModelProto, dict[str, int]]] = attrs.field(factory=dict)
-    pre: dict[PreKey, PassesResult] = attrs.field(factory=dict)
-    pre_users: dict[PreKey, list[str]] = attrs.field(factory=dict)
+    prepared: dict[tuple[int, tuple[str, ...]], tuple[onnx.ModelProto, dict[str, int]]] = attrs.field(factory=dict)
+    pre: dict[FloatModelKey, PassesResult] = attrs.field(factory=dict)
+    pre_users: dict[FloatModelKey, list[str]] = attrs.field(factory=dict)
     plans: _Plans = attrs.field(factory=_Plans)
     ledger: StatisticsLedger = attrs.field(factory=StatisticsLedger)
 
     def base(self, quantizer: ModelQuantizer) -> tuple[onnx.ModelProto, dict[str, int]]:
-        """The pre-processed float model (and its changes) of ``quantizer``'s opset."""
-        opset = quantizer.required_opset()
-        if opset not in self.prepared:
-            self.prepared[opset] = quantizer.preprocess(self.source)
-        return self.prepared[opset]
+        """The pre-processed float model (and its changes) of ``quantizer``'s opset and NPU
+        conversions."""
+        key = (quantizer.required_opset(), quantizer.config.npu_conversions)
+        if key not in self.prepared:
+            self.prepared[key] = quantizer.preprocess(self.source)
+        return self.prepared[key]
 
-    def key(self, quantizer: ModelQuantizer) -> PreKey:
-        return (quantizer.required_opset(), schedule(quantizer.config).before_calibration)
+    def key(self, quantizer: ModelQuantizer) -> FloatModelKey:
+        config = quantizer.config
+        return float_model_key(config, schedule(config).before_calibration, backend=quantizer.required_opset())
 
     def after_pre_passes(self, quantizer: ModelQuantizer, candidate: Candidate) -> PreparedModel:
         """The candidate's prepared model after its CLE/SmoothQuant (run once per key: the
         same pre-pass configs on the same float model edit it the same way), planned."""
         key = self.key(quantizer)
         model, changes = self.base(quantizer)
-        if key[1]:
+        if key.pre_passes:
             if key not in self.pre:
                 self.pre[key] = run_pre_passes(model, quantizer.config, self.feeds, quiet=quantizer.quiet)
             self.pre_users.setdefault(key, []).append(candidate.name)
@@ -177,7 +178,7 @@ class _Shared:
                 prepared.model, missing, self.feeds, bins=bins, total_batches=len(self.feeds), quiet=self.quiet
             )
 
-        derived = self.ledger.observers(key, pre_label(key[1]), prepared.plan, candidate.name, collect)
+        derived = self.ledger.observers(key, pre_label(key.pre_passes), prepared.plan, candidate.name, collect)
         if derived is None:
             return quantizer.calibrate(prepared, self.feeds), "calibrated"
         observers, label = derived
