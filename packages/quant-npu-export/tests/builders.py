@@ -100,14 +100,17 @@ def mobile_block(seed: int = 0) -> onnx.ModelProto:
     return b.model([b.gemm(g, 8, 5)])
 
 
-def activation_net(seed: int = 0) -> onnx.ModelProto:
-    """LeakyRelu after a Conv, HardSwish, AveragePool 3x3, Mul, Softmax: input ``x`` [N, 4, 8, 8]."""
+def activation_net(seed: int = 0, count_include_pad: int = 1) -> onnx.ModelProto:
+    """LeakyRelu after a Conv, HardSwish, AveragePool 3x3 (padded: the device counts the
+    padding, ``count_include_pad=1``), Mul, Softmax: input ``x`` [N, 4, 8, 8]."""
     b = GraphBuilder(seed, opset=14)
     x = b.input("x", ["N", 4, 8, 8])
     h = b.node("LeakyRelu", [b.conv(x, 4, 8)], alpha=0.1)
     s = b.node("HardSwish", [b.conv(h, 8, 8)])
     m = b.node("Mul", [s, h])
-    p = b.node("AveragePool", [m], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    p = b.node(
+        "AveragePool", [m], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=count_include_pad
+    )
     g = b.node("Flatten", [b.node("GlobalAveragePool", [p])])
     return b.model([b.node("Softmax", [b.gemm(g, 8, 6)], axis=1)])
 

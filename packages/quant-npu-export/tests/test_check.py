@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from builders import QDQWriter, activation_net, conv_chain, mobile_block, quantize
 
@@ -142,6 +143,19 @@ def test_activation_net_violations() -> None:
     # LeakyRelu 0.1 runs as 26/256, it is fused into its Conv behind a QDQ pair; pools in/out differ
     assert counts["leaky_relu_alpha"] == 1 and counts["fused_position"] == 1
     assert set(counts) <= {"leaky_relu_alpha", "fused_position", "shared_position"}
+
+
+def test_an_average_the_device_does_not_divide_alike_is_refused() -> None:
+    """ONNX divides a window over padding by its real pixels (``count_include_pad=0``) and
+    a ``ceil_mode`` window past the end by its part inside; the device divides every window
+    by the kernel's size, so the simulator would compute another function."""
+    counts = rules(quantize(activation_net(count_include_pad=0)), "xint8_int32_bias")
+    assert counts["unsupported_attribute"] == 1
+    pooled = activation_net()
+    for node in pooled.graph.node:
+        if node.op_type == "AveragePool":
+            node.attribute.append(onnx.helper.make_attribute("ceil_mode", 1))
+    assert rules(quantize(pooled), "xint8_int32_bias")["unsupported_attribute"] == 1
 
 
 def test_check_reads_the_file_without_changing_it(tmp_path) -> None:

@@ -72,3 +72,25 @@ def test_bad_files(tmp_path, npu_model) -> None:
         import_quant_info(npu_model, {"input": {"test::x": [[12, 3]]}})
     with pytest.raises(ValueError, match="is not a power of two; run quant-npu legalize first"):
         export_quant_info(quantize(conv_chain(), "a8w8"))
+
+
+def test_a_round_trip_keeps_a_constant_stored_unsigned() -> None:
+    """The x86 encoding stores an Add's constant operand as uint8 around 128; the import
+    writes constants signed, so its negative values survive, in the device's weight range."""
+    from builders import GraphBuilder
+
+    from quant_npu.check import check
+
+    def net():
+        b = GraphBuilder(0)
+        x = b.input("x", ["N", 4, 8, 8])
+        h = b.node("Relu", [b.conv(x, 4, 8)])
+        k = b.const(np.random.default_rng(3).normal(size=(1, 8, 1, 1)).astype(np.float32), "k")
+        return b.model([b.node("Add", [h, k])], rank=4)
+
+    model = legalize_model(quantize(net(), "xint8", encoding="x86_uint8"), "xint8").model
+    assert any(t.is_constant and not t.signed for t in QDQGraph(model).tensors.values())
+    imported = import_quant_info(model, export_quant_info(model), "xint8").model
+    x = random_inputs(net(), 8, seed=4)
+    np.testing.assert_array_equal(ort_run(imported, x)[0], ort_run(model, x)[0])
+    assert check(imported, "xint8").ok

@@ -177,6 +177,8 @@ class _Checker:
             if kernel and max(kernel) > self.profile.pool_kernel_max:
                 limit = self.profile.pool_kernel_max
                 self.step_add(step, "engine_limit", f"pool kernel {kernel}; allowed: <= {limit}", fixable=False)
+        if op == "AveragePool":
+            self.check_average_divisor(step)
         if op == "Resize":
             mode = node_attribute(step.node, "mode", b"nearest")
             text = mode.decode() if isinstance(mode, bytes) else str(mode)
@@ -290,6 +292,29 @@ class _Checker:
             return
         for rule, message in weight_issues(slope, self.profile):
             self.step_add(step, rule, message)
+
+    def check_average_divisor(self, step: Step) -> None:
+        """The device divides every window's sum by the whole kernel (``sum * N >> M``).
+        ONNX divides a window that covers padding by its real pixels only
+        (``count_include_pad=0``, the default) and a window past the end that ``ceil_mode``
+        adds by its part inside: neither is the device's average."""
+        node = step.node
+        padded = any(int_list(node, "pads") or [])
+        if padded and not int_attribute(node, "count_include_pad", 0):
+            self.step_add(
+                step,
+                "unsupported_attribute",
+                "AveragePool count_include_pad=0 over padding; allowed: count_include_pad=1 or no padding "
+                "(the device divides every window by the kernel's size)",
+                False,
+            )
+        if int_attribute(node, "ceil_mode", 0):
+            self.step_add(
+                step,
+                "unsupported_attribute",
+                "AveragePool ceil_mode=1; allowed: ceil_mode=0 (the device divides every window by the kernel's size)",
+                False,
+            )
 
     def check_resize_scales(self, step: Step) -> None:
         scales = resize_scales(self.qdq, step.node)

@@ -172,13 +172,20 @@ def load_quant_info(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[
 
 
 def _storage(bits: int, tensor: QuantTensor) -> tuple[int, int]:
+    """An activation's stored type and zero point: unsigned ones stay unsigned (the x86
+    encoding, zero point at mid-range); a constant is always stored signed
+    (:func:`_signed`), since it is written with zero point 0."""
     unsigned = {8: onnx.TensorProto.UINT8, 16: onnx.TensorProto.UINT16}
-    signed = {8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16, 32: onnx.TensorProto.INT32}
-    if not tensor.signed and bits in unsigned:
+    if not tensor.signed and not tensor.is_constant and bits in unsigned:
         return unsigned[bits], 2 ** (bits - 1)
+    return _signed(bits, tensor), 0
+
+
+def _signed(bits: int, tensor: QuantTensor) -> int:
+    signed = {8: onnx.TensorProto.INT8, 16: onnx.TensorProto.INT16, 32: onnx.TensorProto.INT32}
     if bits not in signed:
         raise ModelError(f"quant_info: tensor {tensor.key!r}: bit width {bits}; allowed: 8, 16, 32")
-    return signed[bits], 0
+    return signed[bits]
 
 
 def import_quant_info(
@@ -212,8 +219,10 @@ def import_quant_info(
         if tensor.is_constant:
             info_type = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
             limits = np.iinfo(info_type)
+            # 8-bit parameters take the device's weight range ([-127, 127] on Quark's XINT8).
+            low = profile.weight_qmin if bits == 8 else int(limits.min)
             rounding = profile.bias_rounding if bits > 8 else profile.weight_rounding
-            codes, _clipped = quantize_real(tensor.real_values(), pos, int(limits.min), int(limits.max), rounding)
+            codes, _clipped = quantize_real(tensor.real_values(), pos, low, int(limits.max), rounding)
             editor.set_constant(qdq, key, codes.astype(info_type), pos)
         else:
             editor.set_activation(qdq, key, pos, zero_point, elem_type)
