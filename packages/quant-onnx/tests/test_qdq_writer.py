@@ -412,3 +412,88 @@ def test_a_matmul_vector_weight_is_per_tensor(tmp_path) -> None:
     assert any("'dot': rank-1 MatMul weight has no single output-channel axis" in n for n in calibrated.plan.notes)
     assert sqnr_db(ort_run(model, data)[0], ort_run(quantized, data)[0]) > 30
     assert ":MatMul" not in optimized_op_types(quantized, tmp_path)  # an integer kernel, not a float MatMul
+
+
+def _tiny(nodes, inputs, outputs, constants):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in constants.items()],
+    )
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def test_a_graph_input_that_is_also_an_output_stays_as_fed() -> None:
+    from onnx import helper
+
+    from quant_onnx import quantize
+
+    rng = np.random.default_rng(0)
+    model = _tiny(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")],
+        [("x", [1, 3, 4, 4])],
+        [("y", [1, 4, 4, 4]), ("x", [1, 3, 4, 4])],
+        {"w": rng.normal(size=(4, 3, 1, 1))},
+    )
+    feeds = [{"x": rng.normal(size=(1, 3, 4, 4)).astype(np.float32)} for _ in range(8)]
+    written = quantize(model, None, "a8w8", feeds, quiet=True).model
+    onnx.checker.check_model(written)
+    y, x = _run(written, feeds[0])
+    np.testing.assert_array_equal(x, feeds[0]["x"])  # passed through, not quantized
+    assert sqnr_db(_run(model, feeds[0])[0], y) > 30
+
+
+def test_a_gemm_bias_per_row_is_not_taken_for_one_per_column() -> None:
+    """C of shape [M, 1] adds one value per row; with M == N it has a per-column bias's size."""
+    from onnx import helper
+
+    from quant_onnx import quantize
+
+    rng = np.random.default_rng(0)
+    model = _tiny(
+        [helper.make_node("Gemm", ["x", "W", "C"], ["y"], name="g")],
+        [("x", [4, 8])],
+        [("y", [4, 4])],
+        {"W": rng.normal(size=(8, 4)), "C": [[10.0], [-10.0], [5.0], [-5.0]]},
+    )
+    feeds = [{"x": rng.normal(size=[4, 8]).astype(np.float32)} for _ in range(16)]
+    for preset in ("a8w8", "a16w8", "xint8"):
+        written = quantize(model, None, preset, feeds, quiet=True).model
+        assert sqnr_db(_run(model, feeds[0])[0], _run(written, feeds[0])[0]) > 25, preset
+
+
+def test_a_concat_input_the_recipe_keeps_float_joins_no_group() -> None:
+    """A residual stream kept float beside a LayerNorm output, concatenated for a MatMul."""
+    from onnx import helper
+
+    from quant_onnx import quantize
+
+    rng = np.random.default_rng(0)
+    model = _tiny(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
+            helper.make_node("Add", ["x", "h"], ["r"], name="res"),
+            helper.make_node("LayerNormalization", ["r", "g", "b"], ["n"], name="ln", axis=-1),
+            helper.make_node("Concat", ["r", "n"], ["c"], name="cat", axis=1),
+            helper.make_node("MatMul", ["c", "W2"], ["y"], name="mm2"),
+        ],
+        [("x", [1, 3, 8])],
+        [("y", [1, 6, 4])],
+        {"W": rng.normal(size=(8, 8)), "W2": rng.normal(size=(8, 4)), "g": np.ones(8), "b": np.zeros(8)},
+    )
+    feeds = [{"x": rng.normal(size=[1, 3, 8]).astype(np.float32)} for _ in range(8)]
+    for preset in ("a8w8", "xint8"):
+        written = quantize(model, None, preset, feeds, quiet=True).model
+        onnx.checker.check_model(written)
+        assert _run(written, feeds[0])[0].shape == (1, 6, 4)

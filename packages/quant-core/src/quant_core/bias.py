@@ -335,15 +335,34 @@ def bias_to_encode(
         (4,)
         >>> bias_to_encode(np.ones((2, 4)), w, None, integer_kernel=True)
         (None, 'bias of shape [2, 4] kept float (not one per channel)')
+        >>> bias_to_encode(np.ones((4, 1)), w, None, integer_kernel=True)[1]  # one per row
+        'bias of shape [4, 1] kept float (not one per channel)'
     """
     value = np.asarray(bias, np.float32)
     integer = spec is None or spec.dtype is DType.INT32 or (not spec.is_quantized and integer_kernel)
     channels = np.shape(weight_qp.scale)
     if integer and channels:
-        if value.size != channels[0]:
+        per_channel = one_per_channel(value, channels[0])
+        if per_channel is None:
             return None, f"bias of shape {list(value.shape)} kept float (not one per channel)"
-        value = value.reshape(-1)
+        value = per_channel
     return value, None
+
+
+def one_per_channel(bias: npt.ArrayLike, channels: int) -> np.ndarray | None:
+    """``bias`` as one value per output channel (1-D), or ``None`` when it is not that:
+    its last axis must hold the channels and every other axis be 1. A Gemm bias of shape
+    ``[M, 1]`` adds one value per row and, with ``M == N``, has the size of a per-column
+    bias without being one.
+
+    Example:
+        >>> one_per_channel(np.ones((1, 3)), 3).shape, one_per_channel(np.ones((3, 1)), 3)
+        ((3,), None)
+    """
+    value = np.asarray(bias)
+    if value.ndim == 0 or value.shape[-1] != channels or any(d != 1 for d in value.shape[:-1]):
+        return None
+    return value.reshape(-1)
 
 
 def encode_bias(

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 import attrs
 import numpy as np
 
-from quant_core.bias import accumulation_headroom, fit_weight_to_bias
+from quant_core.bias import accumulation_headroom, fit_weight_to_bias, one_per_channel
 from quant_core.dtypes import DType
 from quant_core.errors import DataError, ModelError
 from quant_core.observers.base import Observer
@@ -103,7 +103,7 @@ def plan_weight_qparams(
         if not (bias_slot.integer_kernel and int32_default) or input_qp is None or bias is None or qp is None:
             continue
         flat = np.asarray(bias).reshape(-1)
-        if qp.scale.ndim and flat.size != qp.scale.shape[0]:
+        if qp.scale.ndim and one_per_channel(bias, qp.scale.shape[0]) is None:
             continue  # not one bias per channel: the writer keeps it float
         # The kernel adds the layer's products to the bias in int32: leave them room.
         headroom = accumulation_headroom(shapes[bias_slot.node], flat.size, input_qp, qp)

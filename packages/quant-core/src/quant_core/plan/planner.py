@@ -601,7 +601,8 @@ class _Planner:
             self.request(name, spec, priority=0)
             self.unobserved.add(name)
             for other in inputs:
-                self.groups.union(other, name)
+                if other in self.specs:  # an input the recipe keeps float joins no group
+                    self.groups.union(other, name)
 
     def try_fuse(self, node: PlanNode, act_out: QuantSpec) -> None:
         pre = node.input(0)

@@ -26,7 +26,7 @@ from onnx import helper, numpy_helper
 from quant_algos.bias_correction import InputMeanAccumulator
 from quant_algos.drivers.layers import GeometryUnknown, bias_allowed, describe_layer
 from quant_algos.drivers.runner import QuantLayer
-from quant_core.bias import accumulation_headroom, encode_bias
+from quant_core.bias import accumulation_headroom, encode_bias, one_per_channel
 from quant_core.errors import ModelError
 from quant_core.onnx_qdq.graph import GraphIndex, node_attribute, plan_node
 from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX
@@ -61,12 +61,13 @@ def _per_channel(node: onnx.NodeProto, bias: np.ndarray, channels: int) -> np.nd
     flat = bias.reshape(-1)
     if flat.size == 1 and channels != 1:
         return np.full(channels, flat[0], np.float32)
-    if flat.size != channels:
+    per_channel = one_per_channel(bias, channels)  # a per-row [M, 1] C is not, even when M == channels
+    if per_channel is None:
         raise ModelError(
             f"node {node.name!r} ({node.op_type}): bias of shape {list(bias.shape)} is neither one value "
             f"nor one per output channel ({channels})"
         )
-    return flat
+    return per_channel
 
 
 def _added_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> tuple[str, str] | None:

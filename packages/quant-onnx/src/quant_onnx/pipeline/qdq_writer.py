@@ -280,18 +280,22 @@ class _Writer:
             self.replaced.add(tensor)
             return
         producer = self.index.producer(tensor)
+        if producer is None and not consumers:
+            return  # a graph input that is only passed through as an output: left as fed
         source = tensor
-        if is_output:
+        # A graph output is written by a DequantizeLinear, its producer renamed; a graph
+        # input passed straight through as an output has no producer and stays as fed.
+        dequantized_output = is_output and producer is not None
+        if dequantized_output and producer is not None:
             source = self.index.unique_name(f"{tensor}_float")
-            if producer is not None:
-                for i, name in enumerate(producer.output):
-                    if name == tensor:
-                        producer.output[i] = source
+            for i, name in enumerate(producer.output):
+                if name == tensor:
+                    producer.output[i] = source
         self.float_source[tensor] = source
         params = self.builder.qparam_initializers(tensor, qp)
         quantized = self.index.unique_name(f"{tensor}_QuantizeLinear_Output")
         q_nodes = [self.builder.qdq_node(QUANTIZE, source, quantized, params, qp)]
-        if is_output:
+        if dequantized_output:
             q_nodes.append(self.builder.qdq_node(DEQUANTIZE, quantized, tensor, params, qp))
         if producer is None:
             self.head.extend(q_nodes)
