@@ -129,6 +129,10 @@ def test_dynamic_needs_no_calibration_data(files, tmp_path) -> None:
     out = tmp_path / "d.onnx"
     assert main(["quantize", str(model), str(out), "--dynamic"]) == 0
     assert "ConvInteger" in {n.op_type for n in onnx.load(out).graph.node}
+    # The report's ranges and per-layer SQNR come from calibration: asked for, it is refused.
+    report = tmp_path / "r.json"
+    assert main(["quantize", str(model), str(tmp_path / "e.onnx"), "--dynamic", "--report", str(report)]) == 2
+    assert not report.exists() and not (tmp_path / "e.onnx").exists()
 
 
 def test_inspect_lists_quantized_and_float_ops(tmp_path, capsys) -> None:

@@ -251,3 +251,31 @@ def test_one_shot_iterator_cannot_be_read_twice():
     assert len(list(reader)) == 1
     with pytest.raises(DataError, match="already consumed"):
         list(reader)
+
+
+def test_inputs_calibration_cannot_batch_or_would_wrap_are_refused() -> None:
+    scalar = make_model([helper.make_node("Identity", ["s"], ["y"], name="id")], [vi("s", [])], [vi("y", [])])
+    with pytest.raises(DataError, match=r"input 's' is a scalar; calibration needs a batch axis"):
+        list(calibration_batches(scalar, [{"s": np.float32(1.0)}]))
+    int32 = make_model(
+        [helper.make_node("Identity", ["i"], ["y"], name="id")], [vi("i", ["N", 2], 6)], [vi("y", ["N", 2], 6)]
+    )
+    assert next(iter(calibration_batches(int32, [np.array([[1, 2]], np.int64)])))["i"].dtype == np.int32
+    with pytest.raises(DataError, match=r"input 'i' has values outside int32"):
+        list(calibration_batches(int32, [np.array([[2**40 + 5, 1]], np.int64)]))
+
+
+def test_sixteen_bit_images_are_scaled_to_their_depth(tmp_path) -> None:
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.fromarray(np.full((8, 8), 40000, np.uint16)).save(folder / "a.png")
+    for channels in (1, 3):
+        model = make_model(
+            [helper.make_node("Identity", ["x"], ["y"], name="id")],
+            [vi("x", [1, channels, 8, 8])],
+            [vi("y", [1, channels, 8, 8])],
+        )
+        batch = next(iter(calibration_batches(model, str(folder))))
+        np.testing.assert_allclose(batch["x"], 40000 / 65535, rtol=1e-6)

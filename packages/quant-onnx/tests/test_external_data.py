@@ -78,3 +78,20 @@ def test_bound_tensors_are_checked_again_when_read(external_model, monkeypatch) 
     (path.parent / "model.data").write_bytes(b"")  # truncated behind our back
     with pytest.raises(ModelError, match="past the end of the file"):
         to_array(tensor)
+
+
+def test_no_output_may_overwrite_the_inputs_data_files(external_model, tmp_path, capsys) -> None:
+    """The input's tensors live in model.data beside it: neither the model output, the
+    report nor compare's --json may be written there (nor over either compared model)."""
+    path, data = external_model
+    stored = path.parent / "model.data"
+    before = _digest(stored), _digest(path)
+    args = ["--calib-data", str(data), "--quiet"]
+    assert main(["quantize", str(path), str(stored), *args]) == 2
+    assert "a data file of the input model ('model.data')" in capsys.readouterr().err
+    assert main(["quantize", str(path), str(tmp_path / "q.onnx"), *args, "--report", str(stored)]) == 2
+    quantized = tmp_path / "q.onnx"
+    assert main(["quantize", str(path), str(quantized), *args]) == 0
+    for target in (path, quantized, stored):
+        assert main(["compare", str(path), str(quantized), "--data", str(data), "--json", str(target), "--quiet"]) == 2
+    assert (_digest(stored), _digest(path)) == before

@@ -321,10 +321,7 @@ def iter_image_folder(folder: str | os.PathLike[str], spec: InputSpec, options: 
     for file in files:
         try:
             with Image.open(file) as opened:
-                img = opened.convert("L" if channels == 1 else "RGB")
-            if size is not None and img.size != (size[1], size[0]):
-                img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-            pixels = np.asarray(img, dtype=np.float32) / 255.0
+                pixels = _unit_pixels(opened, channels, size, file)
         except OSError as exc:
             raise DataError(f"calibration data: cannot read image '{file}': {_first_line(exc)}") from exc
         if pixels.ndim == 2:
@@ -332,6 +329,34 @@ def iter_image_folder(folder: str | os.PathLike[str], spec: InputSpec, options: 
         pixels = (pixels - mean) / std  # HWC, statistics broadcast over the channel axis
         sample = pixels.transpose(2, 0, 1) if options.layout == "nchw" else pixels
         yield {spec.name: sample[None].astype(spec.dtype if spec.dtype.kind == "f" else np.float32)}
+
+
+#: Pillow modes of one 16-bit channel; ``convert`` would clamp them to 255, not rescale them.
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
+def _unit_pixels(opened: Any, channels: int, size: tuple[int, int] | None, file: Path) -> np.ndarray:
+    """The image as float32 in [0, 1], ``channels`` channels (HW or HWC), resized to
+    ``size``: 8-bit images divided by 255, 16-bit grayscale by 65535."""
+    from PIL import Image
+
+    if opened.mode in SIXTEEN_BIT_MODES:
+        img = (
+            opened.convert("F")
+            if size is None
+            else opened.convert("F").resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        )
+        gray = np.asarray(img, dtype=np.float32) / 65535.0
+        return gray if channels == 1 else np.repeat(gray[:, :, None], 3, axis=2)
+    if opened.mode in ("I", "F"):
+        raise DataError(
+            f"calibration data: image '{file}' has 32-bit pixels (mode {opened.mode}) of unknown scale; "
+            "save it as 8- or 16-bit, or give the calibration data as arrays"
+        )
+    img = opened.convert("L" if channels == 1 else "RGB")
+    if size is not None and img.size != (size[1], size[0]):
+        img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    return np.asarray(img, dtype=np.float32) / 255.0
 
 
 def _image_geometry(spec: InputSpec, options: ImageOptions) -> tuple[int, tuple[int, int] | None]:
@@ -395,6 +420,11 @@ def _as_batch(item: Mapping[str, Any], specs: Mapping[str, InputSpec]) -> Batch:
         array = item[name]
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)
+        if spec.rank == 0 or array.ndim == 0:
+            raise DataError(
+                f"calibration data: input '{name}' is a scalar; calibration needs a batch axis "
+                "(give the model a batch dimension on that input)"
+            )
         if spec.rank is not None and array.ndim == spec.rank - 1:
             array = array[None]  # one sample
         elif spec.rank is not None and array.ndim != spec.rank:
@@ -413,6 +443,13 @@ def _as_batch(item: Mapping[str, Any], specs: Mapping[str, InputSpec]) -> Batch:
             raise DataError(
                 f"calibration data: input '{name}' expected dtype {spec.dtype} got {array.dtype} (convert the data first)"
             )
+        if array.dtype.kind in "iu" and array.size and not np.can_cast(array.dtype, spec.dtype):
+            limits = np.iinfo(spec.dtype)
+            if array.min() < limits.min or array.max() > limits.max:  # the cast would wrap them
+                raise DataError(
+                    f"calibration data: input '{name}' has values outside {spec.dtype} "
+                    f"[{limits.min}, {limits.max}] (got {array.dtype} from {array.min()} to {array.max()})"
+                )
         chunk[name] = array
     counts = {n: a.shape[0] for n, a in chunk.items()}
     if len(set(counts.values())) > 1:

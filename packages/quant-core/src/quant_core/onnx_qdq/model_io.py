@@ -192,8 +192,9 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike |
     file is removed; an interrupted save leaves the old output whole.
     """
     target = Path(path)
-    if input_path is not None and _same_file(target, Path(input_path)):
-        raise ModelError(f"output path '{target}' is the input model; choose another output file")
+    overwritten = None if input_path is None else _input_file_at(target, Path(input_path))
+    if overwritten is not None:
+        raise ModelError(f"output path '{target}' is {overwritten}; choose another output file")
     if target.is_dir():
         raise ModelError(f"output path '{target}' is a directory")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -252,8 +253,9 @@ def check_output_path(path: PathLike, *, input_path: PathLike | None = None, wha
     folder name should not scatter files) or is not writable. OutputError naming ``path``.
     """
     target = Path(path)
-    if input_path is not None and _same_file(target, Path(input_path)):
-        raise OutputError(f"{what} '{target}' is the input model; choose another file")
+    overwritten = None if input_path is None else _input_file_at(target, Path(input_path))
+    if overwritten is not None:
+        raise OutputError(f"{what} '{target}' is {overwritten}; choose another file")
     if target.is_dir():
         raise OutputError(f"{what} '{target}' is a directory; give a file name")
     folder = target.parent
@@ -305,6 +307,30 @@ def _parse_bytes(data: bytes, label: str) -> onnx.ModelProto:
     if not model.HasField("graph"):
         raise ModelError(f"model '{label}': not an ONNX model (no graph)")
     return model
+
+
+def _input_file_at(target: Path, input_path: Path) -> str | None:
+    """What of the input model ``target`` would overwrite: ``"the input model"``, one of
+    the files its tensors are stored in, or ``None``. Only an existing file beside (or
+    below) the input can be one of its data files, so only then is the input read, without
+    its tensors."""
+    if _same_file(target, input_path):
+        return "the input model"
+    if not (target.is_file() and input_path.is_file()):
+        return None
+    folder = input_path.resolve().parent
+    if folder not in target.resolve().parents:
+        return None
+    try:
+        model = onnx.load(str(input_path), load_external_data=False)
+    except Exception:  # not a model we can read: it names no data files
+        return None
+    for tensor in all_tensors(model):
+        if uses_external_data(tensor):
+            location = external_data_info(tensor).get("location", "")
+            if location and _same_file(target, folder / location):
+                return f"a data file of the input model ('{location}')"
+    return None
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -292,6 +292,9 @@ def _quantize(args: argparse.Namespace) -> int:
     if args.dynamic:
         from quant_onnx.pipeline.dynamic import quantize_dynamic
 
+        if args.report:  # its ranges and per-layer SQNR come from calibration, which this skips
+            raise ConfigError("--report: not written with --dynamic (nothing is calibrated); drop one of them")
+
         model = quantize_dynamic(args.model, args.output, config)
         if not args.quiet:
             summary = quantize_summary(
@@ -353,7 +356,8 @@ def _compare(args: argparse.Namespace) -> int:
 
     _check_counts(args, "num_samples", "batch_size")
     if args.json:
-        check_output_path(args.json, what="--json")
+        for model_path in (args.float_model, args.quant_model):
+            check_output_path(args.json, input_path=model_path, what="--json")
     float_model = load_model(args.float_model)
     quant_model = load_model(args.quant_model)
     batches = CalibrationReader(
