@@ -83,6 +83,9 @@ def test_fixed_batch_dim_forces_batch_size_and_drops_remainder():
     assert [b["x"].shape for b in reader] == [(1, 3, 4, 4)] * 3
     specs2 = [InputSpec("x", (2, 3, 4, 4), F32)]
     assert len(list(calibration_batches(specs2, samples(5)))) == 2
+    specs4 = [InputSpec("x", (4, 3, 4, 4), F32)]
+    with pytest.raises(DataError, match=r"^calibration data: 3 sample\(s\), fewer than the batch of 4 the model fixes"):
+        list(calibration_batches(specs4, samples(10), num_samples=3))
 
 
 def test_reader_from_model_and_iterable_twice():

@@ -505,14 +505,21 @@ def _rebatch(
             batch = flush(batch_size)
             emitted += batch_size
             yield batch
+    dropped = 0
     if pending_count:
         if exact:
+            dropped = pending_count
             _LOG.warning(
                 "dropping %d calibration sample(s): the model fixes the batch size to %d", pending_count, batch_size
             )
         else:
             emitted += pending_count
             yield flush(pending_count)
+    if emitted == 0 and dropped:
+        raise DataError(
+            f"calibration data: {dropped} sample(s), fewer than the batch of {batch_size} the model fixes; "
+            f"give at least {batch_size}"
+        )
     if emitted == 0:
         raise DataError(f"calibration data: no samples for input '{names[0]}'")
 
