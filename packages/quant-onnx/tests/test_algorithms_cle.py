@@ -92,17 +92,30 @@ def test_shared_weight_is_not_rescaled():
     assert find_chains(plan_graph(model), replace_relu6=True).chains == []  # r1 has two readers
 
 
-def test_zero_pad_between_layers_is_crossed():
+def _padded_between(pads: list[int]) -> onnx.ModelProto:
     model = conv_relu_conv()
     nodes = list(model.graph.node)
     nodes[2].input[0] = "padded"
     nodes[2].attribute.pop()  # drop its own pads
-    pad_value = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")
+    pad_value = numpy_helper.from_array(np.array(pads, np.int64), "pads")
     nodes.insert(2, helper.make_node("Pad", ["r1", "pads"], ["padded"], name="pad"))
-    padded = make_model(nodes, list(model.graph.input), list(model.graph.output), [*model.graph.initializer, pad_value])
+    return make_model(nodes, list(model.graph.input), list(model.graph.output), [*model.graph.initializer, pad_value])
+
+
+def test_zero_pad_between_layers_is_crossed():
+    padded = _padded_between([0, 0, 1, 1, 0, 0, 1, 1])
     out, report = apply_cle(padded, CLEConfig(absorb_high_bias=False))
     assert report.chains == (("conv1", "conv2"),)
     _assert_same_function(padded, out, batches_for(padded))
+
+
+def test_a_pad_that_shifts_the_channels_ends_the_chain():
+    """Channel i of the first layer reaches input channel i + 1 of the second: a scale
+    moved through it would land on the wrong channel."""
+    shifted = _padded_between([0, 1, 0, 0, 0, -1, 0, 0])
+    out, report = apply_cle(shifted, CLEConfig(absorb_high_bias=False))
+    assert report.chains == ()
+    _assert_same_function(shifted, out, batches_for(shifted))
 
 
 def _high_bias_model() -> onnx.ModelProto:

@@ -273,3 +273,32 @@ def test_bias_correction_on_a_linear_over_tokens_corrects_its_output_channels() 
             return float((frozen(test) - net(test)).mean((0, 1)).abs().mean())
 
     assert mean_error(BiasCorrectionConfig(num_samples=64)) < 0.7 * mean_error()
+
+
+@pytest.mark.parametrize(
+    ("pad", "value", "chained"),
+    [((1, 1, 1, 1), 0.0, True), ((0, 0, 0, 0, 1, -1), 0.0, False), ((1, 1, 1, 1), 2.0, False)],
+)
+def test_cle_crosses_a_pad_only_where_channels_keep_their_order(pad, value, chained) -> None:
+    """Spatial zero padding commutes with a per-channel scale; a pad that shifts the
+    channels (or fills with anything but 0) would carry a scale to the wrong place."""
+    from torch import nn
+
+    class Padded(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b = nn.Conv2d(3, 6, 3), nn.Conv2d(6, 4, 3)
+            with torch.no_grad():
+                self.a.weight[:3] *= 20.0  # uneven channel ranges: CLE has something to do
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(nn.functional.pad(torch.relu(self.a(x)), pad, value=value))
+
+    net, calibration = Padded().eval(), images(2, batch=8)
+    q = ModelQuantizer(get_preset("xint8").evolve(algorithms=(CLEConfig(),)), quiet=True)
+    qmodel = q.quantize_model(net, EXAMPLE, calibration)
+    assert bool(graph_info(qmodel).algorithms["cle"]["chains"]) is chained
+    test = torch.cat(images(1, batch=8, seed=5))
+    with float_mode(qmodel), torch.no_grad():
+        np.testing.assert_allclose(qmodel(test).numpy(), net(test).numpy(), rtol=1e-4, atol=1e-4)

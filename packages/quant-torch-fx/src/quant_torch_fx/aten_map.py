@@ -127,11 +127,28 @@ def _adaptive_avg_pool(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
 def _pad(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     mode = _arg(node, 2, "mode", "constant")
     value = _arg(node, 3, "value", None)
-    return "Pad", [_arg(node, 0, "self")], {"mode": mode, "value": 0.0 if value is None else float(value)}
+    attributes = {"mode": mode, "value": 0.0 if value is None else float(value)}
+    return "Pad", [_arg(node, 0, "self")], {**attributes, **_onnx_pads(node)}
 
 
 def _constant_pad(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
-    return "Pad", [_arg(node, 0, "self")], {"mode": "constant", "value": float(_arg(node, 2, "value", 0.0))}
+    attributes = {"mode": "constant", "value": float(_arg(node, 2, "value", 0.0))}
+    return "Pad", [_arg(node, 0, "self")], {**attributes, **_onnx_pads(node)}
+
+
+def _onnx_pads(node: Node) -> dict[str, Any]:
+    """``{"pads": [begin of every axis..., end of every axis...]}`` (ONNX's order) from
+    torch's ``pad`` (last axis first, begin and end in pairs); empty when the rank or the
+    amounts are not known when the graph is planned."""
+    source, amounts = _arg(node, 0, "self"), _arg(node, 1, "pad")
+    value = source.meta.get("val") if isinstance(source, Node) else None
+    if value is None or not isinstance(amounts, Sequence) or not all(isinstance(a, int) for a in amounts):
+        return {}
+    rank = value.dim()
+    begin, end = [0] * rank, [0] * rank
+    for i in range(len(amounts) // 2):
+        begin[rank - 1 - i], end[rank - 1 - i] = amounts[2 * i], amounts[2 * i + 1]
+    return {"pads": [*begin, *end]}
 
 
 def _resize(mode: str) -> _Translate:

@@ -151,12 +151,21 @@ def layer_ref(node: PlanNode, graph: GraphView, writable: Writable) -> LayerRef 
 
 
 def _zero_pad(node: PlanNode, graph: GraphView) -> bool:
-    if node.attr("mode", "constant") != "constant":
+    """A Pad that adds zeros around the spatial axes only: the channels keep their order,
+    so a channel's scale reaches the next layer's same input channel. Padding or cropping
+    the batch or channel axis (``pads`` not a constant, or non-zero there) would shift them."""
+    if node.attr("mode", "constant") != "constant" or node.attr("value", 0.0) != 0.0:
         return False
     if node.input(2):
         value = graph.constant(node.input(2))
-        return value is not None and bool(np.all(np.asarray(value) == 0))
-    return True
+        if value is None or not bool(np.all(np.asarray(value) == 0)):
+            return False
+    pads = graph.constant(node.input(1)) if node.input(1) else node.attr("pads", None)
+    if pads is None or node.input(3):  # opset 18's axes input: which axes the pads name varies
+        return False
+    flat = np.asarray(pads, np.int64).reshape(-1)
+    rank = flat.size // 2
+    return rank >= 2 and not np.any(flat[[0, 1, rank, rank + 1]])
 
 
 def _may_replace(node: PlanNode, replace_relu6: bool | Collection[str]) -> bool:
