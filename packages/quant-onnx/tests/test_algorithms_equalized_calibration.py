@@ -133,20 +133,17 @@ def test_an_empty_batch_adds_nothing_to_the_channel_ranges() -> None:
 def test_the_first_samples_are_input_samples_where_a_tensor_has_more_rows() -> None:
     """A Reshape folds each sample into two rows of the equalized Conv's input: the
     equalization measures its first two input samples (four rows) in either path."""
-    from onnx import TensorProto, helper, numpy_helper
+    from conftest import make_model, tensor, vi
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(1)
     spread = np.array([8.0, 0.01, 1.0, 0.003], np.float32)
-
-    def const(name: str, value: np.ndarray) -> onnx.TensorProto:
-        return numpy_helper.from_array(value, name)
-
     inits = [
-        const("shape", np.array([-1, 4, 6, 6], np.int64)),
-        const("w1", (rng.normal(size=(4, 4, 1, 1)) * spread[:, None, None, None]).astype(np.float32)),
-        const("b1", (rng.normal(size=4) * spread).astype(np.float32)),
-        const("w2", rng.normal(size=(3, 4, 1, 1)).astype(np.float32)),
-        const("b2", np.zeros(3, np.float32)),
+        tensor("shape", np.array([-1, 4, 6, 6], np.int64)),
+        tensor("w1", (rng.normal(size=(4, 4, 1, 1)) * spread[:, None, None, None]).astype(np.float32)),
+        tensor("b1", (rng.normal(size=4) * spread).astype(np.float32)),
+        tensor("w2", rng.normal(size=(3, 4, 1, 1)).astype(np.float32)),
+        tensor("b2", np.zeros(3, np.float32)),
     ]
     nodes = [
         helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
@@ -154,14 +151,7 @@ def test_the_first_samples_are_input_samples_where_a_tensor_has_more_rows() -> N
         helper.make_node("HardSwish", ["y1"], ["h1"], name="hs"),
         helper.make_node("Conv", ["h1", "w2", "b2"], ["y"], name="c2"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "reshaped",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 6, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 3, 6, 6])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    model = make_model(nodes, [vi("x", ["N", 8, 6, 6])], [vi("y", ["M", 3, 6, 6])], inits, opset=17)
     # Later samples are larger: which samples are measured decides the scales.
     scale = np.array([1.0, 5.0, 9.0, 20.0], np.float32)[:, None, None, None]
     batches = [{"x": (rng.normal(size=(4, 8, 6, 6)) * scale).astype(np.float32)}]

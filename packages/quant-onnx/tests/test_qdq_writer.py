@@ -415,23 +415,16 @@ def test_a_matmul_vector_weight_is_per_tensor(tmp_path) -> None:
 
 
 def _tiny(nodes, inputs, outputs, constants):
-    from onnx import TensorProto, helper
+    """A float model of ``nodes`` (opset 17) with float32 ``constants``."""
+    from conftest import make_model, tensor, vi
 
-    graph = helper.make_graph(
-        nodes,
-        "tiny",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
-        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in constants.items()],
-    )
-    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    initializers = [tensor(name, np.asarray(value, np.float32)) for name, value in constants.items()]
+    return make_model(nodes, [vi(*i) for i in inputs], [vi(*o) for o in outputs], initializers, opset=17)
 
 
 def _run(model, feeds):
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
+    """The default session's outputs (onnxruntime's integer kernels where it fuses)."""
+    return ort_run(model, feeds, level="all")
 
 
 def test_a_graph_input_that_is_also_an_output_stays_as_fed() -> None:

@@ -34,6 +34,7 @@ from quant_core.plan import (
     GraphView,
     PlanNode,
     activation_kind,
+    pads_keep_channels,
     sole_reader,
     weight_is_transposed,
 )
@@ -163,9 +164,7 @@ def _zero_pad(node: PlanNode, graph: GraphView) -> bool:
     pads = graph.constant(node.input(1)) if node.input(1) else node.attr("pads", None)
     if pads is None or node.input(3):  # opset 18's axes input: which axes the pads name varies
         return False
-    flat = np.asarray(pads, np.int64).reshape(-1)
-    rank = flat.size // 2
-    return rank >= 2 and not np.any(flat[[0, 1, rank, rank + 1]])
+    return pads_keep_channels(pads)
 
 
 def _may_replace(node: PlanNode, replace_relu6: bool | Collection[str]) -> bool:

@@ -239,12 +239,18 @@ def _own_data_files(target: Path) -> set[str]:
     for it (``<name>.<hash>.data``), which a new save may remove."""
     if not target.is_file():
         return set()
-    try:
-        existing = onnx.load(str(target), load_external_data=False)
-    except Exception:  # not a model we can read: leave whatever is beside it alone
-        return set()
-    names = {external_data_info(t).get("location", "") for t in all_tensors(existing) if uses_external_data(t)}
+    names = _data_locations(target)
     return {n for n in names if re.fullmatch(re.escape(target.name) + r"\.[0-9a-f]{16}\.data", n)}
+
+
+def _data_locations(path: Path) -> set[str]:
+    """The files (relative to its folder) that the model at ``path`` stores tensors in, read
+    without the tensors; none when it is not a model we can read."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a model we can read: it names no files to protect or remove
+        return set()
+    return {external_data_info(t).get("location", "") for t in all_tensors(model) if uses_external_data(t)} - {""}
 
 
 def check_output_path(path: PathLike, *, input_path: PathLike | None = None, what: str = "output") -> Path:
@@ -321,15 +327,9 @@ def _input_file_at(target: Path, input_path: Path) -> str | None:
     folder = input_path.resolve().parent
     if folder not in target.resolve().parents:
         return None
-    try:
-        model = onnx.load(str(input_path), load_external_data=False)
-    except Exception:  # not a model we can read: it names no data files
-        return None
-    for tensor in all_tensors(model):
-        if uses_external_data(tensor):
-            location = external_data_info(tensor).get("location", "")
-            if location and _same_file(target, folder / location):
-                return f"a data file of the input model ('{location}')"
+    for location in sorted(_data_locations(input_path)):
+        if _same_file(target, folder / location):
+            return f"a data file of the input model ('{location}')"
     return None
 
 

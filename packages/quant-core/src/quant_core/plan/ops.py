@@ -171,6 +171,21 @@ def policy_for(node: PlanNode, constant: ConstantLookup | None = None) -> OpPoli
     return rule
 
 
+def pads_keep_channels(pads: object) -> bool:
+    """Whether ONNX ``pads`` (the begin of every axis, then the end of every axis) leave the
+    batch and channel axes alone: padding only around the spatial axes keeps every channel
+    where it was, what folding a Pad into a Conv and moving a per-channel scale across it
+    both need.
+
+    Example:
+        >>> pads_keep_channels([0, 0, 1, 1, 0, 0, 1, 1]), pads_keep_channels([0, 1, 0, 0, 0, -1, 0, 0])
+        (True, False)
+    """
+    flat = np.asarray(pads, np.int64).reshape(-1)
+    rank = flat.size // 2
+    return rank >= 2 and not np.any(flat[[0, 1, rank, rank + 1]])
+
+
 def clip_bounds(node: PlanNode, constant: ConstantLookup) -> tuple[float, float] | None:
     """``(lo, hi)`` of a Relu or Clip (attributes before opset 11, constant inputs after),
     or ``None`` when a bound is not a constant or the node is neither.

@@ -285,8 +285,7 @@ class _Writer:
         source = tensor
         # A graph output is written by a DequantizeLinear, its producer renamed; a graph
         # input passed straight through as an output has no producer and stays as fed.
-        dequantized_output = is_output and producer is not None
-        if dequantized_output and producer is not None:
+        if is_output and producer is not None:
             source = self.index.unique_name(f"{tensor}_float")
             for i, name in enumerate(producer.output):
                 if name == tensor:
@@ -295,7 +294,7 @@ class _Writer:
         params = self.builder.qparam_initializers(tensor, qp)
         quantized = self.index.unique_name(f"{tensor}_QuantizeLinear_Output")
         q_nodes = [self.builder.qdq_node(QUANTIZE, source, quantized, params, qp)]
-        if dequantized_output:
+        if source != tensor:  # the producer was renamed: the output is the dequantized codes
             q_nodes.append(self.builder.qdq_node(DEQUANTIZE, quantized, tensor, params, qp))
         if producer is None:
             self.head.extend(q_nodes)

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute
+from quant_core.plan import pads_keep_channels
 from quant_onnx.graph_edit import copy_model, remove_nodes, set_attr
 
 
@@ -86,9 +87,9 @@ def _spatial_pads(pad: onnx.NodeProto, index: GraphIndex) -> list[int] | None:
     rank = len(pads) // 2
     if rank < 3 or np.any(pads < 0):
         return None  # negative pads crop; nothing to fold
-    begins, ends = pads[:rank], pads[rank:]
-    if begins[0] or begins[1] or ends[0] or ends[1]:
+    if not pads_keep_channels(pads):
         return None  # padding batch or channel dims is not a convolution padding
+    begins, ends = pads[:rank], pads[rank:]
     return [int(v) for v in begins[2:]] + [int(v) for v in ends[2:]]
 
 
