@@ -310,3 +310,31 @@ def test_no_means_are_taken_without_an_analytic_correction():
     for algorithms in ((), (BiasCorrectionConfig(),)):
         quantizer = ModelQuantizer(get_preset("a8w8").evolve(algorithms=algorithms), quiet=True)
         assert quantizer.calibrate(quantizer.prepare(model), batches_for(model, count=1)).input_means is None
+
+
+def test_the_calibration_pass_means_cover_input_samples_where_a_tensor_has_more_rows():
+    # A Reshape folds each sample into two rows of the Conv's input: the first 3 samples
+    # are its first 6 rows, as the correction's own pass (prepare_batches) takes them.
+    from conftest import make_model, tensor, vi
+
+    rng = np.random.default_rng(2)
+    inits = [
+        tensor("shape", np.array([-1, 4, 5, 5], np.int64)),
+        tensor("w", rng.normal(size=(3, 4, 1, 1)).astype(np.float32)),
+        tensor("b", np.zeros(3, np.float32)),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        helper.make_node("Conv", ["r", "w", "b"], ["y"], name="conv"),
+    ]
+    model = make_model(nodes, [vi("x", ["N", 8, 5, 5])], [vi("y", ["M", 3, 5, 5])], inits, opset=17)
+    x = (rng.normal(size=(4, 8, 5, 5)) * np.arange(1, 5, dtype=np.float32)[:, None, None, None] + 1.0).astype(
+        np.float32
+    )
+    batches = [{"x": x}]
+    correction = BiasCorrectionConfig(method="analytic", num_samples=3)
+    quantizer = ModelQuantizer(get_preset("a8w8").evolve(algorithms=(correction,)), quiet=True)
+    means = quantizer.calibrate(quantizer.prepare(model), batches).input_means
+    assert means is not None and means.samples == 3
+    expected = x[:3].reshape(6, 4, 5, 5).astype(np.float64).mean(axis=0)
+    np.testing.assert_allclose(means.values["r"], expected, rtol=1e-6, atol=1e-7)

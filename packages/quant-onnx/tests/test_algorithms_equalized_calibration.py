@@ -115,11 +115,12 @@ def test_a_channel_that_overflows_names_its_tensor() -> None:
 
 
 def test_an_empty_batch_adds_nothing_to_the_channel_ranges() -> None:
-    from quant_onnx.algorithms.equalized_calibration import _ChannelRanges, _FirstSamples
+    from quant_onnx.algorithms.equalized_calibration import _ChannelRanges
+    from quant_onnx.pipeline.calibrate import FirstSamples
 
     batch = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 5.0
     empty = np.zeros((0, 3, 4), np.float32)
-    alone, after_empty = _ChannelRanges(_FirstSamples(1)), _ChannelRanges(_FirstSamples(1))
+    alone, after_empty = _ChannelRanges(FirstSamples(1)), _ChannelRanges(FirstSamples(1))
     for ranges, stream in ((alone, [batch]), (after_empty, [empty, batch])):
         for part in ranges.window.marked({"x": b} for b in stream):  # cut at the first sample
             ranges.update(part["x"])  # as observers ignore it, an empty batch adds nothing

@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -43,10 +43,10 @@ from quant_core.onnx_qdq.graph import GraphIndex, plan_graph
 from quant_core.plan import QuantPlan, fresh_observers, observer_feeds
 from quant_core.spec import QuantSpec
 from quant_onnx.algorithms.activation_equalization import TensorSource, write_equalization
-from quant_onnx.algorithms.capture import num_rows
 from quant_onnx.algorithms.layerwise import input_mean_request
 from quant_onnx.pipeline.calibrate import (
     CalibratedModel,
+    FirstSamples,
     InputMeans,
     MeansTaken,
     from_filled_observers,
@@ -71,40 +71,11 @@ def _follows(observer: object) -> bool:
     return isinstance(observer, MinMaxObserver) and observer.spec.per_channel_axis is None
 
 
-class _FirstSamples:
-    """Whether the batch being observed lies within the first ``limit`` input samples, the
-    ones the equalization measures (as its own pass takes them, :func:`prepare_batches`).
-    :meth:`marked` cuts a batch that straddles the limit in two, so that every batch, and
-    each run of it, lies wholly inside or outside; counting a tensor's rows instead would
-    count wrong where its first axis is not the samples' (a Reshape of ``[N, k*C, ...]``
-    into ``[N*k, C, ...]``)."""
-
-    def __init__(self, limit: int) -> None:
-        self.left = limit
-        self.inside = limit > 0
-
-    def marked(self, batches: Iterable[Mapping[str, np.ndarray]]) -> Iterator[Mapping[str, np.ndarray]]:
-        """``batches``, cut at the limit; ``inside`` describes the batch last yielded (the
-        pass observes each batch before it asks for the next)."""
-        for batch in batches:
-            rows = num_rows(batch)
-            if 0 < self.left < rows:
-                head, self.left = self.left, 0
-                self.inside = True
-                yield {name: value[:head] for name, value in batch.items()}
-                self.inside = False
-                yield {name: value[head:] for name, value in batch.items()}
-                continue
-            self.inside = self.left > 0
-            self.left = max(self.left - rows, 0)
-            yield batch
-
-
 class _ChannelRanges:
     """Per-channel (axis 1) min and max of a tensor over every sample, and over the batches
     ``window`` marks as the first samples (what the equalization itself measures)."""
 
-    def __init__(self, window: _FirstSamples) -> None:
+    def __init__(self, window: FirstSamples) -> None:
         self.window = window
         self.all: tuple[np.ndarray, np.ndarray] | None = None
         self.first: tuple[np.ndarray, np.ndarray] | None = None
@@ -160,7 +131,7 @@ def calibrate_with_equalization(
     candidates = equalization_candidates(
         plan_graph(model, index), config, lambda name: index.initializer_proto(name) is not None
     )
-    window = _FirstSamples(samples_to_use(algorithm))
+    window = FirstSamples(samples_to_use(algorithm))
     channels = {t: _ChannelRanges(window) for t in candidates.channel_tensors()}
     ranges = {t: MinMaxObserver(QuantSpec(dtype="int8")) for t in observer_feeds(plan) if t not in channels}
     means = MeansTaken(input_mean_request(model, config))
@@ -174,7 +145,9 @@ def calibrate_with_equalization(
         **{_CHANNELS_KEY + t: c for t, c in channels.items()},
         **means.accumulators,
     }
-    observe_tensors(model, feeds_of, filled, window.marked(batches), total_batches=total_batches, quiet=quiet)
+    observe_tensors(
+        model, feeds_of, filled, means.marked(window.marked(batches)), total_batches=total_batches, quiet=quiet
+    )
 
     equalization = equalize(candidates, lambda tensors: {t: _measured(channels[t].first) for t in tensors})
     equalized, sources = write_equalization(model, equalization)

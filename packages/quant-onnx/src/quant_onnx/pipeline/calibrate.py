@@ -34,7 +34,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -96,45 +96,89 @@ class InputMeans:
 _MEAN_KEY = "input mean of "  # no observer key starts so: they are tensor group keys
 
 
-class _FirstSamplesMean:
-    """An observer-like sum of one tensor over the first ``limit`` samples of the stream."""
+class FirstSamples:
+    """Whether the batch being observed lies within the first ``limit`` input samples (as
+    :func:`quant_onnx.algorithms.capture.prepare_batches` takes them for a pass of its
+    own). :meth:`marked` cuts a batch that straddles the limit in two, so that every batch,
+    and each run of it, lies wholly inside or outside; counting a tensor's rows instead would
+    count wrong where its first axis is not the samples' (a Reshape of ``[N, k*C, ...]``
+    into ``[N*k, C, ...]``). Windows chain: each cuts at its own limit.
 
-    def __init__(self, conv: bool, limit: int) -> None:
-        self.mean = InputMeanAccumulator(conv)
+    Example:
+        >>> window = FirstSamples(3)
+        >>> [(len(b["x"]), window.inside) for b in window.marked([{"x": np.zeros(2)}] * 3)]
+        [(2, True), (1, True), (1, False), (2, False)]
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self.left = limit
+        self.inside = limit > 0
+
+    @property
+    def taken(self) -> int:
+        """Input samples seen inside the window so far."""
+        return self.limit - self.left
+
+    def marked(self, batches: Iterable[Mapping[str, np.ndarray]]) -> Iterator[Mapping[str, np.ndarray]]:
+        """``batches``, cut at the limit; ``inside`` describes the batch last yielded (a pass
+        observes each batch before it asks for the next)."""
+        for batch in batches:
+            rows = int(np.shape(next(iter(batch.values())))[0]) if batch else 0
+            if 0 < self.left < rows:
+                head, self.left = self.left, 0
+                self.inside = True
+                yield {name: value[:head] for name, value in batch.items()}
+                self.inside = False
+                yield {name: value[head:] for name, value in batch.items()}
+                continue
+            self.inside = self.left > 0
+            self.left = max(self.left - rows, 0)
+            yield batch
+
+
+class _FirstSamplesMean:
+    """An observer-like mean of one tensor over the batches ``window`` marks as inside."""
+
+    def __init__(self, conv: bool, window: FirstSamples) -> None:
+        self.mean = InputMeanAccumulator(conv)
+        self.window = window
 
     def update(self, value: np.ndarray) -> None:
-        if self.left > 0:
-            taken = np.asarray(value)[: self.left]
-            self.left -= len(taken)
-            self.mean.update(taken)
+        if self.window.inside:
+            self.mean.update(np.asarray(value))
 
 
 class MeansTaken:
     """What a pass feeds to answer an :class:`InputMeans` request (``None``: none): an
-    accumulator per requested tensor, under keys no observer has.
+    accumulator per requested tensor, under keys no observer has, over the batches
+    :meth:`marked` lets through as the first samples.
 
     Example:
         >>> taken = MeansTaken(InputMeans(1, {"x": False}))
-        >>> taken.accumulators[taken.keys["x"]].update(np.array([[1.0, 3.0]]))
+        >>> batches = list(taken.marked([{"x": np.array([[1.0, 3.0], [5.0, 5.0]])}]))
+        >>> taken.accumulators[taken.keys["x"]].update(batches[0]["x"])
         >>> taken.result().values["x"].tolist()
         [1.0, 3.0]
     """
 
     def __init__(self, request: InputMeans | None) -> None:
         self.request = request
-        limit = request.samples if request is not None else 0
+        self.window = FirstSamples(request.samples if request is not None else 0)
         requested = request.conv.items() if request is not None else ()
         self.keys = {tensor: _MEAN_KEY + tensor for tensor, _conv in requested}
-        self.accumulators = {self.keys[tensor]: _FirstSamplesMean(conv, limit) for tensor, conv in requested}
+        self.accumulators = {self.keys[tensor]: _FirstSamplesMean(conv, self.window) for tensor, conv in requested}
+
+    def marked(self, batches: Iterable[Mapping[str, np.ndarray]]) -> Iterable[Mapping[str, np.ndarray]]:
+        """``batches`` as the pass must feed them: cut at the request's first samples."""
+        return batches if self.request is None else self.window.marked(batches)
 
     def result(self) -> InputMeans | None:
         """The request answered (every requested tensor came out of the same runs, so each
         saw the same samples), or ``None`` when nothing was requested."""
         if self.request is None:
             return None
-        limit = self.request.samples
-        samples = limit - max((mean.left for mean in self.accumulators.values()), default=limit)
+        samples = self.window.taken
         values = {tensor: self.accumulators[key].mean.mean() for tensor, key in self.keys.items()} if samples else {}
         return InputMeans(samples, self.request.conv, values)
 
@@ -299,7 +343,9 @@ def calibrate(
         feeds_of.setdefault(tensor, []).append(key)
     batching_free = all(spec.observer.method != "moving_average" for spec in observer_specs(plan).values())
     filled: dict[str, Any] = {**observers, **means.accumulators}
-    observe_tensors(model, feeds_of, filled, batches, total_batches=total_batches, quiet=quiet, chunk=batching_free)
+    observe_tensors(
+        model, feeds_of, filled, means.marked(batches), total_batches=total_batches, quiet=quiet, chunk=batching_free
+    )
     calibrated = from_filled_observers(model, plan, observers)
     return calibrated if input_means is None else calibrated.evolve(input_means=means.result())
 
