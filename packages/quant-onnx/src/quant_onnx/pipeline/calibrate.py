@@ -156,8 +156,8 @@ class MeansTaken:
 
     Example:
         >>> taken = MeansTaken(InputMeans(1, {"x": False}))
-        >>> batches = list(taken.marked([{"x": np.array([[1.0, 3.0], [5.0, 5.0]])}]))
-        >>> taken.accumulators[taken.keys["x"]].update(batches[0]["x"])
+        >>> for batch in taken.marked([{"x": np.array([[1.0, 3.0], [5.0, 5.0]])}]):  # cut after 1
+        ...     taken.accumulators[taken.keys["x"]].update(batch["x"])
         >>> taken.result().values["x"].tolist()
         [1.0, 3.0]
     """
