@@ -181,6 +181,28 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+#: glibc's ``mallopt`` parameters (``malloc.h``).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory(limit: int = 1 << 30) -> bool:
+    """Make glibc keep freed memory for reuse (no heap trimming, no ``mmap`` per large block
+    below ``limit``), as ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_MMAP_THRESHOLD_`` would at
+    process start. With the defaults, an eager torch forward frees its large activations,
+    glibc hands the top of the heap back to the kernel and the next pass page-faults it in
+    again: 20-30 K faults a pass and 40% of the float forward of the 32-pixel reference
+    model (docs/benchmarks.md). Returns False where the C library has no ``mallopt``."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_TRIM_THRESHOLD, limit)) and bool(mallopt(_M_MMAP_THRESHOLD, limit))
+
+
 def load_torch_runtime() -> None:
     """Import torch and what its optimizers load on first use (``torch._dynamo``, sympy:
     about 80 MB). A job whose work trains with torch calls this in its setup, so that the

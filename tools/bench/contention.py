@@ -40,6 +40,12 @@ Paths (``--paths``):
   over the batches (numpy: its integer matrix products are exact float64 BLAS products on
   OpenBLAS's threads), against the same float inference.
 
+``--keep-freed-memory`` measures both sides with glibc keeping freed memory
+(:func:`tools.bench.common.keep_freed_memory`). With glibc's defaults an eager torch forward
+page-faults its activations in again on every pass, which costs the float reference of the
+32-pixel model about 40% of its time and varies from process to process; the figures then
+compare the work itself.
+
 Example:
     $ python -m tools.bench.contention --out .cache/bench/contention.json
     $ python -m tools.bench.contention --paths torch_histogram counting --conditions quiet torch_neighbour --repeats 2
@@ -88,6 +94,9 @@ ONNX_PRESETS = {
     "npu_simulator": "xint8",
 }
 TARGET = 1.5
+#: Set in this process's environment when ``--keep-freed-memory`` changed the allocator, so
+#: that each row records it.
+ALLOCATOR_KEY = "QUANT_BENCH_ALLOCATOR"
 
 _TORCH_NEIGHBOUR = """
 import torch
@@ -389,6 +398,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 ref_s, work_s = interleaved_medians(reference, work, args.repeats)
             row = {"condition": condition, "path": path, "model": model_name, "reference_s": ref_s, "path_s": work_s}
             row["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default")
+            row["allocator"] = os.environ.get(ALLOCATOR_KEY, "default")
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.out:
@@ -404,8 +414,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     """One line per path and model: its time against float per condition, and the target figure."""
     from tools.bench.common import fmt, markdown_table
 
-    def key(r: dict[str, Any]) -> tuple[str, str, str]:
-        return r["path"], r["model"], r.get("omp_wait_policy", "default")
+    def key(r: dict[str, Any]) -> tuple[str, str, str, str]:
+        return r["path"], r["model"], r.get("omp_wait_policy", "default"), r.get("allocator", "default")
 
     quiet = {key(r): r for r in rows if r["condition"] == "quiet"}
     out = []
@@ -416,10 +426,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         ref_slowdown = r["reference_s"] / base["reference_s"]
         path_slowdown = r["path_s"] / base["path_s"]
         relative = path_slowdown / ref_slowdown
-        policy = r.get("omp_wait_policy", "default")
+        policy, allocator = r.get("omp_wait_policy", "default"), r.get("allocator", "default")
+        name = r["path"] if policy == "default" else f"{r['path']} (OMP_WAIT_POLICY={policy})"
         out.append(
             [
-                r["path"] if policy == "default" else f"{r['path']} (OMP_WAIT_POLICY={policy})",
+                name if allocator == "default" else f"{name} (freed memory kept)",
                 r["model"],
                 r["condition"],
                 fmt(base["path_s"] / base["reference_s"]),
@@ -455,6 +466,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure with OMP_WAIT_POLICY=PASSIVE (set before torch loads OpenMP; the neighbours keep the default)",
     )
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="glibc keeps freed memory instead of trimming the heap (tools.bench.common.keep_freed_memory): "
+        "both sides of each figure then run without the page faults of the default allocator",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path, nargs="+", help="print the table of earlier --out files and exit")
     args = parser.parse_args(argv)
@@ -465,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         if "torch" in sys.modules:
             parser.error("--omp-passive: torch is already imported; OpenMP read its wait policy then")
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    if args.keep_freed_memory:
+        from tools.bench.common import keep_freed_memory
+
+        if not keep_freed_memory():
+            parser.error("--keep-freed-memory: this C library has no mallopt")
+        os.environ[ALLOCATOR_KEY] = "keep_freed"
     if "quiet" not in args.conditions:
         parser.error("--conditions: quiet is the baseline of every figure; allowed: quiet plus any of the others")
     args.conditions = ["quiet", *[c for c in args.conditions if c != "quiet"]]
