@@ -37,7 +37,7 @@ def observers(draw: st.DrawFn, per_channel: bool, pow2: bool, dynamic: bool) -> 
     options = [st.just(MinMax()), st.builds(MovingAverageMinMax, momentum=st.floats(0.01, 0.99))]
     if not per_channel:
         options += [
-            st.builds(Percentile, percentile=st.floats(50.0, 100.0), bins=bins),
+            st.builds(Percentile, percentile=st.floats(50.0, 100.0, exclude_min=True), bins=bins),
             bins.flatmap(lambda b: st.builds(Entropy, bins=st.just(b), num_quantized_bins=st.integers(2, b))),
             st.builds(MSE, bins=bins, num_candidates=st.integers(2, 10_000)),
         ]

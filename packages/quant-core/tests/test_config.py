@@ -15,6 +15,8 @@ from quant_core.algorithm_config import (
     SmoothQuantConfig,
 )
 from quant_core.config import CalibrationConfig, OperatorConfig, QuantConfig
+from quant_core.errors import ConfigError
+from quant_core.observer_config import MSE, FixedRange, MovingAverageMinMax, Percentile, PowerOfTwoMSE
 from quant_core.spec import QuantSpec
 
 ACT = QuantSpec(dtype="uint8", symmetric=False)
@@ -155,3 +157,55 @@ def test_evolve_keeps_validation() -> None:
     assert cfg.evolve(name="x").name == "x"
     with pytest.raises(ValueError, match="algorithms"):
         cfg.evolve(algorithms=[CLEConfig(), CLEConfig()])
+
+
+def test_raising_a_layer_replaces_its_own_name_override() -> None:
+    # A literal override of the layer (the user's, or an earlier raise) must not win over
+    # the raised one: {**new, **old} kept the old value under the same key.
+    from quant_core.algorithm_config import PrecisionTarget
+    from quant_core.precision import raised_config
+    from quant_core.presets import get_preset
+
+    base = get_preset("a8w8")
+    g = base.global_config
+    own = base.evolve(name_overrides={"conv1": OperatorConfig(input=g.input, weight=g.weight, output=g.output)})
+    raised = raised_config(own, {"conv1": PrecisionTarget.A16W8}, {"conv1": "Conv"})
+    assert raised.for_node("conv1", "Conv").input.dtype.value == "uint16"
+    twice = raised_config(raised, {"conv1": PrecisionTarget.A16W16}, {"conv1": "Conv"})
+    layer = twice.for_node("conv1", "Conv")
+    assert (layer.input.dtype.value, layer.weight.dtype.value) == ("uint16", "int16")
+    assert list(twice.name_overrides) == ["conv1"]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: MovingAverageMinMax(momentum="0.5"),
+        lambda: MovingAverageMinMax(momentum=float("nan")),
+        lambda: Percentile(percentile=True),
+        lambda: Percentile(percentile=40.0),  # asymmetric ends would cross
+        lambda: PowerOfTwoMSE(search_below=True),
+        lambda: MSE(num_candidates=True),
+        lambda: FixedRange(0.0, 1e300),
+        lambda: FixedRange(float("-inf"), 1.0),
+        lambda: FixedRange("0", 1.0),
+        lambda: CLEConfig(tolerance=float("inf")),
+        lambda: MixedPrecisionConfig(accuracy_target=float("nan")),
+        lambda: MixedPrecisionConfig(size_budget=float("inf")),
+        lambda: QuantConfig(GLOBAL, exclude=None),
+        lambda: QuantConfig(GLOBAL, exclude=5),
+        lambda: QuantConfig(GLOBAL, algorithms=CLEConfig()),
+        lambda: QuantConfig(GLOBAL, npu_conversions=None),
+    ],
+)
+def test_values_a_config_file_cannot_hold_are_refused_at_construction(build) -> None:
+    # Each was accepted, then failed when saved or loaded back, or raised a bare TypeError.
+    with pytest.raises(ConfigError):
+        build()
+
+
+def test_numbers_a_config_file_holds_still_pass() -> None:
+    assert Percentile(percentile=99).percentile == 99
+    assert FixedRange(-1, 2).max_val == 2.0 and isinstance(FixedRange(-1, 2).max_val, float)
+    assert QuantConfig(GLOBAL, exclude="Softmax").exclude == ("Softmax",)
+    assert MixedPrecisionConfig(accuracy_target=30, size_budget=1.5).size_budget == 1.5

@@ -12,6 +12,7 @@ from quant_core_strategies import quant_configs, specs
 
 from quant_core.algorithm_config import AdaRoundConfig, CLEConfig, MixedPrecisionConfig
 from quant_core.config import QuantConfig
+from quant_core.errors import ConfigError
 from quant_core.observer_config import MinMax, Percentile
 from quant_core.presets import get_preset, list_presets
 from quant_core.serialization import (
@@ -187,7 +188,7 @@ def _set(data: dict[str, Any], path: list[Any], value: Any) -> dict[str, Any]:
         (
             ["algorithms", 0, "learning_rate"],
             -1,
-            "$.algorithms[0].learning_rate: -1.0 is out of range; allowed: a number > 0",
+            "$.algorithms[0].learning_rate: -1.0 is out of range; allowed: a finite number > 0",
         ),
         (
             ["global_config", "input", "observer", "percentile"],
@@ -324,3 +325,16 @@ def test_version_1_weight_axes_mean_output_channels() -> None:
     new = config_from_json(json.dumps({**old, "schema_version": 2}))
     assert new.global_config.weight.per_channel_axis == 0  # type: ignore[union-attr]
     assert new.op_type_overrides["MatMul"].weight.per_channel_axis == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"schema_version": 2, "global_config": {"input": {"dtype": "int8", "dtype": "uint16"}}}',
+        '{"schema_version": 2.0, "global_config": {}}',
+        '{"schema_version": 1, "global_config": {"weight": {"dtype": "int8", "per_channel_axis": true}}}',
+    ],
+)
+def test_a_config_file_with_a_repeated_key_a_float_version_or_a_boolean_axis_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError):
+        config_from_json(text)

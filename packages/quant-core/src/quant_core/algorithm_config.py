@@ -8,7 +8,7 @@ Example:
     >>> AdaRoundConfig(learning_rate=-1)
     Traceback (most recent call last):
     ...
-    quant_core.errors.ConfigError: learning_rate: -1 is out of range; allowed: a number > 0
+    quant_core.errors.ConfigError: learning_rate: -1 is out of range; allowed: a finite number > 0
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import attrs
 
 from quant_core.errors import ConfigError
+from quant_core.observer_config import is_finite_number
 from quant_core.spec import parse_enum
 
 
@@ -55,8 +56,8 @@ whatever the machine's core count: torch splits its float sums by thread count."
 
 _positive_int = _in_range(lambda v: isinstance(v, int) and v > 0, "an integer > 0")
 _optional_positive_int = _in_range(lambda v: v is None or (isinstance(v, int) and v > 0), "null or an integer > 0")
-_positive = _in_range(lambda v: isinstance(v, (int, float)) and v > 0, "a number > 0")
-_unit = _in_range(lambda v: isinstance(v, (int, float)) and 0.0 <= v <= 1.0, "a number from 0 to 1")
+_positive = _in_range(lambda v: is_finite_number(v) and v > 0, "a finite number > 0")
+_unit = _in_range(lambda v: is_finite_number(v) and 0.0 <= v <= 1.0, "a number from 0 to 1")
 
 
 def _device(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
@@ -322,7 +323,7 @@ class GPTQConfig:
 
     kind: ClassVar[str] = "gptq"
     damping: float = attrs.field(
-        default=0.01, validator=_in_range(lambda v: isinstance(v, (int, float)) and 0 < v <= 1, "a number > 0 and <= 1")
+        default=0.01, validator=_in_range(lambda v: is_finite_number(v) and 0 < v <= 1, "a number > 0 and <= 1")
     )
     num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
     act_order: bool = attrs.field(default=False, validator=_bool)
@@ -353,11 +354,11 @@ class MixedPrecisionConfig:
     target_types: tuple[PrecisionTarget, ...] = attrs.field(default=(PrecisionTarget.A16W8,), converter=_targets)
     metric: SensitivityMetric = attrs.field(default=SensitivityMetric.SQNR, converter=_metric)
     accuracy_target: float | None = attrs.field(
-        default=None, validator=_in_range(lambda v: v is None or isinstance(v, (int, float)), "null or a number")
+        default=None, validator=_in_range(lambda v: v is None or is_finite_number(v), "null or a finite number")
     )
     size_budget: float | None = attrs.field(
         default=None,
-        validator=_in_range(lambda v: v is None or (isinstance(v, (int, float)) and v >= 1.0), "null or a number >= 1"),
+        validator=_in_range(lambda v: v is None or (is_finite_number(v) and v >= 1.0), "null or a finite number >= 1"),
     )
     max_layers: int | None = attrs.field(default=None, validator=_optional_positive_int)
     num_samples: int = attrs.field(default=64, validator=_positive_int)

@@ -31,7 +31,7 @@ import attrs
 
 from quant_core.algorithm_config import AlgorithmConfig
 from quant_core.conversions import parse_conversions
-from quant_core.errors import ConfigError
+from quant_core.errors import ConfigError, listed
 from quant_core.spec import QuantSpec
 
 
@@ -103,7 +103,7 @@ def _name_overrides(value: Any) -> dict[str, OperatorConfig]:
 
 
 def _str_tuple(value: Any) -> tuple[str, ...]:
-    items = (value,) if isinstance(value, str) else tuple(value)
+    items = listed(value, "exclude", "a list of node-name globs or op types (strings)")
     for item in items:
         if not isinstance(item, str):
             raise ConfigError(f"exclude: {item!r} is not allowed; allowed: node-name globs or op types (strings)")
@@ -113,11 +113,11 @@ def _str_tuple(value: Any) -> tuple[str, ...]:
 def _algorithms(value: Any) -> tuple[AlgorithmConfig, ...]:
     from quant_core.algorithm_config import ALGORITHM_CONFIGS
 
-    items = tuple(value)
+    names = ", ".join(ALGORITHM_CONFIGS)
+    items = listed(value, "algorithms", f"a list of algorithm configs ({names})", single=False)
     allowed = tuple(ALGORITHM_CONFIGS.values())
     for item in items:
         if not isinstance(item, allowed):
-            names = ", ".join(ALGORITHM_CONFIGS)
             raise ConfigError(f"algorithms: {type(item).__name__} is not allowed; allowed: {names}")
     kinds = [type(item).kind for item in items]
     duplicated = sorted({k for k in kinds if kinds.count(k) > 1})

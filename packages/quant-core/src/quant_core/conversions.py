@@ -33,7 +33,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from quant_core.errors import ConfigError
+from quant_core.errors import ConfigError, listed
 
 HARD_SIGMOID_MULTIPLIER = 2731
 HARD_SIGMOID_SHIFT = 14
@@ -213,7 +213,7 @@ def parse_conversions(value: Any, field: str = "npu_conversions") -> tuple[str, 
         ...
         quant_core.errors.ConfigError: npu_conversions: 'swish' is not allowed; allowed: silu, sigmoid, sigmoid_tanh, hard_sigmoid, hard_swish, tanh, gelu, conv_transpose, reduce_mean, global_pool, split
     """
-    items = (value,) if isinstance(value, str) else tuple(value)
+    items = listed(value, field, f"a list of {', '.join(RULES)}")
     for item in items:
         if item not in RULES:
             raise ConfigError(f"{field}: {item!r} is not allowed; allowed: {', '.join(RULES)}")

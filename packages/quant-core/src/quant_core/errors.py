@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 MAX_MESSAGE_CHARS = 400
 """Where :func:`one_line` cuts a third-party message (onnx.checker, onnxruntime, torch)."""
 
@@ -107,3 +109,23 @@ class MissingDependencyError(ImportError):
         >>> str(MissingDependencyError("reading images needs Pillow: pip install 'quant-onnx[images]'"))[:22]
         'reading images needs P'
     """
+
+
+def listed(value: Any, field: str, allowed: str, *, single: bool = True) -> tuple[Any, ...]:
+    """A config field's list as a tuple: a list or tuple as it is, a lone string as one item
+    (``single``); anything else is refused naming ``field`` and what it ``allowed`` (a
+    ``tuple()`` of it would raise a bare ``TypeError``, or split a string into characters).
+
+    Example:
+        >>> listed("Conv", "exclude", "a list of strings"), listed(["a", "b"], "exclude", "")
+        (('Conv',), ('a', 'b'))
+        >>> listed(None, "exclude", "a list of strings")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: exclude: None is not allowed; allowed: a list of strings
+    """
+    if isinstance(value, str) and single:
+        return (value,)
+    if isinstance(value, list | tuple):
+        return tuple(value)
+    raise ConfigError(f"{field}: {value!r} is not allowed; allowed: {allowed}")

@@ -12,16 +12,20 @@ Example:
     >>> Percentile(percentile=120)
     Traceback (most recent call last):
     ...
-    quant_core.errors.ConfigError: percentile: 120 is out of range; allowed: 0 < percentile <= 100
+    quant_core.errors.ConfigError: percentile: 120 is out of range; allowed: 50 < percentile <= 100
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import attrs
 
 from quant_core.errors import ConfigError
+
+#: The largest finite float32: a range end beyond it has no float32 scale.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _check(cond: bool, field: str, value: Any, allowed: str) -> None:
@@ -29,9 +33,25 @@ def _check(cond: bool, field: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{field}: {value!r} is out of range; allowed: {allowed}")
 
 
+def is_finite_number(value: Any) -> bool:
+    """A finite Python ``int`` or ``float``, not a ``bool`` (what a config file can hold:
+    a string, a numpy scalar or an infinity would be accepted here and fail when saved)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _float_if_number(value: Any) -> Any:
+    """``float(value)`` for an ``int`` or ``float``; anything else as it is, for the check to
+    refuse (``float()`` would turn a string or a bool into a number)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _validate_bins(_inst: Any, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
     _check(
-        isinstance(value, int) and not isinstance(value, bool) and 16 <= value <= 1 << 16 and value % 2 == 0,
+        _integer(value) and 16 <= value <= 1 << 16 and value % 2 == 0,
         attribute.name,
         value,
         "an even integer from 16 to 65536",
@@ -68,7 +88,7 @@ class MovingAverageMinMax:
 
     @momentum.validator
     def _v(self, attribute: attrs.Attribute, value: float) -> None:  # type: ignore[type-arg]
-        _check(0.0 < float(value) < 1.0, attribute.name, value, "0 < momentum < 1")
+        _check(is_finite_number(value) and 0.0 < value < 1.0, attribute.name, value, "0 < momentum < 1")
 
 
 @attrs.frozen
@@ -77,7 +97,8 @@ class Percentile:
     specs) or of each tail (asymmetric specs).
 
     Args:
-        percentile: the percentile kept (0 < percentile <= 100).
+        percentile: the percentile kept (50 < percentile <= 100: at 50 or below an
+            asymmetric range's ends would cross).
         bins: histogram bins (even, 16 to 65536).
 
     Example:
@@ -91,7 +112,7 @@ class Percentile:
 
     @percentile.validator
     def _v(self, attribute: attrs.Attribute, value: float) -> None:  # type: ignore[type-arg]
-        _check(0.0 < float(value) <= 100.0, attribute.name, value, "0 < percentile <= 100")
+        _check(is_finite_number(value) and 50.0 < value <= 100.0, attribute.name, value, "50 < percentile <= 100")
 
 
 @attrs.frozen
@@ -114,9 +135,7 @@ class Entropy:
 
     @num_quantized_bins.validator
     def _v(self, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
-        _check(
-            isinstance(value, int) and 2 <= value <= self.bins, attribute.name, value, "2 <= num_quantized_bins <= bins"
-        )
+        _check(_integer(value) and 2 <= value <= self.bins, attribute.name, value, "2 <= num_quantized_bins <= bins")
 
 
 @attrs.frozen
@@ -139,7 +158,7 @@ class MSE:
 
     @num_candidates.validator
     def _v(self, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
-        _check(isinstance(value, int) and 2 <= value <= 10000, attribute.name, value, "2 <= num_candidates <= 10000")
+        _check(_integer(value) and 2 <= value <= 10000, attribute.name, value, "2 <= num_candidates <= 10000")
 
 
 @attrs.frozen
@@ -165,11 +184,11 @@ class PowerOfTwoMSE:
 
     @search_below.validator
     def _vb(self, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
-        _check(isinstance(value, int) and 0 <= value <= 16, attribute.name, value, "0 <= value <= 16")
+        _check(_integer(value) and 0 <= value <= 16, attribute.name, value, "0 <= value <= 16")
 
     @search_above.validator
     def _va(self, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
-        _check(isinstance(value, int) and 0 <= value <= 16, attribute.name, value, "0 <= value <= 16")
+        _check(_integer(value) and 0 <= value <= 16, attribute.name, value, "0 <= value <= 16")
 
 
 @attrs.frozen
@@ -193,10 +212,14 @@ class FixedRange:
     """
 
     method: ClassVar[str] = "fixed_range"
-    min_val: float = attrs.field(default=0.0, converter=float)
-    max_val: float = attrs.field(default=1.0, converter=float)
+    min_val: float = attrs.field(default=0.0, converter=_float_if_number)
+    max_val: float = attrs.field(default=1.0, converter=_float_if_number)
 
     def __attrs_post_init__(self) -> None:
+        for name in ("min_val", "max_val"):
+            value = getattr(self, name)
+            finite = is_finite_number(value) and abs(value) <= FLOAT32_MAX
+            _check(finite, name, value, "a finite number within float32's range")
         allowed = "min_val <= 0 <= max_val, min_val < max_val"
         _check(self.min_val <= 0.0 and self.min_val < self.max_val, "min_val", self.min_val, allowed)
         _check(self.max_val >= 0.0, "max_val", self.max_val, allowed)

@@ -72,4 +72,7 @@ def raised_config(
             bias=current.bias,
             output=current.output,
         )
-    return config.evolve(name_overrides={**overrides, **config.name_overrides})
+    # The raised entries first (the first matching glob decides) and in place of an entry of
+    # the same name: ``{**new, **old}`` would keep the old value under that key.
+    kept = {glob: op for glob, op in config.name_overrides.items() if glob not in overrides}
+    return config.evolve(name_overrides={**overrides, **kept})

@@ -345,6 +345,17 @@ def _reject_constant(name: str) -> Any:
     raise ConfigError(f"{name} is not allowed in a config; allowed: finite numbers")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members, refusing a key given twice (``json.loads`` keeps the last one
+    silently, so a config file would hold a value its reader never sees)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ConfigError(f"{key!r}: given twice in one object; allowed: each key once")
+        data[key] = value
+    return data
+
+
 def config_from_json(text: str) -> QuantConfig:
     """Parse a config written by :func:`config_to_json` (or by hand).
 
@@ -361,7 +372,7 @@ def config_from_json(text: str) -> QuantConfig:
     from quant_core.config import QuantConfig
 
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"$: invalid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -372,7 +383,7 @@ def config_from_json(text: str) -> QuantConfig:
             f"$: missing key 'schema_version'; add \"schema_version\": {SCHEMA_VERSION} (supported: {supported})"
         )
     version = data.pop("schema_version")
-    if isinstance(version, bool) or version not in SUPPORTED_SCHEMA_VERSIONS:
+    if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_SCHEMA_VERSIONS:
         raise ConfigError(f"$.schema_version: {version!r} is not supported; allowed: {supported}")
     if version == 1:
         _weight_axes_to_output_channels(data)
@@ -390,7 +401,8 @@ def _weight_axes_to_output_channels(data: dict[str, Any]) -> None:
             operators.extend(overrides.values())
     for operator in operators:
         weight = operator.get("weight") if isinstance(operator, dict) else None
-        if isinstance(weight, dict) and isinstance(weight.get("per_channel_axis"), int):
+        axis = weight.get("per_channel_axis") if isinstance(weight, dict) else None
+        if isinstance(weight, dict) and isinstance(axis, int) and not isinstance(axis, bool):
             weight["per_channel_axis"] = OUTPUT_CHANNELS
 
 
