@@ -400,7 +400,8 @@ class ModelQuantizer:
         Nothing is written when any input is invalid; both output locations are checked
         (folder exists and is writable, not the input) before any work."""
         input_path = model_in if isinstance(model_in, str | os.PathLike) else None
-        check_output_paths(model_out, report_path, input_path=input_path)  # before any work
+        data = {"the calibration data": calibration_data}
+        check_output_paths(model_out, report_path, input_path=input_path, data=data)  # before any work
         prepared = self.prepare(model_in)
         feeds: list[Mapping[str, np.ndarray]] | None = None
         algorithm_reports: dict[str, Any] = {}

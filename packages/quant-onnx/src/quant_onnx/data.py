@@ -149,12 +149,22 @@ class CalibrationReader:
             raise ConfigError(f"num_samples must be a positive int or None, got {num_samples!r}")
         fixed = {s.fixed_batch for s in self.inputs if s.fixed_batch is not None}
         if len(fixed) > 1:
-            raise DataError(f"calibration data: model inputs fix different batch sizes {sorted(fixed)}")
+            given = {s.name: s.fixed_batch for s in self.inputs if s.fixed_batch is not None}
+            raise DataError(
+                f"calibration data: model inputs fix different first dimensions {given}; the first axis of "
+                "every input is its samples, so an input without a batch axis (a shape or a side "
+                "constant) is not supported: make it an initializer"
+            )
         self.fixed_batch = fixed.pop() if fixed else None
         if self.fixed_batch is not None and self.fixed_batch != batch_size:
             _LOG.info("model fixes batch size %d; using it instead of batch_size=%d", self.fixed_batch, batch_size)
         self.batch_size = self.fixed_batch or batch_size
         self.num_samples = num_samples
+        if image_options is not None and not (isinstance(data, str | os.PathLike) and Path(data).is_dir()):
+            raise ConfigError(
+                "image options (resize, mean, std, layout): they apply to an image folder only; "
+                f"the data given is {_data_kind(data)}: drop them, or give the folder"
+            )
         self.data = data
         self.image_options = image_options
         self._consumed = False
@@ -237,6 +247,10 @@ def _file_samples(path: Path, inputs: Sequence[InputSpec]) -> int | None:
             reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             return _samples_in_shape(inputs[0], reader(member)[0])
     return None
+
+
+def _data_kind(data: Any) -> str:
+    return f"'{data}'" if isinstance(data, str | os.PathLike) else f"a {type(data).__name__}"
 
 
 # --- file loaders -----------------------------------------------------------------------------------
@@ -453,7 +467,11 @@ def _as_batch(item: Mapping[str, Any], specs: Mapping[str, InputSpec]) -> Batch:
         chunk[name] = array
     counts = {n: a.shape[0] for n, a in chunk.items()}
     if len(set(counts.values())) > 1:
-        raise DataError(f"calibration data: inputs have different sample counts {counts}")
+        raise DataError(
+            f"calibration data: inputs have different sample counts {counts}; the first axis of every "
+            "input is its samples (an input without a batch axis, such as a shape, is not supported: "
+            "make it an initializer)"
+        )
     return chunk
 
 

@@ -332,6 +332,8 @@ def iter_all_tensor_names(graph: onnx.GraphProto) -> Iterator[str]:
 
 
 def _decode(value: Any) -> Any:
+    if isinstance(value, onnx.TensorProto):  # ConstantOfShape's fill, Constant's value
+        return to_array(value)
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if isinstance(value, list):

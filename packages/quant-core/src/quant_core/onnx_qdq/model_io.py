@@ -19,6 +19,7 @@ import itertools
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
@@ -253,15 +254,26 @@ def _data_locations(path: Path) -> set[str]:
     return {external_data_info(t).get("location", "") for t in all_tensors(model) if uses_external_data(t)} - {""}
 
 
-def check_output_path(path: PathLike, *, input_path: PathLike | None = None, what: str = "output") -> Path:
+def check_output_path(
+    path: PathLike,
+    *,
+    input_path: PathLike | None = None,
+    what: str = "output",
+    data: Mapping[str, object] | None = None,
+) -> Path:
     """Refuse, before any work, an output path that cannot be written: the input model
-    itself, a directory, a folder that does not exist (it is not created: a typo in a
-    folder name should not scatter files) or is not writable. OutputError naming ``path``.
+    itself, a data file the run reads (``data``: what it is -> the user's data argument;
+    arguments that are not paths, arrays or loaders, are skipped), a directory, a folder
+    that does not exist (it is not created: a typo in a folder name should not scatter
+    files) or is not writable. OutputError naming ``path``.
     """
     target = Path(path)
     overwritten = None if input_path is None else _input_file_at(target, Path(input_path))
     if overwritten is not None:
         raise OutputError(f"{what} '{target}' is {overwritten}; choose another file")
+    for label, source in (data or {}).items():
+        if isinstance(source, str | os.PathLike) and _same_file(target, Path(source)):
+            raise OutputError(f"{what} '{target}' is {label}; choose another file")
     if target.is_dir():
         raise OutputError(f"{what} '{target}' is a directory; give a file name")
     folder = target.parent
@@ -278,13 +290,17 @@ def check_output_path(path: PathLike, *, input_path: PathLike | None = None, wha
 
 
 def check_output_paths(
-    model_out: PathLike | None, report_out: PathLike | None = None, *, input_path: PathLike | None = None
+    model_out: PathLike | None,
+    report_out: PathLike | None = None,
+    *,
+    input_path: PathLike | None = None,
+    data: Mapping[str, object] | None = None,
 ) -> None:
     """:func:`check_output_path` for a model output and a report output (which must differ)."""
     if model_out is not None:
-        check_output_path(model_out, input_path=input_path)
+        check_output_path(model_out, input_path=input_path, data=data)
     if report_out is not None:
-        check_output_path(report_out, input_path=input_path, what="report")
+        check_output_path(report_out, input_path=input_path, what="report", data=data)
         if model_out is not None and _same_file(Path(report_out), Path(model_out)):
             raise OutputError(f"report '{report_out}' is the output model; choose another file")
 

@@ -193,6 +193,26 @@ def scalar_constant(graph: GraphView, tensor: str) -> float | None:
     return float(np.asarray(value).reshape(-1)[0])
 
 
+def uniform_value(graph: GraphView, tensor: str) -> float | None:
+    """The one value every element of ``tensor`` holds, where the graph says so: a
+    one-element constant (:func:`scalar_constant`), or the fill of a ``ConstantOfShape``
+    (0 when it sets none: ``zeros_like`` of a mask), else ``None``.
+
+    Example:
+        >>> g = PlanGraph([PlanNode("z", "ConstantOfShape", ("s",), ("zeros",))], inputs=("s",), outputs=("zeros",))
+        >>> uniform_value(g, "zeros"), uniform_value(g, "s")
+        (0.0, None)
+    """
+    value = scalar_constant(graph, tensor)
+    if value is not None or not tensor:
+        return value
+    producer = graph.producer(tensor)
+    if producer is None or producer.op_type != "ConstantOfShape":
+        return None
+    fill = np.asarray(producer.attr("value", 0.0), np.float64)
+    return float(fill.reshape(-1)[0]) if fill.size == 1 else None
+
+
 def sole_reader(graph: GraphView, tensor: str) -> PlanNode | None:
     """The one node reading ``tensor``, or ``None`` when more or none read it or it is a
     graph output (something outside the graph reads it too).

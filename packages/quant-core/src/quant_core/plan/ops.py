@@ -275,10 +275,10 @@ def crossed_by_channel_scales(node: PlanNode, constant: ConstantLookup) -> bool:
 def weight_channel_axis(node: PlanNode, weight_rank: int) -> int | None:
     """The output-channel axis of a weighted op's weight, or ``None`` when the layout has
     no single such axis (a grouped ConvTranspose: ``[Cin, Cout/g, ...]``; a MatMul vector
-    ``[K]``, whose one axis is summed over).
+    ``[K]``, whose one axis is summed over; a stacked MatMul weight ``[B, K, N]``).
 
     Conv: 0 (``[Cout, Cin/g, kh, kw]``); ConvTranspose: 1 (``[Cin, Cout/g, kh, kw]``);
-    Gemm: 0 when ``transB=1`` (``[N, K]``) else 1; MatMul: the last axis (``[K, N]``).
+    Gemm: 0 when ``transB=1`` (``[N, K]``) else 1; MatMul: 1 (``[K, N]``).
 
     Example:
         >>> weight_channel_axis(PlanNode("fc", "Gemm", ("a", "b"), ("c",), {"transB": 1}), 2)
@@ -292,7 +292,10 @@ def weight_channel_axis(node: PlanNode, weight_rank: int) -> int | None:
     if op == "Gemm":
         return 0 if int(node.attr("transB", 0)) == 1 else 1
     if op == "MatMul":
-        return weight_rank - 1 if weight_rank >= 2 else None
+        # A stacked weight ``[B, K, N]`` stays per tensor: onnxruntime's integer MatMul
+        # kernels take per-column scales of a 2-D right input only (a rank-3 one with a 1-D
+        # zero point fails to run once fused into MatMulIntegerToFloat).
+        return 1 if weight_rank == 2 else None
     raise ModelError(f"node {node.name!r}: op type {op!r} has no weight; allowed: Conv, ConvTranspose, Gemm, MatMul")
 
 

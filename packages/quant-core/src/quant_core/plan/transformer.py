@@ -56,7 +56,7 @@ import numpy as np
 
 from quant_core.dtypes import DType
 from quant_core.observer_config import FixedRange
-from quant_core.plan.graph import GraphView, PlanNode, scalar_constant, sole_reader
+from quant_core.plan.graph import GraphView, PlanNode, scalar_constant, sole_reader, uniform_value
 from quant_core.spec import QuantSpec, ScaleType
 
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -385,8 +385,9 @@ def _is_fill(value: float | None) -> bool:
 def mask_fill(graph: GraphView, tensor: str) -> float | None:
     """The fill of ``tensor`` when it is an additive attention mask, else ``None``: a
     constant whose values are ``0`` and one fill at most :data:`MASK_FILL_LIMIT` (a causal
-    mask, Swin's shift mask), or a ``Where`` choosing between the scalars ``0`` and such a
-    fill (a boolean mask made additive at run time), either possibly through data movement
+    mask, Swin's shift mask), or a ``Where`` choosing between ``0`` and such a fill, each a
+    scalar or a ``ConstantOfShape`` (a boolean mask made additive at run time, as
+    ``nn.MultiheadAttention`` does with ``zeros_like``), either possibly through data movement
     and ``Expand``. Recognised by structure; a bias with other values is no mask.
 
     Example:
@@ -409,7 +410,7 @@ def mask_fill(graph: GraphView, tensor: str) -> float | None:
         if producer is None:
             return None
         if producer.op_type == "Where" and len(producer.inputs) == 3:
-            a, b = scalar_constant(graph, producer.inputs[1]), scalar_constant(graph, producer.inputs[2])
+            a, b = uniform_value(graph, producer.inputs[1]), uniform_value(graph, producer.inputs[2])
             chosen = {a, b} - {0.0}
             fill = chosen.pop() if len(chosen) == 1 and 0.0 in (a, b) else None
             return fill if _is_fill(fill) else None
@@ -417,6 +418,22 @@ def mask_fill(graph: GraphView, tensor: str) -> float | None:
             return None
         tensor = producer.input(0)
     return None
+
+
+def _mask_tensors(graph: GraphView, mask: str) -> set[str]:
+    """``mask`` (a :func:`mask_fill` mask) and what it is computed from: the tensors back
+    through data movement to where it is made (a ``Where``'s output) or read (a constant)."""
+    found = {mask} - {""}
+    tensor = mask
+    for _ in range(8):
+        if not tensor or graph.constant(tensor) is not None:
+            break
+        found.add(tensor)
+        producer = graph.producer(tensor)
+        if producer is None or producer.op_type not in _MASK_MOVEMENT:
+            break
+        tensor = producer.input(0)
+    return found
 
 
 def _masked_scores(graph: GraphView, softmax: PlanNode, scores: set[str]) -> MaskedScores | None:
@@ -624,9 +641,9 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
         found = _masked_scores(graph, softmax, scores)
         if found is not None:
             masked.append(found)
-            # float where the scores are (no integer kernel reads it); a computed -inf fill
-            # could not even be observed
-            internal |= {found.mask} - {""}
+            # float where the scores are (no integer kernel reads it), back to where it is
+            # made; a computed -inf fill could not even be observed
+            internal |= _mask_tensors(graph, found.mask)
     if norms or gelus or softmaxes:
         products = _linear_products(graph)
         internal |= products | _linear_biases(graph, products)

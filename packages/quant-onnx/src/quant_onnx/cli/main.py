@@ -117,6 +117,12 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
         chosen.append(own_or(ActivationEqualizationConfig()))
     if args.smoothquant is not None:
         chosen.append(SmoothQuantConfig(alpha=args.smoothquant))
+    given_mp = [
+        flag for flag in ("mp_target_sqnr", "mp_size_budget", "mp_max_layers") if getattr(args, flag) is not None
+    ]
+    if given_mp and not args.mixed_precision:
+        flags = ", ".join("--" + flag.replace("_", "-") for flag in given_mp)
+        raise ConfigError(f"{flags}: set mixed precision's stopping rules; allowed with --mixed-precision")
     if args.mixed_precision:
         chosen.append(
             MixedPrecisionConfig(
@@ -294,6 +300,10 @@ def _quantize(args: argparse.Namespace) -> int:
 
         if args.report:  # its ranges and per-layer SQNR come from calibration, which this skips
             raise ConfigError("--report: not written with --dynamic (nothing is calibrated); drop one of them")
+        calibration = [flag for flag in ("calib_data", "num_calib", "calib_method") if getattr(args, flag) is not None]
+        if calibration:
+            flags = ", ".join("--" + flag.replace("_", "-") for flag in calibration)
+            raise ConfigError(f"{flags}: not read with --dynamic (nothing is calibrated); drop one of them")
 
         model = quantize_dynamic(args.model, args.output, config)
         if not args.quiet:
@@ -357,7 +367,7 @@ def _compare(args: argparse.Namespace) -> int:
     _check_counts(args, "num_samples", "batch_size")
     if args.json:
         for model_path in (args.float_model, args.quant_model):
-            check_output_path(args.json, input_path=model_path, what="--json")
+            check_output_path(args.json, input_path=model_path, what="--json", data={"the data": args.data})
     float_model = load_model(args.float_model)
     quant_model = load_model(args.quant_model)
     batches = CalibrationReader(
@@ -391,6 +401,8 @@ def _search(args: argparse.Namespace) -> int:
     _check_counts(args, "num_calib", "batch_size", "num_eval")
     if args.target_agreement is not None and args.metric is not None:
         raise ConfigError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
+    if args.target_agreement is not None and not 0.0 <= args.target_agreement <= 1.0:
+        raise ConfigError(f"--target-agreement: {args.target_agreement} is out of range; allowed: 0 to 1 (a fraction)")
     try:
         Acceptance(0.0, args.confidence)  # its range, checked before the model is read
     except ConfigError as exc:

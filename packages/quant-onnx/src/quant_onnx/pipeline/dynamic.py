@@ -33,7 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
-from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, plan_node
+from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, node_inputs, plan_node
 from quant_core.onnx_qdq.model_io import check_output_path, load_model, save_model
 from quant_core.plan import resolve_weight_spec
 from quant_core.qparams import quantize
@@ -135,7 +135,7 @@ class _DynamicWriter:
                     "MatMulInteger", [x_q, w_q, x_zp, w_zp], [acc], name=self.name(f"{node.name}_MatMulInteger")
                 )
             )
-        shape = (-1, 1, 1)[: weight.ndim - 1] if is_conv else (-1,)
+        shape = (-1,) + (1,) * (weight.ndim - 2) if is_conv else (-1,)  # the output's channel axis
         w_scale = self.const(
             f"{base}_scale", np.asarray(qp.scale, np.float32).reshape(shape if qp.axis is not None else ())
         )
@@ -161,7 +161,8 @@ class _DynamicWriter:
         for node in self.graph.node:
             if not self.rewrite(node, nodes):
                 nodes.append(node)
-        used = {name for node in nodes for name in node.input} | {o.name for o in self.graph.output}
+        # An If/Loop branch reads outer names implicitly: they are used too.
+        used = {name for node in nodes for name in node_inputs(node)} | {o.name for o in self.graph.output}
         del self.graph.node[:]
         self.graph.node.extend(nodes)
         kept = [t for t in self.graph.initializer if t.name in used or t.name not in self.replaced]

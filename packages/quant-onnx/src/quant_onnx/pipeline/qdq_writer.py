@@ -57,7 +57,7 @@ from quant_core.bias import BiasRule, EncodedBias, encode_layer_bias
 from quant_core.errors import ModelError
 from quant_core.onnx_qdq.build import DEQUANTIZE, QUANTIZE, QDQBuilder, output_channels
 from quant_core.onnx_qdq.finish import finish_for_onnxruntime, reads_quantized_directly
-from quant_core.onnx_qdq.graph import GraphIndex, node_attribute
+from quant_core.onnx_qdq.graph import GraphIndex, node_attribute, node_inputs
 from quant_core.plan import BiasSlot, FusedActivation, InputRequant
 from quant_core.qdq import (
     ActivationEncoding,
@@ -345,7 +345,8 @@ class _Writer:
             ordered.extend(self.before.get(node.name, ()))
             ordered.append(node)
             ordered.extend(self.after.get(node.name, ()))
-        used = {name for node in ordered for name in node.input} | {o.name for o in self.graph.output}
+        # An If/Loop branch reads outer names implicitly: they are used too.
+        used = {name for node in ordered for name in node_inputs(node)} | {o.name for o in self.graph.output}
         ordered = [
             n
             for n in ordered

@@ -305,7 +305,8 @@ def search(
         clock: the time source of the budget (tests pass a fake one).
     """
     input_path = model if isinstance(model, str | os.PathLike) else None
-    check_output_paths(output, report_path, input_path=input_path)  # before any work
+    data = {"the calibration data": calibration_data, "the evaluation data": eval_data, "the labels": labels}
+    check_output_paths(output, report_path, input_path=input_path, data=data)  # before any work
     acceptance = check_arguments(target, budget_s, confidence)
     where: Deployment = deployment_of(deployment)
     started = clock()

@@ -1,0 +1,133 @@
+"""Legal graphs a review found written wrong: a weight an If branch also reads, a stacked
+MatMul weight, a 3-D convolution quantized dynamically, outputs over the data files, and
+command-line flags that could not take effect."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import make_model, run_ort, vi, weight
+from onnx import helper
+
+from quant_core.errors import ConfigError, DataError, OutputError
+from quant_onnx import quantize
+from quant_onnx.cli.main import main
+from quant_onnx.pipeline.dynamic import quantize_dynamic_model
+
+
+def _default_session(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _branch_reads_weight_model() -> onnx.ModelProto:
+    def branch(name: str) -> onnx.GraphProto:
+        conv = helper.make_node("Conv", ["x", "w"], [name], name=f"{name}_conv")
+        return helper.make_graph([conv], name, [], [vi(name, ["N", 4, 4, 4])])
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["y"], name="main_conv"),
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
+        helper.make_node("Greater", ["s", "z"], ["cond"], name="greater"),
+        helper.make_node("If", ["cond"], ["yi"], then_branch=branch("t"), else_branch=branch("e"), name="if"),
+    ]
+    zero = helper.make_tensor("z", onnx.TensorProto.FLOAT, [], [0.0])
+    outputs = [vi("y", ["N", 4, 4, 4]), vi("yi", ["N", 4, 4, 4])]
+    return make_model(nodes, [vi("x", ["N", 3, 6, 6])], outputs, [weight("w", [4, 3, 3, 3]), zero])
+
+
+def test_a_weight_an_if_branch_also_reads_is_kept() -> None:
+    model = _branch_reads_weight_model()
+    x = np.random.default_rng(0).normal(size=(8, 3, 6, 6)).astype(np.float32)
+    for written in (quantize(model, None, "a8w8", x, quiet=True).model, quantize_dynamic_model(model, "a8w8")):
+        onnx.checker.check_model(written, full_check=True)  # before: 'w' was dropped
+        _default_session(written, {"x": x[:2]})
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 4), (2, 5, 4)])
+def test_a_stacked_matmul_weight_runs_in_the_default_session(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(0)
+    batch = [] if shape[0] == 1 else [2]
+    x = rng.normal(size=(8, *batch, 7, 5)).astype(np.float32)
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    model = make_model([node], [vi("x", ["N", *batch, 7, 5])], [vi("y", ["N", *batch, 7, 4])], [weight("W", shape)])
+    written = quantize(model, None, "a8w8", x, quiet=True).model
+    feeds = {"x": x[:2]}
+    np.testing.assert_allclose(_default_session(written, feeds)[0], run_ort(written, feeds)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("depth", [3, 4])  # 3: as many as the output channels
+def test_dynamic_quantization_scales_a_3d_convolution_per_output_channel(depth: int) -> None:
+    rng = np.random.default_rng(0)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")
+    bias = helper.make_tensor("b", onnx.TensorProto.FLOAT, [3], [0.5, -1.0, 2.0])
+    inputs, outputs = [vi("x", ["N", 2, depth, 5, 5])], [vi("y", ["N", 3, depth - 1, 4, 4])]
+    model = make_model([node], inputs, outputs, [weight("w", [3, 2, 2, 2, 2]), bias])
+    x = rng.normal(size=(2, 2, depth, 5, 5)).astype(np.float32)
+    reference = run_ort(model, {"x": x})[0]
+    written = quantize_dynamic_model(model, "a8w8")
+    got = _default_session(written, {"x": x})[0]
+    assert np.abs(got - reference).max() < 0.05 * np.abs(reference).max()
+
+
+def test_no_output_may_replace_a_data_file(tmp_path) -> None:
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", ["N", 2])], [vi("y", ["N", 2])])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    data = tmp_path / "c.npy"
+    np.save(data, np.ones((4, 2), np.float32))
+    before = data.read_bytes()
+    with pytest.raises(OutputError, match="calibration data"):
+        quantize(path, data, "a8w8", data, quiet=True)
+    with pytest.raises(OutputError, match="calibration data"):
+        quantize(path, tmp_path / "q.onnx", "a8w8", str(data), quiet=True, report_path=data)
+    assert main(["compare", str(path), str(path), "--data", str(data), "--json", str(data), "--quiet"]) == 2
+    assert data.read_bytes() == before
+
+
+def test_a_side_input_without_a_batch_axis_is_named_as_unsupported() -> None:
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")]
+    inputs = [vi("x", ["N", 4]), vi("shape", [2], onnx.TensorProto.INT64)]
+    model = make_model(nodes, inputs, [vi("y", ["M", 2])])
+    data = {"x": np.ones((8, 4), np.float32), "shape": np.array([-1, 2], np.int64)}
+    with pytest.raises(DataError, match="without a batch axis"):
+        quantize(model, None, "a8w8", data, quiet=True)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--mp-max-layers", "1"],  # without --mixed-precision
+        ["--resize", "3", "3"],  # image options on an array file
+        ["--dynamic", "--num-calib", "3"],
+    ],
+)
+def test_quantize_flags_that_cannot_take_effect_are_refused(tmp_path, flags: list[str]) -> None:
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", ["N", 2])], [vi("y", ["N", 2])])
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.ones((4, 2), np.float32))
+    args = ["quantize", str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), "--calib-data", str(tmp_path / "x.npy")]
+    assert main([*args, *flags, "--quiet"]) == 2
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_a_search_agreement_target_above_one_is_refused(tmp_path, capsys) -> None:
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", ["N", 2])], [vi("y", ["N", 2])])
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.ones((4, 2), np.float32))
+    data = str(tmp_path / "x.npy")
+    args = ["search", str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), "--calib-data", data, "--eval-data", data]
+    assert main([*args, "--target-agreement", "95", "--budget-s", "5", "--quiet"]) == 2
+    assert "--target-agreement" in capsys.readouterr().err
+
+
+def test_image_options_are_refused_for_arrays() -> None:
+    from quant_onnx.data import CalibrationReader, ImageOptions
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", ["N", 2])], [vi("y", ["N", 2])])
+    with pytest.raises(ConfigError, match="image folder"):
+        CalibrationReader(model, np.ones((4, 2), np.float32), image_options=ImageOptions(resize=(3, 3)))
