@@ -255,6 +255,17 @@ def _masked_fill(node: Node) -> tuple[str, list[Any], dict[str, Any]]:
     return "Where", [_arg(node, 1, "mask"), _arg(node, 2, "value"), _arg(node, 0, "self")], {}
 
 
+def _filled(value: float) -> _Translate:
+    """``zeros``/``ones`` and their ``_like``/``new_`` forms as ONNX's ``ConstantOfShape``
+    with its fill: the planner then knows every element's value (``zeros_like`` of a mask is
+    the ``0`` of an attention mask made additive, ``quant_core.plan.graph.uniform_value``)."""
+
+    def translate(_node: Node) -> tuple[str, list[Any], dict[str, Any]]:
+        return "ConstantOfShape", [], {"value": value}
+
+    return translate
+
+
 def _float(onnx: str, emit: Any, *names: str, written_as: Sequence[str] = ()) -> dict[str, AtenOp]:
     """Ops the planner keeps float (non-standard): written, never quantized inside (their
     in-place forms are written by the same rule)."""
@@ -420,19 +431,9 @@ ATEN_OPS: dict[str, AtenOp] = {
     **_float("Reshape", layout.reshape, "view_as", "reshape_as", "unflatten"),
     **_float("Transpose", layout.permute, "movedim"),
     **_float("Pad", layout.pad, *[f"{kind}_pad{d}d" for kind in ("reflection", "replication") for d in (1, 2, 3)]),
-    **_float(
-        "ConstantOfShape",
-        layout.full,
-        "zeros",
-        "ones",
-        "full",
-        "new_zeros",
-        "new_ones",
-        "new_full",
-        "zeros_like",
-        "ones_like",
-        "full_like",
-    ),
+    **_ops(("zeros", "new_zeros", "zeros_like"), "ConstantOfShape", _filled(0.0), layout.full),
+    **_ops(("ones", "new_ones", "ones_like"), "ConstantOfShape", _filled(1.0), layout.full),
+    **_float("ConstantOfShape", layout.full, "full", "new_full", "full_like"),
     **_float("Range", layout.arange, "arange"),
     **_float("Expand", layout.meshgrid, "meshgrid", written_as=("Reshape",)),
     **_float("CumSum", layout.cumsum, "cumsum", written_as=("Cast",)),

@@ -88,14 +88,16 @@ def start_observing(model: nn.Module) -> list[FakeQuantizer]:
 @contextmanager
 def evaluating(model: nn.Module) -> Iterator[None]:
     """``model`` in eval mode (batch norm on its running statistics, none updated) without
-    gradients; its mode is restored after. How every pass that only observes runs."""
-    was_training = model.training
+    gradients; each submodule's mode is restored after (``model.train(True)`` would also
+    wake batch norms the caller froze). How every pass that only observes runs."""
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         with torch.no_grad():
             yield
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
 
 
 def run_batches(

@@ -37,8 +37,9 @@ from torch.export import Dim
 from torch.fx import GraphModule
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from quant_core.errors import CaptureError, DataError
+from quant_core.errors import CaptureError, DataError, ModelError
 from quant_torch_fx.autocast_regions import inline_disabled_autocast
+from quant_torch_fx.naming import module_paths
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -145,6 +146,7 @@ def capture(
     """``torch.export`` graph module of a copy of ``model`` in eval mode (``model`` itself
     is not touched). ``dynamic_shapes`` overrides the dynamic batch; ``diagnose``: on
     failure, find the submodule that cannot be captured (captures each submodule)."""
+    _check_float32(model, as_args(example_inputs))
     model_copy = copy.deepcopy(model).eval()
     args = as_args(example_inputs)
     try:
@@ -157,11 +159,54 @@ def capture(
     gm = program.module(check_guards=False)
     assert isinstance(gm, GraphModule)
     inline_disabled_autocast(gm)
+    _note_batch_norm_updates(gm, model_copy)
     # ExportedProgram.module() makes train()/eval() raise; the prepared graph calls
     # batch-norm and dropout modules that follow the mode, so give the methods back.
     for method in ("train", "eval"):
         gm.__dict__.pop(method, None)
     return gm
+
+
+def _check_float32(model: nn.Module, args: tuple[Any, ...]) -> None:
+    """Refuse a float64, float16 or bfloat16 model or example input up front: the fake
+    quantizers, the frozen model and the export compute in float32, and a model in another
+    type would fail later, inside a convolution, naming no layer."""
+    for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, value in named:
+            if value.is_floating_point() and value.dtype != torch.float32:
+                raise ModelError(
+                    f"model {kind} '{name}' is {str(value.dtype).removeprefix('torch.')}; the torch backend "
+                    "quantizes float32 models: call model.float() first (autocast regions inside may stay)"
+                )
+    for index, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor) and arg.is_floating_point() and arg.dtype != torch.float32:
+            raise DataError(
+                f"example input {index} is {str(arg.dtype).removeprefix('torch.')}; allowed: float32 "
+                "(the model's own type): pass x.float()"
+            )
+
+
+#: Node meta key: ``(momentum, num_batches_tracked)`` of the ``nn.BatchNorm`` module a
+#: captured ``batch_norm`` came from.
+BATCH_NORM_UPDATES = "batch_norm_updates"
+
+
+def _note_batch_norm_updates(gm: GraphModule, model: nn.Module) -> None:
+    """Record how each batch norm module updates its statistics on the captured op: an
+    eval-mode capture passes momentum 0.0 for ``momentum=None`` (a cumulative average, which
+    also needs ``num_batches_tracked``), so the graph alone cannot tell it from a frozen one."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or "batch_norm" not in str(node.target):
+            continue
+        for path in reversed(module_paths(node)):
+            try:
+                module = model.get_submodule(path)
+            except AttributeError:
+                continue
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                tracked = module.num_batches_tracked
+                node.meta[BATCH_NORM_UPDATES] = (module.momentum, None if tracked is None else int(tracked))
+            break
 
 
 def describe_failure(exc: BaseException) -> tuple[str, str]:

@@ -36,8 +36,9 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from quant_torch_fx.aten_map import op_name
+from quant_torch_fx.capture import BATCH_NORM_UPDATES
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm, fold_batch_norm
-from quant_torch_fx.naming import plan_name
+from quant_torch_fx.naming import plan_name, unique_name
 
 aten = torch.ops.aten
 
@@ -191,6 +192,8 @@ def _batch_norm_module(gm: GraphModule, node: Node) -> GraphBatchNorm | None:
     """A :class:`GraphBatchNorm` holding a captured ``batch_norm``'s parameters and statistics."""
     _x, weight, bias, mean, var = (node.args + (None,) * 5)[:5]
     momentum = node.args[6] if len(node.args) > 6 else node.kwargs.get("momentum", 0.1)
+    # The module's own setting where capture recorded it (None: a cumulative average).
+    momentum, tracked = node.meta.get(BATCH_NORM_UPDATES, (momentum, None))
     eps = node.args[7] if len(node.args) > 7 else node.kwargs.get("eps", 1e-5)
     if not all(isinstance(v, Node) and v.op == "get_attr" for v in (mean, var)):
         return None  # batch statistics only (track_running_stats=False): left as captured
@@ -206,6 +209,8 @@ def _batch_norm_module(gm: GraphModule, node: Node) -> GraphBatchNorm | None:
     with torch.no_grad():
         module.running_mean.copy_(running_mean)  # type: ignore[union-attr]
         module.running_var.copy_(get_attr_value(gm, var))  # type: ignore[union-attr]
+        if tracked is not None and module.num_batches_tracked is not None:
+            module.num_batches_tracked.fill_(tracked)
         for name, source in (("weight", weight), ("bias", bias)):
             if isinstance(source, Node) and source.op == "get_attr":
                 getattr(module, name).copy_(get_attr_value(gm, source))
@@ -226,6 +231,15 @@ def _foldable_conv(node: Node) -> Node | None:
     if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
         return None
     return conv
+
+
+def _weight_shared(conv: Node) -> bool:
+    """Whether another node reads ``conv``'s weight or bias (a module called twice): a
+    :class:`ConvBn` holds its own copy, which QAT would then train apart from the others."""
+    params = [a for a in conv.args[1:3] if isinstance(a, Node)]
+    targets = {str(p.target) for p in params}
+    readers = [n for n in conv.graph.nodes if n.op == "get_attr" and str(n.target) in targets for _ in n.users]
+    return len(readers) > len(params)
 
 
 def _replace_with_module(
@@ -254,7 +268,10 @@ def _fold_into_conv(gm: GraphModule, conv: Node, bn_node: Node, bn: GraphBatchNo
     owner = _owner_path(weight_node)
     parent = gm.get_submodule(owner) if owner else gm
     leaf = str(weight_node.target).rpartition(".")[2]
-    base = f"{leaf}_folded"
+    # Names no other fold took: a module called twice, each call with its own batch norm,
+    # folds the one weight twice, and the second fold must not replace the first.
+    taken = set(dir(parent))
+    base = unique_name(f"{leaf}_folded", taken | {name.removesuffix("_bias") for name in taken})
     names = (base, f"{base}_bias")
     for name, value in zip(names, (new_weight, new_bias), strict=True):
         setattr(parent, name, nn.Parameter(value, requires_grad=weight.requires_grad))
@@ -291,7 +308,7 @@ def modularize(gm: GraphModule, *, fold_batch_norms: bool) -> None:
             conv = _foldable_conv(node)
             if conv is not None and fold_batch_norms:
                 _fold_into_conv(gm, conv, node, bn)
-            elif conv is not None:
+            elif conv is not None and not _weight_shared(conv):
                 weight_node, bias_node = conv.args[1], conv.args[2] if len(conv.args) > 2 else None
                 assert isinstance(weight_node, Node)
                 weight = get_attr_value(gm, weight_node)

@@ -148,31 +148,34 @@ class ConvBn(nn.Module):
         self.bn = bn
         self.weight_quantizer: FakeQuantizer | None = None
 
-    def batch_norm_factor(self) -> torch.Tensor:
+    def batch_norm_factor(self, divisible: bool = True) -> torch.Tensor:
         """What the simulated fold multiplies the weight by, per output channel:
-        ``gamma / sqrt(running_var + eps)``, or 1 where that is 0. A zero gamma zeroes the
-        folded weight; scaling by 1 there keeps the output finite (the batch norm then writes
-        beta, as the folded bias does)."""
+        ``gamma / sqrt(running_var + eps)``. With ``divisible`` (the training branch, which
+        divides the convolution by it again) 1 where that is 0: a zero gamma zeroes the
+        folded weight, and scaling by 1 there keeps the output finite (the batch norm then
+        writes beta, as the folded bias does)."""
         bn = self.bn
         assert bn.running_var is not None
         gamma = bn.weight if bn.weight is not None else torch.ones_like(bn.running_var)
         # A copy of the running variance: the training-mode batch norm below updates it in
         # place, and a compiled backward that kept the buffer itself would find it changed.
         factor = gamma / torch.sqrt(bn.running_var.clone() + bn.eps)
-        return torch.where(factor == 0, torch.ones_like(factor), factor)
+        return torch.where(factor == 0, torch.ones_like(factor), factor) if divisible else factor
 
     def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The weight and bias the frozen model will hold (eval statistics, float64 fold)."""
         return fold_batch_norm(self.weight, self.bias, self.bn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        factor = self.batch_norm_factor()
+        bn = self.bn
+        # Eval: the real factor (zeros kept), so that a zero-gamma channel writes beta, as the
+        # frozen model's fold does; nothing divides by it on this branch.
+        factor = self.batch_norm_factor(divisible=bn.training)
         shape = (-1,) + (1,) * (self.weight.dim() - 1)
         weight = self.weight * factor.reshape(shape)
         if self.weight_quantizer is not None:
             weight = self.weight_quantizer(weight, False)
         conv = aten_op(self.op_name)
-        bn = self.bn
         if not bn.training:
             # Running statistics: the batch norm is the fold's affine map, so the output is
             # conv(x, q(w_fold)) + b_fold exactly as the frozen model computes it.

@@ -6,6 +6,8 @@ a QAT plan names a layer as its PTQ plan does.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from torch.fx import Node
 
 
@@ -43,3 +45,16 @@ def module_type_names(node: Node) -> list[str]:
     for _path, kind in stack.values():
         names.append(kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}")
     return names
+
+
+def unique_name(base: str, taken: Collection[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``... : the first not in ``taken``.
+
+    Example:
+        >>> unique_name("conv", {"conv", "conv_1"})
+        'conv_2'
+    """
+    name, index = base, 1
+    while name in taken:
+        name, index = f"{base}_{index}", index + 1
+    return name

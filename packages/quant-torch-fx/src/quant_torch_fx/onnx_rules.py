@@ -437,7 +437,9 @@ def reduce(ctx: RuleContext, node: Node, op_type: str) -> Any:
     x = bound["self"]
     axes = _axes(ctx, bound.get("dim"), ctx.rank(x))
     keepdims = int(bool(bound.get("keepdim")))
-    return _reduce(ctx, op_type, ctx.tensor(x), axes, keepdims)
+    # In the output's type: torch sums a bool or integer tensor as int64 (or as ``dtype=``),
+    # and ONNX's ReduceSum takes no bool.
+    return _reduce(ctx, op_type, ctx.tensor(x, ctx.out_dtype()), axes, keepdims)
 
 
 def _reduce(ctx: RuleContext, op_type: str, x: str, axes: Sequence[int], keepdims: int) -> str:
@@ -502,6 +504,11 @@ def layer_norm(ctx: RuleContext, node: Node, op_type: str) -> Any:
 def batch_norm(ctx: RuleContext, node: Node, op_type: str) -> Any:
     """Batch norm left in the model (eval statistics): BatchNormalization."""
     bound = ctx.bind(node)
+    if bound.get("running_mean") is None or bound.get("running_var") is None:
+        raise ctx.error(
+            "batch norm without running statistics (track_running_stats=False) normalises every batch by "
+            "itself and has no ONNX form; replace it, or keep it out of the quantized part (exclude, regions)"
+        )
     if bound.get("training"):
         raise ctx.error("batch norm in training mode cannot be exported; call model.eval() first")
     x = bound["input"]

@@ -56,6 +56,7 @@ from quant_torch_fx.graph_passes import (
 )
 from quant_torch_fx.graph_plan import build_plan_graph, excluded_nodes
 from quant_torch_fx.modules import ConvBn
+from quant_torch_fx.naming import unique_name
 from quant_torch_fx.npu_conversions import convert_for_npu
 from quant_torch_fx.quantizer import FakeQuantizer
 
@@ -217,19 +218,6 @@ def qparams_table(model: nn.Module) -> dict[str, tuple[list[float], list[int]]]:
             qp = fq.current_qparams()
             table[f"{index}/{name}"] = (qp.scale.reshape(-1).tolist(), qp.zero_point.reshape(-1).tolist())
     return table
-
-
-def unique_name(base: str, taken: Collection[str]) -> str:
-    """``base``, or ``base_1``, ``base_2``... : the first not in ``taken``.
-
-    Example:
-        >>> unique_name("conv", {"conv", "conv_1"})
-        'conv_2'
-    """
-    name, index = base, 1
-    while name in taken:
-        name, index = f"{base}_{index}", index + 1
-    return name
 
 
 _MODULE_DICT_ATTRIBUTES = frozenset(dir(nn.ModuleDict()))

@@ -41,6 +41,7 @@ from quant_torch_fx.prepare import (
     quantized_graphs,
     weight_quantizers,
 )
+from quant_torch_fx.quantizer import FakeQuantizer
 
 QAT_METHODS = ("auto", "lsq", "tqt", "ste")
 
@@ -73,8 +74,7 @@ def enable_qat(model: nn.Module, method: str, *, compiled: bool = False) -> None
             fq.enable_learning(chosen)
             fq.quantizing = True
         info.first_batch_seen = False
-        if calibrate_on_first_batch not in gm._forward_pre_hooks.values():
-            gm.register_forward_pre_hook(calibrate_on_first_batch, with_kwargs=True)
+        _hook_first_batch(gm)
         values = constant_lookup(gm)
         for node, fq in weight_quantizers(gm):
             chosen = method_for(fq.spec, method)
@@ -94,6 +94,35 @@ def enable_qat(model: nn.Module, method: str, *, compiled: bool = False) -> None
             fq.set_qparams(observer.qparams())
 
 
+def _hook_first_batch(gm: GraphModule) -> None:
+    if calibrate_on_first_batch not in gm._forward_pre_hooks.values():
+        gm.register_forward_pre_hook(calibrate_on_first_batch, with_kwargs=True)
+
+
+def waits_for_data(fq: FakeQuantizer) -> bool:
+    """Whether an activation quantizer still needs the first-batch calibration: learnable
+    qparams never set, or straight-through ones (``ste``, e.g. ``auto`` on asymmetric
+    power-of-two activations) without qparams."""
+    return not fq.initialized if fq.learning is not None else fq.qparams is None
+
+
+def first_batch_pending(model: nn.Module) -> bool:
+    """Whether any prepared graph of ``model`` has an activation quantizer that
+    :func:`waits_for_data`."""
+    return any(waits_for_data(fq) for gm in quantized_graphs(model) for _key, fq in activation_quantizers(gm))
+
+
+def restore_first_batch_hooks(model: nn.Module) -> None:
+    """Hook the first-batch calibration back onto every prepared graph of ``model`` whose
+    activation qparams still wait for data: ``copy.deepcopy`` of a GraphModule keeps no
+    forward hooks, so a copy taken before the first batch (an EMA or teacher copy, a
+    snapshot) would train with scales never set."""
+    for gm in quantized_graphs(model):
+        if any(waits_for_data(fq) for _key, fq in activation_quantizers(gm)):
+            graph_info(gm).first_batch_seen = False
+            _hook_first_batch(gm)
+
+
 def calibrate_on_first_batch(gm: GraphModule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A forward pre-hook: on the first call after :func:`enable_qat`, when learnable
     activation qparams are still unset (no calibration ran, no checkpoint restored them),
@@ -106,7 +135,7 @@ def calibrate_on_first_batch(gm: GraphModule, args: tuple[Any, ...], kwargs: dic
     if any(fq.observing for fq in quantizers):  # a calibration is running: it sets them
         return
     info.first_batch_seen = True
-    if all(fq.learning is None or fq.initialized for fq in quantizers):
+    if not any(waits_for_data(fq) for fq in quantizers):
         return
     observing = start_observing(gm)
     with evaluating(gm):  # no batch-norm statistics updated by this extra pass

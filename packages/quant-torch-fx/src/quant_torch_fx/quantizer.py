@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -113,9 +114,7 @@ class FakeQuantizer(nn.Module):
 
     def set_qparams(self, qp: QParams) -> None:
         """Use ``qp`` from now on (and as the initial value of a learnable parameter)."""
-        self.qparams = qp
-        self._levels = max(1, qp.qmax - int(np.max(qp.zero_point)))
-        self._zero_is_zero = not np.any(qp.zero_point)
+        self._use_qparams(qp)
         device = self.scale.device
         self.scale = torch.as_tensor(np.asarray(qp.scale, np.float32), device=device).clone()
         self.zero_point = torch.as_tensor(np.asarray(qp.zero_point), dtype=code_dtype(qp), device=device).clone()
@@ -127,6 +126,13 @@ class FakeQuantizer(nn.Module):
                 else:
                     self.learned.copy_(value)
             self.initialized = True
+
+    def _use_qparams(self, qp: QParams | None) -> None:
+        """``qp`` and what the gradients derive from it (a restored checkpoint too)."""
+        self.qparams = qp
+        if qp is not None:
+            self._levels = max(1, qp.qmax - int(np.max(qp.zero_point)))
+            self._zero_is_zero = not np.any(qp.zero_point)
 
     def current_qparams(self) -> QParams:
         """The qparams in use: the learned ones for LSQ/TQT, else the set ones."""
@@ -217,6 +223,12 @@ class FakeQuantizer(nn.Module):
 
     def fake_quantize(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` fake-quantized with the current qparams (differentiable for QAT)."""
+        if self.learning is not None and not self.initialized:  # its 0 would quantize all to one value
+            raise ModelError(
+                f"{self.name}: its learnable qparams were never set: calibrate the model, or run "
+                "quant_torch_fx.training.initialize_learnables(model, inputs) first (train_qat "
+                "does); a copy.deepcopy taken before the first batch loses the first-batch hook"
+            )
         qmin, qmax = self.spec.qrange
         rounding = self.spec.rounding
         zero_point = self._broadcast(self.zero_point, x.dim())
@@ -273,8 +285,21 @@ class FakeQuantizer(nn.Module):
         self.observer = Observer.from_state_dict(state["observer"])
         self.observing = bool(state["observing"])
         self.quantizing = bool(state["quantizing"])
-        self.qparams = None if state["qparams"] is None else qparams_from_data(state["qparams"])
+        self._use_qparams(None if state["qparams"] is None else qparams_from_data(state["qparams"]))
         self.initialized = bool(state["initialized"])
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # A per-channel checkpoint into a fresh quantizer: its scale and zero point (and a
+        # learned scale) are 0-d until qparams are set, so take the checkpoint's shapes first.
+        for name in ("scale", "zero_point", "learned"):
+            held, saved = getattr(self, name), state_dict.get(prefix + name)
+            if isinstance(held, torch.Tensor) and isinstance(saved, torch.Tensor) and held.shape != saved.shape:
+                fresh = torch.empty(saved.shape, dtype=held.dtype, device=held.device)
+                if isinstance(held, nn.Parameter):
+                    held.data = fresh
+                else:
+                    setattr(self, name, fresh)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, dtype={self.spec.dtype.value}, axis={self.axis}, learning={self.learning}"

@@ -37,6 +37,7 @@ from quant_torch_fx.data import labels_of, loader_length
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm
 from quant_torch_fx.prepare import graph_info, quantized_graphs, quantizer
+from quant_torch_fx.qat import first_batch_pending, restore_first_batch_hooks
 from quant_torch_fx.quantizer import FakeQuantizer
 from quant_torch_fx.shared_cores import warn_if_openmp_spins
 
@@ -142,8 +143,9 @@ def default_optimizer(
 def initialize_learnables(model: nn.Module, inputs: Sequence[Any]) -> None:
     """Run one batch in eval mode without gradients so that learnable qparams still waiting
     for data start from it (batch-norm statistics are not touched)."""
-    if all(fq.initialized for fq in learnable_quantizers(model)):
+    if not first_batch_pending(model):
         return
+    restore_first_batch_hooks(model)
     with evaluating(model):
         model(*inputs)
 
@@ -193,9 +195,11 @@ def train_qat(
     warn_if_openmp_spins()
     criterion = loss_fn or F.cross_entropy
     device = model_device(model)
-    if optimizer is None or compile_model:
-        # Learnables start before the optimizer reads their sizes, and before compiling:
-        # the compiled graph then never meets the first-batch calibration.
+    if temperature <= 0 or not np.isfinite(temperature):
+        raise ConfigError(f"temperature: {temperature!r} is out of range; allowed: a finite number > 0")
+    # Learnables start before the optimizer reads their sizes, before compiling (the compiled
+    # graph then never meets the first-batch calibration) and before batch norms freeze.
+    if first_batch_pending(model):
         for item in loader:
             initialize_learnables(model, _inputs(item, num_inputs, 0, device))
             break

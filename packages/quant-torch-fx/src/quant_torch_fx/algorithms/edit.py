@@ -38,10 +38,17 @@ def set_constant(gm: GraphModule, node_name: str, value: torch.Tensor) -> None:
         target.copy_(value.to(device=target.device, dtype=target.dtype).reshape(target.shape))
 
 
-def bias_node(node: Node) -> Node | None:
-    """The ``get_attr`` bias a convolution or linear node reads, if any."""
+def bias_argument(node: Node) -> Node | None:
+    """The node a convolution or linear node reads its bias from, if any (a ``get_attr``,
+    or a computed one: ``nn.MultiheadAttention`` with ``kdim`` slices one bias in three)."""
     value = node.args[BIAS_INDEX] if len(node.args) > BIAS_INDEX else node.kwargs.get("bias")
     return value if isinstance(value, Node) else None
+
+
+def bias_node(node: Node) -> Node | None:
+    """The ``get_attr`` bias a convolution or linear node reads, if any."""
+    value = bias_argument(node)
+    return value if value is not None and value.op == "get_attr" else None
 
 
 def set_bias(gm: GraphModule, node: Node, value: torch.Tensor) -> str:
@@ -51,6 +58,8 @@ def set_bias(gm: GraphModule, node: Node, value: torch.Tensor) -> str:
     if current is not None:
         set_constant(gm, current.name, value)
         return current.name
+    if bias_argument(node) is not None:
+        raise ModelError(f"node {node.name!r}: its bias is computed in the graph; it cannot be replaced")
     if op_name(node) not in ("conv1d", "conv2d", "conv3d", "linear"):
         raise ModelError(f"node {node.name!r}: {op_name(node)} takes no bias")
     getter = new_buffer(gm, node, "bias", value)

@@ -36,7 +36,7 @@ from quant_algos.drivers.runner import QuantLayer, first_samples
 from quant_core.bias import accumulation_headroom, encode_bias
 from quant_core.errors import ConfigError
 from quant_core.qparams import QParams, dequantize, quantize
-from quant_torch_fx.algorithms.edit import bias_node, set_bias, set_constant
+from quant_torch_fx.algorithms.edit import bias_argument, bias_node, set_bias, set_constant
 from quant_torch_fx.algorithms.incremental import IncrementalGraphRunner
 from quant_torch_fx.algorithms.probe import Batch, float_mode, sample_count
 from quant_torch_fx.aten_map import map_node
@@ -126,6 +126,9 @@ class TorchLayerRunner:
         transposed = name in self.info.transposed_weights
         if slot.op_type == "MatMul" and weight.ndim != 2:
             self.notes.append(f"{name}: MatMul with a rank-{weight.ndim} weight is left alone")
+            return None
+        if bias_argument(node) is not None and bias_node(node) is None:
+            self.notes.append(f"{name}: its bias is computed in the graph (not a constant); the layer is left alone")
             return None
         float_weight = np.ascontiguousarray(weight.T if transposed else weight, np.float32)
         bias_slot = self.info.plan.bias_of(name)
