@@ -135,3 +135,15 @@ def test_act_order_rounds_the_largest_inputs_first_and_returns_codes_in_place():
         np.stack([w, w]), np.stack([hessian, hessian]), _per_channel(np.vstack([w, w])), damping=0.01, act_order=True
     )
     np.testing.assert_array_equal(grouped[1], expected)
+
+
+def test_gptq_refuses_scales_along_the_input_axis():
+    # The solver's rows are output channels: per-column scales gave codes up to 127 off.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 4)).astype(np.float32)
+    w = rng.normal(size=(4, 4)).astype(np.float32)
+    amax = np.abs(w).max(axis=0)
+    qp = qparams_from_range(-amax, amax, QuantSpec(dtype="int8", per_channel_axis=1))
+    pool = build_pool(w.shape, x, None, None)
+    with pytest.raises(ValueError, match="axis"):
+        gptq_pool(w, None, qp, pool, GPTQConfig())

@@ -80,3 +80,32 @@ def test_no_target_raises_only_helpful_layers():
     gains = {"a": 2.0, "b": -1.0, "c": 0.0}
     r = search_mixed_precision(list(gains), _additive(gains), MixedPrecisionConfig(max_layers=3), quiet=True)
     assert set(r.raised) == {"a"}
+
+
+def test_the_size_model_counts_each_layers_own_base_bits():
+    # int4 weights raised to 16 bits grow four-fold: a budget an int8 model keeps is broken.
+    gains = {"fc1": 3.0, "fc2": 5.0}
+    sizes = {"fc1": 4096.0, "fc2": 4096.0}
+    cfg = MixedPrecisionConfig(target_types=["a8w16"], max_layers=1, size_budget=1.6)
+    int8 = search_mixed_precision(list(gains), _additive(gains), cfg, sizes=sizes, quiet=True)
+    assert set(int8.raised) == {"fc2"} and int8.size_ratio == pytest.approx(1.5)
+    bits = {"fc1": 4, "fc2": 4}
+    int4 = search_mixed_precision(list(gains), _additive(gains), cfg, sizes=sizes, base_bits=bits, quiet=True)
+    assert int4.raised == {} and int4.size_ratio == 1.0  # 0.5 -> 2 bytes a weight: 2.5x
+    a16w8 = MixedPrecisionConfig(target_types=["a16w8"], max_layers=1, size_budget=1.0)
+    kept = search_mixed_precision(list(gains), _additive(gains), a16w8, sizes=sizes, base_bits=bits, quiet=True)
+    assert set(kept.raised) == {"fc2"} and kept.size_ratio == 1.0  # its weights stay 4-bit
+
+
+def test_a_target_out_of_reach_never_ends_below_the_best_raise():
+    # Raising b or c lowers the score: before, every layer was raised and the result scored
+    # below the baseline.
+    gains = {"a": 5.0, "b": -3.0, "c": -4.0}
+    r = search_mixed_precision(list(gains), _additive(gains), MixedPrecisionConfig(accuracy_target=30.0), quiet=True)
+    assert set(r.raised) == {"a"} and r.score == 25.0 and r.target_met is False
+
+    def interacting(raised):  # b helps alone, but costs once a is raised
+        return 20.0 + 5.0 * ("a" in raised) + (1.0 if raised.keys() == {"b"} else -2.0 * ("b" in raised))
+
+    r = search_mixed_precision(["a", "b"], interacting, MixedPrecisionConfig(accuracy_target=30.0), quiet=True)
+    assert set(r.raised) == {"a"} and r.score == 25.0

@@ -274,3 +274,28 @@ def test_a_batch_norm_without_running_statistics_is_named_at_export(tmp_path) ->
     quantized = q.quantize_model(net, torch.randn(1, 3, 4, 4), [torch.randn(4, 3, 4, 4)])
     with pytest.raises(ModelError, match="track_running_stats=False"):
         q.export_onnx(quantized, torch.randn(1, 3, 4, 4), tmp_path / "bn.onnx")
+
+
+def test_reconstruction_leaves_a_weight_two_calls_share_alone_and_says_why() -> None:
+    # Before: the second call's learned codes overwrote the first's in the one shared weight.
+    from quant_core.algorithm_config import AdaRoundConfig
+    from quant_core.presets import get_preset
+    from quant_torch_fx.prepare import graph_info
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 3, padding=1)
+            self.up = nn.ConvTranspose2d(4, 4, 2, stride=2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.up(self.conv(torch.relu(self.conv(x))))
+
+    torch.manual_seed(0)
+    config = get_preset("xint8").evolve(algorithms=(AdaRoundConfig(num_iterations=20),))
+    q = ModelQuantizer(config, quiet=True)
+    quantized = q.quantize_model(Twice().eval(), torch.zeros(1, 4, 6, 6), [torch.randn(4, 4, 6, 6)])
+    report = graph_info(quantized).algorithms["adaround"]
+    assert report["layers"] == []
+    notes = " ".join(report["notes"])
+    assert "weight shared with conv/conv2d_1" in notes and "ConvTranspose layers are not reconstructed" in notes

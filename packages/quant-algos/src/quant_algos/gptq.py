@@ -31,7 +31,7 @@ import numpy as np
 from quant_algos._reconstruction import PoolSettings, ReconstructionResult, check_qparams
 from quant_algos.reconstruction_data import Pool
 from quant_core.algorithm_config import GPTQConfig
-from quant_core.errors import DataError
+from quant_core.errors import DataError, ModelError
 from quant_core.qparams import QParams, dequantize, quantize
 
 # Columns rounded between two matrix products (GPTQ's "lazy batch" of 128).
@@ -111,6 +111,11 @@ def gptq_pool(
     del activation, name, quiet, settings
     w = np.asarray(weight, np.float32)
     check_qparams(w, weight_qparams)
+    if weight_qparams.axis not in (None, 0):  # the rows below are the output channels
+        raise ModelError(
+            f"weight_qparams.axis: {weight_qparams.axis} is not allowed for GPTQ; allowed: None (per tensor) "
+            "or 0 (per output channel)"
+        )
     groups, rows = pool.patches.shape[:2]
     patches = pool.patches.astype(np.float32, copy=False)
     hessian = np.matmul(patches.transpose(0, 2, 1), patches).astype(np.float64)

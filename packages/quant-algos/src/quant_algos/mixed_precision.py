@@ -14,8 +14,10 @@ Search:
    layers included, and it needs no float-execution path from the backend.
 2. **Greedy forward pass**: raise layers in order of decreasing gain, re-evaluating
    after each, until ``accuracy_target`` is met; layers that would exceed
-   ``size_budget`` are skipped, and at most ``max_layers`` are raised. Without a
-   target, every layer with a positive gain that fits is raised.
+   ``size_budget`` are skipped, and at most ``max_layers`` are raised. Only layers
+   with a positive gain are tried, and a raise that lowers the score is not kept, so a
+   target out of reach ends at the best assignment the pass found, never below the
+   baseline.
 3. **Backward pruning** (only when the target was met): try dropping each raised layer,
    least sensitive first, and keep it dropped when the target still holds, so the
    result raises no layer it does not need.
@@ -38,11 +40,12 @@ from tqdm.auto import tqdm
 
 from quant_core.algorithm_config import MixedPrecisionConfig, PrecisionTarget
 from quant_core.errors import ConfigError, ModelError
+from quant_core.precision import raised_weight_bits
 
 Assignment = Mapping[str, PrecisionTarget]
 
-WEIGHT_BITS = {PrecisionTarget.A16W8: 8, PrecisionTarget.A8W16: 16, PrecisionTarget.A16W16: 16}
-_BASE_WEIGHT_BITS = 8
+#: Weight bits of a layer whose base format the caller does not give.
+DEFAULT_BASE_BITS = 8
 
 
 @attrs.frozen
@@ -88,18 +91,24 @@ class MixedPrecisionResult:
 
 
 class _SizeModel:
-    """Weight size of an assignment relative to all-base."""
+    """Weight size of an assignment relative to all-base, in bytes: each layer's weight
+    elements at its own base bits (int4 weights raised to 16 bits grow 4x, not 2x)."""
 
-    def __init__(self, sizes: Mapping[str, float] | None, total: float | None) -> None:
+    def __init__(
+        self, sizes: Mapping[str, float] | None, total: float | None, base_bits: Mapping[str, int] | None
+    ) -> None:
         self.sizes = dict(sizes or {})
-        self.total = float(total if total is not None else sum(self.sizes.values()))
+        self.bits = {name: (base_bits or {}).get(name, DEFAULT_BASE_BITS) for name in self.sizes}
+        base = sum(count * self.bits[name] / 8 for name, count in self.sizes.items())
+        self.total = float(total if total is not None else base)
 
     def ratio(self, assignment: Assignment) -> float:
         if self.total <= 0:
             return 1.0
-        extra = sum(
-            self.sizes.get(name, 0.0) * (WEIGHT_BITS[t] / _BASE_WEIGHT_BITS - 1.0) for name, t in assignment.items()
-        )
+        extra = 0.0
+        for name, t in assignment.items():
+            bits = self.bits.get(name, DEFAULT_BASE_BITS)
+            extra += self.sizes.get(name, 0.0) * (raised_weight_bits(bits, t) - bits) / 8
         return (self.total + extra) / self.total
 
 
@@ -109,6 +118,7 @@ def search_mixed_precision(
     config: MixedPrecisionConfig,
     sizes: Mapping[str, float] | None = None,
     total_size: float | None = None,
+    base_bits: Mapping[str, int] | None = None,
     quiet: bool = False,
 ) -> MixedPrecisionResult:
     """Choose which layers to raise (see the module docstring for the search).
@@ -117,9 +127,10 @@ def search_mixed_precision(
         layers: candidate layer names (Conv/Gemm nodes).
         evaluate: score of an assignment (raised layers -> format); higher is better.
         config: target types, ``accuracy_target``, ``size_budget``, ``max_layers``.
-        sizes: weight parameter count (or int8 bytes) per layer; needed for
-            ``size_budget``.
-        total_size: the base model's size in the same unit (default: sum of ``sizes``).
+        sizes: weight elements per layer; needed for ``size_budget``.
+        total_size: the base model's size in bytes (default: the layers' weights at
+            their base bits).
+        base_bits: each layer's base weight bits (default 8).
         quiet: no progress bar.
     """
     names = list(dict.fromkeys(layers))
@@ -127,7 +138,7 @@ def search_mixed_precision(
         raise ModelError("layers: duplicate names")
     if config.size_budget is not None and sizes is None:
         raise ConfigError("sizes: needed when size_budget is set (weight size per layer)")
-    size = _SizeModel(sizes, total_size)
+    size = _SizeModel(sizes, total_size, base_bits)
     target = config.accuracy_target
     trajectory: list[Step] = []
     # One bar per phase, each with a total known when it starts (it never grows).
@@ -168,13 +179,17 @@ def search_mixed_precision(
         for name in ranking:
             if met(current) or (config.max_layers is not None and len(raised) >= config.max_layers):
                 break
-            if target is None and sensitivity[name] <= 0:
+            if sensitivity[name] <= 0:  # raising it alone did not help: neither will it now
                 break
             choice = next((t for _, t in options[name] if fits({**raised, name: t})), None)
             if choice is None:
                 continue
+            value = score_of({**raised, name: choice}, "raise", name, choice)
+            if value < current:  # with the others raised it costs: not kept
+                trajectory[-1] = attrs.evolve(trajectory[-1], kept=False)
+                continue
             raised[name] = choice
-            current = score_of(raised, "raise", name, choice)
+            current = value
 
         if met(current):
             next_phase("pruning", len(raised))

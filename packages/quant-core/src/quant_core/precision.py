@@ -51,6 +51,17 @@ def widen(spec: QuantSpec | None) -> QuantSpec | None:
     return spec.evolve(dtype=_WIDER[spec.dtype])
 
 
+def raised_weight_bits(base_bits: int, target: PrecisionTarget) -> int:
+    """Bits of a weight stored at ``base_bits`` once its layer is raised to ``target`` (what
+    :func:`raised_config` gives it: 16 where the target widens weights, else unchanged).
+
+    Example:
+        >>> raised_weight_bits(4, PrecisionTarget.A8W16), raised_weight_bits(4, PrecisionTarget.A16W8)
+        (16, 4)
+    """
+    return max(base_bits, 16) if RAISES_WEIGHT[target] else base_bits
+
+
 def _literal_glob(name: str) -> str:
     """A glob matching exactly ``name`` (``*``, ``?`` and ``[`` escaped)."""
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)

@@ -73,6 +73,7 @@ def run_mixed_precision(
     *,
     sizes: Mapping[str, float] | None = None,
     total_size: float | None = None,
+    base_bits: Mapping[str, int] | None = None,
     notes: Sequence[str] = (),
     quiet: bool = False,
 ) -> tuple[M, MixedPrecisionReport]:
@@ -83,6 +84,7 @@ def run_mixed_precision(
         config,
         sizes=sizes,
         total_size=total_size,
+        base_bits=base_bits,
         quiet=quiet,
     )
     final = build(dict(result.raised))

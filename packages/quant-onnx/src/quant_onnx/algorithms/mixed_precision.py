@@ -108,10 +108,11 @@ def apply_mixed_precision(
         return _output_sqnr(float_outputs, model, feeds)
 
     sizes = {name: float(_weight_size(calibrated, slot.tensor)) for name, slot in weights.items()}
+    bits = {name: slot.spec.dtype.bits for name, slot in weights.items()}
     base = build({})[0].model
     total = float(sum(t.ByteSize() for t in base.graph.initializer))
     (written, chosen), report = run_mixed_precision(
-        list(weights), build, score, mp, sizes=sizes, total_size=total, quiet=quiet
+        list(weights), build, score, mp, sizes=sizes, total_size=total, base_bits=bits, quiet=quiet
     )
     domain_notes = tuple(note for note in written.notes if "com.microsoft" in note)
     if domain_notes:

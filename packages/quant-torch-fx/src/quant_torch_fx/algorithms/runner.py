@@ -106,20 +106,34 @@ class TorchLayerRunner:
     # --- discovery ---------------------------------------------------------------------
     def _find_layers(self) -> list[QuantLayer]:
         by_fx = {fx: name for name, fx in self.info.weighted.items() if name in self._quantizers}
+        found = [(by_fx[node.name], node) for node in self.gm.graph.nodes if node.name in by_fx]
+        # A module called twice reads one weight (and bias) in two layers: codes or a bias
+        # learned for one would be overwritten by the other's, so neither is reconstructed.
+        readers: dict[str, list[str]] = {}
+        for name, node in found:
+            weight = self._weight_node(node)
+            for param in (weight, bias_node(node)):
+                if param is not None:
+                    readers.setdefault(str(param.target), []).append(name)
         layers = []
-        for node in self.gm.graph.nodes:
-            name = by_fx.get(node.name)
-            if name is not None:
-                layer = self._describe(name, node)
-                if layer is not None:
-                    layers.append(layer)
+        for name, node in found:
+            shared = sorted({other for names in readers.values() if name in names for other in names} - {name})
+            if shared:
+                self.notes.append(f"{name}: weight shared with {', '.join(shared)} (a module called twice); left alone")
+                continue
+            layer = self._describe(name, node)
+            if layer is not None:
+                layers.append(layer)
         return layers
 
     def _describe(self, name: str, node: Node) -> QuantLayer | None:
         slot = self.info.plan.weight_of(name)
         assert slot is not None
         weight_node = self._weight_node(node)
-        if weight_node is None or slot.op_type not in ("Conv", "Gemm", "MatMul"):
+        if slot.op_type not in ("Conv", "Gemm", "MatMul"):
+            self.notes.append(f"{name}: {slot.op_type} layers are not reconstructed or corrected")
+            return None
+        if weight_node is None:
             self.notes.append(f"{name}: weight is not a tensor of the graph")
             return None
         weight = get_attr_value(self.float_gm, weight_node).detach().float().cpu().numpy()
