@@ -69,7 +69,9 @@ _MOVEMENT = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"
 _SELECTS = _MOVEMENT | {"Gather", "Slice", "Split"}
 _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
 _GELU_CORE = frozenset({"Erf", "Tanh"})
-_MAX_GELU_NODES = 8
+#: A GELU region's largest node count: torch's export of the tanh form below opset 20
+#: writes x**3 as two Muls, nine nodes in all.
+_MAX_GELU_NODES = 10
 SOFTMAX_GRID = FixedRange(min_val=0.0, max_val=1.0)
 """The range of every softmax output."""
 MASK_FILL_LIMIT = -16 * math.log(2.0)
@@ -311,16 +313,29 @@ def _residual_source(graph: GraphView, tensor: str) -> str | None:
     return None
 
 
-def _layer_writing(graph: GraphView, tensor: str) -> PlanNode | None:
-    """The Conv/Gemm/MatMul whose output ``tensor`` is, directly or after its constant bias
-    Add (a Linear as torch exports it: ``MatMul`` then ``Add``); else ``None``."""
+def _layer_writing(graph: GraphView, tensor: str) -> tuple[PlanNode, tuple[str, ...]] | None:
+    """The Conv/Gemm/MatMul whose output ``tensor`` is, and the tensors from that output to
+    ``tensor``: directly, after its constant bias Add (a Linear as torch exports it:
+    ``MatMul`` then ``Add``), or, for a Gemm/MatMul, after data movement only it reads (a
+    Linear over flattened tokens: ``Gemm`` then ``Reshape``/``Transpose`` back to
+    ``[B, T, C]``); else ``None``."""
+    chain = [tensor]
     producer = graph.producer(tensor)
+    for _ in range(8):
+        if producer is None or producer.op_type not in _MOVEMENT or len(graph.consumers(producer.input(0))) != 1:
+            break
+        chain.append(producer.input(0))
+        producer = graph.producer(producer.input(0))
     if producer is not None and producer.op_type == "Add" and len(producer.inputs) == 2:
         data = [i for i in producer.inputs if graph.constant(i) is None]
         inner = graph.producer(data[0]) if len(data) == 1 else None
         if inner is not None and inner.op_type == "MatMul" and len(graph.consumers(data[0])) == 1:
             producer = inner
-    return producer if producer is not None and producer.op_type in WEIGHTED_OPS else None
+    if producer is None or producer.op_type not in WEIGHTED_OPS:
+        return None
+    if len(chain) > 1 and producer.op_type not in FLOAT_OUTPUT_KERNELS:
+        return None  # a Conv's 8-bit output reaches the stream as data movement: unchanged
+    return producer, tuple(chain)
 
 
 def _shortcuts(graph: GraphView, norms: list[_Block], residual: set[str]) -> set[str]:
@@ -625,9 +640,9 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
     # for a Gemm/MatMul, which keeps an integer kernel with a float output; a Conv's stays at
     # the preset's format (its kernel needs an 8-bit output). A 16-bit quantize after either
     # would leave the layer float on onnxruntime.
-    layers = {t: layer for t in residual if (layer := _layer_writing(graph, t)) is not None}
+    layers = {t: found for t in residual if (found := _layer_writing(graph, t)) is not None}
     residual -= set(layers)
-    written = {t for t, layer in layers.items() if layer.op_type in FLOAT_OUTPUT_KERNELS}
+    written = {c for layer, chain in layers.values() if layer.op_type in FLOAT_OUTPUT_KERNELS for c in chain}
     keep = _weighted_inputs(graph.nodes)
     internal = {t for block in (*norms, *gelus) for t in block.internal} | written
     # A norm output only data-movement reads (ViT's class-token Gather before the head):
