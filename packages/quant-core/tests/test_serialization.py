@@ -338,3 +338,17 @@ def test_version_1_weight_axes_mean_output_channels() -> None:
 def test_a_config_file_with_a_repeated_key_a_float_version_or_a_boolean_axis_is_refused(text: str) -> None:
     with pytest.raises(ConfigError):
         config_from_json(text)
+
+
+def test_a_report_with_non_finite_numbers_is_strict_json() -> None:
+    import numpy as np
+
+    from quant_core.serialization import report_json
+
+    text = report_json({"score": float("inf"), "gain": np.float64("nan"), "rows": [(1, -np.inf)], "n": np.int64(3)})
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {
+        "score": "inf",
+        "gain": "nan",
+        "rows": [[1, "-inf"]],
+        "n": 3,
+    }

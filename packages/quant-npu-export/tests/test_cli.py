@@ -63,6 +63,16 @@ def test_simulate_writes_npy_and_npz(files, capsys) -> None:
         assert out[out.files[0]].dtype == np.int8
 
 
+def test_no_output_may_replace_the_data(files, capsys) -> None:
+    tmp, model, data = files
+    legal = tmp / "legal.onnx"
+    main(["legalize", str(model), str(legal)])
+    before = data.read_bytes()
+    assert main(["simulate", str(legal), "--data", str(data), "--out", str(data), "--quiet"]) == 2
+    assert main(["legalize", str(model), str(tmp / "l2.onnx"), "--data", str(data), "--report", str(data)]) == 2
+    assert "is the data" in capsys.readouterr().err and data.read_bytes() == before
+
+
 @pytest.mark.parametrize("command", ["legalize", "simulate", "export-info"])
 def test_an_output_in_a_missing_folder_is_refused_before_any_work(files, capsys, command: str) -> None:
     tmp, model, data = files

@@ -159,7 +159,9 @@ def test_no_absorption_where_the_second_layer_cannot_make_up_for_it(second: str)
     if second == "padded conv":
         conv2 = next(n for n in graph.node if n.name == "conv2")
         w2 = next(i for i in graph.initializer if i.name == "w2")
-        w2.CopyFrom(numpy_helper.from_array(np.random.default_rng(4).normal(size=(3, 6, 3, 3)).astype(np.float32), "w2"))
+        w2.CopyFrom(
+            numpy_helper.from_array(np.random.default_rng(4).normal(size=(3, 6, 3, 3)).astype(np.float32), "w2")
+        )
         conv2.attribute.append(helper.make_attribute("pads", [1, 1, 1, 1]))
     elif second == "pad node":
         relu = next(n for n in graph.node if n.name == "relu")

@@ -131,3 +131,50 @@ def test_image_options_are_refused_for_arrays() -> None:
     model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", ["N", 2])], [vi("y", ["N", 2])])
     with pytest.raises(ConfigError, match="image folder"):
         CalibrationReader(model, np.ones((4, 2), np.float32), image_options=ImageOptions(resize=(3, 3)))
+
+
+def _conv_relu_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    bias = helper.make_tensor("b", onnx.TensorProto.FLOAT, [4], rng.normal(size=4).tolist())
+    return make_model(nodes, [vi("x", ["N", 2, 6, 6])], [vi("y", ["N", 4, 6, 6])], [weight("w", [4, 2, 3, 3]), bias])
+
+
+def test_compare_counts_every_sample_when_no_top1_is_computed() -> None:
+    from quant_onnx.data import CalibrationReader
+    from quant_onnx.reporting.compare import compare_models
+
+    model = _conv_relu_model()
+    x = np.random.default_rng(1).normal(size=(200, 2, 6, 6)).astype(np.float32)
+    quantized = quantize(model, None, "a8w8", x[:32], quiet=True).model
+    result = compare_models(model, quantized, CalibrationReader(model, x, batch_size=10), quiet=True)
+    assert result.top1_agreement is None and result.samples == 200  # before: 70 (the per-layer cap)
+
+
+def test_the_report_says_what_was_used_and_how_it_is_stored(tmp_path) -> None:
+    import json
+
+    from quant_core.algorithm_config import BiasCorrectionConfig
+    from quant_core.presets import get_preset
+
+    model = _conv_relu_model()
+    x = np.random.default_rng(1).normal(size=(32, 2, 6, 6)).astype(np.float32)
+    config = get_preset("xint8").evolve(algorithms=(BiasCorrectionConfig(),))
+    quantize(model, tmp_path / "q.onnx", config, x, quiet=True, report_path=tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert report["algorithms"]["bias_correction"]["num_samples"] == 32  # before: 256, the configured cap
+    stored = report["activations"][0]["stored"]  # xint8's int8 activations stored as uint8 on x86
+    assert report["activations"][0]["dtype"] == "int8" and stored == {"dtype": "uint8", "zero_point": 128}
+
+
+def test_inspect_counts_int8_biases_as_biases() -> None:
+    from quant_core.onnx_qdq.describe import describe_quantized
+
+    model = _conv_relu_model()
+    x = np.random.default_rng(1).normal(size=(16, 2, 6, 6)).astype(np.float32)
+    info = describe_quantized(quantize(model, None, "xint8_int8_bias", x, quiet=True).model)
+    assert info is not None
+    assert sum(f.count for f in info.weights) == 1 and [f.dtype for f in info.biases] == ["int8"]

@@ -10,6 +10,7 @@ deferred, not dropped."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import attrs
@@ -179,6 +180,8 @@ def test_xint8_target_skips_formats_the_npu_cannot_run(model, calib, evaluation)
         ({"target": 0.5, "confidence": 1.0}, ConfigError, "confidence:"),
         ({"target": 0.5, "labels": np.zeros(3)}, DataError, "labels:"),
         ({"target": 0.5, "metric": "accuracy"}, DataError, "labels"),
+        ({"target": 0.5, "eval_batch_size": 0}, ConfigError, "eval_batch_size:"),
+        ({"target": 0.5, "eval_samples": -5}, ConfigError, "eval_samples:"),
     ],
 )
 def test_bad_arguments_fail_with_one_line_naming_the_field(model, calib, evaluation, kwargs, error, field):
@@ -350,10 +353,10 @@ def test_a_model_built_before_is_not_run_again(model, calib, evaluation):
     result = search(model, None, calib, evaluation, target=2.0, space=[first, twin], deployment=where, quiet=True)
     one, two = result.candidates
     assert len(where.sessions) == 1  # the twin opened no session and ran no sample
-    assert two.same_as == first.name and two.status == "stopped" and two.samples < result.select_samples
-    # the twin's row is the first's early-stopped scoring; the first, chosen as the best,
-    # was then scored in full (in its own session) and stays under the twin's bound
-    assert one.samples == result.select_samples and one.score <= two.bound
+    # the first, chosen as the best, was then scored in full (in its own session): the
+    # twin's row, the same model, carries that full scoring too
+    assert one.samples == result.select_samples and one.status == "missed"
+    assert two.same_as == first.name and (two.status, two.score, two.samples) == ("missed", one.score, one.samples)
     assert result.report["reuse"]["same_model_as"] == {twin.name: first.name}
     assert not two.pareto
 
@@ -518,3 +521,48 @@ def test_candidates_share_a_float_model_only_where_it_is_the_same(second_first) 
             alone = ModelQuantizer(found.config, quiet=True).quantize(model, None, calib, batch_size=16).model
             built = backend.build(found).model
             assert built.SerializeToString() == alone.SerializeToString(), found.name
+
+
+def _keyerror_on_candidates(outputs, expected, samples):
+    # Works on the float model's outputs (equal to the expected ones), fails on a candidate's.
+    if not np.array_equal(np.asarray(outputs), np.asarray(expected)):
+        raise KeyError("no group")
+    return 1.0
+
+
+def test_a_metric_that_raises_on_a_candidate_fails_that_row_not_the_search(model, calib, evaluation):
+    # Before: a KeyError or IndexError from the user's metric ended the search with a traceback.
+    candidates = observer_candidates(observers=(MinMax(), Percentile(99.9)))
+    result = run(model, calib, evaluation, candidates, target=0.5, metric=_keyerror_on_candidates)
+    assert [r.status for r in result.candidates] == ["failed", "failed"]
+    assert all("raised KeyError" in (r.error or "") for r in result.candidates)
+
+
+def test_a_model_that_fixes_its_batch_is_scored_on_every_evaluation_sample(model, calib, evaluation):
+    # Before: the last partial batch was dropped (as "calibration" samples), and fewer
+    # samples than the batch were refused; the evaluation pads a short last batch itself.
+    fixed = copy.deepcopy(model)
+    for value in (*fixed.graph.input, *fixed.graph.output):
+        dim = value.type.tensor_type.shape.dim[0]
+        dim.ClearField("dim_param")
+        dim.dim_value = 8
+    candidates = observer_candidates(observers=(MinMax(),))
+    for count in (78, 5):
+        result = run(fixed, calib, evaluation[:count], candidates, target=0.5)
+        assert result.select_samples + result.holdout_samples == count
+
+
+def test_the_report_agrees_with_the_rows_after_the_best_is_scored_in_full(model, calib, evaluation):
+    # CLE finds no chain in this MLP: its row is the same model as the best observer's.
+    space = SearchSpace(
+        formats=("a8w8",), activation_observers=(MinMax(), Percentile(99.9)), corrections=[[CLEConfig()]]
+    )
+    result = search(model, None, calib, evaluation, target=0.999999, confidence=0.5, space=space, quiet=True)
+    chosen = result.chosen
+    assert chosen is not None and chosen.status == "missed"
+    reuse = result.reuse
+    assert chosen.name not in reuse["stopped_early"]
+    assert reuse["samples_scored"] == sum(r.samples for r in result.candidates if r.samples and not r.same_as)
+    for row in result.candidates:
+        if row.same_as == chosen.name:
+            assert (row.status, row.score, row.samples) == (chosen.status, chosen.score, chosen.samples)

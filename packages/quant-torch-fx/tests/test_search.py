@@ -152,6 +152,7 @@ def test_the_xint8_target_skips_formats_the_npu_cannot_run(net, calib, evaluatio
         ({"report_path": "/no/such/folder/r.json"}, "report_path"),
         ({"model": "model.onnx"}, "model"),
         ({"eval_batch_size": 0}, "eval_batch_size"),
+        ({"eval_samples": -5}, "eval_samples"),  # before: scored all but the last 5
     ],
 )
 def test_bad_arguments_fail_with_one_line_naming_the_field(net, calib, evaluation, kwargs, field):

@@ -341,6 +341,30 @@ def config_to_json(config: QuantConfig, indent: int | None = 2) -> str:
     return json.dumps(data, indent=indent, allow_nan=False) + "\n"
 
 
+def report_json(data: Any, indent: int | None = 2) -> str:
+    """``data`` (a report: dicts, lists, numbers, numpy scalars) as strict JSON text: a
+    non-finite number is written as the string ``"inf"``, ``"-inf"`` or ``"nan"`` (a float
+    ``Infinity`` or ``NaN`` is not JSON, and strict parsers refuse the file).
+
+    Example:
+        >>> print(report_json({"sqnr_db": float("inf"), "scores": [1.5, float("nan")]}, indent=None), end="")
+        {"sqnr_db": "inf", "scores": [1.5, "nan"]}
+    """
+    return json.dumps(_finite(data), indent=indent, sort_keys=False, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    if hasattr(value, "item") and not isinstance(value, list | tuple | dict | str):  # a numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
 def _reject_constant(name: str) -> Any:
     raise ConfigError(f"{name} is not allowed in a config; allowed: finite numbers")
 

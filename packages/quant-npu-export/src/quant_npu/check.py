@@ -46,6 +46,7 @@ from quant_npu.shifts import (
     mul_shift_range,
     shift_bias_range,
 )
+from quant_npu.sim.movement import per_axis
 from quant_npu.violations import Violation
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
@@ -299,7 +300,9 @@ class _Checker:
         (``count_include_pad=0``, the default) and a window past the end that ``ceil_mode``
         adds by its part inside: neither is the device's average."""
         node = step.node
-        padded = any(int_list(node, "pads") or [])
+        auto_pad = node_attribute(node, "auto_pad", b"NOTSET")
+        implicit = (auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)) in ("SAME_UPPER", "SAME_LOWER")
+        padded = implicit or any(int_list(node, "pads") or [])
         if padded and not int_attribute(node, "count_include_pad", 0):
             self.step_add(
                 step,
@@ -417,16 +420,20 @@ class _Checker:
 def resize_scales(qdq: QDQGraph, node: onnx.NodeProto) -> list[float] | None:
     """A Resize's scale per axis, from its constant ``scales`` or ``sizes`` and its input's
     shape; None when they are not known before run time."""
-    scales = qdq.constant_input(node, 2)
-    if scales is not None and scales.size:
-        return [float(s) for s in scales.reshape(-1)]
-    sizes = qdq.constant_input(node, 3)
+    axes = int_list(node, "axes")  # opset 18: scales or sizes of these axes only
     key = qdq.dequantized.get(node.input[0]) if node.input else None
     source = qdq.tensors[key].float_name if key in qdq.tensors else None
     shape = qdq.index.shape(source or node.input[0]) if node.input else None
+    scales = qdq.constant_input(node, 2)
+    if scales is not None and scales.size:
+        if axes and shape is None:
+            return None
+        return [float(s) for s in per_axis(scales, axes, len(shape or scales.reshape(-1)), 1.0)]
+    sizes = qdq.constant_input(node, 3)
     if sizes is None or shape is None or not all(isinstance(d, int) and d for d in shape):
         return None
-    return [float(o) / float(i) for o, i in zip(sizes.reshape(-1), shape, strict=False)]  # type: ignore[arg-type]
+    full = per_axis(sizes, axes, len(shape), 0)
+    return [float(o or i) / float(i) for o, i in zip(full, shape, strict=False)]  # type: ignore[arg-type]
 
 
 def planned_conversions(qdq: QDQGraph, profile: NPUProfile, cpu: CpuSelection | None = None) -> dict[str, str]:

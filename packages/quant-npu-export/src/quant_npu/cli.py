@@ -95,7 +95,7 @@ def _legalize(args: argparse.Namespace) -> int:
     from quant_core.onnx_qdq.model_io import check_output_paths
     from quant_npu.legalize import legalize
 
-    check_output_paths(args.output, args.report, input_path=args.model)
+    check_output_paths(args.output, args.report, input_path=args.model, data={"the data": args.data})
     data = _load_data(args.data) if args.data else None
     result = legalize(args.model, args.output, args.target, report_path=args.report, cpu=args.cpu, data=data)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_text())
@@ -127,7 +127,7 @@ def _simulate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix not in (".npy", ".npz"):
         raise OutputError(f"--out: '{out}' is not allowed; allowed: a .npy or .npz file")
-    check_output_path(out, what="--out")
+    check_output_path(out, input_path=args.model, what="--out", data={"the data": args.data})
     data = _load_data(args.data)
     simulator = NPUSimulator(args.model, args.target, args.rounding, cpu=args.cpu)
     if out.suffix == ".npy" and len(simulator.program.outputs) != 1:

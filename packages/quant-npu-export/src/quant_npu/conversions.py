@@ -215,6 +215,8 @@ def conv_transpose_issues(node: onnx.NodeProto, weight_shape: Sequence[int], pro
     auto_pad = attributes.get("auto_pad", b"NOTSET")
     if (auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)) != "NOTSET":
         return ["auto_pad; allowed: explicit pads"]
+    if "output_shape" in attributes:  # ONNX then derives the pads and ignores ``pads``
+        return ["output_shape; allowed: explicit pads"]
     issues = []
     for what, values, allowed in (
         ("kernel", kernel, profile.conv_transpose_kernel_range),

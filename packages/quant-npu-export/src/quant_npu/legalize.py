@@ -38,6 +38,7 @@ import onnx
 
 from quant_core.onnx_qdq.graph import float_attribute, node_label
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
+from quant_core.serialization import report_json
 from quant_npu.approximations import device_leaky_relu_alpha
 from quant_npu.check import CheckResult, check_loaded
 from quant_npu.conversions import conversion_costs, convert_for_target
@@ -358,9 +359,7 @@ def legalize(
     result = legalize_model(model_in, target, cpu=cpu, data=data)
     save_model(result.model, model_out, input_path=model_in)
     if report_path is not None:
-        import json
-
         from quant_core.atomic_io import atomic_write
 
-        atomic_write(report_path, json.dumps(result.to_dict(), indent=2) + "\n")
+        atomic_write(report_path, report_json(result.to_dict()))
     return result

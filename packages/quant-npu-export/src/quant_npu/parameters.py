@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from quant_core.conversions import conv_weight
 from quant_core.onnx_qdq.graph import int_attribute
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.formats import bias_issues, weight_issues
@@ -99,6 +100,8 @@ class ParameterLegalizer:
         the input (``output range +- max |sum w x|``, one output step of margin): clipping
         a bias there changes no output, and keeps an outlier channel (CLE scales some
         biases far beyond the output range) from coarsening every other channel's bias."""
+        if step.op_type == "ConvTranspose":  # [Cin, Cout/g, ...]: the output channels as a Conv's
+            weights = conv_weight(weights, int_attribute(step.node, "group", 1))
         axis = (
             1
             if step.op_type == "MatMul" or (step.op_type == "Gemm" and not int_attribute(step.node, "transB", 0))

@@ -450,6 +450,7 @@ class ModelQuantizer:
                 notes=written.notes,
                 files=files,
                 biases=written.biases,
+                activation_encoding=self.writer_options.activation_encoding,
             )
             if algorithm_reports:
                 report["algorithms"] = algorithm_reports

@@ -359,10 +359,8 @@ def search(
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
     check_report_path(report_path)  # before any work
-    acceptance = check_arguments(target, budget_s, confidence)
+    acceptance = check_arguments(target, budget_s, confidence, eval_batch_size, eval_samples)
     check_target(deployment, "deployment")
-    if eval_batch_size < 1:
-        raise ConfigError(f"eval_batch_size: {eval_batch_size!r} is out of range; allowed: an integer >= 1")
     if isinstance(labels, torch.Tensor):
         labels = labels.detach().cpu().numpy()
     started = clock()

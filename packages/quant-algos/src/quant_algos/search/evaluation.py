@@ -17,13 +17,15 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
 
 from quant_algos.search.metrics import Metric, Outputs, Samples
-from quant_core.errors import ConfigError, DataError, one_line
+from quant_core.errors import ConfigError, DataError, QuantError, one_line
+
+_T = TypeVar("_T")
 
 Runner = Callable[[Mapping[str, np.ndarray]], Sequence[np.ndarray]]
 """``feeds -> outputs``: a candidate as the deployment runs it, outputs in the model's order."""
@@ -256,13 +258,20 @@ def check_metric(metric: Metric, names: Sequence[str], reference: Sequence[np.nd
     """
     chunk = data.chunks(data.select)[0]
     expected = as_outputs(names, [r[chunk] for r in reference])
+    _call_metric(metric, "the float model's outputs", metric.score, expected, expected, data.samples(chunk))
+
+
+def _call_metric(metric: Metric, where: str, call: Callable[..., _T], *args: Any) -> _T:
+    """``call(*args)`` of the user's metric, any exception of its own as one DataError naming
+    the metric (the walk then marks the candidate failed and goes on; a KeyError or an
+    IndexError from a user's lookup would have ended the whole search)."""
     try:
-        metric.score(expected, expected, data.samples(chunk))
-    except (ConfigError, DataError):
+        return call(*args)
+    except QuantError:
         raise
     except Exception as exc:  # the user's function failed: say which, in one line
         detail = one_line(f"{type(exc).__name__}: {exc}")
-        raise DataError(f"metric {metric.name!r}: raised {detail} on the float model's outputs") from None
+        raise DataError(f"metric {metric.name!r}: raised {detail} on {where}") from None
 
 
 def collect(runner: Runner, data: EvaluationData, indices: np.ndarray) -> list[np.ndarray]:
@@ -362,7 +371,10 @@ def score_outputs(
         if metric.per_sample:
             outputs = as_outputs(output_names, values)
             expected = as_outputs(output_names, [r[chunk] for r in reference])
-            per_sample.append(metric.sample_scores(outputs, expected, data.samples(chunk)))
+            samples = data.samples(chunk)
+            per_sample.append(
+                _call_metric(metric, "a candidate's outputs", metric.sample_scores, outputs, expected, samples)
+            )
             reached += float(per_sample[-1].sum())
             bound = (reached + total - seen) / total
             if acceptance is not None and seen < total and not acceptance.reachable(bound, total):
@@ -374,5 +386,7 @@ def score_outputs(
         return Scored(value, value, seen, True, tuple(seconds), np.concatenate(per_sample))
     outputs = as_outputs(output_names, [np.concatenate(c) for c in zip(*parts, strict=True)])
     expected = as_outputs(output_names, [r[indices] for r in reference])
-    value = metric.score(outputs, expected, data.samples(indices))
+    value = _call_metric(
+        metric, "a candidate's outputs", lambda: metric.score(outputs, expected, data.samples(indices))
+    )
     return Scored(value, value, seen, True, tuple(seconds))

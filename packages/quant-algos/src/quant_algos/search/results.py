@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from quant_algos.search.evaluation import lower_bound
 from quant_core.atomic_io import atomic_write
 from quant_core.config import QuantConfig
 from quant_core.errors import ConfigError
-from quant_core.serialization import to_data
+from quant_core.serialization import report_json, to_data
 
 #: Row statuses: the target was met; scored in full and missed; stopped early (the target
 #: was out of reach); illegal on the deployment; failed (the recipe raised); skipped
@@ -260,7 +259,7 @@ def format_table(rows: Sequence[CandidateResult]) -> str:
 
 def write_search_report(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write a search's JSON report (:meth:`SearchResult.to_dict`) atomically."""
-    return atomic_write(path, json.dumps(report, indent=2, sort_keys=False) + "\n")
+    return atomic_write(path, report_json(report))
 
 
 def check_report_path(path: str | os.PathLike[str] | None) -> None:

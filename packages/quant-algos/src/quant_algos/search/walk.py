@@ -138,10 +138,13 @@ class Backend(Protocol):
         """What the candidates shared, for the report."""
 
 
-def check_arguments(target: Any, budget_s: Any, confidence: Any = 0.9) -> Acceptance:
+def check_arguments(
+    target: Any, budget_s: Any, confidence: Any = 0.9, eval_batch_size: Any = 32, eval_samples: Any = None
+) -> Acceptance:
     """The search's :class:`~quant_algos.search.evaluation.Acceptance`, or one-line errors
-    for a ``target`` that is not a finite number, a ``budget_s`` that is not positive or a
-    ``confidence`` out of range, before any work.
+    for a ``target`` that is not a finite number, a ``budget_s`` that is not positive, a
+    ``confidence`` out of range, or an evaluation batch size or sample count below 1, before
+    any work (both backends' searches call it).
 
     Example:
         >>> check_arguments(float("nan"), None)
@@ -153,6 +156,12 @@ def check_arguments(target: Any, budget_s: Any, confidence: Any = 0.9) -> Accept
         raise ConfigError(f"target: {target!r} is not allowed; allowed: a finite number")
     if budget_s is not None and not budget_s > 0:
         raise ConfigError(f"budget_s: {budget_s!r} is out of range; allowed: a number > 0")
+    for name, value, optional in (("eval_batch_size", eval_batch_size, False), ("eval_samples", eval_samples, True)):
+        if optional and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            allowed = "null or an integer >= 1" if optional else "an integer >= 1"
+            raise ConfigError(f"{name}: {value!r} is out of range; allowed: {allowed}")
     return Acceptance(float(target), confidence)
 
 
@@ -387,15 +396,18 @@ def conclude(walk: Walk, reference_seconds: float) -> SearchResult:
         row, built = best
         if row.score is None:  # stopped early: score it in full to report what it reaches
             scored = score(built, goal.selection)
-            row = attrs.evolve(
-                row,
-                status="missed",  # scored in full now, and below the target (else it had met)
-                score=scored.score,
-                bound=scored.bound,
-                samples=scored.samples,
-                running=scored.running,
-            )
-            rows = [row if r.name == row.name else r for r in rows]
+            full: dict[str, Any] = {
+                "status": "missed",  # scored in full now, and below the target (else it had met)
+                "score": scored.score,
+                "bound": scored.bound,
+                "samples": scored.samples,
+                "running": scored.running,
+            }
+            row = attrs.evolve(row, **full)
+            # Rows of the same model carry its scores: they change with it.
+            rows = [
+                row if r.name == row.name else attrs.evolve(r, **full) if r.same_as == row.name else r for r in rows
+            ]
         chosen = (row, built)
     holdout_score = holdout_met = None
     if chosen is not None and len(goal.evaluation.holdout):
@@ -420,7 +432,7 @@ def conclude(walk: Walk, reference_seconds: float) -> SearchResult:
         reference_seconds=reference_seconds,
         select_samples=len(goal.evaluation.select),
         holdout_samples=len(goal.evaluation.holdout),
-        reuse=walk.backend.reuse() | walk.early_stops(),
+        reuse=walk.backend.reuse() | walk.early_stops(rows),
         notes=tuple(goal.notes),
     )
 
@@ -464,15 +476,17 @@ class Walk:
             return prefix_better(new.sample_scores, old.sample_scores)
         return new.score is not None and (old.score is None or new.score > old.score)
 
-    def early_stops(self) -> dict[str, Any]:
-        """How much scoring the exact early stop saved, for the report."""
-        stopped = [row for row in self.rows if row.status == "stopped"]
-        run = [row for row in self.rows if row.samples and not row.same_as]
+    def early_stops(self, rows: Sequence[CandidateResult] | None = None) -> dict[str, Any]:
+        """How much scoring the exact early stop saved, for the report (``rows``: the final
+        rows, where the fallback re-scored one in full; default the walk's own)."""
+        rows = self.rows if rows is None else rows
+        stopped = [row for row in rows if row.status == "stopped"]
+        run = [row for row in rows if row.samples and not row.same_as]
         return {
             "deferred": list(self.deferred),  # past the corrections; those run later have rows
-            "deferred_run": [name for name in self.deferred if any(row.name == name for row in self.rows)],
+            "deferred_run": [name for name in self.deferred if any(row.name == name for row in rows)],
             "stopped_early": [row.name for row in stopped],
-            "same_model_as": {row.name: row.same_as for row in self.rows if row.same_as},
+            "same_model_as": {row.name: row.same_as for row in rows if row.same_as},
             "samples_scored": sum(row.samples for row in run),
             "samples_if_scored_in_full": len(run) * len(self.goal.evaluation.select),
         }

@@ -167,6 +167,15 @@ class _Formats:
         return tuple(FormatCount(*key, count) for key, count in sorted(self.counts.items(), key=lambda kv: -kv[1]))
 
 
+def _feeds_a_bias(index: GraphIndex, tensor: str) -> bool:
+    """Whether ``tensor`` is a layer's bias input (a bias is one whatever its dtype: an int8
+    one in ``xint8_int8_bias`` and in NPU-legalised models)."""
+    return any(
+        node.op_type in ("Conv", "ConvTranspose", "Gemm") and len(node.input) > 2 and node.input[2] == tensor
+        for node in index.consumers(tensor)
+    )
+
+
 def describe_quantized(model: onnx.ModelProto) -> QuantizedModelInfo | None:
     """What the quantized model holds, or ``None`` for a float model (no quantized op)."""
     graph = model.graph
@@ -189,7 +198,7 @@ def describe_quantized(model: onnx.ModelProto) -> QuantizedModelInfo | None:
             x = node.input[0]
             if index.is_constant(x):
                 dtype = index.elem_type(x)
-                target = biases if dtype == TensorProto.INT32 else weights
+                target = biases if dtype == TensorProto.INT32 or _feeds_a_bias(index, node.output[0]) else weights
                 target.add(x, dtype, constant(input_at(node, 1)), constant(input_at(node, 2)))
         elif op == "QuantizeLinear":
             zero_point = input_at(node, 2)

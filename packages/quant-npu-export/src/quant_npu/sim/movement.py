@@ -133,6 +133,23 @@ def _text(attributes: Attributes, name: str, default: str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def per_axis(values: np.ndarray, axes: Sequence[int] | None, rank: int, fill: float) -> np.ndarray:
+    """A Resize's ``scales`` or ``sizes`` for every axis of a rank-``rank`` input: as given,
+    or, with opset 18's ``axes`` attribute, placed on those axes and ``fill`` elsewhere.
+
+    Example:
+        >>> per_axis(np.array([2.0, 3.0]), [2, -1], 4, 1.0).tolist()
+        [1.0, 1.0, 2.0, 3.0]
+    """
+    flat = np.asarray(values).reshape(-1)
+    if not axes:
+        return flat
+    full = np.full(rank, fill, dtype=flat.dtype)
+    for axis, value in zip(axes, flat, strict=True):
+        full[int(axis) % rank] = value
+    return full
+
+
 def resize_axes(shape: Sequence[int], attributes: Attributes, params: Params) -> list[tuple[int, np.ndarray]]:
     """``(axis, input coordinate of every output index)`` for each axis a Resize changes
     (ONNX's coordinate transforms, in float on shapes only)."""
@@ -145,6 +162,12 @@ def resize_axes(shape: Sequence[int], attributes: Attributes, params: Params) ->
     transform = _COORDINATES.get(_text(attributes, "coordinate_transformation_mode", "half_pixel"))
     if transform is None:
         raise ModelError("Resize: coordinate_transformation_mode is not simulated")
+    axes = attributes.get("axes")
+    if sizes is not None and np.asarray(sizes).size:
+        sizes = per_axis(np.asarray(sizes), axes, len(shape), 0)
+        sizes = np.where(sizes == 0, np.asarray(shape), sizes) if axes else sizes
+    elif scales is not None:
+        scales = per_axis(np.asarray(scales), axes, len(shape), 1.0)
     found = []
     for axis, size_in in enumerate(shape):
         if sizes is not None and np.asarray(sizes).size:
@@ -161,7 +184,10 @@ def resize_axes(shape: Sequence[int], attributes: Attributes, params: Params) ->
 
 def resize_nearest(x: np.ndarray, attributes: Attributes, params: Params) -> np.ndarray:
     """Nearest-neighbour Resize: the output gathers input codes."""
-    if _text(attributes, "mode", "nearest") != "nearest":
+    mode = _text(attributes, "mode", "nearest")
+    if mode != "nearest":
+        if mode != "linear":
+            raise ModelError(f"Resize: mode {mode!r} is not simulated; allowed: nearest, linear")
         raise ModelError("Resize: a linear Resize computes; see quant_npu.sim.resize")
     nearest = _NEAREST.get(_text(attributes, "nearest_mode", "round_prefer_floor"))
     if nearest is None:

@@ -27,9 +27,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -94,6 +95,23 @@ ELEMENTWISE_FLOAT_OPS = frozenset(
 """One-input elementwise ops: on the CPU, a table over every input code computes them exactly."""
 
 Kernel = Callable[..., np.ndarray]
+
+
+def node_error(name: str, op_type: str, message: str) -> ModelError:
+    """A simulator refusal naming the node, as every one must."""
+    return ModelError(f"node {name!r} ({op_type}): {message}")
+
+
+@contextlib.contextmanager
+def naming_the_node(name: str, op_type: str) -> Iterator[None]:
+    """Re-raise a kernel's or a geometry's refusal (``Pad: negative pads are not
+    simulated``) with the node it is about, unless it names one already."""
+    try:
+        yield
+    except ModelError as exc:
+        if str(exc).startswith("node "):
+            raise
+        raise node_error(name, op_type, str(exc)) from None
 
 
 @attrs.frozen(eq=False)
@@ -208,7 +226,7 @@ class _Compiler:
 
     # ------------------------------------------------------------------ tensors
     def fail(self, step: Step, message: str) -> ModelError:
-        return ModelError(f"node {step.name!r} ({step.op_type}): {message}")
+        return node_error(step.name, step.op_type, message)
 
     def pos(self, step: Step, key: str | None) -> int:
         tensor = self.qdq.tensors.get(key) if key else None
@@ -293,11 +311,9 @@ class _Compiler:
         out_pos = self.pos(step, out)
         assert out is not None
         out_range = self.range(out)
-        builder = getattr(self, f"_{op.lower()}", None)
-        if builder is not None:
+        builder = getattr(self, f"_{op.lower()}", None) or self._move
+        with naming_the_node(step.name, op):
             data, params, kernel = builder(step, out_pos, out_range)
-        else:
-            data, params, kernel = self._move(step, out_pos, out_range)
         return Operation(step.name, op, data, params, out, kernel)
 
     def _spatial(self, step: Step, what: str) -> tuple[str, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -521,7 +537,19 @@ class _Compiler:
     def _softmax(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
         axis = int(_attributes(step.node).get("axis", -1 if self.opset >= 13 else 1))
-        return (x,), (), SoftmaxKernel(axis, ipos, out_pos, self.mode, self.range(x), out_range)
+        kernel = SoftmaxKernel(axis, ipos, out_pos, self.mode, self.range(x), out_range)
+        if self.opset >= 13:
+            return (x,), (), kernel
+        flat = SoftmaxKernel(1, ipos, out_pos, self.mode, self.range(x), out_range)
+
+        def coerced(values: np.ndarray) -> np.ndarray:
+            # Before opset 13 ONNX normalises over every axis from ``axis`` on, as one
+            # (the input seen as 2-D at ``axis``), not along ``axis`` alone.
+            cut = axis % values.ndim
+            rows = int(np.prod(values.shape[:cut], dtype=np.int64))
+            return flat(values.reshape(rows, -1)).reshape(values.shape)
+
+        return (x,), (), coerced
 
     def _concat(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         keys = self.data(step, tuple(range(len(step.node.input))))

@@ -11,7 +11,7 @@ import onnx
 from quant_core.errors import ConfigError, DataError
 from quant_npu.partitions import CpuSelection, deployment_selection
 from quant_npu.profile import NPUProfile, load_profile
-from quant_npu.sim.program import Operation, Program, compile_program, quantize_input
+from quant_npu.sim.program import Operation, Program, compile_program, naming_the_node, quantize_input
 from quant_npu.sim.threads import blas_threads
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
@@ -131,7 +131,8 @@ class NPUSimulator:
                 continue
             arguments = [values[k] for k in operation.data]
             arguments += [values[p] if p else None for p in operation.params]  # type: ignore[misc]
-            values[operation.output] = operation.kernel(*arguments)
+            with naming_the_node(operation.name, operation.op_type):
+                values[operation.output] = operation.kernel(*arguments)
             if sizes is not None:
                 sizes.append(values[operation.output].size)
         outputs = {}

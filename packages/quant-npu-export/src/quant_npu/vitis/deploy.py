@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import tempfile
 import warnings
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from quant_core.atomic_io import atomic_write
+from quant_core.serialization import report_json
 from quant_npu.legalize import LegalizeResult, legalize_model
 from quant_npu.profile import NPUProfile
 from quant_npu.quant_info import dumps, export_quant_info
@@ -83,7 +83,7 @@ def deploy(
     result = legalized(quantizer, model, inputs, profile, opset)
     output_dir.mkdir(parents=True, exist_ok=True)
     save_model(result.model, output_dir / onnx_name(name))
-    atomic_write(output_dir / REPORT_FILE, json.dumps(result.to_dict(), indent=2) + "\n")
+    atomic_write(output_dir / REPORT_FILE, report_json(result.to_dict()))
     write_quant_info(result, output_dir, fast_finetuned=fast_finetuned)
     if not result.remaining.ok:
         counts = ", ".join(f"{rule} {n}" for rule, n in sorted(result.remaining.counts().items()))

@@ -46,7 +46,7 @@ from quant_core.algorithm_config import (
 from quant_core.config import QuantConfig
 from quant_core.errors import DataError
 from quant_onnx.algorithms.activation_equalization import apply_activation_equalization_with_report
-from quant_onnx.algorithms.capture import Feeds, prepare_batches
+from quant_onnx.algorithms.capture import Feeds, count_samples, prepare_batches
 from quant_onnx.algorithms.cle import apply_cle
 from quant_onnx.algorithms.layerwise import apply_bias_correction, apply_reconstruction
 from quant_onnx.algorithms.mixed_precision import EvaluateFn, apply_mixed_precision
@@ -154,5 +154,6 @@ def run_post_passes(
             model, notes = apply_bias_correction(
                 calibrated, model, feeds, algorithm, learned_codes=learned, quiet=quiet
             )
-            reports["bias_correction"] = {"num_samples": samples_to_use(algorithm), "notes": notes}
+            used = min(samples_to_use(algorithm), count_samples(feeds))  # what it read, not what it may
+            reports["bias_correction"] = {"num_samples": used, "notes": notes}
     return PassesResult(model, reports, calibrated)

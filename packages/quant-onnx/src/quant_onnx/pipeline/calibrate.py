@@ -193,7 +193,8 @@ class CalibratedModel:
         plan: the planner's decisions (which tensor gets which spec).
         activation_qparams: tensor group key -> qparams in the spec's own encoding (the
             writer may re-encode int8 as uint8 for onnxruntime on x86).
-        activation_ranges: tensor group key -> the observed ``(min, max)``.
+        activation_ranges: tensor group key -> the ``(min, max)`` its qparams were chosen
+            from (the observer's selection: symmetric about 0 for a symmetric spec).
         weight_qparams: weighted node name -> its weight's qparams.
         observers: tensor group key (and requant key, for a requant observing its
             own way) -> observer, kept so that a changed plan over the same graph (a layer

@@ -152,12 +152,13 @@ def compare_models(
         )
     outputs = {name: _PowerSums() for name in output_names}
     per_layer = {name: _PowerSums() for name in layer_names}
-    agree = total = layer_samples = 0
+    agree = total = layer_samples = seen = 0
     checked = first_taken(batches)  # a batch that does not fit fails before the bar is drawn
     with progress_bar(total=total_batches, desc="comparing", unit="batch", quiet=quiet) as bar:
         for batch in checked:
             feeds = {k: np.asarray(v) for k, v in batch.items()}
             n = len(next(iter(feeds.values())))
+            seen += n
             float_values = dict(
                 zip(output_names + layer_names, float_session.run(output_names + layer_names, feeds), strict=True)
             )
@@ -177,9 +178,8 @@ def compare_models(
                 layer_samples += n
             del float_values, quant_values
             bar.update(1)
-    samples_seen = total if total else layer_samples
     return Comparison(
-        samples=samples_seen,
+        samples=seen,  # every output's SQNR covers them all (the per-layer ones the first few)
         top1_agreement=(agree / total) if total else None,
         output_sqnr_db={name: sums.sqnr_db for name, sums in outputs.items()},
         layers=tuple(LayerSQNR(name, per_layer[name].sqnr_db) for name in layer_names),

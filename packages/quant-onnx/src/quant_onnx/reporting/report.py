@@ -1,5 +1,8 @@
-"""The ``--report`` JSON: every quantized tensor's spec, observed range, scale and zero
-point, the nodes left in float and why, and the per-layer SQNR against the float model.
+"""The ``--report`` JSON: every quantized tensor's spec, the range its qparams were chosen
+from (``range``: the observer's selection, so about 0 for a symmetric spec and clipped for
+percentile or MSE observers), scale and zero point in the spec's format and, where the
+file stores them otherwise (int8 activations as uint8 on x86), as stored (``stored``); the
+nodes left in float and why, and the per-layer SQNR against the float model.
 
 Example:
     >>> import json
@@ -15,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -26,8 +28,9 @@ import numpy as np
 from quant_core.atomic_io import atomic_write
 from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
+from quant_core.qdq import ActivationEncoding, encode_activation
 from quant_core.qparams import QParams
-from quant_core.serialization import to_data
+from quant_core.serialization import report_json, to_data
 from quant_onnx.pipeline.calibrate import CalibratedModel
 from quant_onnx.reporting.compare import Comparison
 
@@ -66,23 +69,28 @@ def build_report(
     notes: Sequence[str] = (),
     files: dict[str, Any] | None = None,
     biases: Mapping[str, EncodedBias] | None = None,
+    activation_encoding: ActivationEncoding = "as_spec",
 ) -> dict[str, Any]:
     """The report as a JSON-ready dict (see the module docstring). ``biases``: how the
-    writer stored each layer's bias (the bias rule's decision, ``quant_core.bias``)."""
+    writer stored each layer's bias (the bias rule's decision, ``quant_core.bias``);
+    ``activation_encoding``: how it stored activations (``WriterOptions``)."""
     ann = calibrated.plan
     stored = biases or {}
     activations = []
     for group in ann.groups:
         lo, hi = calibrated.activation_ranges.get(group.key, (None, None))
-        activations.append(
-            {
-                "tensors": list(group.members),
-                "observed": list(group.observed),
-                "spec": to_data(group.spec),
-                "range": None if lo is None else [_plain(lo), _plain(hi)],
-                **qparams_data(calibrated.activation_qparams[group.key]),
-            }
-        )
+        qp = calibrated.activation_qparams[group.key]
+        entry = {
+            "tensors": list(group.members),
+            "observed": list(group.observed),
+            "spec": to_data(group.spec),
+            "range": None if lo is None else [_plain(lo), _plain(hi)],
+            **qparams_data(qp),
+        }
+        written = encode_activation(qp, activation_encoding)
+        if written is not qp:
+            entry["stored"] = {"dtype": written.dtype.value, "zero_point": _plain(written.zero_point)}
+        activations.append(entry)
     weights = [
         {
             "node": slot.node,
@@ -143,5 +151,4 @@ def _bias_entry(node: str, tensor: str, spec: Any, encoded: EncodedBias | None) 
 
 def write_report(report: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write ``report`` as JSON atomically (temp file in the same folder + rename)."""
-    text = json.dumps(report, indent=2, sort_keys=False) + "\n"
-    return atomic_write(path, text)
+    return atomic_write(path, report_json(report))

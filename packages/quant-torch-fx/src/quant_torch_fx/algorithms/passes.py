@@ -97,7 +97,7 @@ def run_post_passes(gm: GraphModule, config: QuantConfig, batches: Sequence[Batc
             if isinstance(algorithm, BiasCorrectionConfig):
                 notes = correct_biases(runner, algorithm, quiet=quiet)
                 info.algorithms[algorithm.kind] = {
-                    "num_samples": samples_to_use(algorithm),
+                    "num_samples": min(samples_to_use(algorithm), runner.num_samples),  # what it read
                     "notes": [*runner.notes, *notes],
                 }
                 continue
