@@ -640,7 +640,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
     # for a Gemm/MatMul, which keeps an integer kernel with a float output; a Conv's stays at
     # the preset's format (its kernel needs an 8-bit output). A 16-bit quantize after either
     # would leave the layer float on onnxruntime.
-    layers = {t: found for t in residual if (found := _layer_writing(graph, t)) is not None}
+    layers = {t: writer for t in residual if (writer := _layer_writing(graph, t)) is not None}
     residual -= set(layers)
     written = {c for layer, chain in layers.values() if layer.op_type in FLOAT_OUTPUT_KERNELS for c in chain}
     keep = _weighted_inputs(graph.nodes)
