@@ -282,3 +282,85 @@ def test_sixteen_bit_images_are_scaled_to_their_depth(tmp_path) -> None:
         )
         batch = next(iter(calibration_batches(model, str(folder))))
         np.testing.assert_allclose(batch["x"], 40000 / 65535, rtol=1e-6)
+
+
+def test_a_preset_with_algorithms_reads_an_image_folder_with_options(tmp_path):
+    # The folder is read once into feeds; they were handed on with the options, which then
+    # refused them as "not an image folder": a8w8 (equalization, bias correction) failed.
+    from quant_onnx import quantize
+
+    _write_images(tmp_path / "imgs", count=4, size=(7, 6))
+    model = conv_bn_relu_model()
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim[2:]]
+    options = ImageOptions(resize=tuple(shape), mean=(0.5,), std=(0.25,))
+    assert quantize(model, None, "a8w8", tmp_path / "imgs", quiet=True, image_options=options).model.graph.node
+
+
+def test_a_16_bit_pgm_is_read_as_16_bit(tmp_path):
+    image = pytest.importorskip("PIL.Image")
+    folder = tmp_path / "pgm"
+    folder.mkdir()
+    gray = np.random.default_rng(0).integers(0, 65536, (4, 4)).astype(np.uint16)
+    header = b"P5\n4 4\n65535\n"
+    (folder / "a.pgm").write_bytes(header + gray.astype(">u2").tobytes())
+    assert image.open(folder / "a.pgm").mode == "I"
+    specs = [InputSpec("x", ("N", 1, 4, 4), F32)]
+    out = list(calibration_batches(specs, folder))
+    np.testing.assert_allclose(out[0]["x"][0, 0], gray / 65535.0, atol=1e-6)
+
+
+def test_an_image_past_pillows_size_limit_is_one_data_error(tmp_path, monkeypatch):
+    image = pytest.importorskip("PIL.Image")
+    _write_images(tmp_path / "big", count=1, size=(40, 40))
+    monkeypatch.setattr(image, "MAX_IMAGE_PIXELS", 100)  # 1600 pixels: over twice the limit
+    with pytest.raises(DataError, match="cannot read image"):
+        list(calibration_batches(IMG, tmp_path / "big"))
+
+
+def test_num_samples_reads_nothing_past_the_limit():
+    pulled = []
+
+    def source():
+        for i in range(5):
+            pulled.append(i)
+            yield samples(1, seed=i)
+
+    out = list(CalibrationReader(IMG, source(), batch_size=4, num_samples=2))
+    assert sum(len(b["x"]) for b in out) == 2 and pulled == [0, 1]
+
+
+def test_integer_data_into_a_wider_integer_input_and_float_overflow():
+    specs = [InputSpec("ids", ("N", 3), np.dtype("int64"))]
+    out = list(CalibrationReader(specs, np.array([[1, 2, 3]], np.uint16)))
+    assert out[0]["ids"].dtype == np.int64
+    half = [InputSpec("x", ("N", 2), np.dtype("float16"))]
+    with pytest.raises(DataError, match="outside float16's range"):
+        list(CalibrationReader(half, np.array([[70000.0, 1.0]], np.float32)))
+
+
+def test_an_image_folder_for_an_integer_input_is_refused_naming_it(tmp_path):
+    _write_images(tmp_path / "u8", count=1, size=(4, 4))
+    specs = [InputSpec("x", ("N", 3, 4, 4), np.dtype("uint8"))]
+    with pytest.raises(DataError, match="feeds float inputs; input 'x' is uint8"):
+        list(calibration_batches(specs, tmp_path / "u8"))
+
+
+def test_search_evaluation_samples_of_two_shapes_are_one_data_error():
+    from quant_onnx.recipe_search.evaluation import load_evaluation_data
+
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", ["N", 3, "H", 4])], [vi("y", ["N", 3, "H", 4])]
+    )
+    data = [samples(2, (3, 4, 4)), samples(2, (3, 5, 4))]
+    with pytest.raises(DataError, match="evaluation data: input 'x' samples have different shapes"):
+        load_evaluation_data(model, data)
+
+
+def test_image_options_serve_only_the_data_that_is_an_image_folder(tmp_path):
+    # The search reads two data sets: an array file beside a folder was refused the options.
+    from quant_onnx.data import for_image_folder
+
+    _write_images(tmp_path / "imgs", count=1)
+    options = ImageOptions(resize=(4, 4))
+    assert for_image_folder(tmp_path / "imgs", options) is options
+    assert for_image_folder(str(tmp_path / "c.npy"), options) is None and for_image_folder(samples(1), options) is None

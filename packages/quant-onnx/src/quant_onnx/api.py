@@ -416,6 +416,7 @@ class ModelQuantizer:
                     image_options=image_options,
                 )
             )
+            image_options = None  # applied: the feeds are the folder's preprocessed samples
             one_pass = self._equalize_in_calibration(prepared, feeds, num_samples, batch_size, image_options)
             if one_pass is None:
                 prepared, pre_reports = self.run_pre_passes(prepared, feeds)

@@ -249,6 +249,12 @@ def _file_samples(path: Path, inputs: Sequence[InputSpec]) -> int | None:
     return None
 
 
+def for_image_folder(data: Any, options: ImageOptions | None) -> ImageOptions | None:
+    """``options`` where ``data`` is an image folder, else ``None`` (a run reading two data
+    sets applies the image options to the one that is a folder)."""
+    return options if isinstance(data, str | os.PathLike) and Path(data).is_dir() else None
+
+
 def _data_kind(data: Any) -> str:
     return f"'{data}'" if isinstance(data, str | os.PathLike) else f"a {type(data).__name__}"
 
@@ -324,6 +330,11 @@ def iter_image_folder(folder: str | os.PathLike[str], spec: InputSpec, options: 
     files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise DataError(f"calibration data: no image files in '{folder}' (looked for {sorted(IMAGE_SUFFIXES)})")
+    if spec.dtype.kind != "f":
+        raise DataError(
+            f"calibration data: image folder '{folder}' feeds float inputs; input '{spec.name}' is {spec.dtype}: "
+            "give the calibration data as arrays of that type"
+        )
     channels, size = _image_geometry(spec, options)
     mean = np.asarray(options.mean, np.float32)
     std = np.asarray(options.std, np.float32)
@@ -336,7 +347,7 @@ def iter_image_folder(folder: str | os.PathLike[str], spec: InputSpec, options: 
         try:
             with Image.open(file) as opened:
                 pixels = _unit_pixels(opened, channels, size, file)
-        except OSError as exc:
+        except (OSError, Image.DecompressionBombError) as exc:  # the bomb check is no OSError
             raise DataError(f"calibration data: cannot read image '{file}': {_first_line(exc)}") from exc
         if pixels.ndim == 2:
             pixels = pixels[:, :, None]
@@ -354,7 +365,8 @@ def _unit_pixels(opened: Any, channels: int, size: tuple[int, int] | None, file:
     ``size``: 8-bit images divided by 255, 16-bit grayscale by 65535."""
     from PIL import Image
 
-    if opened.mode in SIXTEEN_BIT_MODES:
+    # Pillow opens a 16-bit PGM (maxval above 255) as mode "I", scaled to 0-65535.
+    if opened.mode in SIXTEEN_BIT_MODES or (opened.mode == "I" and opened.format == "PPM"):
         img = (
             opened.convert("F")
             if size is None
@@ -453,10 +465,18 @@ def _as_batch(item: Mapping[str, Any], specs: Mapping[str, InputSpec]) -> Batch:
                         f"calibration data: input '{name}' expected shape {spec.describe_shape()} got {got_dims}"
                     )
         # float64 -> float32 is fine; uint8 pixels into a float model almost always lack normalisation.
-        if array.dtype.kind != spec.dtype.kind:
+        integers = array.dtype.kind in "iu" and spec.dtype.kind in "iu"  # range-checked below
+        if array.dtype.kind != spec.dtype.kind and not integers:
             raise DataError(
                 f"calibration data: input '{name}' expected dtype {spec.dtype} got {array.dtype} (convert the data first)"
             )
+        if array.dtype.kind == "f" and array.size and np.finfo(array.dtype).max > np.finfo(spec.dtype).max:
+            largest = float(np.nanmax(np.abs(np.where(np.isfinite(array), array, 0))))
+            if largest > float(np.finfo(spec.dtype).max):  # the cast would make them infinite
+                raise DataError(
+                    f"calibration data: input '{name}' has values outside {spec.dtype}'s range "
+                    f"(max {float(np.finfo(spec.dtype).max):g}; got {largest:g})"
+                )
         if array.dtype.kind in "iu" and array.size and not np.can_cast(array.dtype, spec.dtype):
             limits = np.iinfo(spec.dtype)
             if array.min() < limits.min or array.max() > limits.max:  # the cast would wrap them
@@ -523,6 +543,8 @@ def _rebatch(
             batch = flush(batch_size)
             emitted += batch_size
             yield batch
+        if emitted + pending_count >= limit:  # read nothing past the limit (a next file may not even open)
+            break
     dropped = 0
     if pending_count:
         if exact:

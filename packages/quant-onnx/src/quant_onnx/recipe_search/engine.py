@@ -71,7 +71,7 @@ from quant_core.onnx_qdq.model_io import check_output_paths, load_model, save_mo
 from quant_core.plan import PlanGraph, QuantPlan, planning_key
 from quant_onnx.algorithms.passes import PassesResult, run_pre_passes
 from quant_onnx.api import ModelQuantizer, PreparedModel
-from quant_onnx.data import CalibrationReader, ImageOptions
+from quant_onnx.data import CalibrationReader, ImageOptions, for_image_folder
 from quant_onnx.pipeline.annotate import plan_graph
 from quant_onnx.pipeline.calibrate import CalibratedModel, collect_statistics, from_filled_observers
 from quant_onnx.recipe_search.deployment import Deployment, deployment_for, onnxruntime_runner
@@ -321,7 +321,7 @@ def search(
         seed=seed,
         batch_size=eval_batch_size,
         num_samples=eval_samples,
-        image_options=image_options,
+        image_options=for_image_folder(eval_data, image_options),
     )
     goal, reference_seconds = float_goal(
         onnxruntime_runner(source), evaluation, chosen_metric, acceptance, [o.name for o in source.graph.output]
@@ -332,7 +332,10 @@ def search(
             calibration_data,
             batch_size=calibration.batch_size,
             num_samples=calibration.num_samples,
-            image_options=image_options,
+            # the options serve whichever data is an image folder; neither: refused here
+            image_options=image_options
+            if for_image_folder(eval_data, image_options) is None
+            else for_image_folder(calibration_data, image_options),
         )
     )
     backend = _OnnxBackend(_Shared(source, feeds, quiet), where)

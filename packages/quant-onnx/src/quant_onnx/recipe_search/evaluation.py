@@ -54,6 +54,13 @@ def load_evaluation_data(
     if len(batches) == 1:
         inputs = dict(batches[0])
     else:
+        for name in batches[0]:
+            shapes = sorted({tuple(b[name].shape[1:]) for b in batches})
+            if len(shapes) > 1:  # the reader gives samples of another size a batch of their own
+                raise DataError(
+                    f"evaluation data: input '{name}' samples have different shapes {list(shapes[0])} and "
+                    f"{list(shapes[1])}; allowed: one shape (resize them, e.g. --resize for an image folder)"
+                )
         inputs = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
     return evaluation_data(
         inputs,
