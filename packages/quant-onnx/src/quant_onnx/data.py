@@ -249,6 +249,15 @@ def _file_samples(path: Path, inputs: Sequence[InputSpec]) -> int | None:
     return None
 
 
+def _float_max(dtype: np.dtype) -> float | None:
+    """The largest finite value of a numpy float type (``None`` for others numpy cannot
+    describe, such as ml_dtypes' float8 types)."""
+    try:
+        return float(np.finfo(dtype).max)
+    except (ValueError, TypeError):
+        return None
+
+
 def for_image_folder(data: Any, options: ImageOptions | None) -> ImageOptions | None:
     """``options`` where ``data`` is an image folder, else ``None`` (a run reading two data
     sets applies the image options to the one that is a folder)."""
@@ -470,12 +479,14 @@ def _as_batch(item: Mapping[str, Any], specs: Mapping[str, InputSpec]) -> Batch:
             raise DataError(
                 f"calibration data: input '{name}' expected dtype {spec.dtype} got {array.dtype} (convert the data first)"
             )
-        if array.dtype.kind == "f" and array.size and np.finfo(array.dtype).max > np.finfo(spec.dtype).max:
+        target_max = _float_max(spec.dtype)
+        source_max = _float_max(array.dtype) if array.dtype.kind == "f" else None
+        if array.size and target_max is not None and source_max is not None and source_max > target_max:
             largest = float(np.nanmax(np.abs(np.where(np.isfinite(array), array, 0))))
-            if largest > float(np.finfo(spec.dtype).max):  # the cast would make them infinite
+            if largest > target_max:  # the cast would make them infinite
                 raise DataError(
                     f"calibration data: input '{name}' has values outside {spec.dtype}'s range "
-                    f"(max {float(np.finfo(spec.dtype).max):g}; got {largest:g})"
+                    f"(max {target_max:g}; got {largest:g})"
                 )
         if array.dtype.kind in "iu" and array.size and not np.can_cast(array.dtype, spec.dtype):
             limits = np.iinfo(spec.dtype)
