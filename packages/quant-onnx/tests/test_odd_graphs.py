@@ -178,3 +178,18 @@ def test_inspect_counts_int8_biases_as_biases() -> None:
     info = describe_quantized(quantize(model, None, "xint8_int8_bias", x, quiet=True).model)
     assert info is not None
     assert sum(f.count for f in info.weights) == 1 and [f.dtype for f in info.biases] == ["int8"]
+
+
+def test_a_training_mode_dropout_of_constants_is_not_folded():
+    from quant_onnx.pipeline.preprocess.constant_folding import fold_constants
+
+    ratio = helper.make_tensor("ratio", onnx.TensorProto.FLOAT, [], [0.5])
+    train = helper.make_tensor("train", onnx.TensorProto.BOOL, [], [True])
+    data = helper.make_tensor("c", onnx.TensorProto.FLOAT, [16], np.ones(16).tolist())
+    nodes = [
+        helper.make_node("Dropout", ["c", "ratio", "train"], ["d"], name="drop"),
+        helper.make_node("Add", ["x", "d"], ["y"], name="add"),
+    ]
+    model = make_model(nodes, [vi("x", ["N", 16])], [vi("y", ["N", 16])], [ratio, train, data], opset=13)
+    folded = fold_constants(model)
+    assert "Dropout" in [n.op_type for n in folded.graph.node]  # before: one random mask became a constant

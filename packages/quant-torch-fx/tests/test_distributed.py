@@ -76,3 +76,30 @@ def test_ranks_agree_with_one_process_on_the_union(preset: str) -> None:
     assert results[0]["thresholds"] and all(
         torch.equal(a, b) for a, b in zip(results[0]["thresholds"], results[1]["thresholds"], strict=True)
     )
+
+
+def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Hardswish(), torch.nn.Conv2d(4, 4, 1)).eval()
+        # Each rank's shard spans other channel ranges: equalized alone, they would differ.
+        shard = [torch.randn(8, 3, 8, 8) * (1 + 3 * rank) + rank for _ in range(2)]
+        model = ModelQuantizer("a8w8", quiet=True).quantize_model(net, EXAMPLE, shard)
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)},
+                   Path(out_dir) / f"state{rank}.pt")  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_data_driven_algorithms_give_every_rank_the_same_model() -> None:
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        mp.start_processes(_rank_worker, args=(init_file, tmp), nprocs=WORLD, start_method="spawn", join=True)
+        states = [torch.load(Path(tmp) / f"state{rank}.pt", weights_only=False) for rank in range(WORLD)]
+    assert states[0].keys() == states[1].keys()
+    for name, value in states[0].items():
+        assert torch.equal(value, states[1][name]), name

@@ -299,3 +299,47 @@ def test_reconstruction_leaves_a_weight_two_calls_share_alone_and_says_why() -> 
     assert report["layers"] == []
     notes = " ".join(report["notes"])
     assert "weight shared with conv/conv2d_1" in notes and "ConvTranspose layers are not reconstructed" in notes
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "xint8"])
+@pytest.mark.parametrize("num_batches", [0, -1, "2"])
+def test_num_batches_below_one_is_refused_naming_it(preset: str, num_batches: object) -> None:
+    # Before: 0 and -1 calibrated on one batch (xint8) or failed with a KeyError (a8w8).
+    q = ModelQuantizer(preset, quiet=True)
+    with pytest.raises(ConfigError, match="num_batches"):
+        q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), images(2), num_batches=num_batches)
+
+
+def test_an_empty_loader_with_algorithms_is_one_data_error() -> None:
+    from quant_core.errors import DataError
+
+    with pytest.raises(DataError, match="no batches"):
+        ModelQuantizer("a8w8", quiet=True).quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), [])
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"exclude_module_types": ["Linear"]}, {"exclude_module_types": [None]}, {"exclude_modules": None}]
+)
+def test_exclusions_of_the_wrong_kind_are_refused_at_construction(kwargs: dict) -> None:
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        ModelQuantizer("xint8", quiet=True, **kwargs)
+
+
+def test_an_excluded_type_covers_its_subclasses() -> None:
+    class MyConv(nn.Conv2d):
+        pass
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = MyConv(3, 4, 3, padding=1)
+            self.b = nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    q = ModelQuantizer("xint8", quiet=True, exclude_module_types=[nn.Conv2d])
+    quantized = q.quantize_model(Net().eval(), torch.randn(1, 3, 8, 8), [torch.randn(4, 3, 8, 8)])
+    from quant_torch_fx.prepare import graph_info
+
+    assert not graph_info(quantized).plan.weights  # before: MyConv's weight was quantized

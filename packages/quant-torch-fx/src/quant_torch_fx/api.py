@@ -48,7 +48,7 @@ from torch import nn
 from quant_algos.drivers.schedule import schedule
 from quant_core.algorithm_config import ActivationEqualizationConfig, AlgorithmConfig, BiasCorrectionConfig
 from quant_core.config import QuantConfig
-from quant_core.errors import ConfigError
+from quant_core.errors import ConfigError, DataError
 from quant_core.plan import check_selectors
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
@@ -59,9 +59,17 @@ from quant_torch_fx.algorithms.passes import (
     require_data,
     run_post_passes,
 )
-from quant_torch_fx.calibrate import calibrate, finish_calibration, model_device, run_batches, start_observing
+from quant_torch_fx.calibrate import (
+    calibrate,
+    check_num_batches,
+    finish_calibration,
+    model_device,
+    run_batches,
+    start_observing,
+)
 from quant_torch_fx.capture import as_args, capture, record_inputs
 from quant_torch_fx.data import InputSignature, batches
+from quant_torch_fx.distributed import gathered_batches
 from quant_torch_fx.export import DEFAULT_OPSET, export_onnx
 from quant_torch_fx.freeze import freeze
 from quant_torch_fx.prepare import graph_info, prepare_graph, quantized_graphs
@@ -118,8 +126,22 @@ class ModelQuantizer:
         for name in regions or ():
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"regions: {name!r} is not allowed; allowed: submodule paths such as 'backbone'")
+        if isinstance(exclude_modules, str) or not isinstance(exclude_modules, Sequence):
+            raise ConfigError(
+                f"exclude_modules: {exclude_modules!r} is not allowed; allowed: a list of module-path globs"
+            )
+        for pattern in exclude_modules:
+            if not isinstance(pattern, str):
+                raise ConfigError(f"exclude_modules: {pattern!r} is not allowed; allowed: module-path globs (strings)")
+        for kind in exclude_module_types:
+            if not (isinstance(kind, type) and issubclass(kind, nn.Module)):
+                raise ConfigError(
+                    f"exclude_module_types: {kind!r} is not allowed; allowed: nn.Module subclasses such as "
+                    "torch.nn.Hardswish"
+                )
         self.exclude_modules = tuple(exclude_modules)
         self.exclude_module_types = tuple(exclude_module_types)
+        self._excluded_types = self.exclude_module_types  # with the model's subclasses of them (prepare)
         self.regions = None if regions is None else tuple(regions)
         self.dynamic_batch = dynamic_batch
         self.share_concat_scales = share_concat_scales
@@ -142,6 +164,9 @@ class ModelQuantizer:
         ``fold_batch_norms`` (default: PTQ only) folds batch norm into the convolutions."""
         args = as_args(example_inputs)
         self._check_exclusions(model)
+        # A subclass of an excluded type is that type: graph nodes name each module's own class.
+        wanted = self.exclude_module_types
+        self._excluded_types = tuple({*wanted, *(type(m) for m in model.modules() if wanted and isinstance(m, wanted))})
         if self.regions is None:
             gm = capture(model, args, dynamic_batch=self.dynamic_batch)
             return self._instrument(gm, mode, float_pass, fold_batch_norms)
@@ -204,7 +229,7 @@ class ModelQuantizer:
             self.config,
             mode=mode,
             exclude_modules=self.exclude_modules,
-            exclude_module_types=self.exclude_module_types,
+            exclude_module_types=self._excluded_types,
             share_concat_scales=self.share_concat_scales,
             float_pass=float_pass,
             fold_batch_norms=fold_batch_norms,
@@ -225,23 +250,29 @@ class ModelQuantizer:
         """Post-training quantization: capture, plan, calibrate on ``calib_loader`` (tensors
         or ``(tensor, label)`` batches; a list works). Returns the fake-quantized model in
         eval mode; ``model`` is not modified."""
+        check_num_batches(num_batches)
         if not self.config.algorithms:
             prepared = self.prepare(model, example_inputs, mode="ptq")
             calibrate(prepared, calib_loader, self.signature(example_inputs), num_batches=num_batches, quiet=self.quiet)
             return prepared.eval()
-        # The algorithms read the calibration set several times: it is held (on the model's device).
+        # The algorithms read the calibration set several times: it is held (on the model's
+        # device), and under torch.distributed they read every rank's (the same model on all).
         held = self._hold(calib_loader, model, example_inputs, num_batches)
-        prepared = self.prepare(model, example_inputs, mode="ptq", float_pass=pre_pass(self.config, held))
-        calibrate(prepared, held, self.signature(example_inputs), quiet=self.quiet)
+        union = gathered_batches(held)
+        prepared = self.prepare(model, example_inputs, mode="ptq", float_pass=pre_pass(self.config, union))
+        calibrate(prepared, held, self.signature(example_inputs), quiet=self.quiet)  # observers merge across ranks
         assert isinstance(prepared, torch.fx.GraphModule)
-        run_post_passes(prepared, self.config, held, quiet=self.quiet)
+        run_post_passes(prepared, self.config, union, quiet=self.quiet)
         return prepared.eval()
 
     def _hold(self, loader: Iterable[Any], model: nn.Module, example_inputs: Any, num_batches: int | None) -> list[Any]:
         """The loader's first ``num_batches`` checked batches, on the model's device, as a list
         (for passes that read the calibration set more than once)."""
         signature = self.signature(example_inputs)
-        return list(itertools.islice(batches(loader, signature, model_device(model)), num_batches))
+        held = list(itertools.islice(batches(loader, signature, model_device(model)), num_batches))
+        if not held:
+            raise DataError("calibration: the data loader yielded no batches")
+        return held
 
     def calibrate(
         self, prepared: nn.Module, calib_loader: Iterable[Any], example_inputs: Any, *, num_batches: int | None = None

@@ -38,7 +38,7 @@ from torch.fx import GraphModule
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from quant_algos.progress import first_taken
-from quant_core.errors import DataError
+from quant_core.errors import ConfigError, DataError
 from quant_core.observers import make_observer
 from quant_core.plan import (
     WeightCache,
@@ -100,6 +100,15 @@ def evaluating(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
+def check_num_batches(num_batches: Any) -> None:
+    """``num_batches`` is ``None`` (all) or an integer >= 1 (0 or -1 calibrated on one
+    batch, or, with algorithms, on none)."""
+    if num_batches is not None and (
+        isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1
+    ):
+        raise ConfigError(f"num_batches: {num_batches!r} is out of range; allowed: null or an integer >= 1")
+
+
 def run_batches(
     model: nn.Module,
     loader: Iterable[Any],
@@ -110,6 +119,7 @@ def run_batches(
     quiet: bool = False,
 ) -> int:
     """Run ``model`` (eval mode, no grad) over the loader's checked batches; returns how many ran."""
+    check_num_batches(num_batches)
     warn_if_openmp_spins()
     total = loader_length(loader)
     if num_batches is not None:

@@ -19,7 +19,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from quant_core.observers import Observer, make_observer
@@ -32,6 +34,25 @@ def distributed_world() -> tuple[int, int] | None:
         return None
     size = dist.get_world_size()
     return (dist.get_rank(), size) if size > 1 else None
+
+
+def gathered_batches(held: list[Any]) -> list[Any]:
+    """Every rank's held calibration batches, in rank order, on every rank (``held`` itself
+    outside a process group). The data-driven algorithms (activation equalization, bias
+    correction, CLE's absorption, AdaRound...) measure what they read: on each rank's own
+    shard every rank would equalize and correct differently and end with another model."""
+    if distributed_world() is None:
+        return held
+    device_of = [[t.device if isinstance(t, torch.Tensor) else None for t in batch] for batch in held]
+    local = [tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in batch) for batch in held]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, local)
+    device = next((d for devices in device_of for d in devices if d is not None), None)
+    return [
+        tuple(t.to(device) if isinstance(t, torch.Tensor) and device is not None else t for t in batch)
+        for part in everyone
+        for batch in part
+    ]
 
 
 def merge_observers(quantizers: Sequence[FakeQuantizer]) -> None:

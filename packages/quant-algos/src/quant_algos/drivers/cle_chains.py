@@ -215,8 +215,8 @@ def _follow(
         kind = activation_kind(node, graph.constant)
         if kind == "relu6" and _may_replace(node, replace_relu6):
             relu6.append(node.name)
-        elif kind == "relu" or node.op_type in _CHANNEL_WISE:
-            pass
+        elif kind == "relu" or (node.op_type in _CHANNEL_WISE and ref.family == "conv"):
+            pass  # a pool mixes the trailing axes: a dense layer's channels (the last axis) among them
         elif node.op_type in HOMOGENEOUS_ACTIVATIONS:
             absorbable = False
         elif node.op_type == "Pad" and ref.family == "conv" and _zero_pad(node, graph):

@@ -37,14 +37,15 @@ def fold_into_producer(
             return None
         if crossed and index.sole_consumer(node.output[0]) is None:
             return None
-        if crossed_by_channel_scales(plan_node(node), index.constant):
+        pooling = node.op_type in ("MaxPool", "AveragePool")  # mixes the last axis: a dense layer's channels
+        if crossed_by_channel_scales(plan_node(node), index.constant) and not (pooling and family != "conv"):
             current, crossed = node.input[0], True
             continue
         break
     # The layer's weights and readers as ``index`` (current) holds them; no element types
     # are needed, so no shape inference.
     ref = layer_ref(plan_node(node), plan_graph(model, index), lambda name: index.initializer_proto(name) is not None)
-    if ref is not None and ref.family == family:
+    if ref is not None and ref.family == family and ref.layer.out_channels == mult.size:
         scaled = scale_outputs(ref.layer, 1.0 / mult)
         set_initializer(model.graph, ref.weight_name, np.ascontiguousarray(ref.stored_weight(scaled.weight)))
         if ref.bias_name is not None and scaled.bias is not None:

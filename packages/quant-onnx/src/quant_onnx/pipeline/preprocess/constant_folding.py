@@ -9,6 +9,7 @@ Shape/Size of dims that shape inference resolved, even with a dynamic batch dim)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -65,6 +66,15 @@ def fold_constants_inplace(model: onnx.ModelProto, *, max_iterations: int = 8) -
     return total
 
 
+def _may_train(node: onnx.NodeProto, value: Callable[[str], np.ndarray | None]) -> bool:
+    """Whether a Dropout's ``training_mode`` input (opset 12) is given and not a constant
+    false: its output is then random."""
+    if len(node.input) < 3 or not node.input[2]:
+        return False
+    mode = value(node.input[2])
+    return mode is None or bool(np.asarray(mode).reshape(-1)[0])
+
+
 def _fold_once(model: onnx.ModelProto, opset: int) -> int:
     graph = model.graph
     index = GraphIndex(graph)
@@ -84,6 +94,8 @@ def _fold_once(model: onnx.ModelProto, opset: int) -> int:
     for node in index.topological_order():
         if not is_default_domain(node) or node.op_type in NEVER_FOLD or subgraph_inputs(node):
             continue
+        if node.op_type == "Dropout" and _may_train(node, value):
+            continue  # a random mask, not a constant
         if any(index.is_graph_output(o) for o in node.output if o):
             continue
         outputs: list[np.ndarray] | None = None
