@@ -343,3 +343,13 @@ def test_an_excluded_type_covers_its_subclasses() -> None:
     from quant_torch_fx.prepare import graph_info
 
     assert not graph_info(quantized).plan.weights  # before: MyConv's weight was quantized
+
+
+def test_export_with_example_inputs_that_do_not_fit_is_one_line(tmp_path) -> None:
+    q = ModelQuantizer("a8w8", quiet=True)
+    quantized = q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), images(1))
+    with pytest.raises(ModelError) as caught:  # before: torch's nine-line RuntimeError
+        q.export_onnx(quantized, torch.randn(1, 5, 8, 8), tmp_path / "m.onnx")
+    message = str(caught.value)
+    assert "example_inputs ([1, 5, 8, 8])" in message and "\n" not in message
+    assert not (tmp_path / "m.onnx").exists()

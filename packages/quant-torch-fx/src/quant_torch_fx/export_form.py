@@ -262,7 +262,12 @@ def aten_graph(model: nn.Module, args: tuple[Any, ...], *, dynamic_batch: bool) 
             )
             return aten_graph(model, args, dynamic_batch=False)
         if not _data_dependent(exc):
-            raise
+            # torch's message runs to many lines (a graph dump, a stack): one line, naming
+            # the example inputs the model was traced on, which are the usual cause.
+            construct, location = describe_failure(exc)
+            given = ", ".join(str(list(a.shape)) for a in args if isinstance(a, torch.Tensor))
+            where = f" at {location}" if location else ""
+            raise ModelError(f"export: the model does not run on example_inputs ({given}): {construct}{where}") from exc
         program = _draft_export(model, capture_args, shapes, exc)
     gm = program.module(check_guards=False)
     assert isinstance(gm, GraphModule)
