@@ -30,6 +30,7 @@ import numpy as np
 from quant_algos.layer import Layer
 from quant_core.errors import ModelError
 from quant_core.plan import (
+    CHANNEL_WISE_POOLS,
     HOMOGENEOUS_ACTIVATIONS,
     GraphView,
     PlanNode,
@@ -39,9 +40,7 @@ from quant_core.plan import (
     weight_is_transposed,
 )
 
-# Ops between two layers that commute with a positive per-channel scale.
-_CHANNEL_WISE = ("MaxPool", "AveragePool")
-# ... and those across which a constant can also be moved (high-bias absorption):
+# Ops across which high-bias absorption can move a constant:
 # relu(x - c) + c == relu(x) for x >= c; max pool commutes with a constant shift, and an
 # average pool does where it reads no padding (:func:`_adds_zeros`).
 _ABSORBABLE = ("Relu", "MaxPool", "AveragePool")
@@ -215,8 +214,8 @@ def _follow(
         kind = activation_kind(node, graph.constant)
         if kind == "relu6" and _may_replace(node, replace_relu6):
             relu6.append(node.name)
-        elif kind == "relu" or (node.op_type in _CHANNEL_WISE and ref.family == "conv"):
-            pass  # a pool mixes the trailing axes: a dense layer's channels (the last axis) among them
+        elif kind == "relu" or (node.op_type in CHANNEL_WISE_POOLS and ref.family == "conv"):
+            pass
         elif node.op_type in HOMOGENEOUS_ACTIVATIONS:
             absorbable = False
         elif node.op_type == "Pad" and ref.family == "conv" and _zero_pad(node, graph):

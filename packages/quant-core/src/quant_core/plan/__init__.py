@@ -41,6 +41,7 @@ from quant_core.plan.calibrated import (
 )
 from quant_core.plan.graph import ConstantLookup, GraphView, PlanGraph, PlanNode, scalar_constant, sole_reader
 from quant_core.plan.ops import (
+    CHANNEL_WISE_POOLS,
     FUSABLE_PRODUCERS,
     HOMOGENEOUS_ACTIVATIONS,
     POLICIES,
@@ -72,6 +73,7 @@ from quant_core.plan.planner import (
 from quant_core.plan.selectors import check_selectors, unmatched_selectors
 
 __all__ = [
+    "CHANNEL_WISE_POOLS",
     "FUSABLE_PRODUCERS",
     "HOMOGENEOUS_ACTIVATIONS",
     "POLICIES",

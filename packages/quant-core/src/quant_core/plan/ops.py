@@ -127,6 +127,10 @@ FUSABLE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
 HOMOGENEOUS_ACTIVATIONS = ("Relu", "LeakyRelu", "PRelu")
 """Activations f with f(x / s) == f(x) / s for every s > 0: per-channel scaling crosses them."""
 
+CHANNEL_WISE_POOLS = ("MaxPool", "AveragePool")
+"""Pools a positive per-channel scale on axis 1 crosses: they mix the trailing spatial axes
+only. A dense layer's channels are the last axis, which they mix: its scales do not cross."""
+
 _OWN_RANGE = OpPolicy(OpKind.GENERAL, (0,), integer_kernel=False)
 
 
@@ -254,21 +258,27 @@ def activation_kind(node: PlanNode, constant: ConstantLookup) -> str | None:
     return None
 
 
-def crossed_by_channel_scales(node: PlanNode, constant: ConstantLookup) -> bool:
+def crossed_by_channel_scales(node: PlanNode, constant: ConstantLookup, *, channels_last: bool = False) -> bool:
     """Whether a positive per-channel scale of ``node``'s first input comes out unchanged at
-    its output (Relu, LeakyRelu, Clip(0, inf), max and average pooling), so that it can
-    move from one side of the node to the other. PRelu, homogeneous too, is not crossed:
-    its per-channel slope is a second input, which the walks that move scales do not read.
+    its output (Relu, LeakyRelu, Clip(0, inf), and, for channels on axis 1, max and average
+    pooling: :data:`CHANNEL_WISE_POOLS`), so that it can move from one side of the node to
+    the other. ``channels_last``: the channels are the last axis (a dense layer's). PRelu,
+    homogeneous too, is not crossed: its per-channel slope is a second input, which the
+    walks that move scales do not read.
 
     Example:
         >>> crossed_by_channel_scales(PlanNode("p", "MaxPool", ("x",), ("y",)), lambda n: None)
         True
+        >>> crossed_by_channel_scales(PlanNode("p", "MaxPool", ("x",), ("y",)), lambda n: None, channels_last=True)
+        False
         >>> crossed_by_channel_scales(PlanNode("c", "Clip", ("x",), ("y",), {"min": 0.0, "max": 6.0}), lambda n: None)
         False
     """
     if not node.standard:
         return False
-    kept = (*(op for op in HOMOGENEOUS_ACTIVATIONS if op != "PRelu"), "MaxPool", "AveragePool")
+    if node.op_type in CHANNEL_WISE_POOLS:
+        return not channels_last
+    kept = tuple(op for op in HOMOGENEOUS_ACTIVATIONS if op != "PRelu")
     return node.op_type in kept or activation_kind(node, constant) == "relu"
 
 

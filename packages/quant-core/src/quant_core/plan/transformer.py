@@ -415,40 +415,37 @@ def mask_fill(graph: GraphView, tensor: str) -> float | None:
         >>> mask_fill(graph, "causal"), mask_fill(graph, "m"), mask_fill(graph, "bias")
         (-10000.0, -inf, None)
     """
-    for _ in range(8):
-        value = graph.constant(tensor)
-        if value is not None:
-            values = np.unique(np.asarray(value, np.float64))
-            fills = values[values != 0]
-            return float(fills[0]) if len(fills) == 1 and _is_fill(float(fills[0])) else None
-        producer = graph.producer(tensor)
-        if producer is None:
-            return None
-        if producer.op_type == "Where" and len(producer.inputs) == 3:
-            a, b = uniform_value(graph, producer.inputs[1]), uniform_value(graph, producer.inputs[2])
-            chosen = {a, b} - {0.0}
-            fill = chosen.pop() if len(chosen) == 1 and 0.0 in (a, b) else None
-            return fill if _is_fill(fill) else None
-        if producer.op_type not in _MASK_MOVEMENT:
-            return None
-        tensor = producer.input(0)
+    source = _mask_path(graph, tensor)[-1]
+    value = graph.constant(source)
+    if value is not None:
+        values = np.unique(np.asarray(value, np.float64))
+        fills = values[values != 0]
+        return float(fills[0]) if len(fills) == 1 and _is_fill(float(fills[0])) else None
+    producer = graph.producer(source)
+    if producer is not None and producer.op_type == "Where" and len(producer.inputs) == 3:
+        a, b = uniform_value(graph, producer.inputs[1]), uniform_value(graph, producer.inputs[2])
+        chosen = {a, b} - {0.0}
+        fill = chosen.pop() if len(chosen) == 1 and 0.0 in (a, b) else None
+        return fill if _is_fill(fill) else None
     return None
+
+
+def _mask_path(graph: GraphView, tensor: str) -> list[str]:
+    """``tensor`` and the tensors it was moved from (data movement only, eight tensors at
+    most), back to a constant or to the tensor something else makes."""
+    path = [tensor]
+    for _ in range(7):
+        producer = graph.producer(path[-1])
+        if graph.constant(path[-1]) is not None or producer is None or producer.op_type not in _MASK_MOVEMENT:
+            break
+        path.append(producer.input(0))
+    return path
 
 
 def _mask_tensors(graph: GraphView, mask: str) -> set[str]:
     """``mask`` (a :func:`mask_fill` mask) and what it is computed from: the tensors back
     through data movement to where it is made (a ``Where``'s output) or read (a constant)."""
-    found = {mask} - {""}
-    tensor = mask
-    for _ in range(8):
-        if not tensor or graph.constant(tensor) is not None:
-            break
-        found.add(tensor)
-        producer = graph.producer(tensor)
-        if producer is None or producer.op_type not in _MASK_MOVEMENT:
-            break
-        tensor = producer.input(0)
-    return found
+    return ({mask} | {t for t in _mask_path(graph, mask) if graph.constant(t) is None}) - {""}
 
 
 def _masked_scores(graph: GraphView, softmax: PlanNode, scores: set[str]) -> MaskedScores | None:

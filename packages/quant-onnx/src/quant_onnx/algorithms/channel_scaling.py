@@ -37,8 +37,7 @@ def fold_into_producer(
             return None
         if crossed and index.sole_consumer(node.output[0]) is None:
             return None
-        pooling = node.op_type in ("MaxPool", "AveragePool")  # mixes the last axis: a dense layer's channels
-        if crossed_by_channel_scales(plan_node(node), index.constant) and not (pooling and family != "conv"):
+        if crossed_by_channel_scales(plan_node(node), index.constant, channels_last=family != "conv"):
             current, crossed = node.input[0], True
             continue
         break
