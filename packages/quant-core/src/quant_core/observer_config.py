@@ -33,16 +33,21 @@ def _check(cond: bool, field: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{field}: {value!r} is out of range; allowed: {allowed}")
 
 
+def _number(value: Any) -> bool:
+    """A Python ``int`` or ``float``, not a ``bool``."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def is_finite_number(value: Any) -> bool:
     """A finite Python ``int`` or ``float``, not a ``bool`` (what a config file can hold:
     a string, a numpy scalar or an infinity would be accepted here and fail when saved)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return _number(value) and math.isfinite(value)
 
 
 def _float_if_number(value: Any) -> Any:
     """``float(value)`` for an ``int`` or ``float``; anything else as it is, for the check to
     refuse (``float()`` would turn a string or a bool into a number)."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    return float(value) if _number(value) else value
 
 
 def _integer(value: Any) -> bool:

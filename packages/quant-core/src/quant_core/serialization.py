@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import attrs
+import numpy as np
 
 from quant_core.atomic_io import atomic_write
 from quant_core.errors import ConfigError
@@ -358,7 +359,7 @@ def _finite(value: Any) -> Any:
         return {key: _finite(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
-    if hasattr(value, "item") and not isinstance(value, list | tuple | dict | str):  # a numpy scalar
+    if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)

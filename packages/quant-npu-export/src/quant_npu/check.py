@@ -30,7 +30,14 @@ import numpy as np
 import onnx
 
 from quant_core.conversions import RULES
-from quant_core.onnx_qdq.graph import float_attribute, int_attribute, int_list, node_attribute, node_label
+from quant_core.onnx_qdq.graph import (
+    float_attribute,
+    int_attribute,
+    int_list,
+    node_attribute,
+    node_label,
+    str_attribute,
+)
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.approximations import is_device_hard_sigmoid, leaky_relu_alpha
 from quant_npu.conversions import applicable_matches, conv_transpose_issues
@@ -181,8 +188,7 @@ class _Checker:
         if op == "AveragePool":
             self.check_average_divisor(step)
         if op == "Resize":
-            mode = node_attribute(step.node, "mode", b"nearest")
-            text = mode.decode() if isinstance(mode, bytes) else str(mode)
+            text = str_attribute(step.node, "mode", "nearest")
             if text not in self.profile.resize_modes:
                 allowed = ", ".join(sorted(self.profile.resize_modes))
                 self.step_add(step, "unsupported_attribute", f"Resize mode {text!r}; allowed: {allowed}", False)
@@ -300,8 +306,7 @@ class _Checker:
         (``count_include_pad=0``, the default) and a window past the end that ``ceil_mode``
         adds by its part inside: neither is the device's average."""
         node = step.node
-        auto_pad = node_attribute(node, "auto_pad", b"NOTSET")
-        implicit = (auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)) in ("SAME_UPPER", "SAME_LOWER")
+        implicit = str_attribute(node, "auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER")
         padded = implicit or any(int_list(node, "pads") or [])
         if padded and not int_attribute(node, "count_include_pad", 0):
             self.step_add(

@@ -46,7 +46,7 @@ import onnx
 from quant_core.conversions import RULES, Match, conv_weight
 from quant_core.errors import MissingDependencyError
 from quant_core.onnx_qdq.conversions import Converted, OnnxConversions
-from quant_core.onnx_qdq.graph import Dim, plan_node
+from quant_core.onnx_qdq.graph import Dim, plan_node, str_attribute
 from quant_core.onnx_qdq.reader import DEQUANTIZE, QUANTIZE, QDQGraph
 from quant_core.plan.conversions import find_matches
 from quant_core.plan.graph import PlanNode
@@ -212,8 +212,7 @@ def conv_transpose_issues(node: onnx.NodeProto, weight_shape: Sequence[int], pro
     dilations = [int(d) for d in attributes.get("dilations", [1] * len(kernel))]
     pads = [int(p) for p in attributes.get("pads", [0] * 2 * len(kernel))]
     extra = [int(p) for p in attributes.get("output_padding", [0] * len(kernel))]
-    auto_pad = attributes.get("auto_pad", b"NOTSET")
-    if (auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)) != "NOTSET":
+    if str_attribute(node, "auto_pad", "NOTSET") != "NOTSET":
         return ["auto_pad; allowed: explicit pads"]
     if "output_shape" in attributes:  # ONNX then derives the pads and ignores ``pads``
         return ["output_shape; allowed: explicit pads"]

@@ -160,7 +160,7 @@ class CalibrationReader:
             _LOG.info("model fixes batch size %d; using it instead of batch_size=%d", self.fixed_batch, batch_size)
         self.batch_size = self.fixed_batch or batch_size
         self.num_samples = num_samples
-        if image_options is not None and not (isinstance(data, str | os.PathLike) and Path(data).is_dir()):
+        if image_options is not None and for_image_folder(data, image_options) is None:
             raise ConfigError(
                 "image options (resize, mean, std, layout): they apply to an image folder only; "
                 f"the data given is {_data_kind(data)}: drop them, or give the folder"
@@ -256,6 +256,11 @@ def _float_max(dtype: np.dtype) -> float | None:
         return float(np.finfo(dtype).max)
     except (ValueError, TypeError):
         return None
+
+
+def num_rows(batch: Mapping[str, np.ndarray]) -> int:
+    """Samples in a batch of feeds (their first axis)."""
+    return int(np.shape(next(iter(batch.values())))[0]) if batch else 0
 
 
 def for_image_folder(data: Any, options: ImageOptions | None) -> ImageOptions | None:

@@ -141,7 +141,6 @@ class ModelQuantizer:
                 )
         self.exclude_modules = tuple(exclude_modules)
         self.exclude_module_types = tuple(exclude_module_types)
-        self._excluded_types = self.exclude_module_types  # with the model's subclasses of them (prepare)
         self.regions = None if regions is None else tuple(regions)
         self.dynamic_batch = dynamic_batch
         self.share_concat_scales = share_concat_scales
@@ -164,12 +163,10 @@ class ModelQuantizer:
         ``fold_batch_norms`` (default: PTQ only) folds batch norm into the convolutions."""
         args = as_args(example_inputs)
         self._check_exclusions(model)
-        # A subclass of an excluded type is that type: graph nodes name each module's own class.
-        wanted = self.exclude_module_types
-        self._excluded_types = tuple({*wanted, *(type(m) for m in model.modules() if wanted and isinstance(m, wanted))})
+        excluded = self._excluded_types(model)
         if self.regions is None:
             gm = capture(model, args, dynamic_batch=self.dynamic_batch)
-            return self._instrument(gm, mode, float_pass, fold_batch_norms)
+            return self._instrument(gm, mode, excluded, float_pass, fold_batch_norms)
         root = copy.deepcopy(model).eval()
         recorded = record_inputs(root, args)
         names = sorted(self.regions)
@@ -184,7 +181,9 @@ class ModelQuantizer:
             if name not in recorded:
                 raise ConfigError(f"regions: {name!r} is not called when the model runs on the example inputs")
             gm = capture(sub, recorded[name], dynamic_batch=self.dynamic_batch)
-            root.set_submodule(name, self._instrument(gm, mode, None, fold_batch_norms, check_selectors=False))
+            root.set_submodule(
+                name, self._instrument(gm, mode, excluded, None, fold_batch_norms, check_selectors=False)
+            )
         plans = [graph_info(gm).plan for gm in quantized_graphs(root)]
         check_selectors(
             self.config,
@@ -215,10 +214,18 @@ class ModelQuantizer:
                     f"allowed: globs over its module paths ({shown})"
                 )
 
+    def _excluded_types(self, model: nn.Module) -> tuple[type, ...]:
+        """``exclude_module_types`` with the model's own subclasses of them: graph nodes name
+        each module's own class, and a subclass of an excluded type is that type."""
+        wanted = self.exclude_module_types
+        found = {type(m) for m in model.modules() if wanted and isinstance(m, wanted)} - set(wanted)
+        return (*wanted, *sorted(found, key=lambda t: f"{t.__module__}.{t.__qualname__}"))
+
     def _instrument(
         self,
         gm: torch.fx.GraphModule,
         mode: str,
+        excluded_types: tuple[type, ...],
         float_pass: Callable[[torch.fx.GraphModule], dict[str, Any]] | None = None,
         fold_batch_norms: bool | None = None,
         *,
@@ -229,7 +236,7 @@ class ModelQuantizer:
             self.config,
             mode=mode,
             exclude_modules=self.exclude_modules,
-            exclude_module_types=self._excluded_types,
+            exclude_module_types=excluded_types,
             share_concat_scales=self.share_concat_scales,
             float_pass=float_pass,
             fold_batch_norms=fold_batch_norms,
@@ -319,11 +326,12 @@ class ModelQuantizer:
         post = [a.kind for a in schedule(config, SUPPORTED, backend="torch").after_calibration]
         require_data(post, calib_loader)
         float_pass = None
-        held = None
+        union = None
         if config.algorithms:
             if calib_loader is not None:  # read several times: by CLE's checks, the calibration, the passes
-                held = calib_loader = self._hold(calib_loader, model, example_inputs, num_batches)
-            float_pass = pre_pass(config, held)
+                calib_loader = self._hold(calib_loader, model, example_inputs, num_batches)
+                union = gathered_batches(calib_loader)  # as quantize_model: every rank's, for the algorithms
+            float_pass = pre_pass(config, union)
         prepared = self.prepare(
             model, example_inputs, mode="qat", float_pass=float_pass, fold_batch_norms=fold_batch_norm
         )
@@ -337,8 +345,8 @@ class ModelQuantizer:
         elif self.qat_method == "ste":
             raise ConfigError("prepare_qat: qat_method 'ste' keeps calibrated qparams; pass calib_loader")
         if post:
-            assert isinstance(prepared, torch.fx.GraphModule) and held is not None
-            run_post_passes(prepared.eval(), config, held, quiet=self.quiet)
+            assert isinstance(prepared, torch.fx.GraphModule) and union is not None
+            run_post_passes(prepared.eval(), config, union, quiet=self.quiet)
             # Training goes on from the learned codes, and freezing keeps the qparams QAT learns.
             graph_info(prepared).fixed_weights.clear()
         return prepared.train()

@@ -69,6 +69,17 @@ def float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
     return float(value) if isinstance(value, int | float) else default
 
 
+def str_attribute(node: onnx.NodeProto, name: str, default: str) -> str:
+    """A string attribute (``mode``, ``auto_pad``...) decoded, or ``default``.
+
+    Example:
+        >>> str_attribute(onnx.helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER"), "auto_pad", "NOTSET")
+        'SAME_UPPER'
+    """
+    value = node_attribute(node, name, default)
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def int_list(node: onnx.NodeProto, name: str, default: list[int] | None = None) -> list[int]:
     """An integer-list attribute (``kernel_shape``, ``strides``...), or ``default`` (empty)."""
     value = node_attribute(node, name, None)

@@ -36,14 +36,10 @@ from onnx import helper
 from quant_algos.drivers.live_store import LIVE_MEMORY_BYTES, LiveStore
 from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.onnx_qdq.graph import GraphIndex, node_inputs
+from quant_onnx.data import num_rows
 from quant_onnx.pipeline.calibrate import inference_session
 
 Feeds = Mapping[str, np.ndarray]
-
-
-def num_rows(batch: Feeds) -> int:
-    """Samples in a batch of feeds (their first axis)."""
-    return int(next(iter(batch.values())).shape[0]) if batch else 0
 
 
 def prepare_batches(batches: Iterable[Feeds], num_samples: int | None = None) -> list[dict[str, np.ndarray]]:

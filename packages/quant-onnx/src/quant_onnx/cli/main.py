@@ -117,12 +117,9 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
         chosen.append(own_or(ActivationEqualizationConfig()))
     if args.smoothquant is not None:
         chosen.append(SmoothQuantConfig(alpha=args.smoothquant))
-    given_mp = [
-        flag for flag in ("mp_target_sqnr", "mp_size_budget", "mp_max_layers") if getattr(args, flag) is not None
-    ]
+    given_mp = _given(args, "mp_target_sqnr", "mp_size_budget", "mp_max_layers")
     if given_mp and not args.mixed_precision:
-        flags = ", ".join("--" + flag.replace("_", "-") for flag in given_mp)
-        raise ConfigError(f"{flags}: set mixed precision's stopping rules; allowed with --mixed-precision")
+        raise ConfigError(f"{given_mp}: set mixed precision's stopping rules; allowed with --mixed-precision")
     if args.mixed_precision:
         chosen.append(
             MixedPrecisionConfig(
@@ -272,12 +269,22 @@ def _image_options(args: argparse.Namespace) -> Any:
     return ImageOptions(**given)
 
 
+def _flag(name: str) -> str:
+    """The command-line flag of an argparse destination (``num_calib`` -> ``--num-calib``)."""
+    return "--" + name.replace("_", "-")
+
+
+def _given(args: argparse.Namespace, *names: str) -> str:
+    """The flags among ``names`` the command line set, as they are typed (empty: none)."""
+    return ", ".join(_flag(name) for name in names if getattr(args, name) is not None)
+
+
 def _check_counts(args: argparse.Namespace, *names: str) -> None:
     """Sample counts and batch sizes given on the command line are positive."""
     for name in names:
         value = getattr(args, name)
         if value is not None and value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')}: {value} is out of range; allowed: an integer > 0")
+            raise ConfigError(f"{_flag(name)}: {value} is out of range; allowed: an integer > 0")
 
 
 def _quantize(args: argparse.Namespace) -> int:
@@ -300,10 +307,9 @@ def _quantize(args: argparse.Namespace) -> int:
 
         if args.report:  # its ranges and per-layer SQNR come from calibration, which this skips
             raise ConfigError("--report: not written with --dynamic (nothing is calibrated); drop one of them")
-        calibration = [flag for flag in ("calib_data", "num_calib", "calib_method") if getattr(args, flag) is not None]
+        calibration = _given(args, "calib_data", "num_calib", "calib_method")
         if calibration:
-            flags = ", ".join("--" + flag.replace("_", "-") for flag in calibration)
-            raise ConfigError(f"{flags}: not read with --dynamic (nothing is calibrated); drop one of them")
+            raise ConfigError(f"{calibration}: not read with --dynamic (nothing is calibrated); drop one of them")
 
         model = quantize_dynamic(args.model, args.output, config)
         if not args.quiet:

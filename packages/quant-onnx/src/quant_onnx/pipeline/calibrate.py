@@ -62,7 +62,7 @@ from quant_core.plan import (
     observer_specs,
 )
 from quant_core.qparams import QParams
-from quant_onnx.data import model_inputs
+from quant_onnx.data import model_inputs, num_rows
 from quant_onnx.ort_session import CheckedSession, inference_session
 
 _LOG = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class FirstSamples:
         """``batches``, cut at the limit; ``inside`` describes the batch last yielded (a pass
         observes each batch before it asks for the next)."""
         for batch in batches:
-            rows = int(np.shape(next(iter(batch.values())))[0]) if batch else 0
+            rows = num_rows(batch)
             if 0 < self.left < rows:
                 head, self.left = self.left, 0
                 self.inside = True

@@ -313,6 +313,10 @@ def search(
     source = load_model(model)
     chosen_metric = resolve_metric(metric)
     calibration = CalibrationConfig(num_samples=num_samples, batch_size=batch_size or CalibrationConfig().batch_size)
+    # The image options serve whichever data is an image folder; with neither a folder, the
+    # calibration reader refuses them.
+    eval_options = for_image_folder(eval_data, image_options)
+    calib_options = image_options if eval_options is None else for_image_folder(calibration_data, image_options)
     evaluation = load_evaluation_data(
         source,
         eval_data,
@@ -321,7 +325,7 @@ def search(
         seed=seed,
         batch_size=eval_batch_size,
         num_samples=eval_samples,
-        image_options=for_image_folder(eval_data, image_options),
+        image_options=eval_options,
     )
     goal, reference_seconds = float_goal(
         onnxruntime_runner(source), evaluation, chosen_metric, acceptance, [o.name for o in source.graph.output]
@@ -332,10 +336,7 @@ def search(
             calibration_data,
             batch_size=calibration.batch_size,
             num_samples=calibration.num_samples,
-            # the options serve whichever data is an image folder; neither: refused here
-            image_options=image_options
-            if for_image_folder(eval_data, image_options) is None
-            else for_image_folder(calibration_data, image_options),
+            image_options=calib_options,
         )
     )
     backend = _OnnxBackend(_Shared(source, feeds, quiet), where)
