@@ -359,6 +359,8 @@ def onnx_model(model_name: str) -> Path:
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
+    from quant_core.observers import native  # rows record how histograms were counted (QUANT_CORE_NATIVE)
+
     if args.threads:
         torch.set_num_threads(args.threads)
     rows: list[dict[str, Any]] = []
@@ -399,6 +401,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             row = {"condition": condition, "path": path, "model": model_name, "reference_s": ref_s, "path_s": work_s}
             row["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default")
             row["allocator"] = os.environ.get(ALLOCATOR_KEY, "default")
+            row["counting"] = "native" if native.native_counter() is not None else "numpy"
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.out:

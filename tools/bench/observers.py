@@ -133,7 +133,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.size, args.repeat, args.batches, args.batch_size = 200_000, 2, 20, 10_000
 
-    print(f"numpy {np.__version__}, Python {sys.version.split()[0]}, {args.bins} bins\n")
+    from quant_core.observers import native
+
+    native.native_counter()  # decide (and build) before timing; QUANT_CORE_NATIVE=0 for numpy's passes
+    print(f"numpy {np.__version__}, Python {sys.version.split()[0]}, {args.bins} bins; {native.status()}\n")
     print(f"Update throughput, {args.size / 1e6:g}M float32 elements per array (best of {args.repeat}):\n")
     headers = ["array", "binning", "numpy.histogram ms", "observer.update ms", "observer Gelem/s", "speed-up"]
     print(markdown_table(headers, throughput(args.size, args.bins, args.repeat)))

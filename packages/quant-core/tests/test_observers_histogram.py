@@ -14,6 +14,9 @@ from quant_core.observers.binning import bin_counts
 from quant_core.observers.grid import rebin
 from quant_core.spec import QuantSpec
 
+# Every test here runs with the native count and with numpy's (conftest.each_counting_path).
+pytestmark = pytest.mark.usefixtures("each_counting_path")
+
 BINS = 64
 finite32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
 # Mostly moderate values, with the full float32 range (subnormals, huge) mixed in.

@@ -3,6 +3,9 @@ numpy path gives for the same data, for every observer kind."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +14,7 @@ from hypothesis import strategies as st
 
 from quant_core.errors import DataError
 from quant_core.observer_config import MSE, Entropy, MinMax, MovingAverageMinMax, Percentile, PowerOfTwoMSE
-from quant_core.observers import HistogramObserver, MinMaxObserver, make_observer
+from quant_core.observers import HistogramObserver, MinMaxObserver, make_observer, native
 from quant_core.observers.binning import bin_counts
 from quant_core.spec import QuantSpec
 from quant_torch_fx import observe as observe_module
@@ -35,13 +38,31 @@ def _batches(seed: int) -> list[np.ndarray]:
     return [(rng.standard_normal((4, 6, 5, 5)) * s).astype(np.float32) for s in scales]
 
 
+@contextmanager
+def counting(path: str) -> Iterator[None]:
+    """Histograms counted by quant_core's native kernel (``"native"``, skipped where it cannot
+    be built) or without it (``"numpy"``: numpy's passes in quant_core, torch's here)."""
+    with native.switched(path == "native") as counter:
+        if path == "native" and counter is None:
+            pytest.skip(native.status())
+        yield
+
+
+@pytest.mark.parametrize("path", ["native", "numpy"])
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_torch_feeding_equals_numpy_feeding(name: str) -> None:
+def test_torch_feeding_equals_numpy_feeding(name: str, path: str) -> None:
+    """Against quant_core's numpy passes: torch's counting, or the native kernel reading the
+    tensor's memory (contiguous and channels-last tensors)."""
     spec = SPECS[name]
     reference, fed = make_observer(spec), make_observer(spec)
-    for batch in _batches(0):
-        reference.update(batch)
-        observe(fed, torch.from_numpy(batch))
+    batches = _batches(0)
+    with counting("numpy"):
+        for batch in batches:
+            reference.update(batch)
+    with counting(path):
+        for i, batch in enumerate(batches):
+            tensor = torch.from_numpy(batch)
+            observe(fed, tensor.contiguous(memory_format=torch.channels_last) if i % 2 else tensor)
     state_ref, state_fed = reference.state_dict(), fed.state_dict()
     assert state_ref.keys() == state_fed.keys()
     for key in state_ref:

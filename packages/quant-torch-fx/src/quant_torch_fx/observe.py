@@ -3,10 +3,12 @@
 A batch is reduced where it lives: ``torch.aminmax`` (per tensor, or per channel after
 moving the channel axis first) for the min-max observers, and a histogram on the grid
 the observer picks (:meth:`HistogramObserver.update_counted`) for the histogram methods
-(percentile, entropy, MSE, power-of-two MinMSE), counted by ``torch.bincount``: on an
-accelerator the crowded bin of the zeros spread out first (:data:`DEVICE_COUNTING`), on
-the CPU consecutive values spread over interleaved copies of the counts
-(:data:`COUNT_LANES`), on one thread. The elementwise steps before the count run on
+(percentile, entropy, MSE, power-of-two MinMSE). On the CPU, where quant_core's native
+count could be built (:mod:`quant_core.observers.native`), the observer reads the tensor's
+own memory and takes its range and counts in one pass on one thread; otherwise the counts
+come from ``torch.bincount``: on an accelerator the crowded bin of the zeros spread out
+first (:data:`DEVICE_COUNTING`), on the CPU consecutive values spread over interleaved
+copies of the counts (:data:`COUNT_LANES`), on one thread, after elementwise steps on
 torch's threads, or on one while the machine is busy
 (:func:`quant_torch_fx.shared_cores.observer_threads`). Only the reduction (two
 numbers, one per channel, or ``bins`` counts) crosses to the host, and a min-max observer's
@@ -38,6 +40,7 @@ import torch
 from quant_core.errors import DataError
 from quant_core.observers import HistogramObserver, MinMaxObserver, Observer
 from quant_core.observers.grid import HistogramGrid
+from quant_core.observers.native import native_counter
 from quant_torch_fx.shared_cores import observer_threads
 
 
@@ -288,6 +291,9 @@ def _observe(observer: Observer, x: torch.Tensor) -> None:
     if data.numel() == 0:
         return
     if isinstance(observer, HistogramObserver):
+        if data.device.type == "cpu" and native_counter() is not None:
+            observer.update(data.numpy())  # one native pass: range and counts (quant_core)
+            return
         lo, hi = _finite_pair(*torch.aminmax(data))
         # The observer checks the range (finite) before it asks for the counts.
         observer.update_counted(lo, hi, lambda grid: _host_counts(data, grid))

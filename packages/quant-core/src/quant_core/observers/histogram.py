@@ -14,6 +14,7 @@ from quant_core.observers._input import as_float_array, check_finite_range, min_
 from quant_core.observers.base import Observer, StateDict
 from quant_core.observers.binning import bin_counts
 from quant_core.observers.grid import MIN_EXPONENT, HistogramGrid, rebin
+from quant_core.observers.native import native_counter
 from quant_core.observers.selection import select_range
 from quant_core.observers.snapshot import Histogram
 from quant_core.spec import QuantSpec
@@ -76,9 +77,21 @@ class HistogramObserver(Observer):
         a = as_float_array(x)
         if a.size == 0:
             return
-        lo, hi = min_max(a)
-        grid = self.grid_for(float(lo), float(hi))
-        self._commit(grid, bin_counts(a, grid), float(lo), float(hi))
+        counter = native_counter()
+        if counter is None:
+            lo, hi = min_max(a)
+            grid = self.grid_for(float(lo), float(hi))
+            self._commit(grid, bin_counts(a, grid), float(lo), float(hi))
+            return
+        # One native pass: the range, and the counts on the current grid, which the batch
+        # keeps when every value falls inside it (the common case after the first batches).
+        flat = np.ascontiguousarray(a).reshape(-1)
+        counts, lo_f, hi_f = counter.count(flat, self.grid)
+        check_finite_range(np.asarray(lo_f), np.asarray(hi_f))
+        grid = self._covering(lo_f, hi_f, MIN_EXPONENT)
+        if counts is None or grid != self.grid:
+            counts = bin_counts(flat, grid)
+        self._commit(grid, counts, lo_f, hi_f)
 
     def grid_for(self, min_val: float, max_val: float) -> HistogramGrid:
         """The grid that counts for data in ``[min_val, max_val]`` must use: the
