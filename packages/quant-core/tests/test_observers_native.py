@@ -75,6 +75,23 @@ def test_a_grid_that_misses_a_value_gives_no_counts_but_the_range(
         assert (lo, hi) == (float(x.min()), float(x.max()))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_extremes_anywhere_in_a_block_and_in_its_tail(counter: native.NativeCounter, dtype: type) -> None:
+    """Lengths around the vector width and the 2,048-value block, with the minimum, the
+    maximum or a NaN at the first, a middle and the last position."""
+    grid = HistogramGrid(exponent=0, offset=-4, bins=16)
+    for n in (1, 2, 3, 5, 7, 2047, 2048, 2049, 2051, 4099):
+        for at in sorted({0, n // 2, n - 1}):
+            x = np.zeros(n, dtype)
+            x[at], x[(at + 1) % n] = 5.0, -3.0 if n > 1 else 5.0
+            counts, lo, hi = counter.count(x, grid)
+            assert (lo, hi) == (float(x.min()), float(x.max())), (n, at)
+            assert counts is not None and counts.tolist() == numpy_bin_counts(x, grid).tolist()
+            x[at] = np.nan
+            counts, lo, hi = counter.count(x, grid)
+            assert counts is None and np.isnan(lo) and np.isnan(hi), (n, at)
+
+
 def test_non_finite_values_and_the_range_alone(counter: native.NativeCounter) -> None:
     grid = HistogramGrid(exponent=0, offset=-4, bins=8)
     counts, lo, hi = counter.count(np.float32([0.0, np.nan, 1.0]), grid)

@@ -77,52 +77,32 @@ static double scaled_floor(double v, double scale) {
  * drop the NaN test); min and max are exact in any grouping. Elsewhere a scalar loop. */
 #if defined(__SSE2__)
 #include <emmintrin.h>
-static extremes_t extremes_f32(const float *p, int m) {
-    __m128 lo = _mm_set1_ps(p[0]), hi = lo, nan = _mm_setzero_ps();
-    int k = 0;
-    for (; k + 4 <= m; k += 4) {
-        const __m128 v = _mm_loadu_ps(p + k);
-        nan = _mm_or_ps(nan, _mm_cmpunord_ps(v, v));
-        lo = _mm_min_ps(lo, v); /* a NaN keeps the running value: flagged above */
-        hi = _mm_max_ps(hi, v);
+/* VEC: the SSE2 vector of T; SUFFIX: the intrinsics' type suffix (ps, pd). */
+#define DEFINE_EXTREMES(NAME, T, VEC, SUFFIX)                                                 \
+    static extremes_t NAME(const T *p, int m) {                                               \
+        enum { WIDTH = sizeof(VEC) / sizeof(T) };                                             \
+        VEC lo = _mm_set1_##SUFFIX(p[0]), hi = lo, nan = _mm_setzero_##SUFFIX();              \
+        for (int k = 0; k < m;) {                                                             \
+            /* whole vectors, then the last values one at a time (in every lane) */            \
+            const int whole = k + WIDTH <= m;                                                 \
+            const VEC v = whole ? _mm_loadu_##SUFFIX(p + k) : _mm_set1_##SUFFIX(p[k]);        \
+            k += whole ? WIDTH : 1;                                                           \
+            nan = _mm_or_##SUFFIX(nan, _mm_cmpunord_##SUFFIX(v, v));                          \
+            lo = _mm_min_##SUFFIX(lo, v); /* a NaN keeps the running value: flagged above */  \
+            hi = _mm_max_##SUFFIX(hi, v);                                                     \
+        }                                                                                     \
+        T l[WIDTH], h[WIDTH];                                                                 \
+        _mm_storeu_##SUFFIX(l, lo);                                                           \
+        _mm_storeu_##SUFFIX(h, hi);                                                           \
+        extremes_t e = {l[0], h[0], _mm_movemask_##SUFFIX(nan) != 0};                         \
+        for (int j = 1; j < WIDTH; ++j) {                                                     \
+            e.lo = l[j] < e.lo ? l[j] : e.lo;                                                 \
+            e.hi = h[j] > e.hi ? h[j] : e.hi;                                                 \
+        }                                                                                     \
+        return e;                                                                             \
     }
-    for (; k < m; ++k) {
-        const __m128 v = _mm_set1_ps(p[k]);
-        nan = _mm_or_ps(nan, _mm_cmpunord_ps(v, v));
-        lo = _mm_min_ps(lo, v);
-        hi = _mm_max_ps(hi, v);
-    }
-    float l[4], h[4];
-    _mm_storeu_ps(l, lo);
-    _mm_storeu_ps(h, hi);
-    extremes_t e = {l[0], h[0], _mm_movemask_ps(nan) != 0};
-    for (int j = 1; j < 4; ++j) {
-        e.lo = l[j] < e.lo ? l[j] : e.lo;
-        e.hi = h[j] > e.hi ? h[j] : e.hi;
-    }
-    return e;
-}
-static extremes_t extremes_f64(const double *p, int m) {
-    __m128d lo = _mm_set1_pd(p[0]), hi = lo, nan = _mm_setzero_pd();
-    int k = 0;
-    for (; k + 2 <= m; k += 2) {
-        const __m128d v = _mm_loadu_pd(p + k);
-        nan = _mm_or_pd(nan, _mm_cmpunord_pd(v, v));
-        lo = _mm_min_pd(lo, v);
-        hi = _mm_max_pd(hi, v);
-    }
-    for (; k < m; ++k) {
-        const __m128d v = _mm_set1_pd(p[k]);
-        nan = _mm_or_pd(nan, _mm_cmpunord_pd(v, v));
-        lo = _mm_min_pd(lo, v);
-        hi = _mm_max_pd(hi, v);
-    }
-    double l[2], h[2];
-    _mm_storeu_pd(l, lo);
-    _mm_storeu_pd(h, hi);
-    extremes_t e = {l[1] < l[0] ? l[1] : l[0], h[1] > h[0] ? h[1] : h[0], _mm_movemask_pd(nan) != 0};
-    return e;
-}
+DEFINE_EXTREMES(extremes_f32, float, __m128, ps)
+DEFINE_EXTREMES(extremes_f64, double, __m128d, pd)
 #else
 #define DEFINE_EXTREMES(NAME, T)                                                              \
     static extremes_t NAME(const T *p, int m) {                                               \
