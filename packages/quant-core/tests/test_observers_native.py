@@ -5,6 +5,7 @@ build that falls back to numpy instead of failing."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sysconfig
 from collections.abc import Iterator
@@ -102,8 +103,14 @@ def test_non_finite_values_and_the_range_alone(counter: native.NativeCounter) ->
     assert counts is None and (lo, hi) == (-3.0, 2.0)
     with pytest.raises(ValueError, match="contiguous"):
         counter.count(np.zeros((2, 2), np.float32), grid)
-    with pytest.raises(ValueError, match="2\\*\\*30"):
-        counter.count(np.zeros(2, np.float32), HistogramGrid(exponent=0, offset=1 << 24, bins=1 << 30))
+    for bins, offset in ((1 << 30, 1 << 24), (-(1 << 32) + 16, 0), (0, 0)):  # a bins that would wrap in int32
+        with pytest.raises(ValueError, match="needs 1 <= bins"):
+            counter.count(np.zeros(2, np.float32), HistogramGrid(exponent=0, offset=offset, bins=bins))
+    for dtype in (np.float32, np.float64):  # no values: nothing to count, no range
+        counts, lo, hi = counter.count(np.zeros(0, dtype), grid)
+        assert counts is not None and not counts.any() and np.isnan(lo) and np.isnan(hi)
+        counts, lo, hi = counter.count(np.zeros(0, dtype), None)
+        assert counts is None and np.isnan(lo) and np.isnan(hi)
 
 
 def test_counts_past_the_copies_limit_stay_exact(counter: native.NativeCounter) -> None:
@@ -182,6 +189,46 @@ def test_the_library_is_built_once_into_the_cache_and_reused(fresh: Path, monkey
 
     monkeypatch.setattr(subprocess, "run", no_compiling)
     assert native.native_counter() is not None and str(built[0]) in native.status()
+
+
+@pytest.mark.parametrize("compiler", ["true", "gcc -E", "gcc -c"])
+def test_a_compiler_that_writes_no_library_leaves_nothing_in_the_cache(
+    fresh: Path, monkeypatch: pytest.MonkeyPatch, compiler: str
+) -> None:
+    """It exits with 0 but its output does not load: numpy counts, and nothing sits under
+    the library's name for later processes to load."""
+    if compiler != "true" and shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    monkeypatch.setenv("CC", compiler)
+    assert native.native_counter() is None and "native build failed" in native.status()
+    assert list((fresh / "native").iterdir()) == []
+
+
+def test_a_damaged_library_in_the_cache_is_built_again(fresh: Path) -> None:
+    if native.native_counter() is None:
+        pytest.skip(native.status())
+    (library,) = (fresh / "native").iterdir()
+    assert library.stat().st_mode & 0o755 == 0o755  # other users of a shared cache can load it
+    library.write_bytes(b"not a library")
+    native.reset()
+    assert native.native_counter() is not None and library.stat().st_size > 100
+
+
+def test_a_command_that_does_not_parse_or_no_home_falls_back(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", 'gcc "')  # unbalanced quote: the next candidate is tried
+    assert native.native_counter() is not None or "no C compiler" in native.status()
+    native.reset()
+    monkeypatch.delenv(native.CACHE_DIR)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(native.Path, "home", staticmethod(no_home))
+    assert native.native_counter() is None and "home directory" in native.status()
+    obs = HistogramObserver(SPECS[0])
+    obs.update(np.float32([0.0, 1.0]))  # numpy counts
+    assert int(obs.counts.sum()) == 2
 
 
 def test_switched_off_or_without_a_working_compiler_numpy_counts(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:

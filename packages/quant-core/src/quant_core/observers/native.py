@@ -88,13 +88,15 @@ class NativeCounter:
         """``(counts, min, max)`` of the 1-d contiguous float32/float64 ``values``: int64
         counts on ``grid`` (None when a value lies outside it, is NaN or infinite, or when
         ``grid`` is None) and the exact minimum and maximum of every value (NaN when one is
-        NaN), in one pass. float32 values are binned in float32 only where that is exact
+        NaN; NaN too for no values, whose counts are all 0), in one pass. float32 values are
+        binned in float32 only where that is exact
         (:func:`quant_core.observers.binning.work_dtype`), else in float64, as the numpy
         path does. The ``ctypes`` call releases the GIL."""
         if values.ndim != 1 or not values.flags.c_contiguous or values.dtype not in self._by_type:
             raise DataError("values: a 1-d contiguous float32 or float64 array is expected")
-        if grid is not None and abs(grid.offset) + grid.bins >= 1 << 30:
-            raise DataError("grid: |offset| + bins must stay below 2**30 for the native count")
+        if grid is not None and not (grid.bins >= 1 and abs(grid.offset) + grid.bins < 1 << 30):
+            raise DataError(f"grid: {grid.bins} bins at offset {grid.offset}; the native count needs "
+                            "1 <= bins and |offset| + bins < 2**30")  # fmt: skip
         if grid is not None and values.dtype == np.float32 and not -127 <= grid.exponent <= 149:
             values = values.astype(np.float64)  # binning.work_dtype: float32 would not be exact
         function, scalar = self._by_type[values.dtype]
@@ -171,10 +173,6 @@ def switched(on: bool) -> Iterator[NativeCounter | None]:
 
 
 def _load() -> NativeCounter | None:
-    # Imported here: what building and loading need costs 8 ms at import, paid once, later.
-    import ctypes
-    import subprocess
-
     global _status
     if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         _status = f"numpy/torch counting: {SWITCH}={os.environ[SWITCH]}"
@@ -187,30 +185,29 @@ def _load() -> NativeCounter | None:
         _status = "numpy/torch counting: no C compiler found ($CC, Python's CC or cc)"
         return None
     try:
-        library = _built(compiler)
-        loaded = ctypes.CDLL(str(library))
-        if loaded.qc_abi_version() != ABI_VERSION:
-            raise OSError(f"{library} has another ABI version")
-        counter = NativeCounter(loaded)
-    except (OSError, subprocess.SubprocessError, AttributeError) as exc:
-        _status = f"numpy/torch counting: the native build failed ({str(exc).splitlines()[0] if str(exc) else exc!r})"
+        library, counter = _built_and_loaded(compiler)
+    except Exception as exc:  # whatever stops the build (no home directory, a full disk...): numpy counts
+        reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        _status = f"numpy/torch counting: the native build failed ({reason})"
         return None
     _status = f"native counting: {library}"
     return counter
 
 
 def _compiler() -> list[str] | None:
-    """The compiler command: ``$CC``, else the one Python was built with, else ``cc``; None
-    when its program is not on PATH."""
+    """The compiler command: ``$CC``, else the one Python was built with, else ``cc``; the
+    first whose program is on PATH (a command that does not parse is passed over)."""
     import shlex
     import shutil
     import sysconfig
 
     for candidate in (os.environ.get("CC"), sysconfig.get_config_var("CC"), "cc"):
-        if candidate:
-            words = shlex.split(str(candidate))
-            if words and shutil.which(words[0]):
-                return words
+        try:
+            words = shlex.split(str(candidate)) if candidate else []
+        except ValueError:
+            continue
+        if words and shutil.which(words[0]):
+            return words
     return None
 
 
@@ -223,9 +220,11 @@ def cache_dir() -> Path:
     return Path(base) / "quant_core"
 
 
-def _built(compiler: list[str]) -> Path:
-    """The library for this source, compiler and platform: from the cache, else compiled
-    into it (temporary file, then renamed)."""
+def _built_and_loaded(compiler: list[str]) -> tuple[Path, NativeCounter]:
+    """The library for this source, compiler and platform, loaded: from the cache, else
+    compiled into it. A cached file that does not load (or holds another ABI) is built
+    again; a build is loaded from its temporary file before it is renamed into place, so
+    nothing but a working library ever sits under the final name."""
     import hashlib
     import subprocess
     import tempfile
@@ -236,23 +235,42 @@ def _built(compiler: list[str]) -> Path:
     folder = cache_dir() / "native"
     target = folder / f"counting-{key}.so"
     if target.exists():
-        return target
+        try:
+            return target, _loaded_from(target)
+        except OSError:
+            pass  # damaged or foreign: build it again over it
     folder.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(prefix=".counting-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        subprocess.run(
-            [*compiler, *FLAGS, "-o", partial, str(SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=_BUILD_TIMEOUT_S,
-        )
+        try:
+            subprocess.run(
+                [*compiler, *FLAGS, "-o", partial, str(SOURCE)],
+                check=True,
+                capture_output=True,
+                timeout=_BUILD_TIMEOUT_S,
+            )
+        except subprocess.CalledProcessError as exc:
+            message = exc.stderr.decode(errors="replace").strip()
+            raise OSError(f"{' '.join(compiler)} exited with {exc.returncode}: {message}") from None
+        counter = _loaded_from(Path(partial))
+        os.chmod(partial, 0o755)  # readable by the other users of a shared cache (mkstemp gives 0600)
         os.replace(partial, target)
-    except subprocess.CalledProcessError as exc:
-        raise OSError(
-            f"{' '.join(compiler)} exited with {exc.returncode}: {exc.stderr.decode(errors='replace')}"
-        ) from None
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
-    return target
+    return target, counter
+
+
+def _loaded_from(library: Path) -> NativeCounter:
+    """The kernels of ``library``; OSError when it does not load or has another ABI."""
+    import ctypes
+
+    try:
+        loaded = ctypes.CDLL(str(library))
+        version = loaded.qc_abi_version()
+    except AttributeError:
+        raise OSError(f"{library} is not this kernel's library") from None
+    if version != ABI_VERSION:
+        raise OSError(f"{library} has ABI version {version}, not {ABI_VERSION}")
+    return NativeCounter(loaded)

@@ -150,7 +150,10 @@ DEFINE_BINS(bins_f64, double)
 #define DEFINE_COUNT(NAME, T, EXTREMES, BINS)                                                 \
     int NAME(const T *x, int64_t n, T scale, int32_t offset, int32_t bins, int64_t *counts,   \
              double *range) {                                                                 \
-        if (n <= 0) return 0;                                                                 \
+        if (n <= 0) { /* no values: every one counted, no range */                         \
+            if (range) range[0] = range[1] = (double)NAN;                                     \
+            return bins <= 0;                                                                 \
+        }                                                                                     \
         const int lanes_used = n >= LANE_MIN_VALUES ? LANES : 1;                              \
         const int32_t stride = (bins > 0 ? bins : 0) + LANE_GAP;                              \
         lane_t *lanes = calloc((size_t)lanes_used * (size_t)stride, sizeof(lane_t));          \
