@@ -142,7 +142,11 @@ def run_torch(models: list[str], configs: list[str]) -> dict[str, str]:
 
 
 def _plain(value: Any) -> Any:
-    """A state value in a form whose ``repr`` is exact (arrays as their dtype and bytes)."""
+    """A state value in a form whose ``repr`` is exact (arrays as their dtype and bytes; a
+    numpy scalar as the 0-d array it equals: a min-max observer keeps one or the other
+    depending on how many ranges it folded, the value being the same)."""
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
     if isinstance(value, np.ndarray):
         return (str(value.dtype), value.shape, value.tobytes())
     if isinstance(value, dict):

@@ -11,9 +11,9 @@ first (:data:`DEVICE_COUNTING`), on the CPU consecutive values spread over inter
 copies of the counts (:data:`COUNT_LANES`), on one thread, after elementwise steps on
 torch's threads, or on one while the machine is busy
 (:func:`quant_torch_fx.shared_cores.observer_threads`). Only the reduction (two
-numbers, one per channel, or ``bins`` counts) crosses to the host, and a min-max observer's
-running range on an accelerator only when it is read (:func:`observe_later`); the
-observer then makes its decision with ``quant_core``'s one implementation of the math, so
+numbers, one per channel, or ``bins`` counts) crosses to the host, and a min-max
+observer's running range only when it is read (:func:`observe_later`); the observer then
+makes its decision with ``quant_core``'s one implementation of the math, so
 the statistics, and the qparams, are those the numpy path gives for the same data.
 
 Under ``torch.distributed`` each rank observes its own batches; calibration then merges
@@ -357,26 +357,34 @@ class PendingRange:
             _update_range(observer, self.lo, self.hi)
 
 
-#: Where :func:`observe_later` keeps a running range until the observer is read:
-#: ``"accelerators"`` (every device but the CPU, where reading a batch's range costs no wait
-#: and it goes to the observer at once), ``"all"`` (the CPU too: tests) or ``"none"`` (batch
-#: by batch everywhere: what ``tools/bench/cuda.py`` compares against).
-KEEP_STATISTICS_ON = "accelerators"
+#: Where :func:`observe_later` keeps a running range until the observer is read: ``"all"``
+#: devices, ``"accelerators"`` (every device but the CPU) or ``"none"`` (batch by batch
+#: everywhere: what ``tools/bench/cuda.py`` compares against). On an accelerator each batch's
+#: transfer would wait for the device; on the CPU handing each batch's range to the observer
+#: (two ``.item()`` calls, the observer's checks) cost about 60 us of Python an observed
+#: tensor in place, where the interpreter runs with caches the convolutions just filled:
+#: 15 ms of a 4-batch pass of the 32-pixel reference model, 13% of its calibration
+#: (docs/benchmarks.md).
+KEEP_STATISTICS_ON = "all"
 
 
 def observe_later(observer: Observer, x: torch.Tensor, pending: PendingRange | None) -> PendingRange | None:
     """Fold ``x`` into ``pending`` (started when None), the running range of ``observer``
     kept on ``x``'s device, and return it; :meth:`PendingRange.flush_into` hands it over.
-    Returns None, folding nothing, when ``x`` is to be observed at once instead: a CPU
-    tensor, an observer that is not a min-max one (a histogram's grid follows the range on
-    the host; a moving average folds in order), a change of channel count. The caller then
-    flushes ``pending`` and calls :func:`observe`.
+    Returns None, folding nothing, when ``x`` is to be observed at once instead: a device
+    :data:`KEEP_STATISTICS_ON` leaves out, an observer that is not a min-max one (a
+    histogram's grid follows the range on the host; a moving average folds in order), a
+    change of channel count. The caller then flushes ``pending`` and calls :func:`observe`.
+    The reduction runs on one thread while the machine is busy, as :func:`observe`'s.
 
     Example:
         >>> from quant_core.observers import make_observer
         >>> from quant_core.spec import QuantSpec
-        >>> observe_later(make_observer(QuantSpec(dtype="int8")), torch.tensor([1.0]), None) is None  # the CPU
-        True
+        >>> observer = make_observer(QuantSpec(dtype="int8"))
+        >>> pending = observe_later(observer, torch.tensor([1.0, -2.0]), None)
+        >>> pending.flush_into(observer)
+        >>> [float(v) for v in observer.range()]
+        [-2.0, 1.0]
     """
     keep = KEEP_STATISTICS_ON == "all" or (KEEP_STATISTICS_ON == "accelerators" and x.device.type != "cpu")
     if not keep or not isinstance(observer, MinMaxObserver):
@@ -384,6 +392,7 @@ def observe_later(observer: Observer, x: torch.Tensor, pending: PendingRange | N
     data = _as_float(x)
     if data.numel() == 0:
         return pending
-    lo, hi = channel_min_max(data, observer.spec.channel_axis)
+    with observer_threads():
+        lo, hi = channel_min_max(data, observer.spec.channel_axis)
     running = pending if pending is not None else PendingRange()
     return running if running.add(lo, hi) else None

@@ -92,8 +92,8 @@ class FakeQuantizer(nn.Module):
     # --- observer ---------------------------------------------------------------------------
     @property
     def observer(self) -> Observer:
-        """The observer, holding every batch seen: statistics still kept on an accelerator
-        (:func:`quant_torch_fx.observe.observe_later`) are handed to it first."""
+        """The observer, holding every batch seen: statistics still kept on the tensors'
+        device (:func:`quant_torch_fx.observe.observe_later`) are handed to it first."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             try:
@@ -197,7 +197,7 @@ class FakeQuantizer(nn.Module):
         return self.fake_quantize(x)
 
     def _observe(self, x: torch.Tensor) -> None:
-        try:  # on an accelerator a min-max observer's range stays there until it is read
+        try:  # a min-max observer's range stays on the tensor's device until it is read
             later = observe_later(self._observer, x, self._pending)
         except DataError as exc:  # a batch without the channel axis
             raise self._calibration_error(exc) from None
