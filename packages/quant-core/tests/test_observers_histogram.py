@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from quant_core.observer_config import MSE, Entropy, Percentile, PowerOfTwoMSE
 from quant_core.observers import HistogramGrid, HistogramObserver, MinMaxObserver, Observer, make_observer
+from quant_core.observers._input import FLOAT32_MAX
 from quant_core.observers.binning import bin_counts
 from quant_core.observers.grid import rebin
 from quant_core.spec import QuantSpec
@@ -195,6 +196,8 @@ def test_update_counted_matches_update_and_changes_nothing_when_counting_fails()
 
 @settings(max_examples=300, deadline=None)
 @given(batches, st.floats(-1e3, 1e3), st.floats(0.0, 1e3), st.booleans())
+@example(np.float32([0.0, -3.3496548e38]), 0.0, 0.0, False)  # the grid's lower edge lies beyond float32
+@example(np.float32([0.0]), 0.0, 5e-324, False)  # a span whose division by the bins underflows
 def test_a_grid_that_already_holds_the_range_is_the_canonical_one(
     seen: np.ndarray, lo: float, span: float, clamp: bool
 ) -> None:
@@ -207,6 +210,10 @@ def test_a_grid_that_already_holds_the_range_is_the_canonical_one(
     assert isinstance(obs, HistogramObserver) and obs.grid is not None
     assert obs.min_val is not None and obs.max_val is not None
     for a, b in ((lo, lo + span), (obs.min_val, obs.max_val), (obs.grid.lower, obs.grid.lower)):
+        if abs(a) > FLOAT32_MAX:  # not a range of float32 data: refused (checked below)
+            with pytest.raises(ValueError, match="float32 range"):
+                obs.grid_for(a, b)
+            continue
         expected = HistogramGrid.covering(
             min(a, obs.min_val), max(b, obs.max_val), BINS, min_exponent=obs.grid.exponent
         )

@@ -209,7 +209,11 @@ def test_a_damaged_library_in_the_cache_is_built_again(fresh: Path) -> None:
         pytest.skip(native.status())
     (library,) = (fresh / "native").iterdir()
     assert library.stat().st_mode & 0o755 == 0o755  # other users of a shared cache can load it
-    library.write_bytes(b"not a library")
+    # Damaged by replacing the file: writing into it in place would truncate the pages this
+    # process has mapped, and it would die of SIGBUS when the library's finalizers run at exit.
+    damaged = library.with_name(".damaged")
+    damaged.write_bytes(b"not a library")
+    os.replace(damaged, library)
     native.reset()
     assert native.native_counter() is not None and library.stat().st_size > 100
 

@@ -101,7 +101,7 @@ class HistogramGrid:
         magnitude = max(abs(lo), abs(hi))
         # Start just below the answer; the loop below only ever steps a few times.
         guess = min_exponent
-        if span > 0:
+        if span / bins > 0:  # a subnormal span divided by bins can underflow to 0: no guess then
             guess = max(guess, math.frexp(span / bins)[1] - 2)
         if magnitude > 0:
             guess = max(guess, math.frexp(magnitude)[1] - 26)
