@@ -31,7 +31,7 @@ for path in (REPO_ROOT / "packages" / "quant-core" / "src", REPO_ROOT):
 
 from quant_core.observer_config import Percentile  # noqa: E402
 from quant_core.observers import HistogramObserver  # noqa: E402
-from quant_core.observers.binning import work_dtype  # noqa: E402
+from quant_core.observers.grid import work_dtype  # noqa: E402
 from quant_core.spec import QuantSpec  # noqa: E402
 from tools.bench.common import markdown_table  # noqa: E402
 

@@ -21,24 +21,12 @@ import threading
 
 import numpy as np
 
-from quant_core.observers.grid import HistogramGrid
+from quant_core.observers.grid import HistogramGrid, work_dtype
 from quant_core.observers.native import native_counter
 
 # 64 Ki elements: 256 KiB of float32 plus 768 KiB of indices stay in L2 (measured in
 # tools/bench/observers.py; 16 Ki-256 Ki all perform alike).
 CHUNK = 1 << 16
-
-
-def work_dtype(dtype: np.dtype, grid: HistogramGrid) -> type[np.floating]:
-    """The float type ``bin_counts`` computes in for data of ``dtype`` on ``grid``:
-    float32 for float32 data (``2**-e`` is then an exact, possibly subnormal, float32),
-    float64 otherwise.
-
-    Example:
-        >>> work_dtype(np.dtype(np.float32), HistogramGrid(exponent=-7, offset=0, bins=16)).__name__
-        'float32'
-    """
-    return np.float32 if dtype == np.float32 and -127 <= grid.exponent <= 149 else np.float64
 
 
 def bin_counts(x: np.ndarray, grid: HistogramGrid) -> np.ndarray:

@@ -153,3 +153,16 @@ def rebin(counts: np.ndarray, source: HistogramGrid, target: HistogramGrid) -> n
     starts = np.flatnonzero(np.diff(index, prepend=-1))
     out[index[starts]] = np.add.reduceat(counts[nonzero], starts)
     return out
+
+
+def work_dtype(dtype: np.dtype, grid: HistogramGrid) -> type[np.floating]:
+    """The float type data of ``dtype`` is binned in on ``grid``, by numpy's passes
+    (:func:`quant_core.observers.binning.bin_counts`) and by the native count alike: float32
+    for float32 data (``2**-e`` is then an exact, possibly subnormal, float32), float64
+    otherwise.
+
+    Example:
+        >>> work_dtype(np.dtype(np.float32), HistogramGrid(exponent=-7, offset=0, bins=16)).__name__
+        'float32'
+    """
+    return np.float32 if dtype == np.float32 and -127 <= grid.exponent <= 149 else np.float64

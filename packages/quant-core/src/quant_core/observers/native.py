@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 import numpy as np
 
 from quant_core.errors import DataError
-from quant_core.observers.grid import HistogramGrid
+from quant_core.observers.grid import HistogramGrid, work_dtype
 
 #: ``QUANT_CORE_NATIVE=0`` keeps the numpy and torch counting paths.
 SWITCH = "QUANT_CORE_NATIVE"
@@ -90,15 +90,15 @@ class NativeCounter:
         ``grid`` is None) and the exact minimum and maximum of every value (NaN when one is
         NaN; NaN too for no values, whose counts are all 0), in one pass. float32 values are
         binned in float32 only where that is exact
-        (:func:`quant_core.observers.binning.work_dtype`), else in float64, as the numpy
+        (:func:`quant_core.observers.grid.work_dtype`), else in float64, as the numpy
         path does. The ``ctypes`` call releases the GIL."""
         if values.ndim != 1 or not values.flags.c_contiguous or values.dtype not in self._by_type:
             raise DataError("values: a 1-d contiguous float32 or float64 array is expected")
         if grid is not None and not (grid.bins >= 1 and abs(grid.offset) + grid.bins < 1 << 30):
             raise DataError(f"grid: {grid.bins} bins at offset {grid.offset}; the native count needs "
                             "1 <= bins and |offset| + bins < 2**30")  # fmt: skip
-        if grid is not None and values.dtype == np.float32 and not -127 <= grid.exponent <= 149:
-            values = values.astype(np.float64)  # binning.work_dtype: float32 would not be exact
+        if grid is not None and work_dtype(values.dtype, grid) != values.dtype:
+            values = values.astype(np.float64)  # float32 arithmetic would not be exact on this grid
         function, scalar = self._by_type[values.dtype]
         bins = 0 if grid is None else grid.bins
         counts = np.zeros(max(bins, 1), np.int64)
