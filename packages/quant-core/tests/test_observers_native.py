@@ -78,11 +78,12 @@ def test_a_grid_that_misses_a_value_gives_no_counts_but_the_range(
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_extremes_anywhere_in_a_block_and_in_its_tail(counter: native.NativeCounter, dtype: type) -> None:
-    """Lengths around the vector width and the 2,048-value block, with the minimum, the
-    maximum or a NaN at the first, a middle and the last position."""
+    """Lengths around the vector width, the 16 values the four accumulators take per step
+    and the 2,048-value block, with the minimum, the maximum or a NaN at the first, a middle
+    and the last position, and at positions that reach every accumulator's every lane."""
     grid = HistogramGrid(exponent=0, offset=-4, bins=16)
-    for n in (1, 2, 3, 5, 7, 2047, 2048, 2049, 2051, 4099):
-        for at in sorted({0, n // 2, n - 1}):
+    for n in (1, 2, 3, 5, 7, 15, 16, 17, 33, 2047, 2048, 2049, 2051, 4099):
+        for at in sorted({0, n // 2, n - 1, *range(1, min(n, 40), 3)}):
             x = np.zeros(n, dtype)
             x[at], x[(at + 1) % n] = 5.0, -3.0 if n > 1 else 5.0
             counts, lo, hi = counter.count(x, grid)
