@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -96,6 +98,44 @@ def test_grid_is_minimal_and_monotone(lo: float, hi: float, extra: float) -> Non
         assert finer.exponent == grid.exponent  # nothing finer covers the range
     wider = HistogramGrid.covering(min(lo, extra), max(hi, extra), BINS)
     assert wider.exponent >= grid.exponent
+
+
+@given(
+    center=st.floats(1.0, 2.0**20),
+    sign=st.sampled_from([1.0, -1.0]),
+    finer=st.integers(-3, 6),
+    steps=st.lists(st.integers(0, 3 * BINS), min_size=2, max_size=6),
+)
+@settings(max_examples=300)
+def test_narrow_ranges_far_from_zero_keep_the_grid_monotone(
+    center: float, sign: float, finer: int, steps: list[int]
+) -> None:
+    """Values in a band a few thousand steps of 2**-24 of their magnitude wide, where the
+    offset limit decides the exponent: each sub-range's grid is no coarser than the union's,
+    so batches in any order, or merged, count the same."""
+    width = 2.0 ** (math.frexp(center)[1] - 24 - finer)
+    values = [sign * (center + width * k) for k in steps]
+    union = HistogramGrid.covering(min(values), max(values), BINS)
+    for i in range(len(values)):
+        for j in range(i, len(values)):
+            part = values[i : j + 1]
+            assert HistogramGrid.covering(min(part), max(part), BINS).exponent <= union.exponent
+
+
+def test_a_batch_order_far_from_zero_changes_no_count() -> None:
+    """Found by a review: 16 + 2**-19 alone took exponent -19, with 16 beside it -20, so
+    streaming or merging kept the coarser grid that one pass would not choose."""
+    w = 2.0**-20
+    a = np.array([16 + 2 * w])
+    b = 16 + w * np.array([0.0] * 90 + [1.5] * 10)
+    spec = QuantSpec(dtype="uint16", symmetric=False, observer=Percentile(60.0, bins=2048))
+    single = observe(spec, np.concatenate([a, b]))
+    merged = observe(spec, a)
+    merged.merge(observe(spec, b))
+    for other in (observe(spec, a, b), observe(spec, b, a), merged):
+        assert other.grid == single.grid
+        np.testing.assert_array_equal(other.counts, single.counts)
+        assert other.qparams() == single.qparams()
 
 
 def test_rebin_is_exact_pair_merging() -> None:
@@ -275,6 +315,26 @@ def test_empty_batches_are_ignored_and_other_dtypes_accepted() -> None:
     obs.update(np.array([1, -2, 3], np.int32))
     obs.update(np.array([0.5], np.float16))
     assert int(obs.counts.sum()) == 4 and (obs.min_val, obs.max_val) == (-2.0, 3.0)
+
+
+@pytest.mark.parametrize("spec", [QuantSpec(dtype="int8"), SPECS[0]], ids=["minmax", "histogram"])
+def test_every_float_layout_keeps_its_precision_and_non_numbers_are_refused(spec: QuantSpec) -> None:
+    """Found by a review: big-endian float64 and long double were narrowed to float32
+    (16777217 read as 16777216; a finite 1e39 refused as infinite); a timedelta passed as
+    an integer; a ragged list raised numpy's ValueError."""
+    for layout in ("<f8", ">f8", np.longdouble):
+        obs = make_observer(spec)
+        obs.update(np.array([0.1, 16777217.0], layout))
+        assert (obs.min_val, obs.max_val) == (0.1, 16777217.0), layout
+    obs = make_observer(spec)
+    obs.update(np.array([0.1, 3.0], ">f4"))
+    assert (obs.min_val, obs.max_val) == (float(np.float32(0.1)), 3.0)
+    with pytest.raises(ValueError, match="exceed the float32 range"):
+        make_observer(spec).update(np.array([1e39], np.longdouble))
+    with pytest.raises(ValueError, match="dtype timedelta64"):
+        make_observer(spec).update(np.array([3, 7], "timedelta64[s]"))
+    with pytest.raises(ValueError, match="x: not an array"):
+        make_observer(spec).update([[1.0], [1.0, 2.0]])
 
 
 def test_make_observer_dispatches_histogram_methods() -> None:

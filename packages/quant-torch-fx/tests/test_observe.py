@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from quant_core.errors import DataError
 from quant_core.observer_config import MSE, Entropy, MinMax, MovingAverageMinMax, Percentile, PowerOfTwoMSE
 from quant_core.observers import HistogramObserver, MinMaxObserver, make_observer, native
-from quant_core.observers.binning import bin_counts
+from quant_core.observers.binning import bin_counts, numpy_bin_counts
+from quant_core.observers.grid import HistogramGrid
 from quant_core.spec import QuantSpec
 from quant_torch_fx import observe as observe_module
-from quant_torch_fx.observe import histogram_counts, observe
+from quant_torch_fx.observe import bin_indices, histogram_counts, observe
 from quant_torch_fx.quantizer import FakeQuantizer
 
 SPECS = {
@@ -126,14 +127,16 @@ def _deferred_batches(seed: int) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("fold_every", [2, 64])
 def test_statistics_kept_on_the_device_equal_batch_by_batch_feeding(
-    name: str, seed: int, monkeypatch: pytest.MonkeyPatch
+    name: str, seed: int, fold_every: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A FakeQuantizer keeps a min-max observer's running range on the tensor's device
     (forced here for CPU tensors) and hands it over when its observer is read: the
     observer's state, and its qparams, equal feeding it batch by batch (every other kind is
-    fed batch by batch)."""
+    fed batch by batch), whether the batches are folded as they come or at the read."""
     monkeypatch.setattr(observe_module, "KEEP_STATISTICS_ON", "all")
+    monkeypatch.setattr(observe_module, "FOLD_EVERY", fold_every)
     spec = SPECS[name]
     reference, fq = make_observer(spec), FakeQuantizer(spec, name="x")
     fq.observing = True
@@ -151,16 +154,51 @@ def test_statistics_kept_on_the_device_equal_batch_by_batch_feeding(
     assert fq.observer.qparams() == reference.qparams()
 
 
-def test_statistics_kept_on_the_device_refuse_non_finite_values_at_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fold_every", [1, 2, 64])
+def test_statistics_kept_on_the_device_refuse_non_finite_values_at_the_read(
+    fold_every: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batches with NaN, an infinity or a value beyond float32 are refused when the
+    observer is read; the others stay observed, as when each batch is fed directly (a
+    review found every batch since the last read dropped with the bad one)."""
     monkeypatch.setattr(observe_module, "KEEP_STATISTICS_ON", "all")
-    for name, bad in (("minmax", float("inf")), ("minmax", float("nan")), ("minmax_per_channel", float("nan"))):
+    monkeypatch.setattr(observe_module, "FOLD_EVERY", fold_every)
+    cases = (("minmax", float("inf")), ("minmax", float("nan")), ("minmax_per_channel", float("nan")))
+    for name, bad in (*cases, ("minmax", 1e39)):
         fq = FakeQuantizer(SPECS[name], name="conv_3")
         fq.observing = True
-        fq(torch.ones(2, 3, 4))
-        fq(torch.tensor([[[1.0, bad, 2.0, 0.0]] * 3] * 2))  # kept, not checked yet: no host round trip
-        with pytest.raises(DataError, match=r"calibration: tensor 'conv_3': range: .*(NaN|infinite)"):
+        dtype = torch.float64 if bad == 1e39 else torch.float32
+        fq(torch.ones(2, 3, 4, dtype=dtype))
+        fq(torch.tensor([[[1.0, bad, 2.0, 0.0]] * 3] * 2, dtype=dtype))  # kept, not checked yet: no host round trip
+        fq(torch.full((2, 3, 4), 5.0, dtype=dtype))
+        with pytest.raises(DataError, match=r"calibration: tensor 'conv_3': range: 1 batch\(es\) held NaN, infinite"):
             _ = fq.observer
-        assert fq.observer.empty  # the refused statistics are dropped, the observer unchanged
+        lo, hi = fq.observer.range()  # the two finite batches, read again without an error
+        assert np.all(np.asarray(lo) == 1.0) and np.all(np.asarray(hi) == 5.0)
+    fq = FakeQuantizer(SPECS["minmax"], name="conv_3")
+    fq.observing = True
+    fq(torch.tensor([float("nan")]))
+    with pytest.raises(DataError, match="1 batch"):
+        _ = fq.observer
+    assert fq.observer.empty  # nothing finite was seen
+
+
+def test_statistics_kept_on_the_device_keep_each_batch_dtype_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later float64 or integer batch is not rounded to the first batch's float32 (a
+    review found 16777217 read as 16777216)."""
+    monkeypatch.setattr(observe_module, "KEEP_STATISTICS_ON", "all")
+    batches = [
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([0.1], dtype=torch.float64),
+        torch.tensor([16777217], dtype=torch.int64),
+        torch.tensor([3.0]),
+    ]
+    fq, reference = FakeQuantizer(SPECS["minmax"], name="x"), make_observer(SPECS["minmax"])
+    fq.observing = True
+    for batch in batches:
+        fq(batch)
+        observe(reference, batch)
+    assert [float(v) for v in fq.observer.range()] == [float(v) for v in reference.range()] == [0.1, 16777217.0]
 
 
 def test_a_change_of_channel_count_is_refused_as_batch_by_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,6 +213,7 @@ def test_a_change_of_channel_count_is_refused_as_batch_by_batch(monkeypatch: pyt
 
 def test_a_batch_on_another_device_hands_over_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(observe_module, "KEEP_STATISTICS_ON", "all")
+    monkeypatch.setattr(observe_module, "FOLD_EVERY", 1)  # the first batch folded into pending.lo
     fq = FakeQuantizer(SPECS["minmax"], name="x")
     fq.observing = True
     fq(torch.tensor([-1.0, 1.0]))
@@ -204,6 +243,17 @@ def test_ranges_away_from_zero_count_like_quant_core(seed: int, shift: float, si
     expected = bin_counts(x, grid)
     np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x), grid).numpy(), expected)
     np.testing.assert_array_equal(histogram_counts(torch.from_numpy(x.astype(np.float64)), grid).numpy(), expected)
+
+
+def test_tiny_negative_values_on_wide_grids_count_like_quant_core() -> None:
+    """Found by a review: on a grid wider than 1 a negative value that underflows to -0.0
+    when scaled belongs to the bin below zero (quant_core's rule); torch put it above."""
+    x = torch.tensor([-5e-324, -1e-300, 0.0, 5000.0], dtype=torch.float64)
+    grid = HistogramGrid(exponent=2, offset=-1, bins=2048)
+    expected = numpy_bin_counts(x.numpy(), grid)
+    assert expected[0] == 2
+    np.testing.assert_array_equal(histogram_counts(x, grid).numpy(), expected)
+    np.testing.assert_array_equal(bin_indices(x, grid).numpy(), [0, 0, 1, 1251])
 
 
 @settings(max_examples=40, deadline=None)

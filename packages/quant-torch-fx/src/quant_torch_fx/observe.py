@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from quant_core.errors import DataError
+from quant_core.observer_config import FLOAT32_MAX
 from quant_core.observers import HistogramObserver, MinMaxObserver, Observer
 from quant_core.observers.grid import HistogramGrid
 from quant_core.observers.native import native_counter
@@ -242,6 +243,10 @@ def scaled_bins(values: torch.Tensor, grid: HistogramGrid, out: torch.Tensor | N
     scaled = torch.mul(values, grid.inv_width, out=out)  # exact: a power of two that cannot underflow here
     if grid.offset < 0:
         scaled.floor_()  # for values >= 0 the integer conversion's truncation is the floor
+        if grid.exponent > 0:
+            # A tiny negative value underflows to -0.0, whose floor is 0; its bin is -1's
+            # (quant_core.observers.binning's rule, which the counts must match).
+            scaled.masked_fill_((scaled == 0) & (values < 0), -1.0)
     if grid.offset != 0:
         # Exact: ``scaled`` and the integer ``offset`` are multiples of min(ulp(scaled), 1) and
         # differ by less than ``bins``, so the difference needs no rounding (the numpy path
@@ -317,9 +322,10 @@ class PendingRange:
     """A min-max observer's running min and max (0-d, or one per channel) kept on the
     batches' device, so that observing a batch needs no host round trip: on a GPU each
     ``.item()`` or copy to the host waits for the device's queue to empty, once per observed
-    tensor and batch. The fold is exact in any grouping (:class:`MinMaxObserver`), and NaN or
-    infinities travel in the running range (``minimum``/``maximum`` keep them) to be refused
-    when it is handed over (:meth:`flush_into`).
+    tensor and batch. The fold is exact in any grouping (:class:`MinMaxObserver`). A batch
+    whose range holds NaN, an infinity or a value beyond float32 is left out of the fold
+    and counted, on the device; :meth:`flush_into` hands the other batches' range over and
+    then refuses, as the observer refuses such a batch when fed directly.
 
     Example:
         >>> from quant_core.observers import make_observer
@@ -334,27 +340,66 @@ class PendingRange:
     """
 
     def __init__(self) -> None:
-        self.lo: torch.Tensor | None = None
+        self.lo: torch.Tensor | None = None  # the batches folded so far, finite ones only
         self.hi: torch.Tensor | None = None
+        self.refused: torch.Tensor | None = None  # how many batches were left out
+        # Batches not folded yet, folded FOLD_EVERY at a time: the check and the fold are a
+        # few small ops, which a batch at a time would cost as much as the reduction.
+        self._los: list[torch.Tensor] = []
+        self._his: list[torch.Tensor] = []
 
     def add(self, lo: torch.Tensor, hi: torch.Tensor) -> bool:
         """Fold one batch's range in; False (nothing folded) when its shape differs from the
-        earlier batches' (a change of channel count: the observer must see it and refuse it)
-        or it lies on another device (the caller then hands over and observes at once)."""
-        if self.lo is None or self.hi is None:
-            self.lo, self.hi = lo.clone(), hi.clone()
-            return True
-        if lo.shape != self.lo.shape or lo.device != self.lo.device:
+        earlier batches' (a change of channel count: the observer must see it and refuse it),
+        it lies on another device or has another dtype (the caller then hands over and
+        observes at once)."""
+        first = self._los[0] if self._los else self.lo
+        if first is not None and (lo.shape != first.shape or lo.device != first.device or lo.dtype != first.dtype):
             return False
-        torch.minimum(self.lo, lo, out=self.lo)
-        torch.maximum(self.hi, hi, out=self.hi)
+        self._los.append(lo)
+        self._his.append(hi)
+        if len(self._los) >= FOLD_EVERY:
+            self._fold()
         return True
 
+    def _fold(self) -> None:
+        if not self._los:
+            return
+        los, his = torch.stack(self._los), torch.stack(self._his)
+        self._los, self._his = [], []
+        rows = los.shape[0]
+        # NaN compares False, so one test refuses NaN, infinities and values beyond float32.
+        kept = (los.reshape(rows, -1).abs() <= FLOAT32_MAX).all(1) & (his.reshape(rows, -1).abs() <= FLOAT32_MAX).all(1)
+        kept_rows = kept.reshape(rows, *([1] * (los.dim() - 1)))
+        lo = torch.where(kept_rows, los, torch.inf).amin(0)  # no batch kept: +inf > -inf
+        hi = torch.where(kept_rows, his, -torch.inf).amax(0)
+        refused = (~kept).sum()
+        if self.lo is None or self.hi is None or self.refused is None:
+            self.lo, self.hi, self.refused = lo, hi, refused
+        else:
+            self.lo, self.hi = torch.minimum(self.lo, lo), torch.maximum(self.hi, hi)
+            self.refused = self.refused + refused
+
     def flush_into(self, observer: Observer) -> None:
-        """Hand the range to ``observer`` (one transfer); raises DataError, leaving the
-        observer unchanged, when a batch held NaN or an infinity."""
-        if self.lo is not None and self.hi is not None:
-            _update_range(observer, self.lo, self.hi)
+        """Hand the range to ``observer`` (one transfer); then raise DataError when batches
+        were left out for NaN, infinities or values beyond float32."""
+        self._fold()
+        if self.lo is None or self.hi is None or self.refused is None:
+            return
+        both = torch.stack((self.lo, self.hi)).to(torch.float64).cpu().numpy()
+        refused = int(self.refused)
+        if bool((both[0] <= both[1]).all()):  # some batch was kept
+            observer.update_range(np.asarray(both[0]), np.asarray(both[1]))  # type: ignore[attr-defined]
+        if refused:
+            raise DataError(
+                f"range: {refused} batch(es) held NaN, infinite values or values beyond the float32 range "
+                "and were left out; calibration data must be finite"
+            )
+
+
+#: The most batches' ranges a :class:`PendingRange` holds before folding them (a bound on
+#: what it keeps alive between reads).
+FOLD_EVERY = 64
 
 
 #: Where :func:`observe_later` keeps a running range until the observer is read: ``"all"``

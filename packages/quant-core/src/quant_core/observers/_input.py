@@ -15,21 +15,25 @@ from quant_core.errors import DataError
 
 # Observers keep ranges as float64; values a float32 model cannot hold are not
 # calibration data (and would overflow the histogram's grid arithmetic).
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+from quant_core.observer_config import FLOAT32_MAX
 
 
 def as_float_array(x: object) -> np.ndarray:
     """``x`` as a float32 or float64 array without copying float32/float64 input.
 
     float16 (and any narrower float) widens to float32 exactly; integers and bools go
-    to float64, which holds every int32 exactly.
+    to float64, which holds every int32 exactly; floats in the other byte order become
+    the native type of their width, and wider floats (long double) float64.
     """
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except ValueError as exc:  # a ragged nested list
+        raise DataError(f"x: not an array ({exc})") from None
     if a.dtype == np.float32 or a.dtype == np.float64:
         return a
-    if np.issubdtype(a.dtype, np.floating):
-        return a.astype(np.float32)
-    if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+    if a.dtype.kind == "f":
+        return a.astype(np.float32 if a.dtype.itemsize <= 4 else np.float64)
+    if a.dtype.kind in "iub":  # not "m": a timedelta is not a number to quantize
         return a.astype(np.float64)
     raise DataError(f"x: dtype {a.dtype} is not allowed; allowed: float or integer arrays")
 

@@ -93,8 +93,11 @@ class HistogramGrid:
     @staticmethod
     def covering(lo: float, hi: float, bins: int, min_exponent: int = MIN_EXPONENT) -> HistogramGrid:
         """The canonical grid of ``[lo, hi]``: the smallest exponent ``>= min_exponent``
-        whose grid holds both ends with ``|offset| <= 2**24``; ``offset = floor(lo / w)``.
-        Monotone: a wider range never gets a smaller exponent."""
+        whose grid holds both ends with ``|floor(lo / w)|`` and ``|floor(hi / w)|`` at most
+        2**24; ``offset = floor(lo / w)``. Monotone: a wider range never gets a smaller
+        exponent, which is what makes the counts independent of how the data is split
+        into batches and merged (a limit on the offset alone is not monotone: widening a
+        narrow range far from zero towards zero can lower ``|offset|``)."""
         if not lo <= hi:
             raise DataError(f"range: lo={lo!r} must be <= hi={hi!r}")
         span = hi - lo
@@ -107,8 +110,8 @@ class HistogramGrid:
             guess = max(guess, math.frexp(magnitude)[1] - 26)
         e = guess
         while True:
-            k = floor_div_pow2(lo, e)
-            if floor_div_pow2(hi, e) - k < bins and abs(k) <= MAX_ABS_OFFSET:
+            k, top = floor_div_pow2(lo, e), floor_div_pow2(hi, e)
+            if top - k < bins and max(abs(k), abs(top)) <= MAX_ABS_OFFSET:
                 return HistogramGrid(exponent=e, offset=k, bins=bins)
             e += 1
 

@@ -13,7 +13,7 @@ from quant_core.observer_config import HISTOGRAM_METHODS
 from quant_core.observers._input import as_float_array, check_finite_range, min_max
 from quant_core.observers.base import Observer, StateDict
 from quant_core.observers.binning import bin_counts
-from quant_core.observers.grid import MIN_EXPONENT, HistogramGrid, rebin
+from quant_core.observers.grid import MAX_ABS_OFFSET, MIN_EXPONENT, HistogramGrid, rebin
 from quant_core.observers.native import native_counter
 from quant_core.observers.selection import select_range
 from quant_core.observers.snapshot import Histogram
@@ -120,9 +120,15 @@ class HistogramObserver(Observer):
         if grid is None:
             return HistogramGrid.covering(lo, hi, self.bins, min_exponent=min_exponent)
         # The common case once calibration has seen a batch or two, answered without the
-        # search and with the same grid: when the grid holds the range and its minimum lies
-        # in the lowest bin, the canonical grid at an exponent no finer is this one.
-        if min_exponent <= grid.exponent and grid.lower <= lo < grid.lower + grid.width and hi < grid.upper:
+        # search and with the same grid: when the grid holds the range, its minimum lies in
+        # the lowest bin and every bin of it is within the offset limit, the canonical grid
+        # at an exponent no finer is this one.
+        if (
+            min_exponent <= grid.exponent
+            and grid.lower <= lo < grid.lower + grid.width
+            and hi < grid.upper
+            and grid.offset + grid.bins <= MAX_ABS_OFFSET
+        ):
             return grid
         min_exponent = max(min_exponent, grid.exponent)
         return HistogramGrid.covering(lo, hi, self.bins, min_exponent=min_exponent)
