@@ -127,6 +127,40 @@ def test_a_derived_candidate_is_bit_for_bit_its_own_quantization(model, calib, e
     assert result.model.SerializeToString() == alone.model.SerializeToString()
 
 
+@pytest.mark.parametrize("preset", ["a16w8", "a8w8"])
+def test_a_preset_with_the_analytic_bias_correction_is_its_own_quantization(preset, monkeypatch):
+    """The analytic bias correction reads its input means from the statistics pass, taken
+    as the recipe's own calibration takes them, and a later candidate on the same float
+    model reuses them. Before: a derived candidate carried no means, so the correction
+    summed its inputs in a float pass of its own (inside onnxruntime), one float rounding
+    away from the calibration's: this MLP's float MatMul bias differed, and a16w8 on
+    MobileNetV2 wrote four int32 bias codes 1 apart."""
+    from quant_algos.search.space import make_candidate
+    from quant_onnx.algorithms import runner as runner_module
+
+    net = mlp(seed=1)
+    calib, evaluation = random_inputs(net, 32, seed=1), random_inputs(net, 40, seed=2)
+    own_passes: list[int] = []
+    reduce_over = runner_module.reduce_over
+
+    def counting(*args, **kwargs):
+        own_passes.append(1)
+        return reduce_over(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "reduce_over", counting)
+    candidate = make_candidate(preset, get_preset(preset), TIER_8BIT)
+    twin = make_candidate(f"{preset}-again", candidate.config, TIER_8BIT)  # the same float model and runs
+    where = Recording()
+    result = search(net, None, calib, evaluation, target=2.0, space=[candidate, twin], deployment=where, quiet=True)
+    alone = ModelQuantizer(candidate.config, quiet=True).quantize(net, None, calib).model
+    assert len(where.finished) == 2
+    for built in where.finished:
+        assert built.SerializeToString() == alone.SerializeToString()
+    assert not own_passes, "the bias correction measured its input means itself"
+    reuse = result.report["reuse"]
+    assert reuse["input_means_taken"] == reuse["input_means_reused"] == 2  # the MatMul's and the Gemm's
+
+
 def test_the_winner_is_rescored_on_held_out_samples(model, calib, evaluation):
     candidates = observer_candidates(observers=(MinMax(),))
     result = run(model, calib, evaluation, candidates, target=0.0, holdout=0.25, seed=7)

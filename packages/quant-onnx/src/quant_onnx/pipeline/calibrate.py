@@ -382,18 +382,34 @@ def collect_statistics(
     bins: int = DEFAULT_STATISTICS_BINS,
     total_batches: int | None = None,
     quiet: bool = False,
+    input_means: MeansTaken | None = None,
+    runs_as: Iterable[str] = (),
 ) -> dict[str, HistogramObserver]:
     """One pass over ``batches``: a histogram of each of ``tensors``
     (``quant_core.observers.derived.statistics_observer``), from which
     ``quant_core.plan.observers_from_statistics`` gives, bit for bit, the observers
     :func:`calibrate` would fill for any plan of ``model`` whose specs are derivable (min-max,
     percentile, entropy, MSE, power-of-two MinMSE with ``bins`` bins), without running the
-    model again."""
+    model again.
+
+    ``input_means``: the analytic bias correction's input means (:class:`MeansTaken`),
+    filled in the same pass as :func:`calibrate` fills them. Their float sums follow how
+    each batch is cut into runs, which the observed outputs decide (:data:`CHUNK_BYTES`):
+    ``runs_as``, the tensors a calibration observes (``observer_feeds(plan)``), are output
+    too (observed only where they are among ``tensors``), so that every run is the one that
+    calibration makes and the means are its own, bit for bit."""
     names = list(dict.fromkeys(tensors))
     statistics = {name: statistics_observer(bins) for name in names}
-    observe_tensors(
-        model, {name: [name] for name in names}, statistics, batches, total_batches=total_batches, quiet=quiet
-    )
+    feeds_of: dict[str, list[str]] = {tensor: [] for tensor in runs_as}
+    for name in names:
+        feeds_of.setdefault(name, []).append(name)
+    filled: dict[str, Any] = dict(statistics)
+    if input_means is not None:
+        for tensor, key in input_means.keys.items():
+            feeds_of.setdefault(tensor, []).append(key)
+        filled.update(input_means.accumulators)
+        batches = input_means.marked(batches)
+    observe_tensors(model, feeds_of, filled, batches, total_batches=total_batches, quiet=quiet)
     return statistics
 
 

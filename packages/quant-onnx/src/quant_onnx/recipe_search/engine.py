@@ -20,6 +20,12 @@ What it shares between candidates:
 - **the weights' qparams**: a weight's range is selected once per spec on each float
   model (power-of-two MinMSE over every weight costs about a calibration pass on a small
   model), whichever candidates ask for it;
+- **the input means** the analytic bias correction reads: taken in the statistics pass
+  (a pass of their own where every statistic was there already) exactly as the
+  candidate's own calibration takes them (the same accumulators over the same runs of
+  the float model, :func:`~quant_onnx.pipeline.calibrate.collect_statistics`), and reused
+  by every later candidate whose calibration would take the same (the report's
+  ``input_means_taken``, ``input_means_reused``);
 - **the float model's outputs** on the evaluation data (one run);
 - **early stopping** and **the same model** (:mod:`quant_algos.search.walk`): a
   candidate's digest is its deployed model's bytes (observer choices often select the
@@ -68,12 +74,19 @@ from quant_algos.search.walk import (
 )
 from quant_core.config import CalibrationConfig, QuantConfig
 from quant_core.onnx_qdq.model_io import check_output_paths, load_model, save_model
-from quant_core.plan import PlanGraph, QuantPlan, planning_key
+from quant_core.plan import PlanGraph, QuantPlan, observer_feeds, planning_key
+from quant_onnx.algorithms.layerwise import input_mean_request
 from quant_onnx.algorithms.passes import PassesResult, run_pre_passes
 from quant_onnx.api import ModelQuantizer, PreparedModel
 from quant_onnx.data import CalibrationReader, ImageOptions, for_image_folder
 from quant_onnx.pipeline.annotate import plan_graph
-from quant_onnx.pipeline.calibrate import CalibratedModel, collect_statistics, from_filled_observers
+from quant_onnx.pipeline.calibrate import (
+    CalibratedModel,
+    InputMeans,
+    MeansTaken,
+    collect_statistics,
+    from_filled_observers,
+)
 from quant_onnx.recipe_search.deployment import Deployment, deployment_for, onnxruntime_runner
 from quant_onnx.recipe_search.evaluation import load_evaluation_data
 
@@ -118,7 +131,8 @@ class _Plans:
 
 @attrs.define
 class _Shared:
-    """What candidates share: prepared float models, pre-passes, plans, statistics, weight qparams."""
+    """What candidates share: prepared float models, pre-passes, plans, statistics, weight
+    qparams, input means."""
 
     source: onnx.ModelProto
     feeds: list[dict[str, np.ndarray]]
@@ -128,6 +142,10 @@ class _Shared:
     pre_users: dict[FloatModelKey, list[str]] = attrs.field(factory=dict)
     plans: _Plans = attrs.field(factory=_Plans)
     ledger: StatisticsLedger = attrs.field(factory=StatisticsLedger)
+    #: (float model, samples, the tensors a calibration observes) -> the input means the
+    #: analytic bias correction reads, taken as that calibration takes them.
+    input_means: dict[tuple[FloatModelKey, int, tuple[str, ...]], InputMeans] = attrs.field(factory=dict)
+    input_mean_lookups: int = 0
 
     def base(self, quantizer: ModelQuantizer) -> tuple[onnx.ModelProto, dict[str, int]]:
         """The pre-processed float model (and its changes) of ``quantizer``'s opset and NPU
@@ -158,8 +176,11 @@ class _Shared:
         """What the pre-passes and plans shared (candidates after the first of a pre-pass
         reused its edited model), beside the statistics' reuse."""
         shared = {users[0]: users[1:] for users in self.pre_users.values() if len(users) > 1}
+        taken = sum(len(means.values) for means in self.input_means.values())
         return {
             **self.ledger.reuse(),
+            "input_means_taken": taken,
+            "input_means_reused": self.input_mean_lookups - taken,
             "pre_passes_run": len(self.pre),
             "pre_passes_shared": shared,
             **self.plans.reuse(),
@@ -170,12 +191,28 @@ class _Shared:
     ) -> tuple[CalibratedModel, str]:
         """The candidate's calibrated model: derived from the statistics of its float model
         when its specs are derivable (:class:`~quant_algos.search.statistics.StatisticsLedger`),
-        else its own calibration."""
+        with the input means its analytic bias correction reads, else its own calibration."""
         key = self.key(quantizer)
+        # The analytic bias correction's input means, as the candidate's own calibration
+        # takes them (ModelQuantizer's: in its pass, with its runs): taken in the
+        # statistics pass, reused by later candidates whose calibration runs the same.
+        request = input_mean_request(prepared.model, quantizer.config)
+        runs_as = tuple(observer_feeds(prepared.plan))
+        entry = (key, 0 if request is None else request.samples, runs_as)
+        taking = MeansTaken(request) if request is not None and entry not in self.input_means else None
+        passes: list[str] = []
 
         def collect(missing: list[str], bins: int) -> dict[str, Any]:
+            passes.append("statistics")
+            with_means: dict[str, Any] = {} if taking is None else {"input_means": taking, "runs_as": runs_as}
             return collect_statistics(
-                prepared.model, missing, self.feeds, bins=bins, total_batches=len(self.feeds), quiet=self.quiet
+                prepared.model,
+                missing,
+                self.feeds,
+                bins=bins,
+                total_batches=len(self.feeds),
+                quiet=self.quiet,
+                **with_means,
             )
 
         derived = self.ledger.observers(key, pre_label(key.pre_passes), prepared.plan, candidate.name, collect)
@@ -183,7 +220,26 @@ class _Shared:
             return quantizer.calibrate(prepared, self.feeds), "calibrated"
         observers, label = derived
         weights = self.ledger.weight_cache(key, prepared.plan)
-        return from_filled_observers(prepared.model, prepared.plan, observers, weights), label
+        calibrated = from_filled_observers(prepared.model, prepared.plan, observers, weights)
+        if request is None:
+            return calibrated, label
+        if taking is not None:
+            if not passes:  # every statistic was there already: a pass for the means alone
+                collect_statistics(
+                    prepared.model,
+                    (),
+                    self.feeds,
+                    total_batches=len(self.feeds),
+                    quiet=self.quiet,
+                    input_means=taking,
+                    runs_as=runs_as,
+                )
+            found = taking.result()
+            assert found is not None  # a request was made
+            self.input_means[entry] = found
+        means = self.input_means[entry]
+        self.input_mean_lookups += len(means.values)
+        return calibrated.evolve(input_means=means), label
 
 
 @attrs.define
