@@ -47,18 +47,28 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--config", help="config JSON file (quant_core.serialization format)")
 
 
-def _add_image_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--resize", nargs=2, type=int, metavar=("H", "W"), help="image folders: resize to H x W")
-    parser.add_argument("--mean", nargs="+", type=float, help="image folders: per-channel mean (0-1 scale)")
-    parser.add_argument("--std", nargs="+", type=float, help="image folders: per-channel std (0-1 scale)")
-    parser.add_argument("--layout", choices=("nchw", "nhwc"), default=None, help="image folders: tensor layout")
+def _add_image_options(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """Adds the image-folder options; returns their destinations."""
+    actions = (
+        parser.add_argument("--resize", nargs=2, type=int, metavar=("H", "W"), help="image folders: resize to H x W"),
+        parser.add_argument("--mean", nargs="+", type=float, help="image folders: per-channel mean (0-1 scale)"),
+        parser.add_argument("--std", nargs="+", type=float, help="image folders: per-channel std (0-1 scale)"),
+        parser.add_argument("--layout", choices=("nchw", "nhwc"), default=None, help="image folders: tensor layout"),
+    )
+    return tuple(action.dest for action in actions)
 
 
-def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
-    """Accuracy recovery; a flag for an algorithm the preset already runs keeps its settings."""
+def _add_algorithm_options(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """Accuracy recovery; a flag for an algorithm the preset already runs keeps its settings.
+    Returns the options' destinations."""
     group = parser.add_argument_group("accuracy recovery (defaults: quant_core.algorithm_config)")
-    group.add_argument("--cle", action="store_true", help="cross-layer equalization (Clip(0,6) -> Relu)")
-    group.add_argument(
+    dests: list[str] = []
+
+    def add(*flags: str, **options: Any) -> None:
+        dests.append(group.add_argument(*flags, **options).dest)
+
+    add("--cle", action="store_true", help="cross-layer equalization (Clip(0,6) -> Relu)")
+    add(
         "--bias-correction",
         nargs="?",
         const="empirical",
@@ -66,28 +76,27 @@ def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
         metavar="METHOD",
         help="bias correction: empirical (the default: a layer-by-layer walk) or analytic (one float pass)",
     )
-    group.add_argument(
+    add(
         "--activation-equalization",
         action="store_true",
         help="even out activation channels where it is free (Conv outputs before activation chains, depthwise inputs)",
     )
-    group.add_argument("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
-    group.add_argument("--gptq", action="store_true", help="GPTQ weight rounding (closed form; no torch)")
-    group.add_argument("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
-    group.add_argument("--adaquant", action="store_true", help="AdaQuant (needs quant-onnx[torch])")
-    group.add_argument(
-        "--iterations", type=int, help="AdaRound/AdaQuant iterations per layer (the flag's or the preset's)"
-    )
-    group.add_argument(
+    add("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
+    add("--gptq", action="store_true", help="GPTQ weight rounding (closed form; no torch)")
+    add("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
+    add("--adaquant", action="store_true", help="AdaQuant (needs quant-onnx[torch])")
+    add("--iterations", type=int, help="AdaRound/AdaQuant iterations per layer (the flag's or the preset's)")
+    add(
         "--mixed-precision",
         nargs="+",
         choices=("a16w8", "a8w16", "a16w16"),
         metavar="TYPE",
         help="raise the most sensitive layers to TYPE (a16w8, a8w16, a16w16)",
     )
-    group.add_argument("--mp-target-sqnr", type=float, metavar="DB", help="mixed precision: output SQNR to reach")
-    group.add_argument("--mp-size-budget", type=float, metavar="RATIO", help="mixed precision: size vs all-int8")
-    group.add_argument("--mp-max-layers", type=int, metavar="N", help="mixed precision: raise at most N layers")
+    add("--mp-target-sqnr", type=float, metavar="DB", help="mixed precision: output SQNR to reach")
+    add("--mp-size-budget", type=float, metavar="RATIO", help="mixed precision: size vs all-int8")
+    add("--mp-max-layers", type=int, metavar="N", help="mixed precision: raise at most N layers")
+    return tuple(dests)
 
 
 def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
@@ -177,9 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--exclude", nargs="+", default=[], metavar="PATTERN", help="node-name globs or op types left float")
     q.add_argument("--report", help="write a JSON report here (every scale, range and the per-layer SQNR)")
     q.add_argument("--quiet", action="store_true", help="no progress bars and no summary")
-    q.add_argument("--dynamic", action="store_true", help="dynamic quantization (no calibration data)")
-    _add_algorithm_options(q)
-    _add_image_options(q)
+    q.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic quantization: 8-bit symmetric weights of Conv, MatMul and Gemm, activations quantized at "
+        "run time (no calibration data, accuracy recovery or image options)",
+    )
+    # What --dynamic cannot use: calibration, accuracy recovery and image reading.
+    calibration = ("calib_data", "calib_method", "num_calib", "batch_size")
+    q.set_defaults(static_only=(*calibration, *_add_algorithm_options(q), *_add_image_options(q)))
 
     i = sub.add_parser(
         "inspect",
@@ -293,6 +308,15 @@ def _quantize(args: argparse.Namespace) -> int:
 
     if not Path(args.model).is_file():
         raise ModelError(f"model '{args.model}': file not found")
+    if args.dynamic:
+        if args.report:  # its ranges and per-layer SQNR come from calibration, which this skips
+            raise ConfigError("--report: not written with --dynamic (nothing is calibrated); drop one of them")
+        unused = ", ".join(_flag(name) for name in args.static_only if getattr(args, name) not in (None, False))
+        if unused:
+            raise ConfigError(
+                f"{unused}: not used with --dynamic (it calibrates nothing, runs no accuracy recovery and reads "
+                "no images); drop them or --dynamic"
+            )
     base = _config(args)
     config = override_config(
         base,
@@ -303,13 +327,7 @@ def _quantize(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     if args.dynamic:
-        from quant_onnx.pipeline.dynamic import quantize_dynamic
-
-        if args.report:  # its ranges and per-layer SQNR come from calibration, which this skips
-            raise ConfigError("--report: not written with --dynamic (nothing is calibrated); drop one of them")
-        calibration = _given(args, "calib_data", "num_calib", "calib_method")
-        if calibration:
-            raise ConfigError(f"{calibration}: not read with --dynamic (nothing is calibrated); drop one of them")
+        from quant_onnx.pipeline.dynamic import float_nodes, quantize_dynamic
 
         model = quantize_dynamic(args.model, args.output, config)
         if not args.quiet:
@@ -319,6 +337,9 @@ def _quantize(args: argparse.Namespace) -> int:
                 output_path=args.output,
                 seconds=time.perf_counter() - started,
                 config_name=f"{config.name} (dynamic)",
+                float_nodes=float_nodes(model),
+                float_reasons="dynamic mode runs only Conv, MatMul and Gemm nodes with a constant weight, "
+                "not excluded, whose weight spec is 8-bit symmetric",
             )
             print(summary)
         return EXIT_OK
