@@ -324,7 +324,7 @@ def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them()
     assert _algorithms(flags("--adaround", "--iterations", "50"), plain) == [AdaRoundConfig(num_iterations=50)]
     with pytest.raises(ValueError, match=r"--iterations: 50 .* neither runs"):
         _algorithms(flags("--iterations", "50"), plain)
-    # --bias-correction alone is the empirical walk; a method may follow it
+    # --bias-correction alone on a preset without it is the empirical walk; a method may follow it
     from quant_core.algorithm_config import BiasCorrectionConfig
 
     assert _algorithms(flags("--bias-correction"), plain) == [BiasCorrectionConfig()]
@@ -337,6 +337,14 @@ def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them()
     assert _algorithms(flags("--activation-equalization", "--bias-correction", "analytic"), plain) == [
         ActivationEqualizationConfig(),
         BiasCorrectionConfig(method="analytic"),
+    ]
+    # a8w8 runs analytic bias correction: the bare flag keeps it, a method changes only the method
+    tuned_bc = attrs.evolve(get_preset("a8w8").algorithm("bias_correction"), num_samples=7)
+    with_bc = get_preset("a8w8").evolve(algorithms=(tuned_bc,))
+    assert tuned_bc.method == "analytic"
+    assert _algorithms(flags("--bias-correction"), with_bc) == [tuned_bc]
+    assert _algorithms(flags("--bias-correction", "empirical"), with_bc) == [
+        BiasCorrectionConfig(num_samples=7, method="empirical")
     ]
 
 

@@ -71,10 +71,11 @@ def _add_algorithm_options(parser: argparse.ArgumentParser) -> tuple[str, ...]:
     add(
         "--bias-correction",
         nargs="?",
-        const="empirical",
+        const=True,  # bare: not a method, so the preset's own bias correction keeps its method
         choices=BIAS_CORRECTION_METHODS,
         metavar="METHOD",
-        help="bias correction: empirical (the default: a layer-by-layer walk) or analytic (one float pass)",
+        help="bias correction: empirical (a layer-by-layer walk) or analytic (one float pass); bare: the "
+        "preset's bias correction as it is, or empirical when the preset has none",
     )
     add(
         "--activation-equalization",
@@ -144,8 +145,11 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
         chosen.append(own_or(AdaRoundConfig()))
     if args.adaquant:
         chosen.append(own_or(AdaQuantConfig()))
-    if args.bias_correction:
-        chosen.append(BiasCorrectionConfig(method=args.bias_correction))
+    if args.bias_correction is not None:
+        correction = own_or(BiasCorrectionConfig())
+        if args.bias_correction is not True:
+            correction = attrs.evolve(correction, method=args.bias_correction)
+        chosen.append(correction)
     if args.iterations is not None:
         learned = [a for a in (*chosen, *base.algorithms) if isinstance(a, AdaRoundConfig | AdaQuantConfig)]
         if not learned:
