@@ -426,7 +426,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from quant_algos.search import Acceptance
+    from quant_algos.search import check_arguments
     from quant_onnx.recipe_search import deployment_for, format_table, search
 
     _check_counts(args, "num_calib", "batch_size", "num_eval")
@@ -434,8 +434,8 @@ def _search(args: argparse.Namespace) -> int:
         raise ConfigError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
     if args.target_agreement is not None and not 0.0 <= args.target_agreement <= 1.0:
         raise ConfigError(f"--target-agreement: {args.target_agreement} is out of range; allowed: 0 to 1 (a fraction)")
-    try:
-        Acceptance(0.0, args.confidence)  # its range, checked before the model is read
+    try:  # the ranges of --confidence and --seed, checked before the model is read
+        check_arguments(0.0, None, args.confidence, seed=args.seed)
     except ConfigError as exc:
         raise ConfigError(f"--{exc}") from None
     if not Path(args.model).is_file():
