@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import numpy as np
 import onnx
@@ -131,6 +132,15 @@ def test_a_bad_preset_is_a_config_error_and_a_malformed_model_a_model_error(mode
     twice.graph.node[1].name = twice.graph.node[0].name
     with pytest.raises(ModelError, match=f"node '{twice.graph.node[0].name}' .*the name is used twice"):
         quantize(twice, out, None, random_inputs(small_cnn(), 4), quiet=True)
+    assert not out.exists()
+
+
+def test_a_missing_config_file_is_a_config_error_before_any_work(model_file, tmp_path) -> None:
+    missing, out = str(tmp_path / "nosuch.json"), tmp_path / "q.onnx"
+    with pytest.raises(ConfigError, match=f"^config: file '{re.escape(str(missing))}' not found$"):
+        quantize(model_file, out, missing, random_inputs(small_cnn(), 4), quiet=True)
+    with pytest.raises(ConfigError, match=f"^config: file '{re.escape(str(missing))}' not found$"):
+        ModelQuantizer(missing)
     assert not out.exists()
 
 

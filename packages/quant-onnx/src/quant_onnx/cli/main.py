@@ -269,8 +269,6 @@ def _config(args: argparse.Namespace) -> Any:
     if args.config:
         from quant_core.serialization import load_config
 
-        if not Path(args.config).is_file():
-            raise ConfigError(f"--config: file '{args.config}' not found")
         return load_config(args.config)
     return resolve_config(args.preset)
 
