@@ -144,6 +144,14 @@ def test_a_missing_config_file_is_a_config_error_before_any_work(model_file, tmp
     assert not out.exists()
 
 
+@pytest.mark.parametrize("hold_samples", ["a", -1, 2.0, True])
+def test_hold_samples_that_is_not_a_count_fails_at_construction(hold_samples) -> None:
+    with pytest.raises(
+        ConfigError, match=f"^hold_samples: {re.escape(repr(hold_samples))} is out of range; allowed: an integer >= 0$"
+    ):
+        ModelQuantizer("a8w8", hold_samples=hold_samples)
+
+
 def test_phases_and_hooks_form_a_seam(model_file) -> None:
     seen = {}
 

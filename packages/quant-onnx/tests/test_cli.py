@@ -188,6 +188,14 @@ def test_dynamic_summary_names_the_nodes_kept_float_and_why(files, tmp_path, cap
     assert "Stayed float: 1 nodes (Conv 1); dynamic mode runs only" in captured.out, captured.out
 
 
+def test_an_infinite_std_is_refused_before_calibration(files, tmp_path, capsys) -> None:
+    model, data = files
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), str(out), "--calib-data", str(data), "--std", "inf"]) == 2
+    assert _error_line(capsys).startswith("quant-onnx: error: std: (inf,) is out of range; allowed: ")
+    assert not out.exists()
+
+
 def test_inspect_lists_quantized_and_float_ops(tmp_path, capsys) -> None:
     path = tmp_path / "island.onnx"
     onnx.save(float_island_net(), path)

@@ -52,7 +52,9 @@ def _add_image_options(parser: argparse.ArgumentParser) -> tuple[str, ...]:
     actions = (
         parser.add_argument("--resize", nargs=2, type=int, metavar=("H", "W"), help="image folders: resize to H x W"),
         parser.add_argument("--mean", nargs="+", type=float, help="image folders: per-channel mean (0-1 scale)"),
-        parser.add_argument("--std", nargs="+", type=float, help="image folders: per-channel std (0-1 scale)"),
+        parser.add_argument(
+            "--std", nargs="+", type=float, help="image folders: per-channel std (0-1 scale; finite, non-zero)"
+        ),
         parser.add_argument("--layout", choices=("nchw", "nhwc"), default=None, help="image folders: tensor layout"),
     )
     return tuple(action.dest for action in actions)
