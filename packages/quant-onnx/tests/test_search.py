@@ -240,6 +240,9 @@ def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tm
         (["--target-agreement", "0.9", "--target", "dpu"], "--target"),
         (["--target-agreement", "0.9", "--confidence", "0.3"], "--confidence: 0.3 is out of range"),
         (["--target-agreement", "0.9", "--seed", "-1"], "--seed: -1 is out of range; allowed: an integer >= 0"),
+        (["--target-agreement", "0.9", "--eval-labels", "l.npy"], "--eval-labels: read only by --metric accuracy"),
+        (["--target-score", "30", "--metric", "sqnr", "--eval-labels", "l.npy"], "--eval-labels: read only by"),
+        (["--target-score", "0.9", "--eval-labels", "l.npy"], "--eval-labels: read only by"),
         ([], "--target-agreement"),
     ],
 )

@@ -239,7 +239,9 @@ def _add_search_parser(sub: Any) -> None:
     s.add_argument("output", metavar="OUTPUT", help="where to write the chosen model (its folder must exist)")
     s.add_argument("--calib-data", required=True, help=".npy, .npz or image folder")
     s.add_argument("--eval-data", required=True, help="evaluation samples: .npy, .npz or image folder")
-    s.add_argument("--eval-labels", help=".npy of one label per evaluation sample (for --metric accuracy or yours)")
+    s.add_argument(
+        "--eval-labels", help=".npy of one label per evaluation sample (only with --metric accuracy or yours)"
+    )
     goal = s.add_mutually_exclusive_group(required=True)
     goal.add_argument("--target-agreement", type=float, metavar="T", help="top-1 agreement with the float model")
     goal.add_argument("--target-score", type=float, metavar="T", help="the value of --metric to reach")
@@ -432,6 +434,12 @@ def _search(args: argparse.Namespace) -> int:
     _check_counts(args, "num_calib", "batch_size", "num_eval")
     if args.target_agreement is not None and args.metric is not None:
         raise ConfigError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
+    if args.eval_labels is not None and args.metric in (None, "sqnr"):
+        # agreement and SQNR compare with the float model's outputs: the labels would go unread
+        raise ConfigError(
+            "--eval-labels: read only by --metric accuracy or a user metric (module:function, file.py:function); "
+            "drop it or choose one of those"
+        )
     if args.target_agreement is not None and not 0.0 <= args.target_agreement <= 1.0:
         raise ConfigError(f"--target-agreement: {args.target_agreement} is out of range; allowed: 0 to 1 (a fraction)")
     try:  # the ranges of --confidence and --seed, checked before the model is read
