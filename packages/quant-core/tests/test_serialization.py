@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +306,17 @@ def test_load_error_names_the_file(tmp_path: Path) -> None:
     path.write_text('{"schema_version": 1, "global_config": {"output": {"dtype": "int8", "x": 1}}}', encoding="utf-8")
     with pytest.raises(ValueError, match=r"bad\.json: \$\.global_config\.output: unknown key 'x'"):
         load_config(path)
+
+
+def test_a_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
+    from quant_core.presets import resolve_config
+
+    missing = tmp_path / "nosuch.json"
+    for load in (load_config, resolve_config):
+        with pytest.raises(ConfigError, match=f"^config: file '{re.escape(str(missing))}' not found$"):
+            load(missing)
+    with pytest.raises(ConfigError, match=r"^config: file 'nosuch\.json' not found$"):
+        resolve_config("nosuch.json")
 
 
 def test_version_1_weight_axes_mean_output_channels() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import numpy as np
 import onnx
@@ -132,6 +133,23 @@ def test_a_bad_preset_is_a_config_error_and_a_malformed_model_a_model_error(mode
     with pytest.raises(ModelError, match=f"node '{twice.graph.node[0].name}' .*the name is used twice"):
         quantize(twice, out, None, random_inputs(small_cnn(), 4), quiet=True)
     assert not out.exists()
+
+
+def test_a_missing_config_file_is_a_config_error_before_any_work(model_file, tmp_path) -> None:
+    missing, out = str(tmp_path / "nosuch.json"), tmp_path / "q.onnx"
+    with pytest.raises(ConfigError, match=f"^config: file '{re.escape(str(missing))}' not found$"):
+        quantize(model_file, out, missing, random_inputs(small_cnn(), 4), quiet=True)
+    with pytest.raises(ConfigError, match=f"^config: file '{re.escape(str(missing))}' not found$"):
+        ModelQuantizer(missing)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("hold_samples", ["a", -1, 2.0, True])
+def test_hold_samples_that_is_not_a_count_fails_at_construction(hold_samples) -> None:
+    with pytest.raises(
+        ConfigError, match=f"^hold_samples: {re.escape(repr(hold_samples))} is out of range; allowed: an integer >= 0$"
+    ):
+        ModelQuantizer("a8w8", hold_samples=hold_samples)
 
 
 def test_phases_and_hooks_form_a_seam(model_file) -> None:

@@ -135,6 +135,67 @@ def test_dynamic_needs_no_calibration_data(files, tmp_path) -> None:
     assert not report.exists() and not (tmp_path / "e.onnx").exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--batch-size", "8", "--cle", "--gptq", "--resize", "3", "3"], "--batch-size, --cle, --gptq, --resize"),
+        (["--bias-correction"], "--bias-correction"),
+        (["--iterations", "3"], "--iterations"),
+        (["--mixed-precision", "a16w8"], "--mixed-precision"),
+        (["--layout", "nhwc"], "--layout"),
+    ],
+)
+def test_dynamic_refuses_flags_it_would_ignore(files, tmp_path, capsys, flags, named) -> None:
+    model, _data = files
+    out = tmp_path / "d.onnx"
+    assert main(["quantize", str(model), str(out), "--dynamic", *flags]) == 2
+    assert _error_line(capsys).startswith(f"quant-onnx: error: {named}: not used with --dynamic")
+    assert not out.exists()
+
+
+def test_dynamic_checks_exclude_globs_as_static_mode_does(files, tmp_path, capsys) -> None:
+    model, _data = files
+    out = tmp_path / "d.onnx"
+    assert main(["quantize", str(model), str(out), "--dynamic", "--exclude", "nosuchnode"]) == 2
+    assert "exclude: 'nosuchnode' matches no node" in _error_line(capsys)
+    assert not out.exists()
+    assert main(["quantize", str(model), str(out), "--dynamic", "--exclude", "conv3", "--quiet"]) == 0
+
+
+def test_dynamic_refuses_a_config_it_can_quantize_nothing_with(files, tmp_path, capsys) -> None:
+    model, _data = files
+    out = tmp_path / "d.onnx"
+    assert main(["quantize", str(model), str(out), "--dynamic", "--preset", "w4a8"]) == 2
+    line = _error_line(capsys)
+    assert "weight: int4 symmetric (config 'w4a8') cannot be quantized dynamically" in line, line
+    assert "allowed: int8 or uint8 symmetric weights" in line
+    assert not out.exists()
+
+
+def test_dynamic_summary_names_the_nodes_kept_float_and_why(files, tmp_path, capsys) -> None:
+    from quant_core.presets import get_preset
+    from quant_core.serialization import save_config
+
+    model, _data = files
+    config = tmp_path / "mixed.json"
+    int4 = get_preset("w4a8").global_config
+    save_config(get_preset("a8w8").evolve(name_overrides={"conv3": int4}), config)
+    assert main(["quantize", str(model), str(tmp_path / "d.onnx"), "--dynamic", "--config", str(config)]) == 0
+    captured = capsys.readouterr()
+    assert "quant-onnx: note: node 'conv3': dynamic mode needs an 8-bit symmetric weight spec; kept float" in (
+        captured.err
+    )
+    assert "Stayed float: 1 nodes (Conv 1); dynamic mode runs only" in captured.out, captured.out
+
+
+def test_an_infinite_std_is_refused_before_calibration(files, tmp_path, capsys) -> None:
+    model, data = files
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), str(out), "--calib-data", str(data), "--std", "inf"]) == 2
+    assert _error_line(capsys).startswith("quant-onnx: error: std: (inf,) is out of range; allowed: ")
+    assert not out.exists()
+
+
 def test_inspect_lists_quantized_and_float_ops(tmp_path, capsys) -> None:
     path = tmp_path / "island.onnx"
     onnx.save(float_island_net(), path)
@@ -271,7 +332,7 @@ def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them()
     assert _algorithms(flags("--adaround", "--iterations", "50"), plain) == [AdaRoundConfig(num_iterations=50)]
     with pytest.raises(ValueError, match=r"--iterations: 50 .* neither runs"):
         _algorithms(flags("--iterations", "50"), plain)
-    # --bias-correction alone is the empirical walk; a method may follow it
+    # --bias-correction alone on a preset without it is the empirical walk; a method may follow it
     from quant_core.algorithm_config import BiasCorrectionConfig
 
     assert _algorithms(flags("--bias-correction"), plain) == [BiasCorrectionConfig()]
@@ -284,6 +345,14 @@ def test_algorithm_flags_keep_a_presets_own_settings_and_iterations_reach_them()
     assert _algorithms(flags("--activation-equalization", "--bias-correction", "analytic"), plain) == [
         ActivationEqualizationConfig(),
         BiasCorrectionConfig(method="analytic"),
+    ]
+    # a8w8 runs analytic bias correction: the bare flag keeps it, a method changes only the method
+    tuned_bc = attrs.evolve(get_preset("a8w8").algorithm("bias_correction"), num_samples=7)
+    with_bc = get_preset("a8w8").evolve(algorithms=(tuned_bc,))
+    assert tuned_bc.method == "analytic"
+    assert _algorithms(flags("--bias-correction"), with_bc) == [tuned_bc]
+    assert _algorithms(flags("--bias-correction", "empirical"), with_bc) == [
+        BiasCorrectionConfig(num_samples=7, method="empirical")
     ]
 
 

@@ -236,6 +236,29 @@ def test_image_options_validation():
         ImageOptions(resize=(0, 3))
 
 
+@pytest.mark.parametrize(
+    ("options", "allowed"),
+    [
+        ({"mean": ("a",)}, "mean: ('a',) is out of range; allowed: one or more finite numbers"),
+        ({"mean": (float("nan"),)}, "mean: (nan,) is out of range; allowed: one or more finite numbers"),
+        ({"std": (float("inf"),)}, "std: (inf,) is out of range; allowed: one or more finite non-zero numbers"),
+        ({"std": (0.5, "b")}, "std: (0.5, 'b') is out of range"),
+        ({"resize": (32.5, 32)}, "resize: (32.5, 32) is out of range; allowed: null or two integers > 0"),
+        ({"resize": (32,)}, "resize: (32,) is out of range"),
+        ({"resize": (True, 32)}, "resize: (True, 32) is out of range"),
+    ],
+)
+def test_image_options_of_the_wrong_type_fail_at_construction(options, allowed):
+    with pytest.raises(ConfigError) as caught:
+        ImageOptions(**options)
+    assert str(caught.value).startswith(allowed), caught.value
+
+
+def test_image_options_take_numpy_scalars():
+    options = ImageOptions(resize=(np.int64(8), 8), mean=(np.float32(0.5),), std=tuple(np.full(3, 0.25, np.float32)))
+    assert options.resize == (8, 8) and len(options.std) == 3
+
+
 def test_missing_pillow_names_the_extra(tmp_path, monkeypatch):
     (tmp_path / "a.png").write_bytes(b"")
     monkeypatch.setitem(sys.modules, "PIL", None)

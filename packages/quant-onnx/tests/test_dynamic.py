@@ -9,6 +9,7 @@ from model_builders import cpu_has_vnni, mlp, ort_run, random_inputs, small_cnn
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from quant_core.errors import ConfigError
 from quant_core.qparams import sqnr_db
 from quant_onnx.cli.config_overrides import override_config
 from quant_onnx.pipeline.dynamic import quantize_dynamic, quantize_dynamic_model
@@ -60,3 +61,13 @@ def test_dynamic_respects_exclusions_and_per_tensor(tmp_path) -> None:
     before = path.read_bytes()
     quantize_dynamic(path, tmp_path / "q.onnx")
     assert path.read_bytes() == before and (tmp_path / "q.onnx").is_file()
+
+
+def test_dynamic_checks_selectors_and_refuses_weights_it_cannot_quantize() -> None:
+    from quant_core.presets import get_preset
+
+    a8w8 = get_preset("a8w8")
+    with pytest.raises(ConfigError, match="name_overrides: 'nosuch' matches no node"):
+        quantize_dynamic_model(small_cnn(), a8w8.evolve(name_overrides={"nosuch": a8w8.global_config}))
+    with pytest.raises(ConfigError, match=r"weight: int4 symmetric .* allowed: int8 or uint8 symmetric"):
+        quantize_dynamic_model(small_cnn(), "w4a8")

@@ -216,6 +216,7 @@ def test_xint8_target_skips_formats_the_npu_cannot_run(model, calib, evaluation)
         ({"target": 0.5, "metric": "accuracy"}, DataError, "labels"),
         ({"target": 0.5, "eval_batch_size": 0}, ConfigError, "eval_batch_size:"),
         ({"target": 0.5, "eval_samples": -5}, ConfigError, "eval_samples:"),
+        ({"target": 0.5, "seed": -1}, ConfigError, "seed: -1 is out of range; allowed: an integer >= 0"),
     ],
 )
 def test_bad_arguments_fail_with_one_line_naming_the_field(model, calib, evaluation, kwargs, error, field):
@@ -272,6 +273,10 @@ def test_cli_search_writes_the_model_and_the_report(model, calib, evaluation, tm
         (["--target-agreement", "0.9", "--num-eval", "0"], "--num-eval"),
         (["--target-agreement", "0.9", "--target", "dpu"], "--target"),
         (["--target-agreement", "0.9", "--confidence", "0.3"], "--confidence: 0.3 is out of range"),
+        (["--target-agreement", "0.9", "--seed", "-1"], "--seed: -1 is out of range; allowed: an integer >= 0"),
+        (["--target-agreement", "0.9", "--eval-labels", "l.npy"], "--eval-labels: read only by --metric accuracy"),
+        (["--target-score", "30", "--metric", "sqnr", "--eval-labels", "l.npy"], "--eval-labels: read only by"),
+        (["--target-score", "0.9", "--eval-labels", "l.npy"], "--eval-labels: read only by"),
         ([], "--target-agreement"),
     ],
 )

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
@@ -23,15 +24,32 @@ from quant_core.observer_config import is_finite_number
 from quant_core.spec import parse_enum
 
 
-def _in_range(cond: Any, allowed: str) -> Any:
-    def validator(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def check_in_range(field: str, value: Any, cond: Callable[[Any], Any], allowed: str) -> None:
+    """Raise ``ConfigError`` ("``field``: ``value`` is out of range; allowed: ``allowed``")
+    unless ``cond(value)`` holds. A bool is never in range (it is an ``int`` to Python, never
+    what a count or a size means), and a ``cond`` that raises ``TypeError`` on a value of
+    the wrong type refuses it, so callers need not test the type first.
+
+    Example:
+        >>> check_in_range("hold_samples", -1, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: hold_samples: -1 is out of range; allowed: an integer >= 0
+    """
+    ok = False
+    try:
+        ok = not isinstance(value, bool) and bool(cond(value))
+    except TypeError:
         ok = False
-        try:
-            ok = not isinstance(value, bool) and bool(cond(value))
-        except TypeError:
-            ok = False
-        if not ok:
-            raise ConfigError(f"{attribute.name}: {value!r} is out of range; allowed: {allowed}")
+    if not ok:
+        raise ConfigError(f"{field}: {value!r} is out of range; allowed: {allowed}")
+
+
+def in_range(cond: Callable[[Any], Any], allowed: str) -> Any:
+    """An attrs validator: :func:`check_in_range` on the attribute's value."""
+
+    def validator(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+        check_in_range(attribute.name, value, cond, allowed)
 
     return validator
 
@@ -54,10 +72,10 @@ whose cores are shared every parallel op waits for whichever thread the OS parke
 against 23 s on one beside other work, docs/benchmarks.md). One thread also rounds the same
 whatever the machine's core count: torch splits its float sums by thread count."""
 
-_positive_int = _in_range(lambda v: isinstance(v, int) and v > 0, "an integer > 0")
-_optional_positive_int = _in_range(lambda v: v is None or (isinstance(v, int) and v > 0), "null or an integer > 0")
-_positive = _in_range(lambda v: is_finite_number(v) and v > 0, "a finite number > 0")
-_unit = _in_range(lambda v: is_finite_number(v) and 0.0 <= v <= 1.0, "a number from 0 to 1")
+_positive_int = in_range(lambda v: isinstance(v, int) and v > 0, "an integer > 0")
+_optional_positive_int = in_range(lambda v: v is None or (isinstance(v, int) and v > 0), "null or an integer > 0")
+_positive = in_range(lambda v: is_finite_number(v) and v > 0, "a finite number > 0")
+_unit = in_range(lambda v: is_finite_number(v) and 0.0 <= v <= 1.0, "a number from 0 to 1")
 
 
 def _device(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
@@ -91,7 +109,7 @@ class CLEConfig:
 
     kind: ClassVar[str] = "cle"
     steps: int = attrs.field(
-        default=1, validator=_in_range(lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0: adaptive)")
+        default=1, validator=in_range(lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0: adaptive)")
     )
     tolerance: float = attrs.field(default=1e-3, validator=_positive)
     max_steps: int = attrs.field(default=32, validator=_positive_int)
@@ -323,7 +341,7 @@ class GPTQConfig:
 
     kind: ClassVar[str] = "gptq"
     damping: float = attrs.field(
-        default=0.01, validator=_in_range(lambda v: is_finite_number(v) and 0 < v <= 1, "a number > 0 and <= 1")
+        default=0.01, validator=in_range(lambda v: is_finite_number(v) and 0 < v <= 1, "a number > 0 and <= 1")
     )
     num_samples: int | None = attrs.field(default=None, validator=_optional_positive_int)
     act_order: bool = attrs.field(default=False, validator=_bool)
@@ -354,11 +372,11 @@ class MixedPrecisionConfig:
     target_types: tuple[PrecisionTarget, ...] = attrs.field(default=(PrecisionTarget.A16W8,), converter=_targets)
     metric: SensitivityMetric = attrs.field(default=SensitivityMetric.SQNR, converter=_metric)
     accuracy_target: float | None = attrs.field(
-        default=None, validator=_in_range(lambda v: v is None or is_finite_number(v), "null or a finite number")
+        default=None, validator=in_range(lambda v: v is None or is_finite_number(v), "null or a finite number")
     )
     size_budget: float | None = attrs.field(
         default=None,
-        validator=_in_range(lambda v: v is None or (is_finite_number(v) and v >= 1.0), "null or a finite number >= 1"),
+        validator=in_range(lambda v: v is None or (is_finite_number(v) and v >= 1.0), "null or a finite number >= 1"),
     )
     max_layers: int | None = attrs.field(default=None, validator=_optional_positive_int)
     num_samples: int = attrs.field(default=64, validator=_positive_int)

@@ -459,9 +459,15 @@ def load_config(path: str | os.PathLike[str]) -> QuantConfig:
         Traceback (most recent call last):
         ...
         quant_core.errors.ConfigError: .../q.json: $.global_config.input.dtype: 'int9' is not allowed; allowed: int4, ...
+        >>> load_config("nosuch.json")
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: config: file 'nosuch.json' not found
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config: file '{os.fspath(path)}' not found") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{os.fspath(path)}: not UTF-8 text (byte {exc.start}); allowed: a JSON config file"

@@ -51,7 +51,7 @@ import onnx
 
 from quant_algos.drivers.schedule import schedule
 from quant_core import presets
-from quant_core.algorithm_config import ActivationEqualizationConfig
+from quant_core.algorithm_config import ActivationEqualizationConfig, check_in_range
 from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
 from quant_core.onnx_qdq.model_io import (
@@ -203,6 +203,7 @@ class ModelQuantizer:
         evaluate: EvaluateFn | None = None,
         quiet: bool = False,
     ) -> None:
+        check_in_range("hold_samples", hold_samples, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
         self.config = resolve_config(config)
         self.preprocess_options = preprocess_options or PreprocessOptions()
         self.writer_options = writer_options or WriterOptions()

@@ -20,6 +20,8 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import os
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -30,6 +32,7 @@ import attrs
 import numpy as np
 import onnx
 
+from quant_core.algorithm_config import in_range
 from quant_core.errors import ConfigError, DataError, MissingDependencyError
 
 _LOG = logging.getLogger(__name__)
@@ -86,6 +89,20 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
     return specs
 
 
+def _positive_size(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value > 0)
+
+
+def _finite_real(value: Any) -> bool:
+    # numpy scalars too: per-channel statistics often come from an array.
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_RESIZE_ALLOWED = "null or two integers > 0 (height, width)"
+_MEAN_ALLOWED = "one or more finite numbers (one, or one per channel)"
+_STD_ALLOWED = "one or more finite non-zero numbers (one, or one per channel)"
+
+
 @attrs.frozen(kw_only=True)
 class ImageOptions:
     """How image files become input tensors: resize to (height, width), scale to [0, 1], (x - mean) / std.
@@ -97,20 +114,24 @@ class ImageOptions:
         'nchw'
     """
 
-    resize: tuple[int, int] | None = None
-    mean: tuple[float, ...] = (0.0,)
-    std: tuple[float, ...] = (1.0,)
+    resize: tuple[int, int] | None = attrs.field(
+        default=None,
+        validator=in_range(lambda v: v is None or (len(v) == 2 and all(map(_positive_size, v))), _RESIZE_ALLOWED),
+    )
+    # Checked here, not when the first image is read: a string fails late, an infinite or
+    # zero std turns every sample into zeros or NaN, and calibration would run on that.
+    mean: tuple[float, ...] = attrs.field(
+        default=(0.0,), validator=in_range(lambda v: len(v) > 0 and all(map(_finite_real, v)), _MEAN_ALLOWED)
+    )
+    std: tuple[float, ...] = attrs.field(
+        default=(1.0,),
+        validator=in_range(lambda v: len(v) > 0 and all(_finite_real(x) and x != 0 for x in v), _STD_ALLOWED),
+    )
     layout: str = "nchw"
 
     def __attrs_post_init__(self) -> None:
         if self.layout not in ("nchw", "nhwc"):
-            raise ConfigError(f"ImageOptions.layout must be 'nchw' or 'nhwc', got {self.layout!r}")
-        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) <= 0):
-            raise ConfigError(f"ImageOptions.resize must be (height, width) with positive sizes, got {self.resize!r}")
-        if not self.mean or not self.std or any(s == 0 for s in self.std):
-            raise ConfigError(
-                f"ImageOptions.mean/std must be non-empty and std non-zero, got {self.mean!r}/{self.std!r}"
-            )
+            raise ConfigError(f"layout: {self.layout!r} is not allowed; allowed: nchw, nhwc")
 
 
 class CalibrationReader:

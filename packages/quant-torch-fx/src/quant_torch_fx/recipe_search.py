@@ -359,7 +359,7 @@ def search(
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
     check_report_path(report_path)  # before any work
-    acceptance = check_arguments(target, budget_s, confidence, eval_batch_size, eval_samples)
+    acceptance = check_arguments(target, budget_s, confidence, eval_batch_size, eval_samples, seed=seed)
     check_target(deployment, "deployment")
     if isinstance(labels, torch.Tensor):
         labels = labels.detach().cpu().numpy()

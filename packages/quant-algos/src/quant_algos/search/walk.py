@@ -139,12 +139,19 @@ class Backend(Protocol):
 
 
 def check_arguments(
-    target: Any, budget_s: Any, confidence: Any = 0.9, eval_batch_size: Any = 32, eval_samples: Any = None
+    target: Any,
+    budget_s: Any,
+    confidence: Any = 0.9,
+    eval_batch_size: Any = 32,
+    eval_samples: Any = None,
+    *,
+    seed: Any = 0,
 ) -> Acceptance:
     """The search's :class:`~quant_algos.search.evaluation.Acceptance`, or one-line errors
     for a ``target`` that is not a finite number, a ``budget_s`` that is not positive, a
-    ``confidence`` out of range, or an evaluation batch size or sample count below 1, before
-    any work (both backends' searches call it).
+    ``confidence`` out of range, an evaluation batch size or sample count below 1, or a
+    held-out split ``seed`` numpy cannot take (not an integer >= 0), before any work (both
+    backends' searches call it).
 
     Example:
         >>> check_arguments(float("nan"), None)
@@ -162,6 +169,8 @@ def check_arguments(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             allowed = "null or an integer >= 1" if optional else "an integer >= 1"
             raise ConfigError(f"{name}: {value!r} is out of range; allowed: {allowed}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ConfigError(f"seed: {seed!r} is out of range; allowed: an integer >= 0")
     return Acceptance(float(target), confidence)
 
 

@@ -47,47 +47,59 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--config", help="config JSON file (quant_core.serialization format)")
 
 
-def _add_image_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--resize", nargs=2, type=int, metavar=("H", "W"), help="image folders: resize to H x W")
-    parser.add_argument("--mean", nargs="+", type=float, help="image folders: per-channel mean (0-1 scale)")
-    parser.add_argument("--std", nargs="+", type=float, help="image folders: per-channel std (0-1 scale)")
-    parser.add_argument("--layout", choices=("nchw", "nhwc"), default=None, help="image folders: tensor layout")
+def _add_image_options(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """Adds the image-folder options; returns their destinations."""
+    actions = (
+        parser.add_argument("--resize", nargs=2, type=int, metavar=("H", "W"), help="image folders: resize to H x W"),
+        parser.add_argument("--mean", nargs="+", type=float, help="image folders: per-channel mean (0-1 scale)"),
+        parser.add_argument(
+            "--std", nargs="+", type=float, help="image folders: per-channel std (0-1 scale; finite, non-zero)"
+        ),
+        parser.add_argument("--layout", choices=("nchw", "nhwc"), default=None, help="image folders: tensor layout"),
+    )
+    return tuple(action.dest for action in actions)
 
 
-def _add_algorithm_options(parser: argparse.ArgumentParser) -> None:
-    """Accuracy recovery; a flag for an algorithm the preset already runs keeps its settings."""
+def _add_algorithm_options(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """Accuracy recovery; a flag for an algorithm the preset already runs keeps its settings.
+    Returns the options' destinations."""
     group = parser.add_argument_group("accuracy recovery (defaults: quant_core.algorithm_config)")
-    group.add_argument("--cle", action="store_true", help="cross-layer equalization (Clip(0,6) -> Relu)")
-    group.add_argument(
+    dests: list[str] = []
+
+    def add(*flags: str, **options: Any) -> None:
+        dests.append(group.add_argument(*flags, **options).dest)
+
+    add("--cle", action="store_true", help="cross-layer equalization (Clip(0,6) -> Relu)")
+    add(
         "--bias-correction",
         nargs="?",
-        const="empirical",
+        const=True,  # bare: not a method, so the preset's own bias correction keeps its method
         choices=BIAS_CORRECTION_METHODS,
         metavar="METHOD",
-        help="bias correction: empirical (the default: a layer-by-layer walk) or analytic (one float pass)",
+        help="bias correction: empirical (a layer-by-layer walk) or analytic (one float pass); bare: the "
+        "preset's bias correction as it is, or empirical when the preset has none",
     )
-    group.add_argument(
+    add(
         "--activation-equalization",
         action="store_true",
         help="even out activation channels where it is free (Conv outputs before activation chains, depthwise inputs)",
     )
-    group.add_argument("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
-    group.add_argument("--gptq", action="store_true", help="GPTQ weight rounding (closed form; no torch)")
-    group.add_argument("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
-    group.add_argument("--adaquant", action="store_true", help="AdaQuant (needs quant-onnx[torch])")
-    group.add_argument(
-        "--iterations", type=int, help="AdaRound/AdaQuant iterations per layer (the flag's or the preset's)"
-    )
-    group.add_argument(
+    add("--smoothquant", type=float, metavar="ALPHA", help="SmoothQuant with migration strength ALPHA")
+    add("--gptq", action="store_true", help="GPTQ weight rounding (closed form; no torch)")
+    add("--adaround", action="store_true", help="AdaRound (needs quant-onnx[torch])")
+    add("--adaquant", action="store_true", help="AdaQuant (needs quant-onnx[torch])")
+    add("--iterations", type=int, help="AdaRound/AdaQuant iterations per layer (the flag's or the preset's)")
+    add(
         "--mixed-precision",
         nargs="+",
         choices=("a16w8", "a8w16", "a16w16"),
         metavar="TYPE",
         help="raise the most sensitive layers to TYPE (a16w8, a8w16, a16w16)",
     )
-    group.add_argument("--mp-target-sqnr", type=float, metavar="DB", help="mixed precision: output SQNR to reach")
-    group.add_argument("--mp-size-budget", type=float, metavar="RATIO", help="mixed precision: size vs all-int8")
-    group.add_argument("--mp-max-layers", type=int, metavar="N", help="mixed precision: raise at most N layers")
+    add("--mp-target-sqnr", type=float, metavar="DB", help="mixed precision: output SQNR to reach")
+    add("--mp-size-budget", type=float, metavar="RATIO", help="mixed precision: size vs all-int8")
+    add("--mp-max-layers", type=int, metavar="N", help="mixed precision: raise at most N layers")
+    return tuple(dests)
 
 
 def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
@@ -135,8 +147,11 @@ def _algorithms(args: argparse.Namespace, base: Any) -> list[Any]:
         chosen.append(own_or(AdaRoundConfig()))
     if args.adaquant:
         chosen.append(own_or(AdaQuantConfig()))
-    if args.bias_correction:
-        chosen.append(BiasCorrectionConfig(method=args.bias_correction))
+    if args.bias_correction is not None:
+        correction = own_or(BiasCorrectionConfig())
+        if args.bias_correction is not True:
+            correction = attrs.evolve(correction, method=args.bias_correction)
+        chosen.append(correction)
     if args.iterations is not None:
         learned = [a for a in (*chosen, *base.algorithms) if isinstance(a, AdaRoundConfig | AdaQuantConfig)]
         if not learned:
@@ -177,9 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--exclude", nargs="+", default=[], metavar="PATTERN", help="node-name globs or op types left float")
     q.add_argument("--report", help="write a JSON report here (every scale, range and the per-layer SQNR)")
     q.add_argument("--quiet", action="store_true", help="no progress bars and no summary")
-    q.add_argument("--dynamic", action="store_true", help="dynamic quantization (no calibration data)")
-    _add_algorithm_options(q)
-    _add_image_options(q)
+    q.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic quantization: 8-bit symmetric weights of Conv, MatMul and Gemm, activations quantized at "
+        "run time (no calibration data, accuracy recovery or image options)",
+    )
+    # What --dynamic cannot use: calibration, accuracy recovery and image reading.
+    calibration = ("calib_data", "calib_method", "num_calib", "batch_size")
+    q.set_defaults(static_only=(*calibration, *_add_algorithm_options(q), *_add_image_options(q)))
 
     i = sub.add_parser(
         "inspect",
@@ -218,7 +239,9 @@ def _add_search_parser(sub: Any) -> None:
     s.add_argument("output", metavar="OUTPUT", help="where to write the chosen model (its folder must exist)")
     s.add_argument("--calib-data", required=True, help=".npy, .npz or image folder")
     s.add_argument("--eval-data", required=True, help="evaluation samples: .npy, .npz or image folder")
-    s.add_argument("--eval-labels", help=".npy of one label per evaluation sample (for --metric accuracy or yours)")
+    s.add_argument(
+        "--eval-labels", help=".npy of one label per evaluation sample (only with --metric accuracy or yours)"
+    )
     goal = s.add_mutually_exclusive_group(required=True)
     goal.add_argument("--target-agreement", type=float, metavar="T", help="top-1 agreement with the float model")
     goal.add_argument("--target-score", type=float, metavar="T", help="the value of --metric to reach")
@@ -250,8 +273,6 @@ def _config(args: argparse.Namespace) -> Any:
     if args.config:
         from quant_core.serialization import load_config
 
-        if not Path(args.config).is_file():
-            raise ConfigError(f"--config: file '{args.config}' not found")
         return load_config(args.config)
     return resolve_config(args.preset)
 
@@ -293,6 +314,15 @@ def _quantize(args: argparse.Namespace) -> int:
 
     if not Path(args.model).is_file():
         raise ModelError(f"model '{args.model}': file not found")
+    if args.dynamic:
+        if args.report:  # its ranges and per-layer SQNR come from calibration, which this skips
+            raise ConfigError("--report: not written with --dynamic (nothing is calibrated); drop one of them")
+        unused = ", ".join(_flag(name) for name in args.static_only if getattr(args, name) not in (None, False))
+        if unused:
+            raise ConfigError(
+                f"{unused}: not used with --dynamic (it calibrates nothing, runs no accuracy recovery and reads "
+                "no images); drop them or --dynamic"
+            )
     base = _config(args)
     config = override_config(
         base,
@@ -303,13 +333,7 @@ def _quantize(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     if args.dynamic:
-        from quant_onnx.pipeline.dynamic import quantize_dynamic
-
-        if args.report:  # its ranges and per-layer SQNR come from calibration, which this skips
-            raise ConfigError("--report: not written with --dynamic (nothing is calibrated); drop one of them")
-        calibration = _given(args, "calib_data", "num_calib", "calib_method")
-        if calibration:
-            raise ConfigError(f"{calibration}: not read with --dynamic (nothing is calibrated); drop one of them")
+        from quant_onnx.pipeline.dynamic import float_nodes, quantize_dynamic
 
         model = quantize_dynamic(args.model, args.output, config)
         if not args.quiet:
@@ -319,6 +343,9 @@ def _quantize(args: argparse.Namespace) -> int:
                 output_path=args.output,
                 seconds=time.perf_counter() - started,
                 config_name=f"{config.name} (dynamic)",
+                float_nodes=float_nodes(model),
+                float_reasons="dynamic mode runs only Conv, MatMul and Gemm nodes with a constant weight, "
+                "not excluded, whose weight spec is 8-bit symmetric",
             )
             print(summary)
         return EXIT_OK
@@ -401,16 +428,22 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from quant_algos.search import Acceptance
+    from quant_algos.search import check_arguments
     from quant_onnx.recipe_search import deployment_for, format_table, search
 
     _check_counts(args, "num_calib", "batch_size", "num_eval")
     if args.target_agreement is not None and args.metric is not None:
         raise ConfigError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
+    if args.eval_labels is not None and args.metric in (None, "sqnr"):
+        # agreement and SQNR compare with the float model's outputs: the labels would go unread
+        raise ConfigError(
+            "--eval-labels: read only by --metric accuracy or a user metric (module:function, file.py:function); "
+            "drop it or choose one of those"
+        )
     if args.target_agreement is not None and not 0.0 <= args.target_agreement <= 1.0:
         raise ConfigError(f"--target-agreement: {args.target_agreement} is out of range; allowed: 0 to 1 (a fraction)")
-    try:
-        Acceptance(0.0, args.confidence)  # its range, checked before the model is read
+    try:  # the ranges of --confidence and --seed, checked before the model is read
+        check_arguments(0.0, None, args.confidence, seed=args.seed)
     except ConfigError as exc:
         raise ConfigError(f"--{exc}") from None
     if not Path(args.model).is_file():

@@ -60,10 +60,11 @@ def quantize_summary(
     float_nodes: Iterable[tuple[str, str]] = (),
     algorithms: Mapping[str, object] | None = None,
     report_path: str | os.PathLike[str] | None = None,
+    float_reasons: str = "`quant-onnx inspect` gives the reasons",
 ) -> str:
     """One paragraph: ``quantized_nodes`` and ``float_nodes`` are ``(name, op_type)`` pairs
     from the plan (``None``: counted from the written model); formats are read from
-    ``model``, the written one."""
+    ``model``, the written one. ``float_reasons`` follows the count of float nodes."""
     info = describe_quantized(model)
     preset = f" with {config_name}" if config_name else ""
     parts = [f"Quantized '{input_path}' -> '{output_path}'{preset} in {seconds:.1f} s."]
@@ -79,7 +80,7 @@ def quantize_summary(
         parts.append("; ".join(f"{label} {describe_formats(found)}" for label, found in kinds if found) + ".")
     floats = [op for _name, op in float_nodes]
     if floats:
-        parts.append(f"Stayed float: {len(floats)} nodes ({_counts(floats)}); `quant-onnx inspect` gives the reasons.")
+        parts.append(f"Stayed float: {len(floats)} nodes ({_counts(floats)}); {float_reasons}.")
     else:
         parts.append("No node stayed float.")
     if algorithms:

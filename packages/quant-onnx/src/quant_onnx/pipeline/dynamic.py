@@ -9,7 +9,10 @@ Conv, MatMul and Gemm with a constant weight becomes::
 
 Weights are symmetric (zero point 0), per channel along the output-channel axis when
 the config's weight spec is per channel; ``DynamicQuantizeLinear`` fixes the activation
-format (uint8, asymmetric, per tensor).
+format (uint8, asymmetric, per tensor). A node whose weight spec is not 8-bit symmetric
+stays float, with a note logged; a config under which no node can be quantized for that
+reason (``w4a8``) is refused, as is an ``exclude`` entry or ``name_overrides`` glob that
+matches no node (as in static mode).
 
 Example:
     >>> import numpy as np
@@ -25,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -33,9 +37,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError
 from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, node_inputs, plan_node
 from quant_core.onnx_qdq.model_io import check_output_path, load_model, save_model
-from quant_core.plan import resolve_weight_spec
+from quant_core.plan import check_selectors, resolve_weight_spec
 from quant_core.qparams import quantize
 from quant_core.spec import QuantSpec
 from quant_core.weights import constant_qparams
@@ -44,6 +49,7 @@ from quant_onnx.pipeline.preprocess import PreprocessOptions, preprocess
 
 _DYNAMIC_OPS = ("Conv", "MatMul", "Gemm")
 _CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+_LOG = logging.getLogger(__name__)
 
 
 class _DynamicWriter:
@@ -55,6 +61,8 @@ class _DynamicWriter:
         self.quantized_inputs: dict[str, tuple[str, str, str]] = {}
         self.replaced: set[str] = set()
         self.notes: list[str] = []
+        self.rewritten = 0
+        self.unusable_specs: list[QuantSpec] = []
 
     def name(self, prefix: str) -> str:
         return self.index.unique_name(prefix)
@@ -70,6 +78,7 @@ class _DynamicWriter:
         if spec is None or not spec.is_quantized:
             return None
         if spec.dtype not in (DType.INT8, DType.UINT8) or not spec.symmetric:
+            self.unusable_specs.append(spec)
             self.notes.append(f"node {node.name!r}: dynamic mode needs an 8-bit symmetric weight spec; kept float")
             return None
         return spec.evolve(dtype=DType.INT8)
@@ -93,8 +102,10 @@ class _DynamicWriter:
         if node.op_type not in _DYNAMIC_OPS or not is_default_domain(node) or len(node.input) < 2:
             return False
         weight = self.index.constant(node.input[1])
+        if weight is None or weight.dtype != np.float32:
+            return False
         spec = self.weight_spec(node)
-        if weight is None or spec is None or weight.dtype != np.float32:
+        if spec is None:
             return False
         bias = self.index.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if node.op_type == "MatMul" and weight.ndim != 2:
@@ -154,6 +165,7 @@ class _DynamicWriter:
             out.append(helper.make_node("Add", [scaled, b_name], [result], name=self.name(f"{node.name}_bias_Add")))
             self.replaced.add(node.input[2])
         self.replaced.add(node.input[1])
+        self.rewritten += 1
         return True
 
     def run(self) -> onnx.ModelProto:
@@ -181,9 +193,29 @@ def quantize_dynamic_model(
     modified. ``config``: only the weight specs (and exclusions) are used; default a8w8."""
     from quant_core.presets import resolve_config
 
+    quant_config = resolve_config(config)
     float_model = preprocess(load_model(model), preprocess_options)
     ensure_node_names(float_model)
-    return _DynamicWriter(float_model, resolve_config(config)).run()
+    check_selectors(quant_config, ((node.name, node.op_type) for node in float_model.graph.node))
+    writer = _DynamicWriter(float_model, quant_config)
+    quantized = writer.run()
+    if writer.unusable_specs and not writer.rewritten:
+        # An all-float "quantized" model is never what was asked for: say so instead of writing it.
+        spec = writer.unusable_specs[0]
+        form = "symmetric" if spec.symmetric else "asymmetric"
+        raise ConfigError(
+            f"weight: {spec.dtype.value} {form} (config {quant_config.name!r}) cannot be quantized dynamically, "
+            "so no node would be; allowed: int8 or uint8 symmetric weights, such as preset a8w8"
+        )
+    for note in writer.notes:
+        _LOG.warning(note)
+    return quantized
+
+
+def float_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """``(name, op_type)`` of the Conv, MatMul and Gemm nodes a dynamically quantized
+    ``model`` still runs in float (every quantized one became an integer op)."""
+    return [(node.name, node.op_type) for node in model.graph.node if node.op_type in _DYNAMIC_OPS]
 
 
 def quantize_dynamic(

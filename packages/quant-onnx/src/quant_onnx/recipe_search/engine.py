@@ -363,7 +363,7 @@ def search(
     input_path = model if isinstance(model, str | os.PathLike) else None
     data = {"the calibration data": calibration_data, "the evaluation data": eval_data, "the labels": labels}
     check_output_paths(output, report_path, input_path=input_path, data=data)  # before any work
-    acceptance = check_arguments(target, budget_s, confidence, eval_batch_size, eval_samples)
+    acceptance = check_arguments(target, budget_s, confidence, eval_batch_size, eval_samples, seed=seed)
     where: Deployment = deployment_of(deployment)
     started = clock()
     source = load_model(model)
