@@ -16,7 +16,7 @@ import json
 import attrs
 import numpy as np
 import pytest
-from model_builders import mlp, random_inputs, small_cnn
+from model_builders import hardswish_se_cnn, mlp, random_inputs, small_cnn
 
 from quant_algos.search.space import TIER_8BIT
 from quant_core.algorithm_config import CLEConfig
@@ -159,6 +159,32 @@ def test_a_preset_with_the_analytic_bias_correction_is_its_own_quantization(pres
     assert not own_passes, "the bias correction measured its input means itself"
     reuse = result.report["reuse"]
     assert reuse["input_means_taken"] == reuse["input_means_reused"] == 2  # the MatMul's and the Gemm's
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_an_equalization_measured_in_calibration_is_its_own_quantization(seed):
+    """a8w8 equalizes its activations in quantize's calibration pass (min-max observers):
+    the search measures it in the same pass over the float model (the same outputs, so
+    onnxruntime computes each tensor alike), decides the same scales and follows the same
+    observers, and a second candidate of that pass reuses it. Before: the search ran the
+    equalization as a pre-pass whose reduction model let onnxruntime fuse the residual Add
+    into its Conv, so ``conv26_out``'s channel ranges, its ``conv26_out_equaliz_scale``
+    (one float step) and the activation scales after it differed from quantize's."""
+    from quant_algos.search.space import make_candidate
+
+    net = hardswish_se_cnn(seed=seed)
+    calib, evaluation = random_inputs(net, 32, seed=1), random_inputs(net, 40, seed=2)
+    candidate = make_candidate("a8w8", get_preset("a8w8"), TIER_8BIT)
+    twin = make_candidate("a8w8-again", candidate.config, TIER_8BIT)
+    where = Recording()
+    result = search(net, None, calib, evaluation, target=2.0, space=[candidate, twin], deployment=where, quiet=True)
+    alone = ModelQuantizer(candidate.config, quiet=True).quantize(net, None, calib).model
+    assert len(where.finished) == 2
+    for built in where.finished:
+        assert built.SerializeToString() == alone.SerializeToString()
+    reuse = result.report["reuse"]
+    assert (reuse["equalization_passes"], reuse["equalization_passes_reused"]) == (1, 1)
+    assert reuse["statistics_passes"] == reuse["pre_passes_run"] == 0  # a8w8 needs neither
 
 
 def test_the_winner_is_rescored_on_held_out_samples(model, calib, evaluation):

@@ -311,6 +311,22 @@ class ModelQuantizer:
             calibrated = hook(calibrated, held)
         return calibrated
 
+    def equalizes_in_calibration(self, prepared: PreparedModel) -> ActivationEqualizationConfig | None:
+        """The activation equalization :meth:`quantize` measures in its calibration pass
+        (:func:`~quant_onnx.algorithms.equalized_calibration.calibrate_with_equalization`)
+        for ``prepared`` (the pre-processed model, planned): ``None`` unless it is the
+        config's only pre-pass and every observer keeps min and max (it then runs as a
+        pre-pass, before calibration). The search follows the same rule."""
+        algorithm = self.equalization_only()
+        return algorithm if algorithm is not None and one_pass_observers(prepared.plan) else None
+
+    def equalization_only(self) -> ActivationEqualizationConfig | None:
+        """The config's activation equalization where it is its only pre-pass (the first
+        condition of :meth:`equalizes_in_calibration`, which needs no plan)."""
+        before = schedule(self.config).before_calibration
+        only = before[0] if len(before) == 1 else None
+        return only if isinstance(only, ActivationEqualizationConfig) else None
+
     def _equalize_in_calibration(
         self,
         prepared: PreparedModel,
@@ -323,10 +339,8 @@ class ModelQuantizer:
         (:mod:`quant_onnx.algorithms.equalized_calibration`): the equalized model, its
         calibration, the held samples and the equalization's report; ``None`` unless the
         equalization is the config's only pre-pass and every observer keeps min and max."""
-        before = schedule(self.config).before_calibration
-        if len(before) != 1 or not isinstance(before[0], ActivationEqualizationConfig):
-            return None
-        if not one_pass_observers(prepared.plan):
+        algorithm = self.equalizes_in_calibration(prepared)
+        if algorithm is None:
             return None
         batches = self.calibration_batches(
             prepared, feeds, num_samples=num_samples, batch_size=batch_size, image_options=image_options
@@ -342,7 +356,7 @@ class ModelQuantizer:
             prepared.model,
             prepared.plan,
             self.config,
-            before[0],
+            algorithm,
             held,
             plan_of,
             total_batches=batches.num_batches(),

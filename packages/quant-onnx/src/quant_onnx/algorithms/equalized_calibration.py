@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -32,6 +32,7 @@ import onnx
 
 from quant_algos.drivers.activation_equalization import (
     ActivationEqualizationReport,
+    EqualizationCandidates,
     equalization_candidates,
     equalize,
 )
@@ -53,7 +54,16 @@ from quant_onnx.pipeline.calibrate import (
     observe_tensors,
 )
 
-__all__ = ["EqualizedCalibration", "calibrate_with_equalization", "one_pass_observers"]
+__all__ = [
+    "EqualizationMeasures",
+    "EqualizationPass",
+    "EqualizedCalibration",
+    "calibrate_with_equalization",
+    "equalization_pass",
+    "equalized_calibration",
+    "measure_equalization",
+    "one_pass_observers",
+]
 
 _RANGE_KEY = "range of "
 _CHANNELS_KEY = "channel ranges of "
@@ -113,6 +123,105 @@ class EqualizedCalibration:
     reason: str | None = None
 
 
+@attrs.frozen(eq=False)
+class EqualizationPass:
+    """What the one pass over a float model measures for a plan and config: each tensor of
+    ``ranges`` its range, each of ``channels`` its per-channel ranges (and those over the
+    first ``window`` samples, which the equalization reads), the analytic bias correction's
+    ``means`` (a request, or ``None``). The float model's outputs in the pass are these
+    tensors, which decide its runs and values (onnxruntime fuses around what is not an
+    output), so two passes with equal :meth:`key` on the same float model measure the same,
+    bit for bit (the search shares one between candidates)."""
+
+    candidates: EqualizationCandidates
+    window: int
+    channels: tuple[str, ...]
+    ranges: tuple[str, ...]
+    means: InputMeans | None
+
+    def key(self) -> Hashable:
+        means = None if self.means is None else (self.means.samples, tuple(self.means.conv.items()))
+        return self.window, self.channels, self.ranges, means
+
+
+@attrs.frozen(eq=False)
+class EqualizationMeasures:
+    """What an :class:`EqualizationPass` measured (read, never changed, by
+    :func:`equalized_calibration`)."""
+
+    channels: Mapping[str, _ChannelRanges]
+    ranges: Mapping[str, MinMaxObserver]
+    means: InputMeans | None
+
+
+def equalization_pass(
+    model: onnx.ModelProto, plan: QuantPlan, config: QuantConfig, algorithm: ActivationEqualizationConfig
+) -> EqualizationPass:
+    """The one pass :func:`calibrate_with_equalization` makes over ``model`` (pre-processed
+    float model, planned as ``plan`` under ``config``)."""
+    index = GraphIndex(model.graph)
+    candidates = equalization_candidates(
+        plan_graph(model, index), config, lambda name: index.initializer_proto(name) is not None
+    )
+    channels = tuple(dict.fromkeys(candidates.channel_tensors()))
+    ranges = tuple(t for t in observer_feeds(plan) if t not in channels)
+    return EqualizationPass(candidates, samples_to_use(algorithm), channels, ranges, input_mean_request(model, config))
+
+
+def measure_equalization(
+    model: onnx.ModelProto,
+    request: EqualizationPass,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    *,
+    total_batches: int | None = None,
+    quiet: bool = False,
+) -> EqualizationMeasures:
+    """``request``'s pass over ``batches`` through ``model``."""
+    window = FirstSamples(request.window)
+    channels = {t: _ChannelRanges(window) for t in request.channels}
+    ranges = {t: MinMaxObserver(QuantSpec(dtype="int8")) for t in request.ranges}
+    means = MeansTaken(request.means)
+    feeds_of: dict[str, list[str]] = {t: [_RANGE_KEY + t] for t in ranges}
+    for t in channels:
+        feeds_of.setdefault(t, []).append(_CHANNELS_KEY + t)
+    for t, key in means.keys.items():
+        feeds_of.setdefault(t, []).append(key)
+    filled: dict[str, Any] = {
+        **{_RANGE_KEY + t: o for t, o in ranges.items()},
+        **{_CHANNELS_KEY + t: c for t, c in channels.items()},
+        **means.accumulators,
+    }
+    observe_tensors(
+        model, feeds_of, filled, means.marked(window.marked(batches)), total_batches=total_batches, quiet=quiet
+    )
+    return EqualizationMeasures(channels, ranges, means.result())
+
+
+def equalized_calibration(
+    model: onnx.ModelProto,
+    config: QuantConfig,
+    request: EqualizationPass,
+    measures: EqualizationMeasures,
+    plan_of: Callable[[onnx.ModelProto], QuantPlan],
+) -> EqualizedCalibration:
+    """The equalization of ``model`` decided from ``measures`` (of ``request``'s pass), the
+    equalized model and its calibration followed from the same measures. ``plan_of`` plans
+    the equalized model as the quantizer does."""
+    channels, ranges = measures.channels, measures.ranges
+    equalization = equalize(request.candidates, lambda tensors: {t: _measured(channels[t].first) for t in tensors})
+    equalized, sources = write_equalization(model, equalization)
+    equalized_plan = plan_of(equalized)
+    observers, reason = _followed_observers(equalized, equalized_plan, sources, ranges, channels)
+    note = NOTE if reason is None else f"{MEASURED}; the equalized model is calibrated again: {reason}"
+    report = attrs.evolve(equalization.report, notes=(*equalization.report.notes, note))
+    if observers is None:
+        return EqualizedCalibration(equalized, report, None, reason)
+    calibrated = from_filled_observers(equalized, equalized_plan, observers)
+    if measures.means is not None:
+        calibrated = calibrated.evolve(input_means=_followed_means(equalized, config, measures.means, sources))
+    return EqualizedCalibration(equalized, report, calibrated)
+
+
 def calibrate_with_equalization(
     model: onnx.ModelProto,
     plan: QuantPlan,
@@ -127,41 +236,9 @@ def calibrate_with_equalization(
     """Equalize ``model`` (pre-processed float model, planned as ``plan`` under ``config``)
     and calibrate the result, in one pass over ``batches``. ``plan_of`` plans the equalized
     model as the quantizer does."""
-    index = GraphIndex(model.graph)
-    candidates = equalization_candidates(
-        plan_graph(model, index), config, lambda name: index.initializer_proto(name) is not None
-    )
-    window = FirstSamples(samples_to_use(algorithm))
-    channels = {t: _ChannelRanges(window) for t in candidates.channel_tensors()}
-    ranges = {t: MinMaxObserver(QuantSpec(dtype="int8")) for t in observer_feeds(plan) if t not in channels}
-    means = MeansTaken(input_mean_request(model, config))
-    feeds_of: dict[str, list[str]] = {t: [_RANGE_KEY + t] for t in ranges}
-    for t in channels:
-        feeds_of.setdefault(t, []).append(_CHANNELS_KEY + t)
-    for t, key in means.keys.items():
-        feeds_of.setdefault(t, []).append(key)
-    filled: dict[str, Any] = {
-        **{_RANGE_KEY + t: o for t, o in ranges.items()},
-        **{_CHANNELS_KEY + t: c for t, c in channels.items()},
-        **means.accumulators,
-    }
-    observe_tensors(
-        model, feeds_of, filled, means.marked(window.marked(batches)), total_batches=total_batches, quiet=quiet
-    )
-
-    equalization = equalize(candidates, lambda tensors: {t: _measured(channels[t].first) for t in tensors})
-    equalized, sources = write_equalization(model, equalization)
-    equalized_plan = plan_of(equalized)
-    observers, reason = _followed_observers(equalized, equalized_plan, sources, ranges, channels)
-    note = NOTE if reason is None else f"{MEASURED}; the equalized model is calibrated again: {reason}"
-    report = attrs.evolve(equalization.report, notes=(*equalization.report.notes, note))
-    if observers is None:
-        return EqualizedCalibration(equalized, report, None, reason)
-    calibrated = from_filled_observers(equalized, equalized_plan, observers)
-    found = means.result()
-    if found is not None:
-        calibrated = calibrated.evolve(input_means=_followed_means(equalized, config, found, sources))
-    return EqualizedCalibration(equalized, report, calibrated)
+    request = equalization_pass(model, plan, config, algorithm)
+    measures = measure_equalization(model, request, batches, total_batches=total_batches, quiet=quiet)
+    return equalized_calibration(model, config, request, measures, plan_of)
 
 
 def _measured(value: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,16 @@ What it shares between candidates:
   the float model, :func:`~quant_onnx.pipeline.calibrate.collect_statistics`), and reused
   by every later candidate whose calibration would take the same (the report's
   ``input_means_taken``, ``input_means_reused``);
+- **the activation equalization's pass**: where ``quant-onnx quantize`` measures the
+  equalization in its calibration pass
+  (:meth:`~quant_onnx.api.ModelQuantizer.equalizes_in_calibration`: the only pre-pass,
+  min-max observers), so does the candidate: one pass over the float model measures its
+  per-channel ranges, the observed tensors' ranges and the input means, exactly as
+  quantize's pass does (:func:`~quant_onnx.algorithms.equalized_calibration.measure_equalization`),
+  and the equalized model's observers follow from them as quantize's do. Candidates whose
+  pass would measure the same tensors reuse it (the report's ``equalization_passes``,
+  ``equalization_passes_reused``); the others run the equalization as a pre-pass, as
+  quantize does;
 - **the float model's outputs** on the evaluation data (one run);
 - **early stopping** and **the same model** (:mod:`quant_algos.search.walk`): a
   candidate's digest is its deployed model's bytes (observer choices often select the
@@ -49,7 +59,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -75,6 +85,12 @@ from quant_algos.search.walk import (
 from quant_core.config import CalibrationConfig, QuantConfig
 from quant_core.onnx_qdq.model_io import check_output_paths, load_model, save_model
 from quant_core.plan import PlanGraph, QuantPlan, observer_feeds, planning_key
+from quant_onnx.algorithms.equalized_calibration import (
+    EqualizationMeasures,
+    equalization_pass,
+    equalized_calibration,
+    measure_equalization,
+)
 from quant_onnx.algorithms.layerwise import input_mean_request
 from quant_onnx.algorithms.passes import PassesResult, run_pre_passes
 from quant_onnx.api import ModelQuantizer, PreparedModel
@@ -146,6 +162,9 @@ class _Shared:
     #: analytic bias correction reads, taken as that calibration takes them.
     input_means: dict[tuple[FloatModelKey, int, tuple[str, ...]], InputMeans] = attrs.field(factory=dict)
     input_mean_lookups: int = 0
+    #: (pre-processed model, what the pass measures) -> the equalization's one pass.
+    equalization_passes: dict[tuple[Any, Hashable], EqualizationMeasures] = attrs.field(factory=dict)
+    equalization_lookups: int = 0
 
     def base(self, quantizer: ModelQuantizer) -> tuple[onnx.ModelProto, dict[str, int]]:
         """The pre-processed float model (and its changes) of ``quantizer``'s opset and NPU
@@ -158,6 +177,43 @@ class _Shared:
     def key(self, quantizer: ModelQuantizer) -> FloatModelKey:
         config = quantizer.config
         return float_model_key(config, schedule(config).before_calibration, backend=quantizer.required_opset())
+
+    def equalized(
+        self, quantizer: ModelQuantizer, candidate: Candidate
+    ) -> tuple[PreparedModel, CalibratedModel, str] | None:
+        """The candidate's equalized model and calibration where quantize measures its
+        activation equalization in the calibration pass (``None`` elsewhere): the same pass
+        over the pre-processed model (shared by candidates that measure the same tensors),
+        the same equalization, the same observers followed from it."""
+        if quantizer.equalization_only() is None:  # no plan made for the others
+            return None
+        model, changes = self.base(quantizer)
+        base = self.plans.prepared(quantizer, model, changes)
+        algorithm = quantizer.equalizes_in_calibration(base)
+        if algorithm is None:
+            return None
+        request = equalization_pass(model, base.plan, quantizer.config, algorithm)
+        entry = ((quantizer.required_opset(), quantizer.config.npu_conversions), request.key())
+        self.equalization_lookups += 1
+        if entry not in self.equalization_passes:
+            started = time.perf_counter()
+            self.equalization_passes[entry] = measure_equalization(
+                model, request, self.feeds, total_batches=len(self.feeds), quiet=self.quiet
+            )
+            self.ledger.pass_seconds.append(time.perf_counter() - started)  # a pass, for the budget
+        measures = self.equalization_passes[entry]
+        self.input_mean_lookups += 0 if measures.means is None else len(measures.means.values)
+        number = list(self.equalization_passes).index(entry) + 1
+        planned: list[PreparedModel] = []
+
+        def plan_of(equalized: onnx.ModelProto) -> QuantPlan:
+            planned.append(self.plans.prepared(quantizer, equalized, changes))
+            return planned[-1].plan
+
+        result = equalized_calibration(model, quantizer.config, request, measures, plan_of)
+        if result.calibrated is None:  # as quantize: the equalized model calibrated again
+            return planned[-1], quantizer.calibrate(planned[-1], self.feeds), "calibrated"
+        return planned[-1], result.calibrated, f"equalization pass {number}"
 
     def after_pre_passes(self, quantizer: ModelQuantizer, candidate: Candidate) -> PreparedModel:
         """The candidate's prepared model after its CLE/SmoothQuant (run once per key: the
@@ -177,10 +233,13 @@ class _Shared:
         reused its edited model), beside the statistics' reuse."""
         shared = {users[0]: users[1:] for users in self.pre_users.values() if len(users) > 1}
         taken = sum(len(means.values) for means in self.input_means.values())
+        taken += sum(len(p.means.values) for p in self.equalization_passes.values() if p.means is not None)
         return {
             **self.ledger.reuse(),
             "input_means_taken": taken,
             "input_means_reused": self.input_mean_lookups - taken,
+            "equalization_passes": len(self.equalization_passes),
+            "equalization_passes_reused": self.equalization_lookups - len(self.equalization_passes),
             "pre_passes_run": len(self.pre),
             "pre_passes_shared": shared,
             **self.plans.reuse(),
@@ -268,8 +327,12 @@ class _OnnxBackend:
     def build(self, candidate: Candidate) -> Build:
         shared = self.shared
         quantizer = ModelQuantizer(candidate.config, quiet=True)
-        prepared = shared.after_pre_passes(quantizer, candidate)
-        calibrated, source = shared.calibrated(quantizer, candidate, prepared)
+        equalized = shared.equalized(quantizer, candidate)
+        if equalized is not None:
+            prepared, calibrated, source = equalized
+        else:
+            prepared = shared.after_pre_passes(quantizer, candidate)
+            calibrated, source = shared.calibrated(quantizer, candidate, prepared)
         model = quantizer.write(calibrated).model
         if schedule(candidate.config).after_calibration:
             post = quantizer.run_post_passes(calibrated, model, shared.feeds)
