@@ -127,6 +127,22 @@ def test_a_derived_candidate_is_bit_for_bit_its_own_quantization(model, calib, e
     assert result.model.SerializeToString() == alone.model.SerializeToString()
 
 
+def _searched_twice_as_quantized(net, preset, calib, evaluation):
+    """Search ``preset`` and a twin of it (the same float model and runs): both chosen files
+    must be ``quantize``'s byte for byte. Returns the report's reuse entry."""
+    from quant_algos.search.space import make_candidate
+
+    candidate = make_candidate(preset, get_preset(preset), TIER_8BIT)
+    twin = make_candidate(f"{preset}-again", candidate.config, TIER_8BIT)
+    where = Recording()
+    result = search(net, None, calib, evaluation, target=2.0, space=[candidate, twin], deployment=where, quiet=True)
+    alone = ModelQuantizer(candidate.config, quiet=True).quantize(net, None, calib).model
+    assert len(where.finished) == 2
+    for built in where.finished:
+        assert built.SerializeToString() == alone.SerializeToString()
+    return result.report["reuse"]
+
+
 @pytest.mark.parametrize("preset", ["a16w8", "a8w8"])
 def test_a_preset_with_the_analytic_bias_correction_is_its_own_quantization(preset, monkeypatch):
     """The analytic bias correction reads its input means from the statistics pass, taken
@@ -135,7 +151,6 @@ def test_a_preset_with_the_analytic_bias_correction_is_its_own_quantization(pres
     summed its inputs in a float pass of its own (inside onnxruntime), one float rounding
     away from the calibration's: this MLP's float MatMul bias differed, and a16w8 on
     MobileNetV2 wrote four int32 bias codes 1 apart."""
-    from quant_algos.search.space import make_candidate
     from quant_onnx.algorithms import runner as runner_module
 
     net = mlp(seed=1)
@@ -148,16 +163,8 @@ def test_a_preset_with_the_analytic_bias_correction_is_its_own_quantization(pres
         return reduce_over(*args, **kwargs)
 
     monkeypatch.setattr(runner_module, "reduce_over", counting)
-    candidate = make_candidate(preset, get_preset(preset), TIER_8BIT)
-    twin = make_candidate(f"{preset}-again", candidate.config, TIER_8BIT)  # the same float model and runs
-    where = Recording()
-    result = search(net, None, calib, evaluation, target=2.0, space=[candidate, twin], deployment=where, quiet=True)
-    alone = ModelQuantizer(candidate.config, quiet=True).quantize(net, None, calib).model
-    assert len(where.finished) == 2
-    for built in where.finished:
-        assert built.SerializeToString() == alone.SerializeToString()
+    reuse = _searched_twice_as_quantized(net, preset, calib, evaluation)
     assert not own_passes, "the bias correction measured its input means itself"
-    reuse = result.report["reuse"]
     assert reuse["input_means_taken"] == reuse["input_means_reused"] == 2  # the MatMul's and the Gemm's
 
 
@@ -170,19 +177,9 @@ def test_an_equalization_measured_in_calibration_is_its_own_quantization(seed):
     equalization as a pre-pass whose reduction model let onnxruntime fuse the residual Add
     into its Conv, so ``conv26_out``'s channel ranges, its ``conv26_out_equaliz_scale``
     (one float step) and the activation scales after it differed from quantize's."""
-    from quant_algos.search.space import make_candidate
-
     net = hardswish_se_cnn(seed=seed)
     calib, evaluation = random_inputs(net, 32, seed=1), random_inputs(net, 40, seed=2)
-    candidate = make_candidate("a8w8", get_preset("a8w8"), TIER_8BIT)
-    twin = make_candidate("a8w8-again", candidate.config, TIER_8BIT)
-    where = Recording()
-    result = search(net, None, calib, evaluation, target=2.0, space=[candidate, twin], deployment=where, quiet=True)
-    alone = ModelQuantizer(candidate.config, quiet=True).quantize(net, None, calib).model
-    assert len(where.finished) == 2
-    for built in where.finished:
-        assert built.SerializeToString() == alone.SerializeToString()
-    reuse = result.report["reuse"]
+    reuse = _searched_twice_as_quantized(net, "a8w8", calib, evaluation)
     assert (reuse["equalization_passes"], reuse["equalization_passes_reused"]) == (1, 1)
     assert reuse["statistics_passes"] == reuse["pre_passes_run"] == 0  # a8w8 needs neither
 
