@@ -10,7 +10,13 @@ from builders import conv_chain, ort_run, quantize, random_inputs
 
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.legalize import legalize_model
-from quant_npu.quant_info import export_quant_info, import_quant_info, load_quant_info, write_quant_info
+from quant_npu.quant_info import (
+    export_quant_info,
+    import_quant_info,
+    load_quant_info,
+    parse_key,
+    write_quant_info,
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +78,24 @@ def test_bad_files(tmp_path, npu_model) -> None:
         import_quant_info(npu_model, {"input": {"test::x": [[12, 3]]}})
     with pytest.raises(ValueError, match="is not a power of two; run quant-npu legalize first"):
         export_quant_info(quantize(conv_chain(), "a8w8"))
+
+
+def test_a_cpu_partition_is_left_out() -> None:
+    """a8w8 leaves the classifier float (quant_core.plan.tail): legalize puts it on the CPU
+    with its float-scaled weights, and the file describes the NPU partition only."""
+    legal = legalize_model(quantize(conv_chain(), "a8w8")).model
+    info = export_quant_info(legal)
+    qdq = QDQGraph(legal)
+    gemm = next(n for n in legal.graph.node if n.op_type == "Gemm")
+    cpu_params = {qdq.tensors[qdq.dequantized[name]].initializer for name in gemm.input[1:]}
+    assert cpu_params and not cpu_params & {parse_key(k) for k in info["param"]}
+    # the tensor the NPU hands to the CPU is the NPU's output: it stays
+    assert f"test::{qdq.tensors[qdq.dequantized[gemm.input[0]]].float_name}" in info["output"]
+    # a node kept on the CPU by name drops out the same way, as check --cpu selects it
+    conv = next(n for n in legal.graph.node if n.op_type == "Conv")
+    weight = qdq.tensors[qdq.dequantized[conv.input[1]]].initializer
+    assert f"test::{weight}" in info["param"]
+    assert f"test::{weight}" not in export_quant_info(legal, cpu=conv.name)["param"]
 
 
 def test_a_round_trip_keeps_a_constant_stored_unsigned() -> None:

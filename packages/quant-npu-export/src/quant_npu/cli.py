@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export-info", help="write Vitis AI's quant_info.json for the model")
     e.add_argument("model")
     e.add_argument("output")
+    _target(e)
 
     t = sub.add_parser("targets", help="list the built-in profiles, or print one as JSON")
     t.add_argument("name", nargs="?", help="a profile to print (name or .json file)")
@@ -149,7 +150,7 @@ def _export_info(args: argparse.Namespace) -> int:
     from quant_npu.quant_info import write_quant_info
 
     check_output_path(args.output, input_path=args.model)
-    data = write_quant_info(args.model, args.output)
+    data = write_quant_info(args.model, args.output, args.target, cpu=args.cpu)
     counts = ", ".join(f"{len(data[s])} {s}" for s in ("param", "input", "output"))
     print(f"wrote {args.output}: {counts}")
     return EXIT_OK

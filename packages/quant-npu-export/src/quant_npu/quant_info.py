@@ -11,7 +11,9 @@ Layout (keys are ``<graph name>::<tensor name>``, each value a list with one
 
 ``param`` names the integer initializers of weights, biases and constant operands,
 ``input`` the graph inputs, ``output`` every other activation by the float tensor its
-QuantizeLinear reads. :func:`import_quant_info` applies such a file to a QDQ model (fix
+QuantizeLinear reads. Only the NPU's tensors are listed: those that only CPU partitions
+read and write (:func:`~quant_npu.partitions.deployment_selection`, as ``check`` selects
+them) are left out. :func:`import_quant_info` applies such a file to a QDQ model (fix
 positions of activations; parameters requantized from their exact real values).
 
 Example:
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,8 @@ import onnx
 
 from quant_core.errors import ModelError
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
+from quant_npu.partitions import CpuSelection, cpu_steps, deployment_selection
+from quant_npu.plan import plan
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.rewrite import ModelEditor, quantize_real
 
@@ -56,8 +60,33 @@ def _position(tensor: QuantTensor) -> int:
     return int(pos.reshape(-1)[0])
 
 
-def export_quant_info(model: ModelSource) -> dict[str, Any]:
-    """The ``quant_info.json`` data of a QDQ model with power-of-two scales.
+def _cpu_only(qdq: QDQGraph, profile: NPUProfile, cpu: CpuSelection) -> set[str]:
+    """Keys of the tensors that no NPU node reads or writes. The CPU runs them in float with
+    whatever scales quantize gave them (a classifier's float Gemm keeps its int8 weights
+    at a float scale), so they have no fix position and the device never loads them."""
+    on_cpu = {id(node) for step in cpu_steps(qdq, plan(qdq, profile), cpu) for node in step.nodes}
+    if not on_cpu:
+        return set()
+    found = set()
+    for key, tensor in qdq.tensors.items():
+        touching = qdq.readers(key)
+        writer = qdq.producer(tensor.float_name) if tensor.float_name else None
+        if writer is not None:
+            touching.append(writer)
+        if touching and all(id(node) in on_cpu for node in touching):
+            found.add(key)
+    return found
+
+
+def export_quant_info(
+    model: ModelSource,
+    target: str | os.PathLike[str] | NPUProfile | None = None,
+    *,
+    cpu: CpuSelection | Iterable[str] | str | None = None,
+) -> dict[str, Any]:
+    """The ``quant_info.json`` data of the NPU partitions of a QDQ model with power-of-two
+    scales. ``target`` and ``cpu`` select the CPU partitions as :func:`quant_npu.check.check`
+    does; the tensors only they touch are left out.
 
     Example:
         >>> import numpy as np
@@ -76,9 +105,12 @@ def export_quant_info(model: ModelSource) -> dict[str, Any]:
 
     loaded = load_model(model)
     qdq = QDQGraph(loaded)
+    cpu_only = _cpu_only(qdq, load_profile(target), deployment_selection(loaded, cpu))
     prefix = loaded.graph.name or "model"
     data: dict[str, Any] = {section: {} for section in SECTIONS}
-    for tensor in qdq.tensors.values():
+    for key, tensor in qdq.tensors.items():
+        if key in cpu_only:
+            continue
         entry = [[tensor.bits, _position(tensor)]]
         if tensor.is_constant:
             data["param"].setdefault(f"{prefix}::{tensor.initializer}", entry)
@@ -112,11 +144,17 @@ def dumps(data: Mapping[str, Any]) -> str:
     return "{\n" + ",\n".join(blocks) + "\n}\n"
 
 
-def write_quant_info(model: ModelSource, path: str | os.PathLike[str]) -> dict[str, Any]:
+def write_quant_info(
+    model: ModelSource,
+    path: str | os.PathLike[str],
+    target: str | os.PathLike[str] | NPUProfile | None = None,
+    *,
+    cpu: CpuSelection | Iterable[str] | str | None = None,
+) -> dict[str, Any]:
     """:func:`export_quant_info` written to ``path`` (atomically); returns the data."""
     from quant_core.atomic_io import atomic_write
 
-    data = export_quant_info(model)
+    data = export_quant_info(model, target, cpu=cpu)
     atomic_write(path, dumps(data))
     return data
 
