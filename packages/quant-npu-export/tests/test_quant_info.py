@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import pytest
 from builders import conv_chain, ort_run, quantize, random_inputs
 
@@ -78,6 +79,19 @@ def test_bad_files(tmp_path, npu_model) -> None:
         import_quant_info(npu_model, {"input": {"test::x": [[12, 3]]}})
     with pytest.raises(ValueError, match="is not a power of two; run quant-npu legalize first"):
         export_quant_info(quantize(conv_chain(), "a8w8"))
+
+
+def test_a_float_model_is_refused_as_check_refuses_it(tmp_path) -> None:
+    from quant_npu.check import check
+    from quant_npu.cli import main
+
+    with pytest.raises(ValueError, match=r"^the model is not quantized .*: quantize it first, e\.g\. quant-onnx"):
+        export_quant_info(conv_chain())
+    assert "the model is not quantized" in check(conv_chain()).format_text()
+    path = tmp_path / "float.onnx"
+    onnx.save(conv_chain(), path)
+    assert main(["export-info", str(path), str(tmp_path / "q.json")]) == 2
+    assert not (tmp_path / "q.json").exists()
 
 
 def test_a_cpu_partition_is_left_out() -> None:

@@ -54,7 +54,7 @@ from quant_npu.shifts import (
     shift_bias_range,
 )
 from quant_npu.sim.movement import per_axis
-from quant_npu.violations import Violation
+from quant_npu.violations import NOT_QUANTIZED, QUANTIZE_FIRST, Violation, is_quantized
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
 
@@ -101,9 +101,8 @@ class CheckResult:
             return "\n".join([*kept, f"ok: the model meets every rule of target '{self.target}'{tail}"])
         if not self.quantized:  # every node would be listed: say the one thing to do instead
             return (
-                f"the model is not quantized (no QuantizeLinear or DequantizeLinear), so every node breaks target "
-                f"'{self.target}' ({len(self.violations)} violation(s); --json lists them): quantize it first, "
-                "e.g. quant-onnx quantize MODEL OUTPUT --preset xint8 --calib-data DATA"
+                f"{NOT_QUANTIZED}, so every node breaks target '{self.target}' "
+                f"({len(self.violations)} violation(s); --json lists them): {QUANTIZE_FIRST}"
             )
         lines = [*kept, *(v.line for v in self.violations)]
         fixable = len(self.violations) - len(self.unfixable())
@@ -467,7 +466,7 @@ def check_loaded(model: onnx.ModelProto, profile: NPUProfile, cpu: CpuSelection 
     """:func:`check` of an already loaded and validated model."""
     selection = cpu or CpuSelection()
     qdq = QDQGraph(model)
-    quantized = bool(qdq.quantizers or qdq.dequantizers)
+    quantized = is_quantized(qdq)
     checker = _Checker(qdq, profile, selection)
     found = tuple(checker.run())
     return CheckResult(profile.name, found, quantized, tuple(partitions(qdq, checker.steps, selection)))

@@ -39,6 +39,7 @@ from quant_npu.partitions import CpuSelection, cpu_steps, deployment_selection
 from quant_npu.plan import plan
 from quant_npu.profile import NPUProfile, load_profile
 from quant_npu.rewrite import ModelEditor, quantize_real
+from quant_npu.violations import NOT_QUANTIZED, QUANTIZE_FIRST, is_quantized
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
 SECTIONS = ("param", "input", "output")
@@ -105,6 +106,8 @@ def export_quant_info(
 
     loaded = load_model(model)
     qdq = QDQGraph(loaded)
+    if not is_quantized(qdq):  # an empty file would read as "nothing to quantize", not as a mistake
+        raise ModelError(f"{NOT_QUANTIZED}: {QUANTIZE_FIRST}")
     cpu_only = _cpu_only(qdq, load_profile(target), deployment_selection(loaded, cpu))
     prefix = loaded.graph.name or "model"
     data: dict[str, Any] = {section: {} for section in SECTIONS}

@@ -14,6 +14,16 @@ import attrs
 
 from quant_core.errors import ConfigError
 
+NOT_QUANTIZED = "the model is not quantized (no QuantizeLinear or DequantizeLinear)"
+QUANTIZE_FIRST = "quantize it first, e.g. quant-onnx quantize MODEL OUTPUT --preset xint8 --calib-data DATA"
+
+
+def is_quantized(qdq: Any) -> bool:
+    """Whether a :class:`~quant_core.onnx_qdq.reader.QDQGraph` holds any Q/DQ node: a float
+    model breaks every rule at once, and the one thing to say is :data:`QUANTIZE_FIRST`."""
+    return bool(qdq.quantizers or qdq.dequantizers)
+
+
 RULES: dict[str, str] = {
     "unsupported_op": "the op type is not in the profile's ops: it cannot run on the NPU",
     "unsupported_attribute": "the op is supported but not with these attributes",
