@@ -120,8 +120,10 @@ def test_export_info_and_targets(files, capsys) -> None:
         (["simulate", "{model}", "--data", "{tmp}/wide.npy", "--out", "{tmp}/y.npy"], "expected shape [N,"),
         (
             ["simulate", "{model}", "--data", "{tmp}/text.npy", "--out", "{tmp}/y.npy"],
-            "has dtype <U1; allowed: numbers",
+            "has dtype <U1; allowed: real numbers",
         ),
+        (["simulate", "{model}", "--data", "{tmp}/empty.npy", "--out", "{tmp}/y.npy"], "input 'x' has no samples"),
+        (["simulate", "{model}", "--data", "{tmp}/nan.npy", "--out", "{tmp}/y.npy"], "input 'x' contains NaN"),
         (["check", "{model}", "--target", "{tmp}/binary.json"], "target: '{tmp}/binary.json' is not UTF-8 text"),
     ],
 )
@@ -134,6 +136,8 @@ def test_bad_input_is_one_line_and_exit_2(files, capsys, argv: list[str], messag
     (tmp / "bad.npy").write_bytes(b"\x93NUMPY\x01\x00damaged")  # numpy raises ValueError, a bug were it not caught
     np.save(tmp / "wide.npy", np.concatenate([np.load(data)] * 2, axis=1))
     np.save(tmp / "text.npy", np.array(["a", "b"]))
+    np.save(tmp / "empty.npy", np.load(data)[:0])
+    np.save(tmp / "nan.npy", np.full_like(np.load(data), np.nan))
     (tmp / "binary.json").write_bytes(bytes(range(128, 256)))
     capsys.readouterr()
     before = sorted(p.name for p in tmp.iterdir())

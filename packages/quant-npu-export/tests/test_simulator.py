@@ -8,6 +8,8 @@ ONNX's reference evaluator with a half-up QuantizeLinear.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -127,8 +129,24 @@ def test_errors_name_the_node() -> None:
         simulator.run(np.zeros((1, 3, 8, 8), np.float32), batch_size=0, quiet=True)
     with pytest.raises(DataError, match=r"data: input 'x' expected shape \[N,3,8,8\] got \[1, 3, 8, 9\]"):
         simulator.run(np.zeros((1, 3, 8, 9), np.float32), quiet=True)
-    with pytest.raises(DataError, match="data: input 'x' has dtype <U1; allowed: numbers"):
+    with pytest.raises(DataError, match="data: input 'x' has dtype <U1; allowed: real numbers"):
         simulator.run(np.array(["a"]), quiet=True)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (np.zeros((0, 3, 8, 8), np.float32), "data: input 'x' has no samples"),
+        (np.full((2, 3, 8, 8), np.nan, np.float32), "data: input 'x' contains NaN"),
+        (np.full((2, 3, 8, 8), -np.inf), "data: input 'x' contains Inf"),
+        (np.ones((2, 3, 8, 8), bool), "data: input 'x' expected dtype float32 got bool"),
+        (np.ones((2, 3, 8, 8), np.int64), "data: input 'x' expected dtype float32 got int64"),
+        (np.ones((2, 3, 8, 8), np.complex64), "data: input 'x' has dtype complex64; allowed: real numbers"),
+    ],
+)
+def test_data_that_is_not_finite_real_samples_of_the_input_type_is_refused(data, message) -> None:
+    with pytest.raises(DataError, match=f"^{re.escape(message)}"):
+        NPUSimulator(legal(conv_chain)).run(data, quiet=True)
 
 
 def test_a_fusion_the_simulator_lacks_is_a_model_error_naming_the_node() -> None:

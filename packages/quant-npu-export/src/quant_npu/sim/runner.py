@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -75,42 +75,7 @@ class NPUSimulator:
         return list(self.program.inputs) + [k for k in self.program.raw_inputs if k not in self.program.inputs]
 
     def _feeds(self, data: np.ndarray | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = self.input_names
-        if isinstance(data, Mapping):
-            missing = [n for n in names if n not in data]
-            if missing:
-                raise DataError(f"data: input {missing[0]!r} is missing; model inputs: {', '.join(names)}")
-            feeds = {n: np.asarray(data[n]) for n in names}
-        else:
-            if len(names) != 1:
-                raise DataError(f"data: one array given; the model has inputs {', '.join(names)} (use a .npz)")
-            feeds = {names[0]: np.asarray(data)}
-        for name, value in feeds.items():
-            self._check_input(name, value)
-        sizes = {len(v) for v in feeds.values()}
-        if len(sizes) != 1:
-            raise DataError(f"data: inputs have different sample counts {sorted(sizes)}")
-        return feeds
-
-    def _check_input(self, name: str, value: np.ndarray) -> None:
-        """``value`` is numbers in the graph input's shape (axis 0, the samples, any size):
-        what does not fit is the caller's data, not a fault of the simulator."""
-        from quant_core.onnx_qdq.graph import value_info_shape
-
-        if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
-            raise DataError(f"data: input {name!r} has dtype {value.dtype}; allowed: numbers")
-        if value.ndim == 0:
-            raise DataError(f"data: input {name!r} is a scalar; allowed: an array with the samples on axis 0")
-        graph_input = next((vi for vi in self.model.graph.input if vi.name == name), None)
-        dims = value_info_shape(graph_input) if graph_input is not None else None
-        if dims is None:
-            return
-        fits = value.ndim == len(dims) and all(
-            not isinstance(d, int) or d == s for d, s in zip(dims[1:], value.shape[1:], strict=True)
-        )
-        if not fits:
-            shown = ",".join(["N", *(str(d) if d is not None else "?" for d in dims[1:])])
-            raise DataError(f"data: input {name!r} expected shape [{shown}] got {list(value.shape)}")
+        return model_feeds(self.model, self.input_names, data)
 
     def run_batch(
         self, feeds: Mapping[str, np.ndarray], integer: bool = False, sizes: list[int] | None = None
@@ -162,7 +127,7 @@ class NPUSimulator:
         feeds = self._feeds(data)
         count = len(next(iter(feeds.values())))
         if batch_size is None:
-            batch_size = self.automatic_batch_size(feeds) if count else 1
+            batch_size = self.automatic_batch_size(feeds)
         parts: dict[str, list[np.ndarray]] = {}
         starts = range(0, count, batch_size)
         for start in tqdm(starts, desc="simulate", unit="batch", disable=quiet):
@@ -180,6 +145,68 @@ class NPUSimulator:
         self.run_batch({n: v[:1] for n, v in feeds.items()}, sizes=sizes)
         largest = max([*sizes, *(v[:1].size for v in feeds.values()), 1])
         return int(max(1, min(MAX_BATCH, 2 ** int(np.log2(max(BATCH_ELEMENTS // largest, 1))))))
+
+
+def model_feeds(
+    model: onnx.ModelProto, names: Sequence[str], data: np.ndarray | Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """``data`` (one array for a single-input model, else ``{input name: array}``) as
+    ``{name: array}`` for the graph inputs ``names``, each checked by :func:`_check_input`;
+    a DataError names the first input that does not fit."""
+    if isinstance(data, Mapping):
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise DataError(f"data: input {missing[0]!r} is missing; model inputs: {', '.join(names)}")
+        feeds = {n: np.asarray(data[n]) for n in names}
+    else:
+        if len(names) != 1:
+            raise DataError(f"data: one array given; the model has inputs {', '.join(names)} (use a .npz)")
+        feeds = {names[0]: np.asarray(data)}
+    for name, value in feeds.items():
+        _check_input(model, name, value)
+    sizes = {len(v) for v in feeds.values()}
+    if len(sizes) != 1:
+        raise DataError(f"data: inputs have different sample counts {sorted(sizes)}")
+    return feeds
+
+
+def _same_kind(given: np.dtype, expected: np.dtype) -> bool:
+    """quant_onnx's rule for calibration data: a float input takes floats only (an integer
+    or bool array is more likely labels or a mask than pixels), an integer input any integers."""
+    return given.kind == expected.kind or (given.kind in "iu" and expected.kind in "iu")
+
+
+def _check_input(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
+    """``value`` is finite real numbers of the graph input's kind, in its shape (axis 0,
+    the samples, any size but 0): what does not fit is the caller's data, not a fault of
+    the simulator, and a NaN would come out as some finite code instead of an error."""
+    from quant_core.onnx_qdq.graph import value_info_shape
+
+    if value.dtype.kind not in "biuf":  # complex too: quantizing would drop the imaginary part
+        raise DataError(f"data: input {name!r} has dtype {value.dtype}; allowed: real numbers")
+    graph_input = next((vi for vi in model.graph.input if vi.name == name), None)
+    elem_type = graph_input.type.tensor_type.elem_type if graph_input is not None else 0
+    if elem_type:
+        expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        if not _same_kind(value.dtype, expected):
+            raise DataError(
+                f"data: input {name!r} expected dtype {expected} got {value.dtype} (convert the data first)"
+            )
+    if value.ndim == 0:
+        raise DataError(f"data: input {name!r} is a scalar; allowed: an array with the samples on axis 0")
+    if len(value) == 0:
+        raise DataError(f"data: input {name!r} has no samples")
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+        raise DataError(f"data: input {name!r} contains {'NaN' if np.isnan(value).any() else 'Inf'}")
+    dims = value_info_shape(graph_input) if graph_input is not None else None
+    if dims is None:
+        return
+    fits = value.ndim == len(dims) and all(
+        not isinstance(d, int) or d == s for d, s in zip(dims[1:], value.shape[1:], strict=True)
+    )
+    if not fits:
+        shown = ",".join(["N", *(str(d) if d is not None else "?" for d in dims[1:])])
+        raise DataError(f"data: input {name!r} expected shape [{shown}] got {list(value.shape)}")
 
 
 def simulate(
