@@ -5,6 +5,7 @@ the CPU make named partitions instead, and the simulator agrees with onnxruntime
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -155,6 +156,30 @@ def test_cli_cpu_and_data(tmp_path, quantized: onnx.ModelProto, capsys: pytest.C
     assert len(report["partitions"]) == 3 and report["ok"]
     assert main(["check", str(out), "--cpu", "Sigmoid"]) == 0
     assert "CPU partition: head (Sigmoid)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (
+            lambda x: np.concatenate([x, x], axis=1),
+            r"data: input 'x' expected shape \[N,3,16,16\] got \[8, 6, 16, 16\]",
+        ),
+        (lambda x: x[:0], "data: input 'x' has no samples"),
+        (lambda x: np.full_like(x, np.nan), "data: input 'x' contains NaN"),
+    ],
+)
+def test_cli_data_is_checked_before_any_conversion_runs(
+    tmp_path, quantized: onnx.ModelProto, capsys: pytest.CaptureFixture[str], bad, message: str
+) -> None:
+    """onnxruntime measures the costs: its error was a traceback (exit 1), and NaN passed it."""
+    source, out, data = tmp_path / "q.onnx", tmp_path / "l.onnx", tmp_path / "x.npy"
+    source.write_bytes(quantized.SerializeToString())
+    np.save(data, bad(random_inputs(detector(), 8)))
+    assert main(["legalize", str(source), str(out), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(f"^quant-npu: error: {message}$", err.strip())
+    assert not out.exists()
 
 
 def test_split_and_erf_gelu_in_a_qdq_model() -> None:

@@ -287,6 +287,15 @@ def _json_number(value: float) -> float | str:
     return value if np.isfinite(value) else str(value)
 
 
+def _check_data(model: onnx.ModelProto, data: np.ndarray | Mapping[str, np.ndarray]) -> None:
+    """The simulator's checks of ``data`` against ``model``'s inputs (a DataError naming the input)."""
+    from quant_core.onnx_qdq.graph import GraphIndex
+    from quant_npu.sim.runner import model_feeds
+
+    index = GraphIndex(model.graph)
+    model_feeds(model, [vi.name for vi in model.graph.input if index.is_graph_input(vi.name)], data)
+
+
 def legalize_model(
     model: ModelSource,
     target: str | os.PathLike[str] | NPUProfile | None = None,
@@ -304,6 +313,8 @@ def legalize_model(
 
     profile = load_profile(target)
     work = load_model(model)
+    if data is not None:  # onnxruntime's own error on bad data is a traceback, and NaN passes it
+        _check_data(work, data)
     result_tail = float_result_tail(work)
     selection = deployment_selection(work, cpu, result_tail)
     converted = convert_for_target(work, profile, selection)
