@@ -9,6 +9,7 @@ import onnx
 import pytest
 from builders import conv_chain, ort_run, quantize, random_inputs
 
+from quant_core.errors import DataError
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.legalize import legalize_model
 from quant_npu.quant_info import (
@@ -79,6 +80,23 @@ def test_bad_files(tmp_path, npu_model) -> None:
         import_quant_info(npu_model, {"input": {"test::x": [[12, 3]]}})
     with pytest.raises(ValueError, match="is not a power of two; run quant-npu legalize first"):
         export_quant_info(quantize(conv_chain(), "a8w8"))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({}, r"entry 'test::x' is \{\}; allowed: \[\[bit_width, fix_position\]\]"),  # was KeyError: 0
+        ([[8.7, 3]], r"entry 'test::x' is \[\[8\.7, 3\]\]; allowed"),  # was truncated to 8
+        ([[8, 3.9]], r"entry 'test::x' is \[\[8, 3\.9\]\]; allowed"),
+        ([[True, 3]], r"entry 'test::x' is \[\[True, 3\]\]; allowed"),
+        ([[8]], r"entry 'test::x' is \[\[8\]\]; allowed"),
+        ([[8, 400]], r"entry 'test::x': fix position 400 is out of range; allowed: -127 to 149"),  # was scale 0.0
+        ([[8, -128]], r"entry 'test::x': fix position -128 is out of range"),  # 2**128: inf in float32
+    ],
+)
+def test_a_malformed_entry_is_a_data_error_naming_the_tensor(npu_model, entry, message) -> None:
+    with pytest.raises(DataError, match=f"^quant_info: {message}"):
+        import_quant_info(npu_model, {"input": {"test::x": entry}})
 
 
 def test_a_float_model_is_refused_as_check_refuses_it(tmp_path) -> None:

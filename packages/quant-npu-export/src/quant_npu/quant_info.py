@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,7 +34,7 @@ import attrs
 import numpy as np
 import onnx
 
-from quant_core.errors import ModelError
+from quant_core.errors import DataError, ModelError
 from quant_core.onnx_qdq.reader import QDQGraph, QuantTensor
 from quant_npu.partitions import CpuSelection, cpu_steps, deployment_selection
 from quant_npu.plan import plan
@@ -177,6 +178,33 @@ class ImportResult:
     not_in_file: tuple[str, ...]
 
 
+_FLOAT32 = np.finfo(np.float32)
+POSITIONS = (1 - _FLOAT32.maxexp, _FLOAT32.nmant - _FLOAT32.minexp)
+"""The fix positions whose scale ``2**-pos`` a float32 holds: beyond them it is infinite or
+0, and a QuantizeLinear with scale 0 divides by zero (-127 and 149)."""
+
+
+def _integer(value: Any) -> bool:
+    # bool is an int to Python, but true as a bit width is a mistake, not 1
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
+def _entry(key: str, value: Any) -> tuple[int, int | None]:
+    allowed = f"quant_info: entry {key!r} is {value!r}; allowed: [[bit_width, fix_position]] (integers)"
+    pair = value[0] if isinstance(value, list | tuple) and len(value) == 1 else None
+    if not isinstance(pair, list | tuple) or len(pair) != 2:
+        raise DataError(allowed)
+    bits, pos = pair
+    if not _integer(bits) or not (pos is None or _integer(pos)):  # int() would truncate 8.7 to 8
+        raise DataError(allowed)
+    if pos is not None and not POSITIONS[0] <= pos <= POSITIONS[1]:
+        raise DataError(
+            f"quant_info: entry {key!r}: fix position {pos} is out of range; "
+            f"allowed: {POSITIONS[0]} to {POSITIONS[1]} (2**-pos a finite non-zero float32)"
+        )
+    return int(bits), None if pos is None else int(pos)
+
+
 def _entries(info: Mapping[str, Any]) -> dict[str, tuple[int, int | None]]:
     entries: dict[str, tuple[int, int | None]] = {}
     for section in SECTIONS:
@@ -184,13 +212,7 @@ def _entries(info: Mapping[str, Any]) -> dict[str, tuple[int, int | None]]:
         if not isinstance(block, Mapping):
             raise ModelError(f"quant_info: section {section!r} must be an object of tensor entries")
         for key, value in block.items():
-            try:
-                bits, pos = value[0]
-                entries[parse_key(key)] = (int(bits), None if pos is None else int(pos))
-            except (TypeError, ValueError, IndexError):
-                raise ModelError(
-                    f"quant_info: entry {key!r} is {value!r}; allowed: [[bit_width, fix_position]]"
-                ) from None
+            entries[parse_key(key)] = _entry(key, value)
     return entries
 
 
