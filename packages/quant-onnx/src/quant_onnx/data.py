@@ -34,6 +34,7 @@ import onnx
 
 from quant_core.algorithm_config import in_range
 from quant_core.errors import ConfigError, DataError, MissingDependencyError
+from quant_core.onnx_qdq.graph import data_fits_input
 
 _LOG = logging.getLogger(__name__)
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm", ".tif", ".tiff"})
@@ -499,9 +500,7 @@ def _as_batch(item: Mapping[str, Any], specs: Mapping[str, InputSpec]) -> Batch:
                     raise DataError(
                         f"calibration data: input '{name}' expected shape {spec.describe_shape()} got {got_dims}"
                     )
-        # float64 -> float32 is fine; uint8 pixels into a float model almost always lack normalisation.
-        integers = array.dtype.kind in "iu" and spec.dtype.kind in "iu"  # range-checked below
-        if array.dtype.kind != spec.dtype.kind and not integers:
+        if not data_fits_input(array.dtype, spec.dtype):  # integers into integers: range-checked below
             raise DataError(
                 f"calibration data: input '{name}' expected dtype {spec.dtype} got {array.dtype} (convert the data first)"
             )

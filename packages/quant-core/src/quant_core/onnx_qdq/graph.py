@@ -295,6 +295,19 @@ def value_info_shape(vi: onnx.ValueInfoProto) -> list[Dim] | None:
     return dims
 
 
+def data_fits_input(given: np.dtype, expected: np.dtype) -> bool:
+    """Whether data of dtype ``given`` may feed a model input of dtype ``expected``: the same
+    kind (float64 into float32 is fine), or integers into an integer input (range-checked by
+    the caller). Integers or bools into a float input are refused: uint8 pixels without their
+    normalisation, labels or masks, far more often than the data meant.
+
+    Example:
+        >>> data_fits_input(np.dtype("float64"), np.dtype("float32")), data_fits_input(np.dtype("uint8"), np.dtype("float32"))
+        (True, False)
+    """
+    return given.kind == expected.kind or (given.kind in "iu" and expected.kind in "iu")
+
+
 def topological_sort(nodes: Iterable[onnx.NodeProto], available: Iterable[str] = ()) -> list[onnx.NodeProto]:
     """Kahn's algorithm, stable: among ready nodes the one earliest in the input order goes first.
 

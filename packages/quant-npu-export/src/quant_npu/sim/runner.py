@@ -170,17 +170,11 @@ def model_feeds(
     return feeds
 
 
-def _same_kind(given: np.dtype, expected: np.dtype) -> bool:
-    """quant_onnx's rule for calibration data: a float input takes floats only (an integer
-    or bool array is more likely labels or a mask than pixels), an integer input any integers."""
-    return given.kind == expected.kind or (given.kind in "iu" and expected.kind in "iu")
-
-
 def _check_input(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
     """``value`` is finite real numbers of the graph input's kind, in its shape (axis 0,
     the samples, any size but 0): what does not fit is the caller's data, not a fault of
     the simulator, and a NaN would come out as some finite code instead of an error."""
-    from quant_core.onnx_qdq.graph import value_info_shape
+    from quant_core.onnx_qdq.graph import data_fits_input, value_info_shape
 
     if value.dtype.kind not in "biuf":  # complex too: quantizing would drop the imaginary part
         raise DataError(f"data: input {name!r} has dtype {value.dtype}; allowed: real numbers")
@@ -188,7 +182,7 @@ def _check_input(model: onnx.ModelProto, name: str, value: np.ndarray) -> None:
     elem_type = graph_input.type.tensor_type.elem_type if graph_input is not None else 0
     if elem_type:
         expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-        if not _same_kind(value.dtype, expected):
+        if not data_fits_input(value.dtype, expected):
             raise DataError(
                 f"data: input {name!r} expected dtype {expected} got {value.dtype} (convert the data first)"
             )
