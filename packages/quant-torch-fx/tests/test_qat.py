@@ -202,6 +202,18 @@ def test_distillation_needs_no_labels_and_labels_are_needed_without_a_teacher() 
         train_qat(qat, unlabeled, epochs=1, quiet=True)
 
 
+def test_the_teacher_runs_in_eval_mode_and_each_of_its_modules_keeps_its_own_mode() -> None:
+    teacher = conv_bn_net().train()
+    teacher.bn2.eval()  # a mode of its own, as a user freezing one batch norm leaves it
+    modes = [m.training for m in teacher.modules()]
+    seen: list[bool] = []
+    teacher.register_forward_pre_hook(lambda module, _args: seen.append(module.bn1.training))
+    qat = ModelQuantizer("xint8", quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    train_qat(qat, images(2), teacher=teacher, epochs=1, quiet=True)
+    assert seen == [False, False]
+    assert [m.training for m in teacher.modules()] == modes
+
+
 def test_learnable_qparams_start_from_the_first_batch() -> None:
     qat = ModelQuantizer("a8w8", quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
     quantizers = dict(activation_quantizers(qat))

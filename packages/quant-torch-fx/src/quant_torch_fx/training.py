@@ -205,8 +205,6 @@ def train_qat(
             break
     if optimizer is None:
         optimizer = default_optimizer(model, lr, qparam_lr, weight_lr_per_step)
-    if teacher is not None:
-        teacher.eval()
     step_model = torch.compile(model) if compile_model else model
     history: list[dict[str, float]] = []
     for epoch in range(epochs):
@@ -218,7 +216,8 @@ def train_qat(
             inputs = _inputs(item, num_inputs, index, device)
             output = step_model(*inputs)
             if teacher is not None:
-                with torch.no_grad():
+                # Eval mode only for the call: the teacher is the user's model, its modes theirs.
+                with evaluating(teacher):
                     target = teacher(*inputs)
                 loss = distillation_loss(output, target, temperature)
             else:
