@@ -68,7 +68,7 @@ from quant_torch_fx.calibrate import (
     start_observing,
 )
 from quant_torch_fx.capture import as_args, capture, record_inputs
-from quant_torch_fx.data import InputSignature, batches
+from quant_torch_fx.data import InputSignature, batches, keep_signature
 from quant_torch_fx.distributed import gathered_batches
 from quant_torch_fx.export import DEFAULT_OPSET, export_onnx
 from quant_torch_fx.freeze import freeze
@@ -166,7 +166,9 @@ class ModelQuantizer:
         excluded = self._excluded_types(model)
         if self.regions is None:
             gm = capture(model, args, dynamic_batch=self.dynamic_batch)
-            return self._instrument(gm, mode, excluded, float_pass, fold_batch_norms)
+            prepared = self._instrument(gm, mode, excluded, float_pass, fold_batch_norms)
+            keep_signature(prepared, self.signature(example_inputs))
+            return prepared
         root = copy.deepcopy(model).eval()
         recorded = record_inputs(root, args)
         names = sorted(self.regions)
@@ -193,6 +195,7 @@ class ModelQuantizer:
                 for pair in (*plan.quantized_nodes, *((f.name, f.op_type) for f in plan.float_nodes))
             ],
         )
+        keep_signature(root, self.signature(example_inputs))
         return root
 
     def _check_exclusions(self, model: nn.Module) -> None:

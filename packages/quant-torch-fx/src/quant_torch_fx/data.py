@@ -25,8 +25,12 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+from torch import nn
+from torch.fx import GraphModule
 
 from quant_core.errors import DataError
+
+_SIGNATURE_KEY = "quant_torch_fx_input_signature"
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
@@ -112,6 +116,34 @@ def batches(loader: Iterable[Any], signature: InputSignature, device: torch.devi
         if device is not None:
             values = tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
         yield values
+
+
+def keep_signature(model: nn.Module, signature: InputSignature) -> None:
+    """Remember on a prepared model what its batches look like, for the passes that get
+    the model without its example inputs (:func:`quant_torch_fx.training.train_qat`)."""
+    if isinstance(model, GraphModule):
+        model.meta[_SIGNATURE_KEY] = signature  # a graph module's deepcopy keeps meta only
+    else:
+        setattr(model, _SIGNATURE_KEY, signature)
+
+
+def signature_of(model: nn.Module) -> InputSignature | None:
+    """The signature :func:`keep_signature` left on ``model`` (or on the prepared model a
+    wrapper such as DDP holds), else ``None``."""
+    for module in model.modules():
+        found = module.meta.get(_SIGNATURE_KEY) if isinstance(module, GraphModule) else None
+        found = found or getattr(module, _SIGNATURE_KEY, None)
+        if isinstance(found, InputSignature):
+            return found
+    return None
+
+
+def check_finite(values: tuple[Any, ...], index: int) -> None:
+    """Floating-point inputs hold no NaN or infinity: calibration refuses them at the input's
+    observer, and a step on one turns every trained parameter NaN."""
+    for position, value in enumerate(values):
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise DataError(f"data: batch {index}, input {position} holds NaN or infinite values; data must be finite")
 
 
 def labels_of(item: Any, count: int) -> Any:
