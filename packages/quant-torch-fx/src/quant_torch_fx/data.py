@@ -68,8 +68,10 @@ class InputSignature:
             dims[0] = "N"
         return f"[{', '.join(dims)}]"
 
-    def inputs(self, item: Any, index: int) -> tuple[Any, ...]:
-        """The model inputs of batch ``index`` (checked; see the module docstring)."""
+    def inputs(self, item: Any, index: int, *, where: str | None = None) -> tuple[Any, ...]:
+        """The model inputs of batch ``index`` (checked; see the module docstring). ``where``
+        names the data in errors instead of ``data: batch <index>`` (samples, not batches)."""
+        where = where or f"data: batch {index}"
         count = len(self.shapes)
         if isinstance(item, np.ndarray):
             item = torch.from_numpy(item)
@@ -79,11 +81,11 @@ class InputSignature:
             values = tuple(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in item[:count])
         else:
             raise DataError(
-                f"data: batch {index} is a {type(item).__name__}; allowed: a tensor, or a tuple whose first "
+                f"{where} is a {type(item).__name__}; allowed: a tensor, or a tuple whose first "
                 f"{count} element(s) are the model inputs (e.g. (images, labels))"
             )
         if len(values) < count:
-            raise DataError(f"data: batch {index} has {len(values)} input(s); the model takes {count}")
+            raise DataError(f"{where} has {len(values)} input(s); the model takes {count}")
         for position, (value, shape, dtype) in enumerate(zip(values, self.shapes, self.dtypes, strict=True)):
             if shape is None:
                 continue
@@ -95,7 +97,7 @@ class InputSignature:
                 got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
                 batch = "any batch size N" if self.dynamic_batch else "the batch size fixed: dynamic_batch=False"
                 raise DataError(
-                    f"data: batch {index}, input {position} has shape {got}; expected {self.describe(position)} "
+                    f"{where}, input {position} has shape {got}; expected {self.describe(position)} "
                     f"(the example input's shape, {batch})"
                 )
             # A float64 batch for a float32 model would fail deep inside the first layer.
@@ -104,7 +106,7 @@ class InputSignature:
                 or (dtype.is_floating_point and value.dtype != dtype)
             ):
                 raise DataError(
-                    f"data: batch {index}, input {position} has dtype {value.dtype}; expected {dtype} like the example input"
+                    f"{where}, input {position} has dtype {value.dtype}; expected {dtype} like the example input"
                 )
         return values
 
@@ -138,12 +140,12 @@ def signature_of(model: nn.Module) -> InputSignature | None:
     return None
 
 
-def check_finite(values: tuple[Any, ...], index: int) -> None:
+def check_finite(values: tuple[Any, ...], where: str) -> None:
     """Floating-point inputs hold no NaN or infinity: calibration refuses them at the input's
     observer, and a step on one turns every trained parameter NaN."""
     for position, value in enumerate(values):
         if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise DataError(f"data: batch {index}, input {position} holds NaN or infinite values; data must be finite")
+            raise DataError(f"{where}, input {position} holds NaN or infinite values; data must be finite")
 
 
 def labels_of(item: Any, count: int) -> Any:

@@ -260,7 +260,7 @@ def train_qat(
 
 def _inputs(item: Any, signature: InputSignature, index: int, device: torch.device | None) -> Sequence[Any]:
     values = signature.inputs(item, index)
-    check_finite(values, index)
+    check_finite(values, f"data: batch {index}")
     if device is None:
         return values
     return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
