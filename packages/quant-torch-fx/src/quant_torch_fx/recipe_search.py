@@ -71,7 +71,7 @@ from quant_core.errors import ConfigError, DataError
 from quant_core.observers.derived import statistics_observer
 from quant_core.observers.histogram import HistogramObserver
 from quant_torch_fx.algorithms.passes import SUPPORTED, pre_pass, run_post_passes
-from quant_torch_fx.api import ModelQuantizer
+from quant_torch_fx.api import ModelQuantizer, check_model
 from quant_torch_fx.calibrate import calibrate, finish_calibration, model_device
 from quant_torch_fx.capture import as_args, capture, copy_captured
 from quant_torch_fx.data import InputSignature, batches, check_finite
@@ -372,8 +372,7 @@ def search(
         :class:`~quant_algos.search.results.SearchResult`; ``model`` is the chosen frozen
         model (``ModelQuantizer(result.chosen.config)`` quantizes and freezes it alone).
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
+    check_model(model)
     check_report_path(report_path)  # before any work
     acceptance = check_arguments(target, budget_s, confidence, eval_batch_size, eval_samples, seed=seed)
     check_target(deployment, "deployment")
