@@ -4,12 +4,14 @@ function kept, the quantized model closer to float, and the export faithful to i
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from models import images
 from torch import nn
 
 from quant_core.algorithm_config import ActivationEqualizationConfig
+from quant_core.errors import DataError
 from quant_core.presets import get_preset
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.algorithms.probe import float_mode, probe, run_probe
@@ -94,3 +96,18 @@ def test_qat_without_folded_batch_norm_leaves_it_out_and_says_so() -> None:
     for kind in ("activation_equalization", "bias_correction"):  # the preset's two corrections
         notes = graph_info(qat).algorithms[kind]["notes"]
         assert notes and "left out" in notes[0], kind
+
+
+def test_an_empty_batch_adds_nothing_and_only_empty_batches_are_never_observed_as_in_calibration() -> None:
+    empty = torch.zeros(0, 3, 8, 8)
+    for preset in ("a8w8", "xint8"):  # a8w8 equalizes activations first, xint8 does not
+        with pytest.raises(DataError, match=r"calibration: tensor '\w+' was never observed \(empty in every batch\)"):
+            ModelQuantizer(preset, quiet=True).quantize_model(HardSwishBlockNet().eval(), EXAMPLE, [empty])
+    torch.manual_seed(0)
+    net = HardSwishBlockNet().eval()
+    q = ModelQuantizer("a8w8", quiet=True)
+    with_empty = q.quantize_model(net, EXAMPLE, [empty, *images(2)])
+    without = q.quantize_model(net, EXAMPLE, images(2))
+    x = images(1, seed=7)[0]
+    with torch.no_grad():
+        assert torch.equal(with_empty(x), without(x))

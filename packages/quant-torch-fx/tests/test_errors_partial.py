@@ -9,6 +9,7 @@ import torch
 from models import conv_bn_net, images
 from torch import nn
 
+from quant_core.errors import ConfigError
 from quant_torch_fx import CaptureError, DataError, ModelQuantizer
 from quant_torch_fx.prepare import graph_info, quantized_graphs
 
@@ -121,6 +122,43 @@ def test_bad_arguments_name_the_field() -> None:
         ModelQuantizer(quiet=True).prepare(conv_bn_net(), {"x": torch.zeros(1)})
     with pytest.raises(ValueError, match="ConvBnNet holds no quantized graph"):
         ModelQuantizer(quiet=True).freeze(conv_bn_net())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"exclude_module_types": nn.Conv2d},
+            "exclude_module_types: <class 'torch.nn.modules.conv.Conv2d'> is not "
+            "allowed; allowed: a list of nn.Module subclasses",
+        ),
+        ({"regions": "conv1"}, "regions: 'conv1' is not allowed; allowed: a list of submodule paths"),
+        ({"regions": []}, "regions: [] is not allowed; allowed: a list of submodule paths, or None (all)"),
+        ({"dynamic_batch": "no"}, "dynamic_batch: 'no' is not allowed; allowed: true, false"),
+        ({"share_concat_scales": 1}, "share_concat_scales: 1 is not allowed; allowed: true, false"),
+        ({"compile_fake_quant": None}, "compile_fake_quant: None is not allowed; allowed: true, false"),
+        ({"quiet": "yes"}, "quiet: 'yes' is not allowed; allowed: true, false"),
+    ],
+)
+def test_constructor_arguments_are_checked_at_construction(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        ModelQuantizer(**kwargs)  # type: ignore[arg-type]
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("preset", ["xint8", "a8w8"])  # a8w8's algorithms read the model before it is captured
+def test_a_model_that_is_no_module_is_refused_where_it_enters(preset: str) -> None:
+    q = ModelQuantizer(preset, quiet=True)
+    allowed = "model: function is not allowed; allowed: a torch.nn.Module"
+    example = torch.randn(1, 3, 8, 8)
+    for call in (
+        lambda: q.quantize_model(lambda x: x, example, images(1)),  # type: ignore[arg-type]
+        lambda: q.prepare(lambda x: x, example),  # type: ignore[arg-type]
+        lambda: q.prepare_qat(lambda x: x, example, calib_loader=images(1)),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ConfigError) as error:
+            call()
+        assert str(error.value) == allowed
 
 
 def test_freeze_before_calibration_is_refused() -> None:

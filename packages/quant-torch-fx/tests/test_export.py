@@ -15,6 +15,7 @@ from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import quant_torch_fx.export
+from quant_core.errors import ConfigError
 from quant_torch_fx import ModelQuantizer
 from quant_torch_fx.export import onnx_model
 from quant_torch_fx.export_fidelity import first_departure, node_by_node, output_tolerance, record, reference_runner
@@ -429,6 +430,40 @@ def test_multi_input_multi_output_models_export_with_their_names() -> None:
     fidelity = node_by_node(named, frozen, inputs, reference_runner)
     assert fidelity.chain and not fidelity.unmatched and max(fidelity.chain.values()) <= 1
     assert np.max(np.abs(got[0] - expected[0].numpy())) <= _tolerance(named)
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (
+            {"input_names": ["image", "extra", "more"]},
+            "input_names: 3 name(s) for 2 tensor input(s); allowed: one per input",
+        ),
+        (
+            {"output_names": ["logits", "features", "x"]},
+            "output_names: 3 name(s) for 2 tensor output(s); allowed: one per output",
+        ),
+        ({"input_names": ["image", "image"]}, "input_names: 'image' is given twice; allowed: a unique name per input"),
+        ({"output_names": ["y", "y"]}, "output_names: 'y' is given twice; allowed: a unique name per output"),
+        (
+            {"output_names": ["input_0", "y"]},
+            "output_names: 'input_0' is an input's name; allowed: a unique name per output",
+        ),
+        ({"input_names": ["image", ""]}, "input_names: '' is not allowed; allowed: non-empty strings"),
+        ({"output_names": ["", "y"]}, "output_names: '' is not allowed; allowed: non-empty strings"),
+        ({"input_names": "image"}, "input_names: 'image' is not allowed; allowed: a list of 2 name(s), one per input"),
+    ],
+)
+def test_input_and_output_names_are_one_unique_non_empty_name_each(
+    tmp_path: Path, names: dict[str, object], message: str
+) -> None:
+    example = (torch.randn(1, 3, 8, 8), torch.randn(1, 2))
+    q = ModelQuantizer("a8w8", quiet=True)
+    frozen = q.freeze(q.quantize_model(_TwoInTwoOut().eval(), example, [example]))
+    with pytest.raises(ConfigError) as error:
+        q.export_onnx(frozen, example, tmp_path / "m.onnx", **names)  # type: ignore[arg-type]
+    assert str(error.value) == message
+    assert not (tmp_path / "m.onnx").exists()
 
 
 def test_int4_weights_export_at_opset_21() -> None:

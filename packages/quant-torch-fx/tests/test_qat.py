@@ -202,6 +202,74 @@ def test_distillation_needs_no_labels_and_labels_are_needed_without_a_teacher() 
         train_qat(qat, unlabeled, epochs=1, quiet=True)
 
 
+def test_the_teacher_runs_in_eval_mode_and_each_of_its_modules_keeps_its_own_mode() -> None:
+    teacher = conv_bn_net().train()
+    teacher.bn2.eval()  # a mode of its own, as a user freezing one batch norm leaves it
+    modes = [m.training for m in teacher.modules()]
+    seen: list[bool] = []
+    teacher.register_forward_pre_hook(lambda module, _args: seen.append(module.bn1.training))
+    qat = ModelQuantizer("xint8", quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    train_qat(qat, images(2), teacher=teacher, epochs=1, quiet=True)
+    assert seen == [False, False]
+    assert [m.training for m in teacher.modules()] == modes
+
+
+def _nan_images() -> torch.Tensor:
+    batch = images(1)[0]
+    batch[0, 0, 0, 0] = float("nan")
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("batch", "match"),
+    [
+        (torch.randn(8, 1, 8, 8), r"batch 0, input 0 has shape \[8, 1, 8, 8\]; expected \[N, 3, 8, 8\]"),
+        (
+            torch.randn(8, 3, 8, 8, dtype=torch.float64),
+            "batch 0, input 0 has dtype torch.float64; expected torch.float32",
+        ),
+        (_nan_images(), "batch 0, input 0 holds NaN or infinite values"),
+    ],
+)
+def test_training_batches_are_checked_as_calibration_batches_are(batch: torch.Tensor, match: str) -> None:
+    teacher = conv_bn_net()
+    qat = ModelQuantizer("xint8", quiet=True).prepare_qat(teacher, torch.randn(1, 3, 8, 8), calib_loader=images(1))
+    before = [p.detach().clone() for p in qat.parameters()]
+    with pytest.raises(DataError, match=match):
+        train_qat(qat, [batch], teacher=teacher, quiet=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, qat.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("labels", "match"),
+    [
+        (torch.zeros(5, dtype=torch.long), "batch 0 has 5 labels for 8 samples"),
+        (torch.zeros(8), "batch 0 labels are a torch.float32 tensor; allowed with the default loss"),
+    ],
+)
+def test_labels_for_the_default_loss_are_one_class_index_per_sample(labels: torch.Tensor, match: str) -> None:
+    qat = ModelQuantizer("xint8", quiet=True).prepare_qat(
+        conv_bn_net(), torch.randn(1, 3, 8, 8), calib_loader=images(1)
+    )
+    with pytest.raises(DataError, match=match):
+        train_qat(qat, [(images(1)[0], labels)], quiet=True)
+
+
+def test_a_non_finite_loss_stops_training_before_its_step() -> None:
+    qat = ModelQuantizer("xint8", quiet=True).prepare_qat(
+        conv_bn_net(), torch.randn(1, 3, 8, 8), calib_loader=images(1)
+    )
+    before = [p.detach().clone() for p in qat.parameters()]
+
+    def loss_fn(output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return output.sum() * float("inf")
+
+    data = [(x, torch.zeros(8, dtype=torch.long)) for x in images(2)]
+    with pytest.raises(DataError, match="the loss at epoch 1, batch 0 is"):
+        train_qat(qat, data, loss_fn=loss_fn, quiet=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, qat.parameters(), strict=True))
+
+
 def test_learnable_qparams_start_from_the_first_batch() -> None:
     qat = ModelQuantizer("a8w8", quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
     quantizers = dict(activation_quantizers(qat))

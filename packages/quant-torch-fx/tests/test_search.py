@@ -13,7 +13,7 @@ from models import mobile_block_net
 from quant_algos.search import SearchSpace, observer_stage, split_indices
 from quant_core.algorithm_config import CLEConfig, SmoothQuantConfig
 from quant_core.config import CalibrationConfig
-from quant_core.errors import ConfigError
+from quant_core.errors import ConfigError, DataError
 from quant_core.observer_config import MSE, MinMax, Percentile, PowerOfTwoMSE
 from quant_torch_fx import ModelQuantizer, search
 
@@ -265,3 +265,32 @@ def test_recipes_that_differ_outside_the_tensors_are_not_the_same_model() -> Non
         alone = quantizer.freeze(quantizer.quantize_model(sig_net, calib[:1], list(calib.split(16))))
         built = backend.build(found)
         assert built.digest == rs._digest(alone), found.name
+
+
+def _with_nan(samples: int) -> torch.Tensor:
+    x = torch.randn(samples, 3, 8, 8)
+    x[1, 0, 0, 0] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"calibration_data": _with_nan(48)}, "calibration_data: batch 0, input 0 holds NaN or infinite values"),
+        ({"eval_data": _with_nan(120)}, "eval_data, input 0 holds NaN or infinite values"),
+        (
+            {"eval_data": torch.randn(8, 1, 8, 8)},
+            r"eval_data, input 0 has shape \[8, 1, 8, 8\]; expected \[N, 3, 8, 8\]",
+        ),
+        ({"eval_data": torch.zeros(8, 3, 8, 8, dtype=torch.long)}, "eval_data, input 0 has dtype torch.int64"),
+        ({"calibration_data": [torch.randn(0, 3, 8, 8)]}, "empty"),  # met in the build, by every candidate
+    ],
+)
+def test_bad_data_is_one_data_error_not_a_failed_row_per_candidate(net, calib, evaluation, data, match):
+    arguments = {"calibration_data": calib, "eval_data": evaluation} | data
+    space = SearchSpace(formats=("xint8",), activation_observers=(MinMax(),))
+    with pytest.raises(DataError, match=match) as error:
+        search(
+            net, calib[:1], arguments["calibration_data"], arguments["eval_data"], target=0.0, space=space, quiet=True
+        )
+    assert "\n" not in str(error.value)

@@ -68,7 +68,7 @@ from quant_torch_fx.calibrate import (
     start_observing,
 )
 from quant_torch_fx.capture import as_args, capture, record_inputs
-from quant_torch_fx.data import InputSignature, batches
+from quant_torch_fx.data import InputSignature, batches, keep_signature
 from quant_torch_fx.distributed import gathered_batches
 from quant_torch_fx.export import DEFAULT_OPSET, export_onnx
 from quant_torch_fx.freeze import freeze
@@ -113,6 +113,20 @@ class ModelQuantizer:
     ) -> None:
         self.config = resolve_config(config)
         check_algorithms(self.config)
+        for field, flag in (
+            ("dynamic_batch", dynamic_batch),
+            ("share_concat_scales", share_concat_scales),
+            ("compile_fake_quant", compile_fake_quant),
+            ("quiet", quiet),
+        ):
+            if not isinstance(flag, bool):  # "no" and 0.0 would read as one another's opposite
+                raise ConfigError(f"{field}: {flag!r} is not allowed; allowed: true, false")
+        exclude_modules = _as_list(exclude_modules, "exclude_modules", "module-path globs")
+        exclude_module_types = _as_list(exclude_module_types, "exclude_module_types", "nn.Module subclasses")
+        if regions is not None:
+            regions = _as_list(regions, "regions", "submodule paths")
+            if not regions:  # quantizing nothing is no quantization at all
+                raise ConfigError("regions: [] is not allowed; allowed: a list of submodule paths, or None (all)")
         # The preset corrections left out, and why (they run on a model captured whole).
         self.left_out: tuple[tuple[str, ...], str] | None = None
         if regions is not None:
@@ -126,10 +140,6 @@ class ModelQuantizer:
         for name in regions or ():
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"regions: {name!r} is not allowed; allowed: submodule paths such as 'backbone'")
-        if isinstance(exclude_modules, str) or not isinstance(exclude_modules, Sequence):
-            raise ConfigError(
-                f"exclude_modules: {exclude_modules!r} is not allowed; allowed: a list of module-path globs"
-            )
         for pattern in exclude_modules:
             if not isinstance(pattern, str):
                 raise ConfigError(f"exclude_modules: {pattern!r} is not allowed; allowed: module-path globs (strings)")
@@ -161,12 +171,15 @@ class ModelQuantizer:
         """The instrumented model, not yet calibrated (``mode``: ``"ptq"`` or ``"qat"``).
         ``float_pass`` edits the normalised float graph before planning (CLE);
         ``fold_batch_norms`` (default: PTQ only) folds batch norm into the convolutions."""
+        check_model(model)
         args = as_args(example_inputs)
         self._check_exclusions(model)
         excluded = self._excluded_types(model)
         if self.regions is None:
             gm = capture(model, args, dynamic_batch=self.dynamic_batch)
-            return self._instrument(gm, mode, excluded, float_pass, fold_batch_norms)
+            prepared = self._instrument(gm, mode, excluded, float_pass, fold_batch_norms)
+            keep_signature(prepared, self.signature(example_inputs))
+            return prepared
         root = copy.deepcopy(model).eval()
         recorded = record_inputs(root, args)
         names = sorted(self.regions)
@@ -193,6 +206,7 @@ class ModelQuantizer:
                 for pair in (*plan.quantized_nodes, *((f.name, f.op_type) for f in plan.float_nodes))
             ],
         )
+        keep_signature(root, self.signature(example_inputs))
         return root
 
     def _check_exclusions(self, model: nn.Module) -> None:
@@ -257,6 +271,7 @@ class ModelQuantizer:
         """Post-training quantization: capture, plan, calibrate on ``calib_loader`` (tensors
         or ``(tensor, label)`` batches; a list works). Returns the fake-quantized model in
         eval mode; ``model`` is not modified."""
+        check_model(model)
         check_num_batches(num_batches)
         if not self.config.algorithms:
             prepared = self.prepare(model, example_inputs, mode="ptq")
@@ -309,6 +324,7 @@ class ModelQuantizer:
         calibration over ``calib_loader``), so training starts from the PTQ model.
         Learnable qparams (``qat_method``) start from a calibration over ``calib_loader``
         when given, else from the first training batch."""
+        check_model(model)
         config = self.config
         left_out: tuple[str, ...] = ()
         if not (fold_batch_norm and calib_loader is not None):
@@ -396,6 +412,20 @@ class ModelQuantizer:
                 "algorithms": dict(info.algorithms),
             }
         return graphs
+
+
+def _as_list(value: Any, field: str, allowed: str) -> tuple[Any, ...]:
+    """``value``'s items: a bare string or type is refused, not taken as the list the user
+    meant (a string would be iterated character by character)."""
+    if isinstance(value, str | type) or not isinstance(value, Iterable):
+        raise ConfigError(f"{field}: {value!r} is not allowed; allowed: a list of {allowed}")
+    return tuple(value)
+
+
+def check_model(model: Any) -> None:
+    """``model`` is an ``nn.Module`` (a function would fail deep inside the capture)."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
 
 
 def _is_preset_correction(algorithm: AlgorithmConfig) -> bool:

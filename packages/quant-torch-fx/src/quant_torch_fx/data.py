@@ -25,8 +25,12 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+from torch import nn
+from torch.fx import GraphModule
 
 from quant_core.errors import DataError
+
+_SIGNATURE_KEY = "quant_torch_fx_input_signature"
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
@@ -64,8 +68,10 @@ class InputSignature:
             dims[0] = "N"
         return f"[{', '.join(dims)}]"
 
-    def inputs(self, item: Any, index: int) -> tuple[Any, ...]:
-        """The model inputs of batch ``index`` (checked; see the module docstring)."""
+    def inputs(self, item: Any, index: int, *, where: str | None = None) -> tuple[Any, ...]:
+        """The model inputs of batch ``index`` (checked; see the module docstring). ``where``
+        names the data in errors instead of ``data: batch <index>`` (samples, not batches)."""
+        where = where or f"data: batch {index}"
         count = len(self.shapes)
         if isinstance(item, np.ndarray):
             item = torch.from_numpy(item)
@@ -75,11 +81,11 @@ class InputSignature:
             values = tuple(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in item[:count])
         else:
             raise DataError(
-                f"data: batch {index} is a {type(item).__name__}; allowed: a tensor, or a tuple whose first "
+                f"{where} is a {type(item).__name__}; allowed: a tensor, or a tuple whose first "
                 f"{count} element(s) are the model inputs (e.g. (images, labels))"
             )
         if len(values) < count:
-            raise DataError(f"data: batch {index} has {len(values)} input(s); the model takes {count}")
+            raise DataError(f"{where} has {len(values)} input(s); the model takes {count}")
         for position, (value, shape, dtype) in enumerate(zip(values, self.shapes, self.dtypes, strict=True)):
             if shape is None:
                 continue
@@ -91,7 +97,7 @@ class InputSignature:
                 got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
                 batch = "any batch size N" if self.dynamic_batch else "the batch size fixed: dynamic_batch=False"
                 raise DataError(
-                    f"data: batch {index}, input {position} has shape {got}; expected {self.describe(position)} "
+                    f"{where}, input {position} has shape {got}; expected {self.describe(position)} "
                     f"(the example input's shape, {batch})"
                 )
             # A float64 batch for a float32 model would fail deep inside the first layer.
@@ -100,7 +106,7 @@ class InputSignature:
                 or (dtype.is_floating_point and value.dtype != dtype)
             ):
                 raise DataError(
-                    f"data: batch {index}, input {position} has dtype {value.dtype}; expected {dtype} like the example input"
+                    f"{where}, input {position} has dtype {value.dtype}; expected {dtype} like the example input"
                 )
         return values
 
@@ -112,6 +118,34 @@ def batches(loader: Iterable[Any], signature: InputSignature, device: torch.devi
         if device is not None:
             values = tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
         yield values
+
+
+def keep_signature(model: nn.Module, signature: InputSignature) -> None:
+    """Remember on a prepared model what its batches look like, for the passes that get
+    the model without its example inputs (:func:`quant_torch_fx.training.train_qat`)."""
+    if isinstance(model, GraphModule):
+        model.meta[_SIGNATURE_KEY] = signature  # a graph module's deepcopy keeps meta only
+    else:
+        setattr(model, _SIGNATURE_KEY, signature)
+
+
+def signature_of(model: nn.Module) -> InputSignature | None:
+    """The signature :func:`keep_signature` left on ``model`` (or on the prepared model a
+    wrapper such as DDP holds), else ``None``."""
+    for module in model.modules():
+        found = module.meta.get(_SIGNATURE_KEY) if isinstance(module, GraphModule) else None
+        found = found or getattr(module, _SIGNATURE_KEY, None)
+        if isinstance(found, InputSignature):
+            return found
+    return None
+
+
+def check_finite(values: tuple[Any, ...], where: str) -> None:
+    """Floating-point inputs hold no NaN or infinity: calibration refuses them at the input's
+    observer, and a step on one turns every trained parameter NaN."""
+    for position, value in enumerate(values):
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise DataError(f"{where}, input {position} holds NaN or infinite values; data must be finite")
 
 
 def labels_of(item: Any, count: int) -> Any:

@@ -81,7 +81,7 @@ def onnx_model(
     with torch.no_grad():
         gm = aten_graph(form.model, args, dynamic_batch=dynamic_batch)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    names_in = list(input_names) if input_names is not None else default_names("input", len(tensors))
+    names_in = input_names if input_names is not None else default_names("input", len(tensors))
     target = max(opset, required_opset(form.formats))
     proto = emit_onnx(gm, opset=target, input_names=names_in, output_names=output_names)
     # Written at an opset that takes every format, so finishing has no notes to pass on

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch.fx import GraphModule, Node
 
 from quant_core.dtypes import DType
-from quant_core.errors import ModelError
+from quant_core.errors import ConfigError, ModelError
 from quant_core.onnx_qdq.build import tensor_proto
 from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX, ONNX_DTYPES
 from quant_core.qparams import QParams, quantize
@@ -338,11 +338,8 @@ class Emitter:
         inputs: list[onnx.ValueInfoProto] = []
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         tensors_in = [n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor)]
-        if len(input_names) < len(tensors_in):
-            raise ModelError(
-                f"input_names: {len(input_names)} name(s) for {len(tensors_in)} tensor inputs; give one per input"
-            )
-        for node, name in zip(tensors_in, input_names, strict=False):
+        input_names = check_names(input_names, len(tensors_in), "input_names", "input", ())
+        for node, name in zip(tensors_in, input_names, strict=True):
             self.tensor_names.add(name)
             self.graph_inputs.add(name)
             self.values[node] = name
@@ -500,14 +497,11 @@ class Emitter:
     def _outputs(self, output: Node, names: Sequence[str] | None) -> list[onnx.ValueInfoProto]:
         leaves = [leaf for leaf in _flat(output.args[0]) if isinstance(leaf, Node)]
         leaves = [leaf for leaf in leaves if isinstance(leaf.meta.get("val"), torch.Tensor)]
-        wanted = list(names) if names is not None else default_names("output", len(leaves))
-        if len(wanted) < len(leaves):
-            raise ModelError(
-                f"output_names: {len(wanted)} name(s) for {len(leaves)} tensor outputs; give one per output"
-            )
+        wanted = default_names("output", len(leaves)) if names is None else names
+        wanted = check_names(wanted, len(leaves), "output_names", "output", self.graph_inputs)
         infos = []
         written: set[str] = set()
-        for leaf, name in zip(leaves, wanted, strict=False):
+        for leaf, name in zip(leaves, wanted, strict=True):
             value = self.values[leaf]
             if isinstance(value, Quantized):
                 self.tensor_names.add(name)
@@ -542,6 +536,26 @@ def _reads_transposed(reader: Node, dequantize: Node) -> bool:
         and meta.dim() != 2
         and reader.args[1] is dequantize
     )
+
+
+def check_names(names: Any, count: int, field: str, what: str, taken: Collection[str]) -> list[str]:
+    """``names``, one unique non-empty string per graph input or output (``what``), none of
+    them ``taken`` (the inputs' names, for the outputs): an extra name would be dropped
+    unseen, and a repeated or empty one makes an invalid graph that fails the ONNX checker."""
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise ConfigError(f"{field}: {names!r} is not allowed; allowed: a list of {count} name(s), one per {what}")
+    names = list(names)
+    if len(names) != count:
+        raise ConfigError(f"{field}: {len(names)} name(s) for {count} tensor {what}(s); allowed: one per {what}")
+    seen: set[str] = set(taken)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{field}: {name!r} is not allowed; allowed: non-empty strings")
+        if name in seen:
+            clash = "an input's name" if name in taken else "given twice"
+            raise ConfigError(f"{field}: {name!r} is {clash}; allowed: a unique name per {what}")
+        seen.add(name)
+    return names
 
 
 def default_names(prefix: str, count: int) -> list[str]:

@@ -71,10 +71,10 @@ from quant_core.errors import ConfigError, DataError
 from quant_core.observers.derived import statistics_observer
 from quant_core.observers.histogram import HistogramObserver
 from quant_torch_fx.algorithms.passes import SUPPORTED, pre_pass, run_post_passes
-from quant_torch_fx.api import ModelQuantizer
+from quant_torch_fx.api import ModelQuantizer, check_model
 from quant_torch_fx.calibrate import calibrate, finish_calibration, model_device
 from quant_torch_fx.capture import as_args, capture, copy_captured
-from quant_torch_fx.data import InputSignature, batches
+from quant_torch_fx.data import InputSignature, batches, check_finite
 from quant_torch_fx.freeze import freeze_in_place
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.observe import observe
@@ -163,6 +163,7 @@ def calibration_batches(
             break
         if num_samples is not None:
             values = tuple(v[: num_samples - seen] if isinstance(v, torch.Tensor) else v for v in values)
+        check_finite(values, f"calibration_data: batch {len(held)}")
         held.append(values)
         seen += len(values[0]) if isinstance(values[0], torch.Tensor) else 1
     if not held:
@@ -233,6 +234,15 @@ def _size_bytes(model: nn.Module) -> int:
     return sum(v.numel() * v.element_size() for v in model.state_dict().values() if isinstance(v, torch.Tensor))
 
 
+class _CalibrationDataError(Exception):
+    """A ``DataError`` from the calibration data, which every candidate reads: it ends the
+    search (the walk makes a failed row of a ``ValueError``, and would of every candidate)."""
+
+    def __init__(self, error: DataError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 @attrs.define
 class _TorchBackend:
     """:class:`quant_algos.search.walk.Backend` over :class:`~quant_torch_fx.api.ModelQuantizer`."""
@@ -264,6 +274,12 @@ class _TorchBackend:
         return target_reason(self.target, config)
 
     def build(self, candidate: Candidate) -> Build:
+        try:
+            return self._build(candidate)
+        except DataError as exc:  # the build reads no data but the calibration batches
+            raise _CalibrationDataError(exc) from exc
+
+    def _build(self, candidate: Candidate) -> Build:
         config = candidate.config
         ModelQuantizer(config, quiet=True)  # the config checks a recipe alone gets
         pre = schedule(config, SUPPORTED, backend="torch").before_calibration
@@ -356,8 +372,7 @@ def search(
         :class:`~quant_algos.search.results.SearchResult`; ``model`` is the chosen frozen
         model (``ModelQuantizer(result.chosen.config)`` quantizes and freezes it alone).
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model: {type(model).__name__} is not allowed; allowed: a torch.nn.Module")
+    check_model(model)
     check_report_path(report_path)  # before any work
     acceptance = check_arguments(target, budget_s, confidence, eval_batch_size, eval_samples, seed=seed)
     check_target(deployment, "deployment")
@@ -375,6 +390,8 @@ def search(
         arrays = [a[:eval_samples] for a in arrays]
     if len(arrays) != len(args):
         raise ConfigError(f"eval_data: {len(arrays)} input(s); allowed: one per model input ({len(args)})")
+    # Checked before any candidate runs: torch's own errors would end each candidate as failed.
+    check_finite(signature.inputs(tuple(torch.from_numpy(a) for a in arrays), 0, where="eval_data"), "eval_data")
     names = [f"input_{i}" for i in range(len(arrays))]
     evaluation: EvaluationData = evaluation_data(
         dict(zip(names, arrays, strict=True)), labels=labels, holdout=holdout, seed=seed, batch_size=eval_batch_size
@@ -385,13 +402,16 @@ def search(
     normalized = capture(float_model, args, dynamic_batch=True)
     normalize(normalized, fold_batch_norms=True)  # what prepare_graph does first in PTQ, once
     backend = _TorchBackend(normalized, held, signature, names, device, deployment)
-    result = search_with(
-        backend,
-        goal,
-        space if space is not None else target_space(deployment),
-        calibration,
-        budget=Budget(budget_s, clock, started),
-        reference_seconds=reference_seconds,
-        quiet=quiet,
-    )
+    try:
+        result = search_with(
+            backend,
+            goal,
+            space if space is not None else target_space(deployment),
+            calibration,
+            budget=Budget(budget_s, clock, started),
+            reference_seconds=reference_seconds,
+            quiet=quiet,
+        )
+    except _CalibrationDataError as exc:
+        raise exc.error from None
     return with_report(result, report_path)

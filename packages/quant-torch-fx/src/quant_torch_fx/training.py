@@ -33,7 +33,7 @@ from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from quant_core.errors import ConfigError, DataError, ModelError
 from quant_torch_fx.calibrate import evaluating, model_device
-from quant_torch_fx.data import labels_of, loader_length
+from quant_torch_fx.data import InputSignature, check_finite, labels_of, loader_length, signature_of
 from quant_torch_fx.graph_passes import get_attr_value
 from quant_torch_fx.modules import ConvBn, GraphBatchNorm
 from quant_torch_fx.prepare import graph_info, quantized_graphs, quantizer
@@ -197,16 +197,18 @@ def train_qat(
     device = model_device(model)
     if temperature <= 0 or not np.isfinite(temperature):
         raise ConfigError(f"temperature: {temperature!r} is out of range; allowed: a finite number > 0")
+    # A model prepared elsewhere has no signature: its batches are parsed, their shapes unchecked.
+    signature = signature_of(model) or InputSignature((None,) * num_inputs, (None,) * num_inputs)
+    if len(signature.shapes) != num_inputs:
+        raise ConfigError(f"num_inputs: {num_inputs!r} is out of range; allowed: {len(signature.shapes)}, the model's")
     # Learnables start before the optimizer reads their sizes, before compiling (the compiled
     # graph then never meets the first-batch calibration) and before batch norms freeze.
     if first_batch_pending(model):
         for item in loader:
-            initialize_learnables(model, _inputs(item, num_inputs, 0, device))
+            initialize_learnables(model, _inputs(item, signature, 0, device))
             break
     if optimizer is None:
         optimizer = default_optimizer(model, lr, qparam_lr, weight_lr_per_step)
-    if teacher is not None:
-        teacher.eval()
     step_model = torch.compile(model) if compile_model else model
     history: list[dict[str, float]] = []
     for epoch in range(epochs):
@@ -215,10 +217,11 @@ def train_qat(
         total, count = 0.0, 0
         progress = tqdm(loader, total=loader_length(loader), desc=f"QAT epoch {epoch + 1}/{epochs}", disable=quiet)
         for index, item in enumerate(progress):
-            inputs = _inputs(item, num_inputs, index, device)
+            inputs = _inputs(item, signature, index, device)
             output = step_model(*inputs)
             if teacher is not None:
-                with torch.no_grad():
+                # Eval mode only for the call: the teacher is the user's model, its modes theirs.
+                with evaluating(teacher):
                     target = teacher(*inputs)
                 loss = distillation_loss(output, target, temperature)
             else:
@@ -227,13 +230,23 @@ def train_qat(
                     raise DataError(
                         f"data: batch {index} has no labels; pass (inputs, labels) batches or a teacher= model"
                     )
+                if isinstance(labels, np.ndarray):
+                    labels = torch.from_numpy(labels)
+                if loss_fn is None:
+                    _check_class_labels(labels, inputs, index)
                 loss = criterion(output, labels.to(device) if isinstance(labels, torch.Tensor) else labels)
+            value = float(loss.detach())
+            if not np.isfinite(value):  # before the step: it would leave every parameter NaN
+                raise DataError(
+                    f"training: the loss at epoch {epoch + 1}, batch {index} is {value}; "
+                    "the data, labels, lr or loss_fn give a non-finite loss"
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
-            total += float(loss.detach())
+            total += value
             count += 1
             progress.set_postfix(loss=f"{total / count:.4f}")
         if count == 0:
@@ -245,13 +258,24 @@ def train_qat(
     return history
 
 
-def _inputs(item: Any, count: int, index: int, device: torch.device | None) -> Sequence[Any]:
-    if isinstance(item, torch.Tensor):
-        values: Sequence[Any] = (item,)
-    elif isinstance(item, list | tuple):
-        values = tuple(item[:count])
-    else:
-        raise DataError(f"data: batch {index} is a {type(item).__name__}; allowed: a tensor or (inputs, labels)")
+def _inputs(item: Any, signature: InputSignature, index: int, device: torch.device | None) -> Sequence[Any]:
+    values = signature.inputs(item, index)
+    check_finite(values, f"data: batch {index}")
     if device is None:
         return values
     return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
+
+
+def _check_class_labels(labels: Any, inputs: Sequence[Any], index: int) -> None:
+    """Cross entropy's class indices, one per sample (torch's own errors name neither the
+    batch nor the labels)."""
+    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
+        got = f"{labels.dtype} tensor" if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise DataError(
+            f"data: batch {index} labels are a {got}; allowed with the default loss (cross entropy): integer "
+            "class indices (pass loss_fn= for other targets)"
+        )
+    samples = next((v.shape[0] for v in inputs if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+    count = labels.shape[0] if labels.dim() > 0 else 1
+    if samples is not None and count != samples:
+        raise DataError(f"data: batch {index} has {count} labels for {samples} samples; expected one label per sample")

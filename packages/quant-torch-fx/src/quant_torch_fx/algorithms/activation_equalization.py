@@ -42,6 +42,7 @@ from quant_algos.drivers.activation_equalization import (
 )
 from quant_core.algorithm_config import ActivationEqualizationConfig, samples_to_use
 from quant_core.config import QuantConfig
+from quant_core.errors import DataError
 from quant_torch_fx.algorithms.edit import new_buffer, write_layers
 from quant_torch_fx.algorithms.probe import Batch, GraphTensors, take_samples
 from quant_torch_fx.graph_plan import GraphView, build_plan_graph
@@ -64,10 +65,19 @@ def apply_activation_equalization(
 
     def measure(tensors: Sequence[str]) -> Mapping[str, tuple[np.ndarray, np.ndarray]]:
         nodes = [view.tensors[t].name for t in tensors]
-        return merged_ranges(
-            {tensor: _channel_range(values[node]) for tensor, node in zip(tensors, nodes, strict=True)}
+        # As the observers do: an empty batch adds nothing (a reduction over it has no value).
+        ranges = merged_ranges(
+            {
+                tensor: _channel_range(values[node])
+                for tensor, node in zip(tensors, nodes, strict=True)
+                if values[node].size
+            }
             for values in source.tensors(nodes)
         )
+        for tensor in tensors:
+            if tensor not in ranges:  # the error calibration would give for it
+                raise DataError(f"calibration: tensor {tensor!r} was never observed (empty in every batch)")
+        return ranges
 
     plan = plan_activation_equalization(view.graph, config, measure, writable=getters.__contains__)
     write_layers(gm, view, plan.layers, plan.refs)
