@@ -4,6 +4,7 @@ with labels or with a teacher, checkpoints."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -267,6 +268,28 @@ def test_a_non_finite_loss_stops_training_before_its_step() -> None:
     data = [(x, torch.zeros(8, dtype=torch.long)) for x in images(2)]
     with pytest.raises(DataError, match="the loss at epoch 1, batch 0 is"):
         train_qat(qat, data, loss_fn=loss_fn, quiet=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, qat.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"epochs": 1.5}, "epochs: 1.5 is out of range; allowed: an integer >= 1"),
+        ({"epochs": 0}, "epochs: 0 is out of range"),
+        ({"lr": -1.0}, "lr: -1.0 is out of range; allowed: a finite number > 0"),
+        ({"lr": float("nan")}, "lr: nan is out of range"),
+        ({"qparam_lr": 0.0}, "qparam_lr: 0.0 is out of range"),
+    ],
+)
+def test_training_arguments_are_checked_before_any_step(arguments: dict, message: str) -> None:
+    """A review found epochs=1.5 ending in range()'s TypeError and lr=-1.0 accepted."""
+    qat = ModelQuantizer("xint8", quiet=True).prepare_qat(
+        conv_bn_net(), torch.randn(1, 3, 8, 8), calib_loader=images(1)
+    )
+    before = [p.detach().clone() for p in qat.parameters()]
+    data = [(x, torch.zeros(8, dtype=torch.long)) for x in images(2)]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_qat(qat, data, quiet=True, **arguments)
     assert all(torch.equal(a, b) for a, b in zip(before, qat.parameters(), strict=True))
 
 

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from torch import nn
 from torch.fx import Node
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
+from quant_core.algorithm_config import check_in_range
 from quant_core.errors import ConfigError, DataError, ModelError
 from quant_torch_fx.calibrate import evaluating, model_device
 from quant_torch_fx.data import InputSignature, check_finite, labels_of, loader_length, signature_of
@@ -188,8 +190,11 @@ def train_qat(
     depends on the model (Fashion-MNIST ResNet-18 1.23x against 1.82x eager; EfficientNet-Lite0
     at 224 px 2.88x against 1.77x). ``model`` itself stays the module to evaluate, save and
     freeze."""
-    if epochs < 1:
-        raise ConfigError(f"epochs: {epochs!r} is out of range; allowed: an integer >= 1")
+    check_in_range("epochs", epochs, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+    if optimizer is None:  # the default optimizer's rates (a given optimizer has its own)
+        for field, rate in (("lr", lr), ("qparam_lr", qparam_lr)):
+            if rate is not None:
+                check_in_range(field, rate, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
     # A QAT step is hundreds of small parallel ops: beside another torch process,
     # EfficientNet-Lite0's took 27 s with spinning OpenMP threads, 4.2 s with passive ones.
     warn_if_openmp_spins()
