@@ -234,15 +234,6 @@ def _size_bytes(model: nn.Module) -> int:
     return sum(v.numel() * v.element_size() for v in model.state_dict().values() if isinstance(v, torch.Tensor))
 
 
-class _CalibrationDataError(Exception):
-    """A ``DataError`` from the calibration data, which every candidate reads: it ends the
-    search (the walk makes a failed row of a ``ValueError``, and would of every candidate)."""
-
-    def __init__(self, error: DataError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 @attrs.define
 class _TorchBackend:
     """:class:`quant_algos.search.walk.Backend` over :class:`~quant_torch_fx.api.ModelQuantizer`."""
@@ -274,12 +265,6 @@ class _TorchBackend:
         return target_reason(self.target, config)
 
     def build(self, candidate: Candidate) -> Build:
-        try:
-            return self._build(candidate)
-        except DataError as exc:  # the build reads no data but the calibration batches
-            raise _CalibrationDataError(exc) from exc
-
-    def _build(self, candidate: Candidate) -> Build:
         config = candidate.config
         ModelQuantizer(config, quiet=True)  # the config checks a recipe alone gets
         pre = schedule(config, SUPPORTED, backend="torch").before_calibration
@@ -402,16 +387,13 @@ def search(
     normalized = capture(float_model, args, dynamic_batch=True)
     normalize(normalized, fold_batch_norms=True)  # what prepare_graph does first in PTQ, once
     backend = _TorchBackend(normalized, held, signature, names, device, deployment)
-    try:
-        result = search_with(
-            backend,
-            goal,
-            space if space is not None else target_space(deployment),
-            calibration,
-            budget=Budget(budget_s, clock, started),
-            reference_seconds=reference_seconds,
-            quiet=quiet,
-        )
-    except _CalibrationDataError as exc:
-        raise exc.error from None
+    result = search_with(
+        backend,
+        goal,
+        space if space is not None else target_space(deployment),
+        calibration,
+        budget=Budget(budget_s, clock, started),
+        reference_seconds=reference_seconds,
+        quiet=quiet,
+    )
     return with_report(result, report_path)

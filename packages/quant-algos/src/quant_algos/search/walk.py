@@ -66,7 +66,7 @@ from quant_algos.search.space import (
     wide_stage,
 )
 from quant_core.config import CalibrationConfig
-from quant_core.errors import ConfigError, one_line
+from quant_core.errors import ConfigError, DataError, one_line
 
 _LOG = logging.getLogger(__name__)
 
@@ -563,10 +563,21 @@ class Walk:
         return True
 
     def _run(self, candidate: Candidate) -> tuple[CandidateResult, _Built | None]:
-        """Build and score one candidate; a recipe that fails is a row, not the end."""
+        """Build and score one candidate; a recipe that fails is a row, not the end. Bad
+        calibration data, which every candidate's build reads, ends the search (a user's
+        metric that fails on one candidate's outputs fails that row)."""
         started = time.perf_counter()
+
+        def failed(exc: Exception) -> tuple[CandidateResult, None]:
+            return _row(candidate, "failed", seconds=time.perf_counter() - started, error=one_line(str(exc))), None
+
         try:
             build = self.backend.build(candidate)
+        except DataError:
+            raise
+        except (ValueError, ImportError, RuntimeError) as exc:
+            return failed(exc)
+        try:
             columns = build.columns()
             if build.legal is False and self.backend.requires_legal:
                 return _row(candidate, "illegal", seconds=time.perf_counter() - started, **columns), None
@@ -581,7 +592,7 @@ class Walk:
             first = evaluation.feeds(evaluation.chunks(self.goal.selection)[0])
             latency = self.backend.latency_ms(build, runner, first, scored)
         except (ValueError, ImportError, RuntimeError) as exc:
-            return _row(candidate, "failed", seconds=time.perf_counter() - started, error=one_line(str(exc))), None
+            return failed(exc)
         self.scored[candidate.name] = scored
         self.built[build.digest] = (candidate.name, scored, latency)
         return self._scored_row(candidate, scored, latency, started, columns), _Built(build, runner)
