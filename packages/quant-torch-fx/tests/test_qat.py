@@ -276,9 +276,9 @@ def test_a_non_finite_loss_stops_training_before_its_step() -> None:
     [
         ({"epochs": 1.5}, "epochs: 1.5 is out of range; allowed: an integer >= 1"),
         ({"epochs": 0}, "epochs: 0 is out of range"),
-        ({"lr": -1.0}, "lr: -1.0 is out of range; allowed: a finite number > 0"),
+        ({"lr": -1.0}, "lr: -1.0 is out of range; allowed: a finite number >= 0"),
         ({"lr": float("nan")}, "lr: nan is out of range"),
-        ({"qparam_lr": 0.0}, "qparam_lr: 0.0 is out of range"),
+        ({"qparam_lr": -1e-3}, "qparam_lr: -0.001 is out of range"),
     ],
 )
 def test_training_arguments_are_checked_before_any_step(arguments: dict, message: str) -> None:

@@ -194,7 +194,7 @@ def train_qat(
     if optimizer is None:  # the default optimizer's rates (a given optimizer has its own)
         for field, rate in (("lr", lr), ("qparam_lr", qparam_lr)):
             if rate is not None:
-                check_in_range(field, rate, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+                check_in_range(field, rate, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
     # A QAT step is hundreds of small parallel ops: beside another torch process,
     # EfficientNet-Lite0's took 27 s with spinning OpenMP threads, 4.2 s with passive ones.
     warn_if_openmp_spins()
