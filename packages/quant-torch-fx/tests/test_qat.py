@@ -293,6 +293,16 @@ def test_training_arguments_are_checked_before_any_step(arguments: dict, message
     assert all(torch.equal(a, b) for a, b in zip(before, qat.parameters(), strict=True))
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_one_shot_iterator_trains_on_the_batch_that_started_the_qparams(count: int) -> None:
+    """A review found a generator's first batch used only to start the learnable qparams:
+    2 batches trained as 1, and 1 batch ended in 'the training loader yielded no batches'."""
+    qat = ModelQuantizer("a8w8", quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
+    data = [(x, torch.zeros(8, dtype=torch.long)) for x in images(count)]
+    history = train_qat(qat, iter(data), lr=1e-3, quiet=True)
+    assert history[-1]["batches"] == count
+
+
 def test_learnable_qparams_start_from_the_first_batch() -> None:
     qat = ModelQuantizer("a8w8", quiet=True).prepare_qat(conv_bn_net(), torch.randn(1, 3, 8, 8))
     quantizers = dict(activation_quantizers(qat))

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -209,9 +210,12 @@ def train_qat(
     # Learnables start before the optimizer reads their sizes, before compiling (the compiled
     # graph then never meets the first-batch calibration) and before batch norms freeze.
     if first_batch_pending(model):
-        for item in loader:
-            initialize_learnables(model, _inputs(item, signature, 0, device))
-            break
+        items = iter(loader)
+        first = next(items, None)
+        if first is not None:
+            initialize_learnables(model, _inputs(first, signature, 0, device))
+            if items is loader:  # a one-shot iterator: the batch it gave up is trained on too
+                loader = itertools.chain([first], items)
     if optimizer is None:
         optimizer = default_optimizer(model, lr, qparam_lr, weight_lr_per_step)
     step_model = torch.compile(model) if compile_model else model
