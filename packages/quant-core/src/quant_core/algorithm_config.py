@@ -36,7 +36,6 @@ def check_in_range(field: str, value: Any, cond: Callable[[Any], Any], allowed: 
         ...
         quant_core.errors.ConfigError: hold_samples: -1 is out of range; allowed: an integer >= 0
     """
-    ok = False
     try:
         ok = not isinstance(value, bool) and bool(cond(value))
     except TypeError:

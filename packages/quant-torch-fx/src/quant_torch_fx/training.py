@@ -196,13 +196,12 @@ def train_qat(
         for field, rate in (("lr", lr), ("qparam_lr", qparam_lr)):
             if rate is not None:
                 check_in_range(field, rate, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+    check_in_range("temperature", temperature, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
     # A QAT step is hundreds of small parallel ops: beside another torch process,
     # EfficientNet-Lite0's took 27 s with spinning OpenMP threads, 4.2 s with passive ones.
     warn_if_openmp_spins()
     criterion = loss_fn or F.cross_entropy
     device = model_device(model)
-    if temperature <= 0 or not np.isfinite(temperature):
-        raise ConfigError(f"temperature: {temperature!r} is out of range; allowed: a finite number > 0")
     # A model prepared elsewhere has no signature: its batches are parsed, their shapes unchecked.
     signature = signature_of(model) or InputSignature((None,) * num_inputs, (None,) * num_inputs)
     if len(signature.shapes) != num_inputs:

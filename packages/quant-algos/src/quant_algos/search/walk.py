@@ -65,6 +65,7 @@ from quant_algos.search.space import (
     refine,
     wide_stage,
 )
+from quant_core.algorithm_config import check_in_range
 from quant_core.config import CalibrationConfig
 from quant_core.errors import ConfigError, DataError, one_line
 
@@ -169,8 +170,7 @@ def check_arguments(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             allowed = "null or an integer >= 1" if optional else "an integer >= 1"
             raise ConfigError(f"{name}: {value!r} is out of range; allowed: {allowed}")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ConfigError(f"seed: {seed!r} is out of range; allowed: an integer >= 0")
+    check_in_range("seed", seed, lambda v: isinstance(v, int | np.integer) and v >= 0, "an integer >= 0")
     return Acceptance(float(target), confidence)
 
 
