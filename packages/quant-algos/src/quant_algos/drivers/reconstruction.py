@@ -64,7 +64,13 @@ class ReconstructionReport:
     notes: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "layers": [attrs.asdict(o) for o in self.layers], "notes": list(self.notes)}
+        """The record that goes into a report file. The seconds stay on the objects: two
+        runs of one model, data and config must write identical reports."""
+        layers = [attrs.asdict(o, filter=lambda field, _: field.name not in _TIMINGS) for o in self.layers]
+        return {"method": self.method, "layers": layers, "notes": list(self.notes)}
+
+
+_TIMINGS = frozenset({"capture_seconds", "learn_seconds"})
 
 
 def _skip_reason(layer: QuantLayer) -> str | None:
