@@ -164,6 +164,13 @@ def test_bad_arguments_fail_with_one_line_naming_the_field(net, calib, evaluatio
     assert message.startswith(f"{field}: ") and "\n" not in message
 
 
+@pytest.mark.parametrize("metric", [None, "sqnr"])
+def test_labels_the_metric_never_reads_are_refused(net, calib, evaluation, metric):
+    labels = torch.zeros(len(evaluation), dtype=torch.int64)  # one per sample: only the metric is wrong
+    with pytest.raises(ConfigError, match=r"^labels: read only by metric 'accuracy' or a user metric"):
+        search(net, calib[:1], calib, evaluation, target=0.9, metric=metric, labels=labels, quiet=True)
+
+
 def test_every_derived_candidate_is_its_own_quantization_bit_for_bit(net, calib, evaluation, monkeypatch):
     """Histograms of one pass and weight ranges selected once serve every candidate: each
     built model equals the recipe quantized and frozen alone, and the reuse is reported."""

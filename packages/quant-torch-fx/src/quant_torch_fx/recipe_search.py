@@ -51,7 +51,7 @@ from torch.fx import GraphModule, Interpreter, Node
 
 from quant_algos.drivers.schedule import schedule
 from quant_algos.search.evaluation import DEFAULT_CONFIDENCE, EvaluationData, Runner, Scored, evaluation_data
-from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
+from quant_algos.search.metrics import Metric, MetricFunction, check_labels_read, resolve_metric
 from quant_algos.search.results import SearchResult, StatisticsPass, check_report_path
 from quant_algos.search.space import Candidate, SearchSpace
 from quant_algos.search.statistics import StatisticsLedger, float_model_key, pre_label, wide_share
@@ -365,6 +365,7 @@ def search(
         labels = labels.detach().cpu().numpy()
     started = clock()
     chosen_metric = resolve_metric(metric)
+    check_labels_read(chosen_metric, labels)
     calibration = CalibrationConfig(num_samples=num_samples, batch_size=batch_size or CalibrationConfig().batch_size)
     args = as_args(example_inputs)
     float_model = copy.deepcopy(model).eval()

@@ -189,6 +189,27 @@ def resolve_metric(metric: str | MetricFunction | Metric | None) -> Metric:
     raise ConfigError(f"metric: {type(metric).__name__} is not allowed; allowed: a name, module:function, a function")
 
 
+# The built-in metrics that compare with the float model's outputs and never read labels.
+_READS_NO_LABELS = frozenset({"agreement", "sqnr"})
+
+
+def check_labels_read(metric: Metric, labels: Any) -> None:
+    """Refuse ``labels`` that ``metric`` would never read (agreement and SQNR compare with the
+    float model's outputs): a user who passes labels means to be scored against them.
+
+    Example:
+        >>> check_labels_read(resolve_metric(None), [0, 1])
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ConfigError: labels: read only by metric 'accuracy' or a user metric (module:function, file.py:function, a function); metric 'agreement' compares with the float model's outputs: drop the labels or choose one of those
+    """
+    if labels is not None and metric.function is BUILTIN.get(metric.name) and metric.name in _READS_NO_LABELS:
+        raise ConfigError(
+            "labels: read only by metric 'accuracy' or a user metric (module:function, file.py:function, a function); "
+            f"metric {metric.name!r} compares with the float model's outputs: drop the labels or choose one of those"
+        )
+
+
 def _load(reference: str) -> MetricFunction:
     """The function ``module:function`` (or ``file.py:function``) names."""
     location, _, attribute = reference.rpartition(":")

@@ -429,17 +429,17 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from quant_algos.search import check_arguments
+    from quant_algos.search.metrics import BUILTIN, check_labels_read, resolve_metric
     from quant_onnx.recipe_search import deployment_for, format_table, search
 
     _check_counts(args, "num_calib", "batch_size", "num_eval")
     if args.target_agreement is not None and args.metric is not None:
         raise ConfigError("--metric: goes with --target-score; --target-agreement scores top-1 agreement")
-    if args.eval_labels is not None and args.metric in (None, "sqnr"):
-        # agreement and SQNR compare with the float model's outputs: the labels would go unread
-        raise ConfigError(
-            "--eval-labels: read only by --metric accuracy or a user metric (module:function, file.py:function); "
-            "drop it or choose one of those"
-        )
+    if args.metric is None or args.metric in BUILTIN:  # a user metric is loaded once, by the search
+        try:
+            check_labels_read(resolve_metric(args.metric), args.eval_labels)
+        except ConfigError as exc:
+            raise ConfigError(f"--eval-{exc}") from None
     if args.target_agreement is not None and not 0.0 <= args.target_agreement <= 1.0:
         raise ConfigError(f"--target-agreement: {args.target_agreement} is out of range; allowed: 0 to 1 (a fraction)")
     try:  # the ranges of --confidence and --seed, checked before the model is read

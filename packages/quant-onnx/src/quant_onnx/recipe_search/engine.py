@@ -68,7 +68,7 @@ import onnx
 
 from quant_algos.drivers.schedule import schedule
 from quant_algos.search.evaluation import DEFAULT_CONFIDENCE, Runner, Scored
-from quant_algos.search.metrics import Metric, MetricFunction, resolve_metric
+from quant_algos.search.metrics import Metric, MetricFunction, check_labels_read, resolve_metric
 from quant_algos.search.results import SearchResult, StatisticsPass, format_table
 from quant_algos.search.space import Candidate, SearchSpace
 from quant_algos.search.statistics import FloatModelKey, StatisticsLedger, float_model_key, pre_label, wide_share
@@ -429,8 +429,9 @@ def search(
     acceptance = check_arguments(target, budget_s, confidence, eval_batch_size, eval_samples, seed=seed)
     where: Deployment = deployment_of(deployment)
     started = clock()
-    source = load_model(model)
     chosen_metric = resolve_metric(metric)
+    check_labels_read(chosen_metric, labels)
+    source = load_model(model)
     calibration = CalibrationConfig(num_samples=num_samples, batch_size=batch_size or CalibrationConfig().batch_size)
     # The image options serve whichever data is an image folder; with neither a folder, the
     # calibration reader refuses them.
