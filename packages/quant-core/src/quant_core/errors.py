@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 MAX_MESSAGE_CHARS = 400
@@ -111,10 +112,12 @@ class MissingDependencyError(ImportError):
     """
 
 
-def listed(value: Any, field: str, allowed: str, *, single: bool = True) -> tuple[Any, ...]:
+def listed(value: Any, field: str, allowed: str, *, single: bool = True, any_iterable: bool = False) -> tuple[Any, ...]:
     """A config field's list as a tuple: a list or tuple as it is, a lone string as one item
-    (``single``); anything else is refused naming ``field`` and what it ``allowed`` (a
-    ``tuple()`` of it would raise a bare ``TypeError``, or split a string into characters).
+    (``single``), any other iterable's items where a Python API takes them (``any_iterable``:
+    a set of types, a generator of names); anything else is refused naming ``field`` and
+    what it ``allowed`` (a ``tuple()`` of it would raise a bare ``TypeError``, or split a
+    string into characters). A class is never a list, even one that iterates (an Enum).
 
     Example:
         >>> listed("Conv", "exclude", "a list of strings"), listed(["a", "b"], "exclude", "")
@@ -123,9 +126,13 @@ def listed(value: Any, field: str, allowed: str, *, single: bool = True) -> tupl
         Traceback (most recent call last):
         ...
         quant_core.errors.ConfigError: exclude: None is not allowed; allowed: a list of strings
+        >>> listed({3}, "sizes", "a list", single=False, any_iterable=True)
+        (3,)
     """
     if isinstance(value, str) and single:
         return (value,)
     if isinstance(value, list | tuple):
+        return tuple(value)
+    if any_iterable and not isinstance(value, str | bytes | type) and isinstance(value, Iterable):
         return tuple(value)
     raise ConfigError(f"{field}: {value!r} is not allowed; allowed: {allowed}")

@@ -48,7 +48,7 @@ from torch import nn
 from quant_algos.drivers.schedule import schedule
 from quant_core.algorithm_config import ActivationEqualizationConfig, AlgorithmConfig, BiasCorrectionConfig
 from quant_core.config import QuantConfig
-from quant_core.errors import ConfigError, DataError
+from quant_core.errors import ConfigError, DataError, listed
 from quant_core.plan import check_selectors
 from quant_core.presets import resolve_config
 from quant_core.qdq import ActivationEncoding
@@ -417,9 +417,7 @@ class ModelQuantizer:
 def _as_list(value: Any, field: str, allowed: str) -> tuple[Any, ...]:
     """``value``'s items: a bare string or type is refused, not taken as the list the user
     meant (a string would be iterated character by character)."""
-    if isinstance(value, str | type) or not isinstance(value, Iterable):
-        raise ConfigError(f"{field}: {value!r} is not allowed; allowed: a list of {allowed}")
-    return tuple(value)
+    return listed(value, field, f"a list of {allowed}", single=False, any_iterable=True)
 
 
 def check_model(model: Any) -> None:

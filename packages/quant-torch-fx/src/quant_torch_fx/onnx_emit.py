@@ -35,7 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch.fx import GraphModule, Node
 
 from quant_core.dtypes import DType
-from quant_core.errors import ConfigError, ModelError
+from quant_core.errors import ConfigError, ModelError, listed
 from quant_core.onnx_qdq.build import tensor_proto
 from quant_core.onnx_qdq.tensor_types import DTYPE_OF_ONNX, ONNX_DTYPES
 from quant_core.qparams import QParams, quantize
@@ -542,9 +542,7 @@ def check_names(names: Any, count: int, field: str, what: str, taken: Collection
     """``names``, one unique non-empty string per graph input or output (``what``), none of
     them ``taken`` (the inputs' names, for the outputs): an extra name would be dropped
     unseen, and a repeated or empty one makes an invalid graph that fails the ONNX checker."""
-    if isinstance(names, str) or not isinstance(names, Iterable):
-        raise ConfigError(f"{field}: {names!r} is not allowed; allowed: a list of {count} name(s), one per {what}")
-    names = list(names)
+    names = list(listed(names, field, f"a list of {count} name(s), one per {what}", single=False, any_iterable=True))
     if len(names) != count:
         raise ConfigError(f"{field}: {len(names)} name(s) for {count} tensor {what}(s); allowed: one per {what}")
     seen: set[str] = set(taken)
