@@ -114,6 +114,24 @@ def test_unsupported_and_float_ops() -> None:
     assert counts == {"unsupported_op": 1, "not_quantized": 2}
 
 
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Concat"])
+def test_a_float_constant_operand_is_not_quantized(op: str) -> None:
+    """A float constant an Add/Mul/Concat reads is float arithmetic: the device cannot run
+    it and the simulator refuses it, so check must not pass it (a Clip bound, a shape or a
+    Conv weight has its own rule)."""
+    w = QDQWriter()
+    w.inits["half"] = np.full((1, 3, 1, 1), 0.5, np.float32)
+    y = w.op(op, [w.quantize("x", 4), "half"], "node", **({"axis": 1} if op == "Concat" else {}))
+    model = w.model([("x", [1, 3, 2, 2])], [w.quantize(y, 4)])
+    result = check(model)
+    assert result.counts() == {"not_quantized": 1}
+    assert "'half'" in result.violations[0].message and not result.violations[0].fixable
+    w = QDQWriter()
+    y = w.op(op, [w.quantize("x", 4), w.constant(np.full((1, 3, 1, 1), 8, np.int8), 4)], "node",
+             **({"axis": 1} if op == "Concat" else {}))  # fmt: skip
+    assert rules(w.model([("x", [1, 3, 2, 2])], [w.quantize(y, 4)])) == {}
+
+
 def test_non_power_of_two_and_asymmetric_activations() -> None:
     w = QDQWriter()
     x = w.quantize("x", 0, scale=0.3)

@@ -59,6 +59,12 @@ from quant_npu.violations import NOT_QUANTIZED, QUANTIZE_FIRST, Violation, is_qu
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
 
 
+OPERAND_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat"})
+"""Ops whose every input is an operand: a float constant there is float arithmetic, which
+the device does not do (the simulator refuses it), unlike other ops' constant inputs
+(Clip bounds, shapes, pads, scales) or weights and slopes (their own rules)."""
+
+
 @attrs.frozen
 class CheckResult:
     """The violations of one model under one profile.
@@ -135,10 +141,13 @@ class _Checker:
         return self.qdq.position(key)
 
     def float_inputs(self, step: Step) -> list[str]:
-        """Inputs of the main node that carry float data (not quantized, not constant, not shape)."""
+        """Inputs of the main node that carry float data (not quantized, not shape; a float
+        constant only where it is an operand of the arithmetic, see :data:`OPERAND_OPS`)."""
         names = []
         for name, key in zip(step.node.input, step.data_inputs, strict=True):
-            if not name or key is not None or name in self.qdq.host_values or self.qdq.constant(name) is not None:
+            if not name or key is not None or name in self.qdq.host_values:
+                continue
+            if self.qdq.constant(name) is not None and step.op_type not in OPERAND_OPS:
                 continue
             names.append(name)
         return names
