@@ -108,6 +108,21 @@ def test_shape_computations_run_on_the_host() -> None:
     np.testing.assert_array_equal(got, ort_run(model, data)[0])
 
 
+@pytest.mark.parametrize("positions", [(4, 2), (2, 4), (3, 3)])
+def test_a_tensor_quantized_twice_is_requantized(positions: tuple[int, int]) -> None:
+    """A QuantizeLinear reading a DequantizeLinear (quant_torch_fx writes one before the
+    Slice of a Concat's output) moves the codes to the second position, rounded once as
+    onnxruntime rounds them; the simulator used to fail with a KeyError on it."""
+    first, second = positions
+    w = QDQWriter()
+    twice = w.quantize(w.quantize(w.op("Relu", [w.quantize("x", 5)], "relu"), first), second)
+    y = w.op("MaxPool", [twice], "pool", kernel_shape=[2, 2])
+    model = w.model([("x", ["N", 2, 4, 4])], [w.quantize(y, second)])
+    x = np.random.default_rng(0).normal(size=(64, 2, 4, 4)).astype(np.float32) * 3
+    (got,) = simulate(model, x, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, ort_run(model, x)[0])
+
+
 def test_errors_name_the_node() -> None:
     w = QDQWriter()
     y = w.op("Relu", [w.quantize("x", 0, scale=0.3)], "relu")

@@ -645,6 +645,8 @@ class _Compiler:
             step = by_node.get(id(node))
             if step is not None:
                 operations.append(self.compile(step))
+            elif node.op_type == "QuantizeLinear" and node.input[0] in self.qdq.dequantized:
+                operations.append(self.requantization(node))
             elif id(node) not in absorbed and node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
                 raise ModelError(f"node {node_label(node)!r} ({node.op_type}): not on the integer data path")
         for name in self.qdq.host_values:
@@ -655,6 +657,28 @@ class _Compiler:
             inputs=self.inputs(), raw_inputs=self.raw_inputs(), operations=tuple(operations),
             constants=self.constants, outputs=self.outputs(), mode=self.mode, notes=tuple(self.notes),
         )  # fmt: skip
+
+    def requantization(self, node: onnx.NodeProto) -> Operation:
+        """A QuantizeLinear reading a DequantizeLinear's output (a tensor quantized twice,
+        as the torch exporter writes a Concat's output before a Slice): the codes move to the
+        second tensor's position, rounded once, saturated to its range."""
+        source, key, name = self.qdq.dequantized[node.input[0]], node.output[0], node_label(node)
+        positions = []
+        for tensor in (self.qdq.tensors[source], self.qdq.tensors[key]):
+            if tensor.position is None:
+                message = f"{tensor.key}: {tensor.describe()} has no fix position; run quant-npu legalize first"
+                raise node_error(name, node.op_type, message)
+            positions.append(tensor.position)
+        if self.qdq.tensors[source].is_constant and source not in self.constants:
+            lo, hi = self.range(source)
+            self.constants[source] = self.qdq.tensors[source].values().astype(storage_dtype(min(lo, 0), max(hi, 0)))
+        shift, mode, out_range = positions[0] - positions[1], self.mode, self.range(key)
+        dtype = storage_dtype(*out_range)
+
+        def moved(codes: np.ndarray) -> np.ndarray:
+            return requantize(codes, shift, mode, *out_range, dtype)
+
+        return Operation(name, node.op_type, (source,), (), key, moved)
 
     def inputs(self) -> dict[str, tuple[tuple[str, QParams], ...]]:
         found: dict[str, list[tuple[str, QParams]]] = {}
