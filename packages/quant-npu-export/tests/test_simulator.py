@@ -139,6 +139,19 @@ def test_a_result_quantized_at_two_positions_is_rounded_once_for_each() -> None:
         np.testing.assert_array_equal(output, expected)
 
 
+@pytest.mark.parametrize("shape", [[4, 8], [4, 2, 4, 4]])
+def test_global_average_pool_averages_every_spatial_axis(shape: list[int]) -> None:
+    """GlobalAveragePool of a 3-D or 5-D input averages axes 2 on (as onnxruntime does; a
+    power-of-two count is exact); the kernel used to average the last two axes, so a 3-D
+    input lost its channels."""
+    b = GraphBuilder(3)
+    float_model = b.model([b.node("GlobalAveragePool", [b.input("x", ["N", *shape])])], rank=len(shape) + 1)
+    model = legalize_model(quantize(float_model), "xint8").model
+    x = random_inputs(float_model, 16)
+    (got,) = simulate(model, x, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, ort_run(model, x)[0])
+
+
 def test_errors_name_the_node() -> None:
     w = QDQWriter()
     y = w.op("Relu", [w.quantize("x", 0, scale=0.3)], "relu")

@@ -602,7 +602,8 @@ class _Compiler:
 
     def _globalaveragepool(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
-        return (x,), (), GlobalAveragePoolKernel(self.profile, ipos - out_pos, self.mode, out_range)
+        kernel = GlobalAveragePoolKernel(self.profile, ipos - out_pos, self.mode, out_range, first_axis=2)
+        return (x,), (), kernel
 
     def _reducemean(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
