@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from builders import QDQWriter, activation_net, conv_chain, mobile_block, quantize
+from builders import GraphBuilder, QDQWriter, activation_net, conv_chain, mobile_block, ort_run, quantize, random_inputs
 
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.check import check
+from quant_npu.legalize import legalize_model
 from quant_npu.profile import NPUProfile
+from quant_npu.sim import simulate
 
 
 def rules(model, target=None) -> dict[str, int]:
@@ -171,9 +173,31 @@ def test_an_average_the_device_does_not_divide_alike_is_refused() -> None:
     assert counts["unsupported_attribute"] == 1
     pooled = activation_net()
     for node in pooled.graph.node:
-        if node.op_type == "AveragePool":
+        if node.op_type == "AveragePool":  # 8 + 2 pads at stride 2: ceil_mode adds a fifth window
+            kept = [a for a in node.attribute if a.name != "strides"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("strides", [2, 2])])
             node.attribute.append(onnx.helper.make_attribute("ceil_mode", 1))
     assert rules(quantize(pooled), "xint8_int32_bias")["unsupported_attribute"] == 1
+
+
+@pytest.mark.parametrize(("size", "kernel", "pads", "refused"), [(8, 2, 0, False), (9, 3, 1, False), (7, 2, 0, True)])
+def test_ceil_mode_is_refused_only_where_it_adds_a_window(size: int, kernel: int, pads: int, refused: bool) -> None:
+    """Where every window fits (a ResNet-D shortcut's 2x2 pool at stride 2 on even sizes,
+    ``ceil_mode=1, count_include_pad=0`` as PyTorch writes it), ceil_mode changes nothing:
+    the model passes and the simulator gives onnxruntime's codes; a window past the end
+    is refused."""
+    b = GraphBuilder(3)
+    conv = b.conv(b.input("x", ["N", 4, size, size]), 4, 4)
+    pool = b.node("AveragePool", [conv], kernel_shape=[kernel] * 2, strides=[2, 2], pads=[pads] * 4, ceil_mode=1,
+                  count_include_pad=int(pads > 0))  # fmt: skip
+    model = b.model([pool], rank=4)
+    result = legalize_model(quantize(model), "xint8")
+    assert result.remaining.counts() == ({"unsupported_attribute": 1} if refused else {})
+    if not refused and kernel == 2:  # 1/4: exact
+        x = random_inputs(model, 16)
+        (got,) = simulate(result.model, x, rounding="onnx", quiet=True).values()
+        np.testing.assert_array_equal(got, ort_run(result.model, x)[0])
 
 
 def test_check_reads_the_file_without_changing_it(tmp_path) -> None:

@@ -54,6 +54,7 @@ from quant_npu.shifts import (
     shift_bias_range,
 )
 from quant_npu.sim.movement import per_axis
+from quant_npu.sim.spatial import Geometry
 from quant_npu.violations import NOT_QUANTIZED, QUANTIZE_FIRST, Violation, is_quantized
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
@@ -324,13 +325,29 @@ class _Checker:
                 "(the device divides every window by the kernel's size)",
                 False,
             )
-        if int_attribute(node, "ceil_mode", 0):
+        if int_attribute(node, "ceil_mode", 0) and self.ceil_adds_windows(step):
             self.step_add(
                 step,
                 "unsupported_attribute",
                 "AveragePool ceil_mode=1; allowed: ceil_mode=0 (the device divides every window by the kernel's size)",
                 False,
             )
+
+    def ceil_adds_windows(self, step: Step) -> bool:
+        """Whether ``ceil_mode`` gives the pool windows past the end of its input: not where
+        every window fits (even sizes at stride 2, as a ResNet-D shortcut's pool), and
+        assumed where the input's size is unknown."""
+        name, key = step.node.input[0], step.data_inputs[0]
+        shape = self.qdq.index.shape(name)
+        source = self.qdq.tensors[key].float_name if shape is None and key is not None else None
+        shape = self.qdq.index.shape(source) if source else shape
+        spatial = [] if shape is None else shape[2:]
+        if len(spatial) != 2 or not all(isinstance(d, int) for d in spatial):
+            return True
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in step.node.attribute}
+        ceil = Geometry.from_node_attributes(attributes, attributes.get("kernel_shape", ()))
+        floor = attrs.evolve(ceil, ceil_mode=False)
+        return ceil.padding(*spatial) != floor.padding(*spatial)  # type: ignore[arg-type]
 
     def check_resize_scales(self, step: Step) -> None:
         scales = resize_scales(self.qdq, step.node)
