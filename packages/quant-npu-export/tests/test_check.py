@@ -220,3 +220,18 @@ def test_qdq_view_of_both_encodings() -> None:
         conv = next(n for n in qdq.compute_nodes if n.op_type == "Conv")
         weight = qdq.tensors[conv.data_inputs[1]]
         assert weight.is_constant and weight.numpy_dtype == np.int8 and weight.position is not None
+
+
+@pytest.mark.parametrize(("size", "refused"), [(8, False), (7, True)])
+def test_same_padding_is_counted_only_where_it_pads(size: int, refused: bool) -> None:
+    """``auto_pad=SAME_UPPER`` with the default ``count_include_pad=0`` pads nothing where
+    the stride divides the size: every window is whole, ONNX's average is the device's."""
+    b = GraphBuilder(3)
+    conv = b.conv(b.input("x", ["N", 4, size, size]), 4, 4)
+    model = b.model([b.node("AveragePool", [conv], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")], rank=4)
+    result = legalize_model(quantize(model), "xint8")
+    assert result.remaining.counts() == ({"unsupported_attribute": 1} if refused else {})
+    if not refused:
+        x = random_inputs(model, 16)
+        (got,) = simulate(result.model, x, rounding="onnx", quiet=True).values()
+        np.testing.assert_array_equal(got, ort_run(result.model, x)[0])

@@ -317,6 +317,10 @@ class _Checker:
         node = step.node
         implicit = str_attribute(node, "auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER")
         padded = implicit or any(int_list(node, "pads") or [])
+        known = self.pool_geometry(step)
+        if known is not None:  # SAME on sizes the stride divides pads nothing
+            geometry, spatial = known
+            padded = any(attrs.evolve(geometry, ceil_mode=False).padding(*spatial))
         if padded and not int_attribute(node, "count_include_pad", 0):
             self.step_add(
                 step,
@@ -333,21 +337,28 @@ class _Checker:
                 False,
             )
 
-    def ceil_adds_windows(self, step: Step) -> bool:
-        """Whether ``ceil_mode`` gives the pool windows past the end of its input: not where
-        every window fits (even sizes at stride 2, as a ResNet-D shortcut's pool), and
-        assumed where the input's size is unknown."""
+    def pool_geometry(self, step: Step) -> tuple[Geometry, tuple[int, int]] | None:
+        """A 2-D pool's window geometry and input size, None where the size is unknown."""
         name, key = step.node.input[0], step.data_inputs[0]
         shape = self.qdq.index.shape(name)
         source = self.qdq.tensors[key].float_name if shape is None and key is not None else None
         shape = self.qdq.index.shape(source) if source else shape
         spatial = [] if shape is None else shape[2:]
-        if len(spatial) != 2 or not all(isinstance(d, int) for d in spatial):
-            return True
+        kernel = int_list(step.node, "kernel_shape")
+        if len(spatial) != 2 or len(kernel) != 2 or not all(isinstance(d, int) for d in spatial):
+            return None
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in step.node.attribute}
-        ceil = Geometry.from_node_attributes(attributes, attributes.get("kernel_shape", ()))
-        floor = attrs.evolve(ceil, ceil_mode=False)
-        return ceil.padding(*spatial) != floor.padding(*spatial)  # type: ignore[arg-type]
+        return Geometry.from_node_attributes(attributes, kernel), (int(spatial[0]), int(spatial[1]))  # type: ignore[arg-type]
+
+    def ceil_adds_windows(self, step: Step) -> bool:
+        """Whether ``ceil_mode`` gives the pool windows past the end of its input: not where
+        every window fits (even sizes at stride 2, as a ResNet-D shortcut's pool), and
+        assumed where the input's size is unknown."""
+        known = self.pool_geometry(step)
+        if known is None:
+            return True
+        ceil, spatial = known
+        return ceil.padding(*spatial) != attrs.evolve(ceil, ceil_mode=False).padding(*spatial)
 
     def check_resize_scales(self, step: Step) -> None:
         scales = resize_scales(self.qdq, step.node)
