@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from builders import QDQWriter, activation_net, conv_chain, mobile_block, quantize
+from builders import GraphBuilder, QDQWriter, activation_net, conv_chain, mobile_block, ort_run, quantize, random_inputs
 
 from quant_core.onnx_qdq.reader import QDQGraph
 from quant_npu.check import check
+from quant_npu.legalize import legalize_model
 from quant_npu.profile import NPUProfile
+from quant_npu.sim import simulate
 
 
 def rules(model, target=None) -> dict[str, int]:
@@ -114,6 +116,24 @@ def test_unsupported_and_float_ops() -> None:
     assert counts == {"unsupported_op": 1, "not_quantized": 2}
 
 
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Concat"])
+def test_a_float_constant_operand_is_not_quantized(op: str) -> None:
+    """A float constant an Add/Mul/Concat reads is float arithmetic: the device cannot run
+    it and the simulator refuses it, so check must not pass it (a Clip bound, a shape or a
+    Conv weight has its own rule)."""
+    w = QDQWriter()
+    w.inits["half"] = np.full((1, 3, 1, 1), 0.5, np.float32)
+    y = w.op(op, [w.quantize("x", 4), "half"], "node", **({"axis": 1} if op == "Concat" else {}))
+    model = w.model([("x", [1, 3, 2, 2])], [w.quantize(y, 4)])
+    result = check(model)
+    assert result.counts() == {"not_quantized": 1}
+    assert "'half'" in result.violations[0].message and not result.violations[0].fixable
+    w = QDQWriter()
+    y = w.op(op, [w.quantize("x", 4), w.constant(np.full((1, 3, 1, 1), 8, np.int8), 4)], "node",
+             **({"axis": 1} if op == "Concat" else {}))  # fmt: skip
+    assert rules(w.model([("x", [1, 3, 2, 2])], [w.quantize(y, 4)])) == {}
+
+
 def test_non_power_of_two_and_asymmetric_activations() -> None:
     w = QDQWriter()
     x = w.quantize("x", 0, scale=0.3)
@@ -153,9 +173,31 @@ def test_an_average_the_device_does_not_divide_alike_is_refused() -> None:
     assert counts["unsupported_attribute"] == 1
     pooled = activation_net()
     for node in pooled.graph.node:
-        if node.op_type == "AveragePool":
+        if node.op_type == "AveragePool":  # 8 + 2 pads at stride 2: ceil_mode adds a fifth window
+            kept = [a for a in node.attribute if a.name != "strides"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("strides", [2, 2])])
             node.attribute.append(onnx.helper.make_attribute("ceil_mode", 1))
     assert rules(quantize(pooled), "xint8_int32_bias")["unsupported_attribute"] == 1
+
+
+@pytest.mark.parametrize(("size", "kernel", "pads", "refused"), [(8, 2, 0, False), (9, 3, 1, False), (7, 2, 0, True)])
+def test_ceil_mode_is_refused_only_where_it_adds_a_window(size: int, kernel: int, pads: int, refused: bool) -> None:
+    """Where every window fits (a ResNet-D shortcut's 2x2 pool at stride 2 on even sizes,
+    ``ceil_mode=1, count_include_pad=0`` as PyTorch writes it), ceil_mode changes nothing:
+    the model passes and the simulator gives onnxruntime's codes; a window past the end
+    is refused."""
+    b = GraphBuilder(3)
+    conv = b.conv(b.input("x", ["N", 4, size, size]), 4, 4)
+    pool = b.node("AveragePool", [conv], kernel_shape=[kernel] * 2, strides=[2, 2], pads=[pads] * 4, ceil_mode=1,
+                  count_include_pad=int(pads > 0))  # fmt: skip
+    model = b.model([pool], rank=4)
+    result = legalize_model(quantize(model), "xint8")
+    assert result.remaining.counts() == ({"unsupported_attribute": 1} if refused else {})
+    if not refused and kernel == 2:  # 1/4: exact
+        x = random_inputs(model, 16)
+        (got,) = simulate(result.model, x, rounding="onnx", quiet=True).values()
+        np.testing.assert_array_equal(got, ort_run(result.model, x)[0])
 
 
 def test_check_reads_the_file_without_changing_it(tmp_path) -> None:
@@ -178,3 +220,18 @@ def test_qdq_view_of_both_encodings() -> None:
         conv = next(n for n in qdq.compute_nodes if n.op_type == "Conv")
         weight = qdq.tensors[conv.data_inputs[1]]
         assert weight.is_constant and weight.numpy_dtype == np.int8 and weight.position is not None
+
+
+@pytest.mark.parametrize(("size", "refused"), [(8, False), (7, True)])
+def test_same_padding_is_counted_only_where_it_pads(size: int, refused: bool) -> None:
+    """``auto_pad=SAME_UPPER`` with the default ``count_include_pad=0`` pads nothing where
+    the stride divides the size: every window is whole, ONNX's average is the device's."""
+    b = GraphBuilder(3)
+    conv = b.conv(b.input("x", ["N", 4, size, size]), 4, 4)
+    model = b.model([b.node("AveragePool", [conv], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")], rank=4)
+    result = legalize_model(quantize(model), "xint8")
+    assert result.remaining.counts() == ({"unsupported_attribute": 1} if refused else {})
+    if not refused:
+        x = random_inputs(model, 16)
+        (got,) = simulate(result.model, x, rounding="onnx", quiet=True).values()
+        np.testing.assert_array_equal(got, ort_run(result.model, x)[0])

@@ -367,3 +367,25 @@ def test_large_global_pool_in_two_stages_matches_onnxruntime(mean: str) -> None:
     if mean == "ReduceMean":  # its cost includes the split's rounded first stage
         costs = legalize_model(quantize(model, "xint8"), data=xs).costs
         assert set(costs) == {"reduce_mean", "hard_sigmoid", "all"} and np.isfinite(costs["reduce_mean"])
+
+
+@pytest.mark.parametrize("axes", [[2, 3], [-2, -1], [-1, -2]])
+def test_a_spatial_mean_counted_from_the_end_becomes_a_global_pool(axes: list[int]) -> None:
+    """PyTorch's exporter writes a squeeze-excite's ``x.mean((-2, -1), keepdim=True)`` with
+    axes ``[-2, -1]``: on a 4-D input those are axes 2 and 3, converted like ``[2, 3]``
+    (the conversion used to leave it, an unsupported ReduceMean); on a 3-D input they are
+    not a global pool and stay."""
+    b = GraphBuilder(5)
+    c = b.node("Relu", [b.conv(b.input("x", ["N", 3, 8, 8]), 3, 8)])
+    gate = b.node("Relu", [b.conv(b.node("ReduceMean", [c], axes=axes, keepdims=1), 8, 8, k=1)])
+    model = b.model([b.node("Mul", [c, gate])], rank=4)
+    result = legalize_model(quantize(model, "xint8"))
+    assert result.remaining.ok, result.remaining.format_text()
+    assert "ReduceMean" not in [n.op_type for n in result.model.graph.node]
+    xs = random_inputs(model, 16, seed=7)
+    (got,) = simulate(result.model, xs, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, ort_run(result.model, xs)[0])
+    b = GraphBuilder(5)
+    rows = b.node("ReduceMean", [b.input("x", ["N", 4, 8])], axes=axes if min(axes) < 0 else [1, 2], keepdims=1)
+    flat = quantize(b.model([rows], rank=3), "xint8")
+    assert check(flat).counts() == {"unsupported_op": 1} and not check(flat).violations[0].fixable

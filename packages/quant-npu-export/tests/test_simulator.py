@@ -108,6 +108,50 @@ def test_shape_computations_run_on_the_host() -> None:
     np.testing.assert_array_equal(got, ort_run(model, data)[0])
 
 
+@pytest.mark.parametrize("positions", [(4, 2), (2, 4), (3, 3)])
+def test_a_tensor_quantized_twice_is_requantized(positions: tuple[int, int]) -> None:
+    """A QuantizeLinear reading a DequantizeLinear (quant_torch_fx writes one before the
+    Slice of a Concat's output) moves the codes to the second position, rounded once as
+    onnxruntime rounds them; the simulator used to fail with a KeyError on it."""
+    first, second = positions
+    w = QDQWriter()
+    twice = w.quantize(w.quantize(w.op("Relu", [w.quantize("x", 5)], "relu"), first), second)
+    y = w.op("MaxPool", [twice], "pool", kernel_shape=[2, 2])
+    model = w.model([("x", ["N", 2, 4, 4])], [w.quantize(y, second)])
+    x = np.random.default_rng(0).normal(size=(64, 2, 4, 4)).astype(np.float32) * 3
+    (got,) = simulate(model, x, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, ort_run(model, x)[0])
+
+
+def test_a_result_quantized_at_two_positions_is_rounded_once_for_each() -> None:
+    """quant_onnx writes a second QuantizeLinear of a float result for a layer with its
+    own input requantization; each tensor is the exact result rounded once (not the first
+    tensor's codes rounded again), as onnxruntime computes them. It used to be a KeyError."""
+    w = QDQWriter()
+    conv = w.op("Conv", [w.quantize("x", 5), w.constant(np.arange(-8, 10, dtype=np.int8).reshape(2, 1, 3, 3), 4)],
+                "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2)  # fmt: skip
+    a = w.op("MaxPool", [w.quantize(conv, 3)], "pool", kernel_shape=[2, 2])
+    b = w.op("MaxPool", [w.quantize(conv, 1)], "pool2", kernel_shape=[2, 2])
+    model = w.model([("x", ["N", 2, 4, 4])], [w.quantize(a, 3), w.quantize(b, 1)])
+    x = np.random.default_rng(0).normal(size=(64, 2, 4, 4)).astype(np.float32) * 3
+    got = simulate(model, x, rounding="onnx", quiet=True)
+    for output, expected in zip(got.values(), ort_run(model, x), strict=True):
+        np.testing.assert_array_equal(output, expected)
+
+
+@pytest.mark.parametrize("shape", [[4, 8], [4, 2, 4, 4]])
+def test_global_average_pool_averages_every_spatial_axis(shape: list[int]) -> None:
+    """GlobalAveragePool of a 3-D or 5-D input averages axes 2 on (as onnxruntime does; a
+    power-of-two count is exact); the kernel used to average the last two axes, so a 3-D
+    input lost its channels."""
+    b = GraphBuilder(3)
+    float_model = b.model([b.node("GlobalAveragePool", [b.input("x", ["N", *shape])])], rank=len(shape) + 1)
+    model = legalize_model(quantize(float_model), "xint8").model
+    x = random_inputs(float_model, 16)
+    (got,) = simulate(model, x, rounding="onnx", quiet=True).values()
+    np.testing.assert_array_equal(got, ort_run(model, x)[0])
+
+
 def test_errors_name_the_node() -> None:
     w = QDQWriter()
     y = w.op("Relu", [w.quantize("x", 0, scale=0.3)], "relu")

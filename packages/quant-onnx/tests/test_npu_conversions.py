@@ -167,6 +167,20 @@ def test_split_becomes_slices() -> None:
     np.testing.assert_array_equal(run_ort(converted, feeds)[0], run_ort(model, feeds)[0])
 
 
+@pytest.mark.parametrize("length", [8, 7, 5])
+def test_split_by_num_outputs_becomes_slices(length: int) -> None:
+    """Opset 18's ``num_outputs``: chunks of ``ceil(length / n)``, the last one smaller."""
+    nodes = [
+        helper.make_node("Split", ["x"], ["a", "b", "c"], name="split", axis=1, num_outputs=3),
+        helper.make_node("Concat", ["c", "a", "b"], ["y"], name="cat", axis=1),
+    ]
+    model = make_model(nodes, [vi("x", ["N", length, 4])], [vi("y", ["N", length, 4])], opset=18)
+    converted = apply_npu_conversions(model, ("split",))
+    assert op_types(converted) == ["Slice", "Slice", "Slice", "Concat"]
+    feeds = random_feeds(model)
+    np.testing.assert_array_equal(run_ort(converted, feeds)[0], run_ort(model, feeds)[0])
+
+
 @pytest.mark.parametrize("keepdims", [1, 0])
 def test_spatial_mean_becomes_a_global_pool(keepdims: int) -> None:
     node = helper.make_node("ReduceMean", ["x"], ["y"], name="mean", axes=[2, 3], keepdims=keepdims)

@@ -54,9 +54,16 @@ from quant_npu.shifts import (
     shift_bias_range,
 )
 from quant_npu.sim.movement import per_axis
+from quant_npu.sim.spatial import Geometry
 from quant_npu.violations import NOT_QUANTIZED, QUANTIZE_FIRST, Violation, is_quantized
 
 ModelSource = str | os.PathLike[str] | onnx.ModelProto
+
+
+OPERAND_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat"})
+"""Ops whose every input is an operand: a float constant there is float arithmetic, which
+the device does not do (the simulator refuses it), unlike other ops' constant inputs
+(Clip bounds, shapes, pads, scales) or weights and slopes (their own rules)."""
 
 
 @attrs.frozen
@@ -135,10 +142,13 @@ class _Checker:
         return self.qdq.position(key)
 
     def float_inputs(self, step: Step) -> list[str]:
-        """Inputs of the main node that carry float data (not quantized, not constant, not shape)."""
+        """Inputs of the main node that carry float data (not quantized, not shape; a float
+        constant only where it is an operand of the arithmetic, see :data:`OPERAND_OPS`)."""
         names = []
         for name, key in zip(step.node.input, step.data_inputs, strict=True):
-            if not name or key is not None or name in self.qdq.host_values or self.qdq.constant(name) is not None:
+            if not name or key is not None or name in self.qdq.host_values:
+                continue
+            if self.qdq.constant(name) is not None and step.op_type not in OPERAND_OPS:
                 continue
             names.append(name)
         return names
@@ -307,6 +317,10 @@ class _Checker:
         node = step.node
         implicit = str_attribute(node, "auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER")
         padded = implicit or any(int_list(node, "pads") or [])
+        known = self.pool_geometry(step)
+        if known is not None:  # SAME on sizes the stride divides pads nothing
+            geometry, spatial = known
+            padded = any(attrs.evolve(geometry, ceil_mode=False).padding(*spatial))
         if padded and not int_attribute(node, "count_include_pad", 0):
             self.step_add(
                 step,
@@ -315,13 +329,36 @@ class _Checker:
                 "(the device divides every window by the kernel's size)",
                 False,
             )
-        if int_attribute(node, "ceil_mode", 0):
+        if int_attribute(node, "ceil_mode", 0) and self.ceil_adds_windows(step):
             self.step_add(
                 step,
                 "unsupported_attribute",
                 "AveragePool ceil_mode=1; allowed: ceil_mode=0 (the device divides every window by the kernel's size)",
                 False,
             )
+
+    def pool_geometry(self, step: Step) -> tuple[Geometry, tuple[int, int]] | None:
+        """A 2-D pool's window geometry and input size, None where the size is unknown."""
+        name, key = step.node.input[0], step.data_inputs[0]
+        shape = self.qdq.index.shape(name)
+        source = self.qdq.tensors[key].float_name if shape is None and key is not None else None
+        shape = self.qdq.index.shape(source) if source else shape
+        spatial = [] if shape is None else shape[2:]
+        kernel = int_list(step.node, "kernel_shape")
+        if len(spatial) != 2 or len(kernel) != 2 or not all(isinstance(d, int) for d in spatial):
+            return None
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in step.node.attribute}
+        return Geometry.from_node_attributes(attributes, kernel), (int(spatial[0]), int(spatial[1]))  # type: ignore[arg-type]
+
+    def ceil_adds_windows(self, step: Step) -> bool:
+        """Whether ``ceil_mode`` gives the pool windows past the end of its input: not where
+        every window fits (even sizes at stride 2, as a ResNet-D shortcut's pool), and
+        assumed where the input's size is unknown."""
+        known = self.pool_geometry(step)
+        if known is None:
+            return True
+        ceil, spatial = known
+        return ceil.padding(*spatial) != attrs.evolve(ceil, ceil_mode=False).padding(*spatial)
 
     def check_resize_scales(self, step: Step) -> None:
         scales = resize_scales(self.qdq, step.node)

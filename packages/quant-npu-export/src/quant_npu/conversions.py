@@ -100,6 +100,15 @@ class QDQView:
         node = self.qdq.producer(source) if source else None
         return None if node is None or node.op_type in (QUANTIZE, DEQUANTIZE) else plan_node(node)
 
+    def rank(self, tensor: str) -> int | None:
+        key = self.qdq.dequantized.get(tensor)
+        source = self.qdq.tensors[key].float_name if key is not None else None
+        for name in (tensor, source):  # a DequantizeLinear output has the shape its source has
+            shape = self.qdq.index.shape(name) if name else None
+            if shape is not None:
+                return len(shape)
+        return None
+
 
 class QDQConversions(OnnxConversions):
     """The ONNX edits with the QDQ hooks (see the module docstring)."""

@@ -268,10 +268,13 @@ class OnnxConversions:
         outputs = [o for o in node.output]
         if sizes is None:
             length = None if shape is None else shape[axis]
-            if not isinstance(length, int) or length % len(outputs):
+            # opset 18's num_outputs splits unevenly: chunks of ceil(length / n), the last smaller
+            uneven = "num_outputs" in attributes
+            if not isinstance(length, int) or (length % len(outputs) and not uneven):
                 self.notes.append(f"node {node.name!r} (Split): sizes unknown; left as it is")
                 return None
-            sizes = [length // len(outputs)] * len(outputs)
+            chunk = -(-length // len(outputs))
+            sizes = [min(chunk, max(length - i * chunk, 0)) for i in range(len(outputs))]
         bounds = np.cumsum([0, *(int(s) for s in np.asarray(sizes).reshape(-1))])
         axes = self.constant(f"{node.name}_axis", np.array([axis], np.int64))
         slices = []

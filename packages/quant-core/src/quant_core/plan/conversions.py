@@ -48,6 +48,10 @@ class ConversionView(Protocol):
         """The compute node whose output ``tensor`` holds."""
         ...
 
+    def rank(self, tensor: str) -> int | None:
+        """``tensor``'s number of axes, None where the graph does not say."""
+        ...
+
 
 @attrs.frozen
 class _FloatView:
@@ -68,6 +72,9 @@ class _FloatView:
 
     def producer(self, tensor: str) -> PlanNode | None:
         return self.graph.producer(tensor)
+
+    def rank(self, tensor: str) -> int | None:
+        return None  # the planner's graphs hold no shapes
 
 
 def float_view(graph: GraphView) -> ConversionView:
@@ -138,11 +145,18 @@ def erf_gelu(view: ConversionView, erf: PlanNode) -> tuple[str, tuple[str, ...]]
 
 
 def _spatial_mean(view: ConversionView, node: PlanNode) -> bool:
+    """A ReduceMean over axes 2 and 3, keeping them: written ``[2, 3]``, or counted from the
+    end (PyTorch's exporter writes ``x.mean((-2, -1), keepdim=True)`` as ``[-2, -1]``) where
+    the view knows the input is 4-D."""
     axes = node.attr("axes")
     if axes is None and node.input(1):
         constant = view.constant(node.input(1))
         axes = None if constant is None else constant.reshape(-1).tolist()
-    return axes is not None and sorted(int(a) for a in axes) == [2, 3] and int(node.attr("keepdims", 1)) == 1
+    if axes is None or int(node.attr("keepdims", 1)) != 1:
+        return False
+    if view.rank(node.input(0)) == 4:
+        axes = [int(a) % 4 if -4 <= int(a) < 0 else int(a) for a in axes]
+    return sorted(int(a) for a in axes) == [2, 3]
 
 
 def _conv_transpose_convertible(view: ConversionView, node: PlanNode) -> bool:

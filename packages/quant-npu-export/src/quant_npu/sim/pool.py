@@ -79,11 +79,18 @@ class AveragePoolKernel:
 
 
 class GlobalAveragePoolKernel:
-    """Average over the last two axes (GlobalAveragePool; ReduceMean over H and W); see
-    the module example."""
+    """Average over the axes from ``first_axis`` on (GlobalAveragePool: 2, every spatial
+    axis; ReduceMean over H and W: -2); see the module example. Spatial axes other than
+    two are pooled as a plane: the leading ones merged into its rows (one row for 1-D)."""
 
     def __init__(
-        self, profile: NPUProfile, shift: int, mode: RoundMode, out_range: tuple[int, int], keepdims: bool = True
+        self,
+        profile: NPUProfile,
+        shift: int,
+        mode: RoundMode,
+        out_range: tuple[int, int],
+        keepdims: bool = True,
+        first_axis: int = -2,
     ):
         self.profile = profile
         self.shift = shift
@@ -91,6 +98,7 @@ class GlobalAveragePoolKernel:
         self.out_range = out_range
         self.dtype = storage_dtype(*out_range)
         self.keepdims = keepdims
+        self.first_axis = first_axis
 
     def _stage(
         self, values: np.ndarray, axis: int, count: tuple[int, int], shift: int, out: tuple[int, int]
@@ -100,7 +108,10 @@ class GlobalAveragePoolKernel:
         return requantize(sums * factor, factor_shift + shift, self.mode, *out, storage_dtype(*out))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        height, width = x.shape[-2:]
+        lead = x.shape[: self.first_axis % x.ndim]
+        spatial = x.shape[len(lead) :]
+        height, width = int(np.prod(spatial[:-1], dtype=np.int64)), int(spatial[-1])
+        x = x.reshape(*lead, height, width)
         if height * width <= self.profile.global_pool_max_elements:
             factor, factor_shift = average_pool_factor(height, width, self.profile)
             sums = x.sum(axis=(-2, -1), keepdims=True, dtype=np.float64)
@@ -109,4 +120,4 @@ class GlobalAveragePoolKernel:
             info = np.iinfo(x.dtype)
             rows = self._stage(x, -1, (1, width), 0, (int(info.min), int(info.max)))
             result = self._stage(rows, -2, (height, 1), self.shift, self.out_range)
-        return result if self.keepdims else result.reshape(result.shape[:-2])
+        return result.reshape(*lead, *[1] * len(spatial)) if self.keepdims else result.reshape(lead)

@@ -223,6 +223,9 @@ class _Compiler:
         self.notes: list[str] = []
         self.float_values: set[str] = set()  # what CPU nodes write in float (the model's results)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        self.keys_of: dict[str, list[str]] = {}  # float tensor -> keys of every QuantizeLinear reading it
+        for key, quantizer in self.qdq.quantizers.items():
+            self.keys_of.setdefault(quantizer.input[0], []).append(key)
 
     # ------------------------------------------------------------------ tensors
     def fail(self, step: Step, message: str) -> ModelError:
@@ -315,6 +318,24 @@ class _Compiler:
         with naming_the_node(step.name, op):
             data, params, kernel = builder(step, out_pos, out_range)
         return Operation(step.name, op, data, params, out, kernel)
+
+    def further_outputs(self, step: Step) -> list[Operation]:
+        """The step again for every further QuantizeLinear of its float result (quant_onnx
+        writes one for a layer with its own input requantization): each rounds the exact
+        result once at its own position, as onnxruntime quantizes the float twice."""
+        tensor = self.qdq.tensors.get(step.output) if step.output else None
+        if tensor is None or tensor.float_name is None:
+            return []
+        keys = [k for k in self.keys_of.get(tensor.float_name, []) if k != step.output]
+        if keys and id(step) in self.on_cpu:
+            raise self.fail(step, "a CPU node whose result is quantized twice is not simulated")
+        operations = []
+        for key in keys:
+            builder = getattr(self, f"_{step.op_type.lower()}", None) or self._move
+            with naming_the_node(step.name, step.op_type):
+                data, params, kernel = builder(step, self.pos(step, key), self.range(key))
+            operations.append(Operation(step.name, step.op_type, data, params, key, kernel))
+        return operations
 
     def _spatial(self, step: Step, what: str) -> tuple[str, np.ndarray, np.ndarray, dict[str, Any]]:
         """Input key, weight values and positions, attributes of a 2-D Conv/ConvTranspose."""
@@ -581,7 +602,8 @@ class _Compiler:
 
     def _globalaveragepool(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
-        return (x,), (), GlobalAveragePoolKernel(self.profile, ipos - out_pos, self.mode, out_range)
+        kernel = GlobalAveragePoolKernel(self.profile, ipos - out_pos, self.mode, out_range, first_axis=2)
+        return (x,), (), kernel
 
     def _reducemean(self, step: Step, out_pos: int, out_range: tuple[int, int]) -> tuple:
         x, ipos = self._unary(step)
@@ -645,6 +667,9 @@ class _Compiler:
             step = by_node.get(id(node))
             if step is not None:
                 operations.append(self.compile(step))
+                operations.extend(self.further_outputs(step))
+            elif node.op_type == "QuantizeLinear" and node.input[0] in self.qdq.dequantized:
+                operations.append(self.requantization(node))
             elif id(node) not in absorbed and node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
                 raise ModelError(f"node {node_label(node)!r} ({node.op_type}): not on the integer data path")
         for name in self.qdq.host_values:
@@ -655,6 +680,28 @@ class _Compiler:
             inputs=self.inputs(), raw_inputs=self.raw_inputs(), operations=tuple(operations),
             constants=self.constants, outputs=self.outputs(), mode=self.mode, notes=tuple(self.notes),
         )  # fmt: skip
+
+    def requantization(self, node: onnx.NodeProto) -> Operation:
+        """A QuantizeLinear reading a DequantizeLinear's output (a tensor quantized twice,
+        as the torch exporter writes a Concat's output before a Slice): the codes move to the
+        second tensor's position, rounded once, saturated to its range."""
+        source, key, name = self.qdq.dequantized[node.input[0]], node.output[0], node_label(node)
+        positions = []
+        for tensor in (self.qdq.tensors[source], self.qdq.tensors[key]):
+            if tensor.position is None:
+                message = f"{tensor.key}: {tensor.describe()} has no fix position; run quant-npu legalize first"
+                raise node_error(name, node.op_type, message)
+            positions.append(tensor.position)
+        if self.qdq.tensors[source].is_constant and source not in self.constants:
+            lo, hi = self.range(source)
+            self.constants[source] = self.qdq.tensors[source].values().astype(storage_dtype(min(lo, 0), max(hi, 0)))
+        shift, mode, out_range = positions[0] - positions[1], self.mode, self.range(key)
+        dtype = storage_dtype(*out_range)
+
+        def moved(codes: np.ndarray) -> np.ndarray:
+            return requantize(codes, shift, mode, *out_range, dtype)
+
+        return Operation(name, node.op_type, (source,), (), key, moved)
 
     def inputs(self) -> dict[str, tuple[tuple[str, QParams], ...]]:
         found: dict[str, list[tuple[str, QParams]]] = {}
