@@ -11,7 +11,7 @@ import pytest
 from conftest import make_model, run_ort, vi, weight
 from onnx import helper
 
-from quant_core.errors import ConfigError, DataError, OutputError
+from quant_core.errors import ConfigError, DataError, ModelError, OutputError
 from quant_onnx import quantize
 from quant_onnx.cli.main import main
 from quant_onnx.pipeline.dynamic import quantize_dynamic_model
@@ -193,3 +193,53 @@ def test_a_training_mode_dropout_of_constants_is_not_folded():
     model = make_model(nodes, [vi("x", ["N", 16])], [vi("y", ["N", 16])], [ratio, train, data], opset=13)
     folded = fold_constants(model)
     assert "Dropout" in [n.op_type for n in folded.graph.node]  # before: one random mask became a constant
+
+
+def _already_quantized_models() -> dict[str, onnx.ModelProto]:
+    model = _conv_relu_model()
+    x = np.random.default_rng(0).normal(size=(8, 2, 6, 6)).astype(np.float32)
+    weight_only = make_model(
+        [
+            helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"], name="w_dq", axis=0),
+            helper.make_node("Conv", ["x", "w"], ["y"], name="conv"),
+        ],
+        [vi("x", ["N", 2, 6, 6])],
+        [vi("y", ["N", 4, 4, 4])],
+        [
+            helper.make_tensor("wq", onnx.TensorProto.INT8, [4, 2, 3, 3], [1] * 72),
+            helper.make_tensor("ws", onnx.TensorProto.FLOAT, [4], [0.1] * 4),
+        ],
+    )
+    return {
+        "qdq": quantize(model, None, "a8w8", x, quiet=True).model,
+        "dynamic": quantize_dynamic_model(model, "a8w8"),
+        "weight-only": weight_only,
+    }
+
+
+@pytest.mark.parametrize("kind", ["qdq", "dynamic", "weight-only"])
+def test_an_already_quantized_model_is_refused(tmp_path, kind: str) -> None:
+    model = _already_quantized_models()[kind]
+    path = tmp_path / "q.onnx"
+    onnx.save(model, path)
+    x = np.random.default_rng(1).normal(size=(8, 2, 6, 6)).astype(np.float32)
+    # before: its Q/DQ pairs were observed and wrapped again (every tensor rounded twice,
+    # the output 2 steps off the input model's) or its integer ops left as they were
+    with pytest.raises(ModelError, match=r"already quantized \(node '[^']+' is \w+\)"):
+        quantize(model, None, "a8w8", x, quiet=True)
+    with pytest.raises(ModelError, match="already quantized"):
+        quantize_dynamic_model(path, "a8w8")
+    np.save(tmp_path / "x.npy", x)
+    args = ["quantize", str(path), str(tmp_path / "o.onnx"), "--quiet"]
+    assert main([*args, "--calib-data", str(tmp_path / "x.npy")]) == 2
+    assert main([*args, "--dynamic"]) == 2
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_dynamic_quantization_refuses_a_float16_model() -> None:
+    weight16 = helper.make_tensor("w", onnx.TensorProto.FLOAT16, [4, 4], np.ones(16, np.float16).tolist())
+    half = onnx.TensorProto.FLOAT16
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    model = make_model(nodes, [vi("x", ["N", 4], half)], [vi("y", ["N", 4], half)], [weight16])
+    with pytest.raises(ModelError, match="input 'x' is float16"):  # before: returned unchanged, all float
+        quantize_dynamic_model(model, "a8w8")

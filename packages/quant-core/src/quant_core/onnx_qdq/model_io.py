@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 
 from quant_core.atomic_io import atomic_write, default_file_mode
 from quant_core.errors import ModelError, OutputError, one_line
+from quant_core.onnx_qdq.describe import is_quantized_op
 from quant_core.onnx_qdq.graph import DEFAULT_DOMAINS
 from quant_core.onnx_qdq.tensor_data import (
     all_tensors,
@@ -165,6 +166,33 @@ def check_float32(model: onnx.ModelProto, label: str = "<in-memory model>") -> N
     raise ModelError(
         f"model '{label}': {what} {name!r} is {dtype}; quantization takes float32 models: convert the model "
         f"to float32 first (e.g. export it again in float32) and quantize that"
+    )
+
+
+def check_not_quantized(model: onnx.ModelProto, label: str = "<in-memory model>") -> None:
+    """Refuse a model that is already quantized (Q/DQ, QLinear*, integer kernels): its
+    Q/DQ pairs would be observed and wrapped again, each tensor rounded twice on two
+    grids, and the run would report success on a model that no longer computes what the
+    input did. ``quant-onnx inspect`` says what such a model holds.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> g = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="xq")], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        ...     [helper.make_tensor_value_info("q", TensorProto.UINT8, [2])],
+        ...     [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])])
+        >>> check_not_quantized(helper.make_model(g))
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ModelError: model '<in-memory model>': already quantized (node 'xq' is QuantizeLinear); ...
+    """
+    node = next((n for n in model.graph.node if is_quantized_op(n)), None)
+    if node is None:
+        return
+    name = repr(node.name) if node.name else f"writing {node.output[0]!r}" if node.output else "without a name"
+    raise ModelError(
+        f"model '{label}': already quantized (node {name} is {node.op_type}); quantization takes float models: "
+        "quantize the float model it was made from"
     )
 
 
