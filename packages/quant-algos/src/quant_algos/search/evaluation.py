@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from quant_algos.search.metrics import Metric, Outputs, Samples
-from quant_core.errors import ConfigError, DataError, QuantError, one_line
+from quant_core.errors import UNREADABLE_ARRAY_FILE, ConfigError, DataError, QuantError, one_line
 
 _T = TypeVar("_T")
 
@@ -230,7 +230,7 @@ def _labels(labels: Any, count: int) -> np.ndarray:
     if isinstance(labels, str) or hasattr(labels, "__fspath__"):
         try:
             labels = np.load(labels, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except UNREADABLE_ARRAY_FILE as exc:
             raise DataError(f"labels: cannot read '{labels}': {exc}") from None
     array = np.asarray(labels)
     if len(array) < count:
