@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import make_model, run_ort, vi, weight
+from conftest import make_model, run_ort, tensor, vi, weight
 from onnx import helper
 
 from quant_core.errors import ConfigError, DataError, ModelError, OutputError
@@ -243,3 +243,58 @@ def test_dynamic_quantization_refuses_a_float16_model() -> None:
     model = make_model(nodes, [vi("x", ["N", 4], half)], [vi("y", ["N", 4], half)], [weight16])
     with pytest.raises(ModelError, match="input 'x' is float16"):  # before: returned unchanged, all float
         quantize_dynamic_model(model, "a8w8")
+
+
+def _constant_output_models() -> dict[str, tuple[onnx.ModelProto, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    spread = np.logspace(-1, 1, 4, dtype=np.float32).reshape(4, 1, 1, 1)  # channels CLE evens out
+    convs = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+    ]
+    conv_inits = [
+        tensor("w", (rng.normal(size=(4, 3, 3, 3)) * spread).astype(np.float32)),
+        tensor("b", rng.normal(size=4).astype(np.float32)),
+        weight("w2", [4, 4, 1, 1], seed=2),
+    ]
+    x = rng.normal(size=(16, 3, 6, 6)).astype(np.float32)
+    gain = tensor("g", np.linspace(0.5, 2.0, 8).astype(np.float32))
+    wide = (rng.normal(size=(16, 8)) * np.logspace(-1, 1, 8)).astype(np.float32)
+    models = {}
+    for name, shape in (("w2", [4, 4, 1, 1]), ("b", [4])):
+        outputs = [vi("y", ["N", 4, 4, 4]), vi(name, shape)]
+        models[f"conv-{name}"] = (make_model(convs, [vi("x", ["N", 3, 6, 6])], outputs, conv_inits), x)
+    for op, opset, extra in (("Mul", 13, []), ("LayerNormalization", 17, [tensor("be", np.zeros(8, np.float32))])):
+        nodes = [
+            helper.make_node(op, ["x", "g", *(["be"] if extra else [])], ["h"], name="scale"),
+            helper.make_node("MatMul", ["h", "wm"], ["y"], name="mm"),
+        ]
+        outputs = [vi("y", ["N", 4]), vi("g", [8])]
+        inits = [gain, *extra, weight("wm", [8, 4], seed=3)]
+        models[op] = (make_model(nodes, [vi("x", ["N", 8])], outputs, inits, opset=opset), wide)
+    return models
+
+
+@pytest.mark.parametrize(
+    ("case", "algorithm"),
+    [(c, a) for c in ("conv-w2", "conv-b") for a in ("cle", "smoothquant")]
+    + [("Mul", "smoothquant"), ("LayerNormalization", "smoothquant")],  # CLE has no chain there
+)
+def test_a_constant_that_is_a_graph_output_is_not_rescaled(case: str, algorithm: str) -> None:
+    import attrs
+
+    from quant_core.algorithm_config import CLEConfig, SmoothQuantConfig
+    from quant_core.presets import get_preset
+    from quant_onnx import ModelQuantizer
+
+    model, x = _constant_output_models()[case]
+    pass_config = CLEConfig() if algorithm == "cle" else SmoothQuantConfig()
+    quantizer = ModelQuantizer(attrs.evolve(get_preset("a8w8"), algorithms=(pass_config,)), quiet=True)
+    prepared, _reports = quantizer.run_pre_passes(quantizer.prepare(model), [{"x": x}])
+    feeds = {"x": x[:4]}
+    for before, after in zip(run_ort(model, feeds), run_ort(prepared.model, feeds), strict=True):
+        # before: the weight, bias or gain was rescaled in place, and so was the output
+        # that hands it to the user (CLE: 12 off on the conv weight)
+        np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
+
