@@ -298,3 +298,43 @@ def test_a_constant_that_is_a_graph_output_is_not_rescaled(case: str, algorithm:
         # that hands it to the user (CLE: 12 off on the conv weight)
         np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
 
+
+def _extra_output_model(output: str) -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0, name="sum"),
+    ]
+    shapes = {"w": ([4, 3, 3, 3], onnx.TensorProto.FLOAT), "shape": ([4], onnx.TensorProto.INT64)}
+    shape, elem = shapes.get(output, ([], onnx.TensorProto.FLOAT))
+    outputs = [vi("y", ["N", 4, 4, 4]), vi(output, shape, elem)]
+    return make_model(nodes, [vi("x", ["N", 3, 6, 6])], outputs, [weight("w", [4, 3, 3, 3])])
+
+
+@pytest.mark.parametrize("output", ["w", "shape", "total"])
+def test_the_search_names_an_output_without_a_batch_axis(tmp_path, output: str) -> None:
+    from quant_onnx import search
+
+    x = np.random.default_rng(0).normal(size=(16, 3, 6, 6)).astype(np.float32)
+    model = _extra_output_model(output)
+    with pytest.raises(DataError, match=rf"output '{output}' has shape \[[0-9, ]*\] for a batch of 16 samples"):
+        search(model, None, x, x, target=0.9, quiet=True)  # before: a raw IndexError
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", x)
+    data = str(tmp_path / "x.npy")
+    args = ["search", str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), "--calib-data", data, "--eval-data", data]
+    assert main([*args, "--target-agreement", "0.9", "--quiet"]) == 2
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_mixed_precision_scores_a_model_with_a_scalar_output() -> None:
+    import attrs
+
+    from quant_core.algorithm_config import MixedPrecisionConfig
+    from quant_core.presets import get_preset
+
+    x = np.random.default_rng(0).normal(size=(16, 3, 6, 6)).astype(np.float32)
+    config = attrs.evolve(get_preset("a8w8"), algorithms=(MixedPrecisionConfig(max_layers=1),))
+    result = quantize(_extra_output_model("total"), None, config, x, quiet=True)  # before: ValueError (concatenate)
+    assert [o.name for o in result.model.graph.output] == ["y", "total"]
