@@ -338,3 +338,31 @@ def test_mixed_precision_scores_a_model_with_a_scalar_output() -> None:
     config = attrs.evolve(get_preset("a8w8"), algorithms=(MixedPrecisionConfig(max_layers=1),))
     result = quantize(_extra_output_model("total"), None, config, x, quiet=True)  # before: ValueError (concatenate)
     assert [o.name for o in result.model.graph.output] == ["y", "total"]
+
+
+@pytest.mark.parametrize("form", ["sparse_initializer", "sparse_value"])
+def test_a_sparse_weight_is_quantized(form: str) -> None:
+    rng = np.random.default_rng(0)
+    dense = rng.normal(size=(8, 4)).astype(np.float32)
+    dense[np.abs(dense) < 0.5] = 0.0
+    positions = np.flatnonzero(dense)
+    values = helper.make_tensor("w", onnx.TensorProto.FLOAT, [len(positions)], dense.ravel()[positions].tolist())
+    sparse = helper.make_sparse_tensor(values, tensor("w_positions", positions.astype(np.int64)), [8, 4])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    if form == "sparse_value":
+        nodes.insert(0, helper.make_node("Constant", [], ["w"], sparse_value=sparse, name="w_const"))
+    graph = helper.make_graph(nodes, "g", [vi("x", ["N", 8])], [vi("y", ["N", 4])])
+    if form == "sparse_initializer":
+        graph.sparse_initializer.append(sparse)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model)
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    reference = _default_session(model, {"x": x})[0]
+    # before: static mode stopped at "tensor 'w' dtype object is not allowed", dynamic mode
+    # left the MatMul float
+    static = quantize(model, None, "a8w8", x, quiet=True).model
+    dynamic = quantize_dynamic_model(model, "a8w8")
+    assert "MatMulInteger" in [n.op_type for n in dynamic.graph.node]
+    for written in (static, dynamic):
+        assert np.abs(_default_session(written, {"x": x})[0] - reference).max() < 0.05 * np.abs(reference).max()
+    assert np.array_equal(run_ort(model, {"x": x})[0], reference)  # the input model is untouched
