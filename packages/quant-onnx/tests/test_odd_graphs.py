@@ -366,3 +366,22 @@ def test_a_sparse_weight_is_quantized(form: str) -> None:
     for written in (static, dynamic):
         assert np.abs(_default_session(written, {"x": x})[0] - reference).max() < 0.05 * np.abs(reference).max()
     assert np.array_equal(run_ort(model, {"x": x})[0], reference)  # the input model is untouched
+
+
+def test_a_model_declaring_both_spellings_of_the_default_domain_is_raised_to_opset_13() -> None:
+    from quant_core.onnx_qdq.model_io import opset_version
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["y"], name="r")]
+    graph = helper.make_graph(
+        nodes, "g", [vi("x", ["N", 3, 6, 6])], [vi("y", ["N", 4, 4, 4])], [weight("w", [4, 3, 3, 3])]
+    )
+    opsets = [helper.make_opsetid("", 11), helper.make_opsetid("ai.onnx", 11)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    onnx.checker.check_model(model)
+    x = np.random.default_rng(0).normal(size=(8, 3, 6, 6)).astype(np.float32)
+    # before: "model declares the default ONNX domain with several opsets [11, 13]" after the
+    # opset was raised for per-channel Q/DQ
+    written = quantize(model, None, "a8w8", x, quiet=True).model
+    assert opset_version(written) == 13
+    reference = _default_session(model, {"x": x})[0]
+    assert np.abs(_default_session(written, {"x": x})[0] - reference).max() < 0.05 * np.abs(reference).max()
