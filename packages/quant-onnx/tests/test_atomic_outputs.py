@@ -124,3 +124,16 @@ def test_models_over_2gib_switch_data_files_atomically(tmp_path, monkeypatch) ->
     model_io.save_model(second, out)
     assert snapshot(tmp_path) == written  # the same model again: the same bytes, the same data file name
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file or folder left
+
+
+def test_a_small_model_saved_over_one_above_2gib_removes_its_data_file(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "q.onnx"
+    with monkeypatch.context() as patch:
+        patch.setattr(model_io, "_PROTOBUF_LIMIT", 1000)
+        model_io.save_model(small_cnn(seed=0), out)
+    assert len([p for p in tmp_path.iterdir() if p.suffix == ".data"]) == 1
+    (tmp_path / "q.onnx.0123456789abcdef.data").write_bytes(b"not named by the output")
+    model_io.save_model(small_cnn(seed=1), out)  # written whole
+    assert _same(onnx.load(str(out)), small_cnn(seed=1))
+    # before: the old output's tensors stayed beside it, a file nothing names (up to GiBs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.onnx", "q.onnx.0123456789abcdef.data"]

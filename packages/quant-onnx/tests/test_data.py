@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from conftest import conv_bn_relu_model, make_model, vi
 from hypothesis import given, settings
@@ -185,6 +186,28 @@ def test_damaged_npz_files_are_data_errors(tmp_path):
     cut.write_bytes(cut.read_bytes()[:100])
     with pytest.raises(DataError, match=r"cannot read '.*cut\.npz': File is not a zip file"):
         list(calibration_batches(IMG, cut))
+
+
+@pytest.mark.parametrize("name", ["empty.npy", "empty.npz"])
+def test_an_empty_array_file_is_a_data_error(tmp_path, name):
+    empty = tmp_path / name
+    empty.write_bytes(b"")  # a failed export, a disk that filled: numpy says EOFError
+    with pytest.raises(DataError, match=rf"cannot read '.*{name}': No data left in file"):
+        list(calibration_batches(IMG, empty))
+
+
+def test_empty_evaluation_labels_are_a_data_error(tmp_path, capsys):
+    from quant_onnx.cli.main import main
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", ["N", 2])], [vi("y", ["N", 2])])
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.ones((8, 2), np.float32))
+    (tmp_path / "labels.npy").write_bytes(b"")
+    data = str(tmp_path / "x.npy")
+    args = ["search", str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), "--calib-data", data, "--eval-data", data]
+    args += ["--eval-labels", str(tmp_path / "labels.npy"), "--metric", "accuracy", "--target-score", "0.5", "--quiet"]
+    assert main(args) == 2  # before: a raw EOFError traceback
+    assert "labels: cannot read" in capsys.readouterr().err
 
 
 def test_unsupported_paths(tmp_path):

@@ -8,10 +8,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import make_model, run_ort, vi, weight
+from conftest import make_model, run_ort, tensor, vi, weight
 from onnx import helper
 
-from quant_core.errors import ConfigError, DataError, OutputError
+from quant_core.errors import ConfigError, DataError, ModelError, OutputError
 from quant_onnx import quantize
 from quant_onnx.cli.main import main
 from quant_onnx.pipeline.dynamic import quantize_dynamic_model
@@ -193,3 +193,195 @@ def test_a_training_mode_dropout_of_constants_is_not_folded():
     model = make_model(nodes, [vi("x", ["N", 16])], [vi("y", ["N", 16])], [ratio, train, data], opset=13)
     folded = fold_constants(model)
     assert "Dropout" in [n.op_type for n in folded.graph.node]  # before: one random mask became a constant
+
+
+def _already_quantized_models() -> dict[str, onnx.ModelProto]:
+    model = _conv_relu_model()
+    x = np.random.default_rng(0).normal(size=(8, 2, 6, 6)).astype(np.float32)
+    weight_only = make_model(
+        [
+            helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"], name="w_dq", axis=0),
+            helper.make_node("Conv", ["x", "w"], ["y"], name="conv"),
+        ],
+        [vi("x", ["N", 2, 6, 6])],
+        [vi("y", ["N", 4, 4, 4])],
+        [
+            helper.make_tensor("wq", onnx.TensorProto.INT8, [4, 2, 3, 3], [1] * 72),
+            helper.make_tensor("ws", onnx.TensorProto.FLOAT, [4], [0.1] * 4),
+        ],
+    )
+    return {
+        "qdq": quantize(model, None, "a8w8", x, quiet=True).model,
+        "dynamic": quantize_dynamic_model(model, "a8w8"),
+        "weight-only": weight_only,
+    }
+
+
+@pytest.mark.parametrize("kind", ["qdq", "dynamic", "weight-only"])
+def test_an_already_quantized_model_is_refused(tmp_path, kind: str) -> None:
+    model = _already_quantized_models()[kind]
+    path = tmp_path / "q.onnx"
+    onnx.save(model, path)
+    x = np.random.default_rng(1).normal(size=(8, 2, 6, 6)).astype(np.float32)
+    # before: its Q/DQ pairs were observed and wrapped again (every tensor rounded twice,
+    # the output 2 steps off the input model's) or its integer ops left as they were
+    with pytest.raises(ModelError, match=r"already quantized \(node '[^']+' is \w+\)"):
+        quantize(model, None, "a8w8", x, quiet=True)
+    with pytest.raises(ModelError, match="already quantized"):
+        quantize_dynamic_model(path, "a8w8")
+    np.save(tmp_path / "x.npy", x)
+    args = ["quantize", str(path), str(tmp_path / "o.onnx"), "--quiet"]
+    assert main([*args, "--calib-data", str(tmp_path / "x.npy")]) == 2
+    assert main([*args, "--dynamic"]) == 2
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_dynamic_quantization_refuses_a_float16_model() -> None:
+    weight16 = helper.make_tensor("w", onnx.TensorProto.FLOAT16, [4, 4], np.ones(16, np.float16).tolist())
+    half = onnx.TensorProto.FLOAT16
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    model = make_model(nodes, [vi("x", ["N", 4], half)], [vi("y", ["N", 4], half)], [weight16])
+    with pytest.raises(ModelError, match="input 'x' is float16"):  # before: returned unchanged, all float
+        quantize_dynamic_model(model, "a8w8")
+
+
+def _constant_output_models() -> dict[str, tuple[onnx.ModelProto, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    spread = np.logspace(-1, 1, 4, dtype=np.float32).reshape(4, 1, 1, 1)  # channels CLE evens out
+    convs = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+    ]
+    conv_inits = [
+        tensor("w", (rng.normal(size=(4, 3, 3, 3)) * spread).astype(np.float32)),
+        tensor("b", rng.normal(size=4).astype(np.float32)),
+        weight("w2", [4, 4, 1, 1], seed=2),
+    ]
+    x = rng.normal(size=(16, 3, 6, 6)).astype(np.float32)
+    gain = tensor("g", np.linspace(0.5, 2.0, 8).astype(np.float32))
+    wide = (rng.normal(size=(16, 8)) * np.logspace(-1, 1, 8)).astype(np.float32)
+    models = {}
+    for name, shape in (("w2", [4, 4, 1, 1]), ("b", [4])):
+        outputs = [vi("y", ["N", 4, 4, 4]), vi(name, shape)]
+        models[f"conv-{name}"] = (make_model(convs, [vi("x", ["N", 3, 6, 6])], outputs, conv_inits), x)
+    for op, opset, extra in (("Mul", 13, []), ("LayerNormalization", 17, [tensor("be", np.zeros(8, np.float32))])):
+        nodes = [
+            helper.make_node(op, ["x", "g", *(["be"] if extra else [])], ["h"], name="scale"),
+            helper.make_node("MatMul", ["h", "wm"], ["y"], name="mm"),
+        ]
+        outputs = [vi("y", ["N", 4]), vi("g", [8])]
+        inits = [gain, *extra, weight("wm", [8, 4], seed=3)]
+        models[op] = (make_model(nodes, [vi("x", ["N", 8])], outputs, inits, opset=opset), wide)
+    return models
+
+
+@pytest.mark.parametrize(
+    ("case", "algorithm"),
+    [(c, a) for c in ("conv-w2", "conv-b") for a in ("cle", "smoothquant")]
+    + [("Mul", "smoothquant"), ("LayerNormalization", "smoothquant")],  # CLE has no chain there
+)
+def test_a_constant_that_is_a_graph_output_is_not_rescaled(case: str, algorithm: str) -> None:
+    import attrs
+
+    from quant_core.algorithm_config import CLEConfig, SmoothQuantConfig
+    from quant_core.presets import get_preset
+    from quant_onnx import ModelQuantizer
+
+    model, x = _constant_output_models()[case]
+    pass_config = CLEConfig() if algorithm == "cle" else SmoothQuantConfig()
+    quantizer = ModelQuantizer(attrs.evolve(get_preset("a8w8"), algorithms=(pass_config,)), quiet=True)
+    prepared, _reports = quantizer.run_pre_passes(quantizer.prepare(model), [{"x": x}])
+    feeds = {"x": x[:4]}
+    for before, after in zip(run_ort(model, feeds), run_ort(prepared.model, feeds), strict=True):
+        # before: the weight, bias or gain was rescaled in place, and so was the output
+        # that hands it to the user (CLE: 12 off on the conv weight)
+        np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
+
+
+def _extra_output_model(output: str) -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0, name="sum"),
+    ]
+    shapes = {"w": ([4, 3, 3, 3], onnx.TensorProto.FLOAT), "shape": ([4], onnx.TensorProto.INT64)}
+    shape, elem = shapes.get(output, ([], onnx.TensorProto.FLOAT))
+    outputs = [vi("y", ["N", 4, 4, 4]), vi(output, shape, elem)]
+    return make_model(nodes, [vi("x", ["N", 3, 6, 6])], outputs, [weight("w", [4, 3, 3, 3])])
+
+
+@pytest.mark.parametrize("output", ["w", "shape", "total"])
+def test_the_search_names_an_output_without_a_batch_axis(tmp_path, output: str) -> None:
+    from quant_onnx import search
+
+    x = np.random.default_rng(0).normal(size=(16, 3, 6, 6)).astype(np.float32)
+    model = _extra_output_model(output)
+    with pytest.raises(DataError, match=rf"output '{output}' has shape \[[0-9, ]*\] for a batch of 16 samples"):
+        search(model, None, x, x, target=0.9, quiet=True)  # before: a raw IndexError
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", x)
+    data = str(tmp_path / "x.npy")
+    args = ["search", str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), "--calib-data", data, "--eval-data", data]
+    assert main([*args, "--target-agreement", "0.9", "--quiet"]) == 2
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_mixed_precision_scores_a_model_with_a_scalar_output() -> None:
+    import attrs
+
+    from quant_core.algorithm_config import MixedPrecisionConfig
+    from quant_core.presets import get_preset
+
+    x = np.random.default_rng(0).normal(size=(16, 3, 6, 6)).astype(np.float32)
+    config = attrs.evolve(get_preset("a8w8"), algorithms=(MixedPrecisionConfig(max_layers=1),))
+    result = quantize(_extra_output_model("total"), None, config, x, quiet=True)  # before: ValueError (concatenate)
+    assert [o.name for o in result.model.graph.output] == ["y", "total"]
+
+
+@pytest.mark.parametrize("form", ["sparse_initializer", "sparse_value"])
+def test_a_sparse_weight_is_quantized(form: str) -> None:
+    rng = np.random.default_rng(0)
+    dense = rng.normal(size=(8, 4)).astype(np.float32)
+    dense[np.abs(dense) < 0.5] = 0.0
+    positions = np.flatnonzero(dense)
+    values = helper.make_tensor("w", onnx.TensorProto.FLOAT, [len(positions)], dense.ravel()[positions].tolist())
+    sparse = helper.make_sparse_tensor(values, tensor("w_positions", positions.astype(np.int64)), [8, 4])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    if form == "sparse_value":
+        nodes.insert(0, helper.make_node("Constant", [], ["w"], sparse_value=sparse, name="w_const"))
+    graph = helper.make_graph(nodes, "g", [vi("x", ["N", 8])], [vi("y", ["N", 4])])
+    if form == "sparse_initializer":
+        graph.sparse_initializer.append(sparse)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model)
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    reference = _default_session(model, {"x": x})[0]
+    # before: static mode stopped at "tensor 'w' dtype object is not allowed", dynamic mode
+    # left the MatMul float
+    static = quantize(model, None, "a8w8", x, quiet=True).model
+    dynamic = quantize_dynamic_model(model, "a8w8")
+    assert "MatMulInteger" in [n.op_type for n in dynamic.graph.node]
+    for written in (static, dynamic):
+        assert np.abs(_default_session(written, {"x": x})[0] - reference).max() < 0.05 * np.abs(reference).max()
+    assert np.array_equal(run_ort(model, {"x": x})[0], reference)  # the input model is untouched
+
+
+def test_a_model_declaring_both_spellings_of_the_default_domain_is_raised_to_opset_13() -> None:
+    from quant_core.onnx_qdq.model_io import opset_version
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["y"], name="r")]
+    graph = helper.make_graph(
+        nodes, "g", [vi("x", ["N", 3, 6, 6])], [vi("y", ["N", 4, 4, 4])], [weight("w", [4, 3, 3, 3])]
+    )
+    opsets = [helper.make_opsetid("", 11), helper.make_opsetid("ai.onnx", 11)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    onnx.checker.check_model(model)
+    x = np.random.default_rng(0).normal(size=(8, 3, 6, 6)).astype(np.float32)
+    # before: "model declares the default ONNX domain with several opsets [11, 13]" after the
+    # opset was raised for per-channel Q/DQ
+    written = quantize(model, None, "a8w8", x, quiet=True).model
+    assert opset_version(written) == 13
+    reference = _default_session(model, {"x": x})[0]
+    assert np.abs(_default_session(written, {"x": x})[0] - reference).max() < 0.05 * np.abs(reference).max()

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,6 +43,12 @@ def one_line(exc: BaseException | str, limit: int = MAX_MESSAGE_CHARS) -> str:
     if not text and isinstance(exc, BaseException):
         return type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+UNREADABLE_ARRAY_FILE: tuple[type[BaseException], ...] = (OSError, ValueError, EOFError, zipfile.BadZipFile)
+"""What ``numpy.load`` raises for a ``.npy``/``.npz`` file it cannot read: a damaged or
+pickled one (``ValueError``), an empty one (``EOFError``), a ``.npz`` that is no zip
+archive; callers turn it into their one-line :class:`DataError`."""
 
 
 class QuantError(ValueError):

@@ -56,6 +56,7 @@ from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
 from quant_core.onnx_qdq.model_io import (
     check_float32,
+    check_not_quantized,
     check_output_paths,
     load_model,
     opset_version,
@@ -231,6 +232,7 @@ class ModelQuantizer:
         config's model hooks run) and what pre-processing changed."""
         loaded = load_model(model)
         check_float32(loaded, source_label(model))
+        check_not_quantized(loaded, source_label(model))
         options = self.preprocess_options
         if self.config.npu_conversions and not options.npu_conversions:
             options = attrs.evolve(options, npu_conversions=self.config.npu_conversions)

@@ -23,7 +23,6 @@ import logging
 import math
 import numbers
 import os
-import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ import numpy as np
 import onnx
 
 from quant_core.algorithm_config import in_range
-from quant_core.errors import ConfigError, DataError, MissingDependencyError
+from quant_core.errors import UNREADABLE_ARRAY_FILE, ConfigError, DataError, MissingDependencyError
 from quant_core.onnx_qdq.graph import data_fits_input
 
 _LOG = logging.getLogger(__name__)
@@ -316,7 +315,7 @@ def iter_npy(path: str | os.PathLike[str], input_name: str) -> Iterator[Batch]:
     """One chunk: the memory-mapped array (samples on axis 0) under `input_name`; nothing read until sliced."""
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except UNREADABLE_ARRAY_FILE as exc:
         raise DataError(f"calibration data: cannot read '{path}': {_first_line(exc)}") from exc
     yield {input_name: array}
 
@@ -325,7 +324,7 @@ def iter_npz(path: str | os.PathLike[str]) -> Iterator[Batch]:
     """One chunk whose values are read from the archive key by key, when first used."""
     try:
         archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except UNREADABLE_ARRAY_FILE as exc:
         raise DataError(f"calibration data: cannot read '{path}': {_first_line(exc)}") from exc
     with archive:
         yield _LazyArchive(archive, path)  # type: ignore[misc]
@@ -344,7 +343,7 @@ class _LazyArchive(dict):  # type: ignore[type-arg]
         if value is None:
             try:
                 value = self._archive[key]
-            except (OSError, ValueError, zipfile.BadZipFile) as exc:  # an object array, a damaged member
+            except UNREADABLE_ARRAY_FILE as exc:  # an object array, a damaged member
                 raise DataError(
                     f"calibration data: cannot read '{key}' of '{self._path}': {_first_line(exc)}"
                 ) from None

@@ -110,7 +110,9 @@ class ChainSearch:
 
 def _owned_constant(graph: GraphView, name: str, writable: Writable) -> np.ndarray | None:
     value = graph.constant(name)
-    if value is None or not writable(name) or len(graph.consumers(name)) != 1:
+    # A weight that is also a graph output is read by the model's user: rescaling it would
+    # change that output.
+    if value is None or not writable(name) or len(graph.consumers(name)) != 1 or graph.is_graph_output(name):
         return None
     return value
 

@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from quant_algos.search.metrics import Metric, Outputs, Samples
-from quant_core.errors import ConfigError, DataError, QuantError, one_line
+from quant_core.errors import UNREADABLE_ARRAY_FILE, ConfigError, DataError, QuantError, one_line
 
 _T = TypeVar("_T")
 
@@ -230,7 +230,7 @@ def _labels(labels: Any, count: int) -> np.ndarray:
     if isinstance(labels, str) or hasattr(labels, "__fspath__"):
         try:
             labels = np.load(labels, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except UNREADABLE_ARRAY_FILE as exc:
             raise DataError(f"labels: cannot read '{labels}': {exc}") from None
     array = np.asarray(labels)
     if len(array) < count:
@@ -274,12 +274,33 @@ def _call_metric(metric: Metric, where: str, call: Callable[..., _T], *args: Any
         raise DataError(f"metric {metric.name!r}: raised {detail} on {where}") from None
 
 
-def collect(runner: Runner, data: EvaluationData, indices: np.ndarray) -> list[np.ndarray]:
-    """``runner``'s outputs over ``indices``, concatenated (the float reference)."""
+def collect(
+    runner: Runner, data: EvaluationData, indices: np.ndarray, names: Sequence[str] | None = None
+) -> list[np.ndarray]:
+    """``runner``'s outputs over ``indices``, concatenated (the float reference). Every
+    output must have the batch as its first axis (``names``: what the message calls them,
+    default ``output_0``...): candidates are scored sample by sample, so a shape, a
+    constant or a scalar output cannot be, and is refused naming it.
+
+    Example:
+        >>> data = EvaluationData({"x": np.zeros((4, 3), np.float32)}, None, np.arange(4), np.array([], int), 4, None)
+        >>> collect(lambda feeds: [feeds["x"], np.float32(feeds["x"].sum())], data, np.arange(4))
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.DataError: evaluation data: output 'output_1' has shape [] for a batch of 4 samples; ...
+    """
     parts: list[list[np.ndarray]] = []
     for chunk in data.chunks(indices):
-        values = runner(data.feeds(chunk))
-        parts.append([np.asarray(v)[: len(chunk)] for v in values])
+        values = [np.asarray(v) for v in runner(data.feeds(chunk))]
+        for i, value in enumerate(values):
+            if value.ndim == 0 or value.shape[0] < len(chunk):  # a fixed-batch model's padding makes it longer
+                name = names[i] if names is not None else f"output_{i}"
+                raise DataError(
+                    f"evaluation data: output {name!r} has shape {list(value.shape)} for a batch of {len(chunk)} "
+                    "samples; the search scores every output sample by sample: allowed: outputs whose first axis "
+                    "is the batch (remove the others from the model's outputs)"
+                )
+        parts.append([v[: len(chunk)] for v in values])
     return [np.concatenate(column) for column in zip(*parts, strict=True)]
 
 

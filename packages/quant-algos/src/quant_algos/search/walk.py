@@ -263,7 +263,7 @@ def float_goal(
         (['output_0'], (4, 4), 0.6)
     """
     started = time.perf_counter()
-    reference = collect(run, evaluation, np.arange(evaluation.count))
+    reference = collect(run, evaluation, np.arange(evaluation.count), output_names)
     seconds = time.perf_counter() - started
     names = list(output_names) if output_names is not None else [f"output_{i}" for i in range(len(reference))]
     check_metric(metric, names, reference, evaluation)

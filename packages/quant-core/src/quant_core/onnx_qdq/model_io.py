@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 
 from quant_core.atomic_io import atomic_write, default_file_mode
 from quant_core.errors import ModelError, OutputError, one_line
+from quant_core.onnx_qdq.describe import is_quantized_op
 from quant_core.onnx_qdq.graph import DEFAULT_DOMAINS
 from quant_core.onnx_qdq.tensor_data import (
     all_tensors,
@@ -168,6 +169,33 @@ def check_float32(model: onnx.ModelProto, label: str = "<in-memory model>") -> N
     )
 
 
+def check_not_quantized(model: onnx.ModelProto, label: str = "<in-memory model>") -> None:
+    """Refuse a model that is already quantized (Q/DQ, QLinear*, integer kernels): its
+    Q/DQ pairs would be observed and wrapped again, each tensor rounded twice on two
+    grids, and the run would report success on a model that no longer computes what the
+    input did. ``quant-onnx inspect`` says what such a model holds.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> g = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="xq")], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        ...     [helper.make_tensor_value_info("q", TensorProto.UINT8, [2])],
+        ...     [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])])
+        >>> check_not_quantized(helper.make_model(g))
+        Traceback (most recent call last):
+        ...
+        quant_core.errors.ModelError: model '<in-memory model>': already quantized (node 'xq' is QuantizeLinear); ...
+    """
+    node = next((n for n in model.graph.node if is_quantized_op(n)), None)
+    if node is None:
+        return
+    name = repr(node.name) if node.name else f"writing {node.output[0]!r}" if node.output else "without a name"
+    raise ModelError(
+        f"model '{label}': already quantized (node {name} is {node.op_type}); quantization takes float models: "
+        "quantize the float model it was made from"
+    )
+
+
 def check_model(model: onnx.ModelProto, label: str = "<in-memory model>") -> None:
     """Run onnx.checker on models under 2 GiB; ModelError with the finding on one line.
     Tensors left in their files by :func:`load_model` are checked as typed inputs (their
@@ -190,7 +218,8 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike |
     file must never be modified.  Models above 2 GiB are written with their tensors in
     `<name>.<content hash>.data`: the data file gets a name no other file uses, then the model file
     is replaced (atomically, switching from the old data to the new), then the old output's data
-    file is removed; an interrupted save leaves the old output whole.
+    file is removed (also when the new model is small enough to be written whole); an
+    interrupted save leaves the old output whole.
     """
     target = Path(path)
     overwritten = None if input_path is None else _input_file_at(target, Path(input_path))
@@ -201,8 +230,11 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike |
     target.parent.mkdir(parents=True, exist_ok=True)
     if bound_folders(model):  # weights still in the input's files: the output gets its own copy
         model = inline_external_data(model)
+    old_data = _own_data_files(target)
     if model.ByteSize() < _PROTOBUF_LIMIT:
-        return atomic_write(target, model.SerializeToString(deterministic=True))
+        atomic_write(target, model.SerializeToString(deterministic=True))
+        _remove_files(target.parent, old_data)  # an earlier output above 2 GiB left its tensors beside it
+        return target
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as scratch:
         to_save = onnx.ModelProto()
         to_save.CopyFrom(model)
@@ -212,7 +244,6 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike |
             for entry in tensor.external_data:
                 if entry.key == "location":
                     entry.value = data_name
-        old_data = _own_data_files(target)
         data_path = target.parent / data_name
         os.chmod(Path(scratch) / "tensors", default_file_mode())
         os.replace(Path(scratch) / "tensors", data_path)
@@ -222,9 +253,13 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, input_path: PathLike |
             if data_name not in old_data:
                 data_path.unlink(missing_ok=True)
             raise
-    for name in old_data - {data_name}:
-        (target.parent / name).unlink(missing_ok=True)
+    _remove_files(target.parent, old_data - {data_name})
     return target
+
+
+def _remove_files(folder: Path, names: set[str]) -> None:
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
 
 
 def _file_digest(path: Path) -> str:
@@ -238,10 +273,11 @@ def _file_digest(path: Path) -> str:
 def _own_data_files(target: Path) -> set[str]:
     """Data files an existing output at ``target`` names that :func:`save_model` wrote
     for it (``<name>.<hash>.data``), which a new save may remove."""
-    if not target.is_file():
-        return set()
+    pattern = re.escape(target.name) + r"\.[0-9a-f]{16}\.data"
+    if not target.is_file() or not any(re.fullmatch(pattern, p.name) for p in target.parent.iterdir()):
+        return set()  # none to remove: the old output (maybe near 2 GiB) need not be parsed
     names = _data_locations(target)
-    return {n for n in names if re.fullmatch(re.escape(target.name) + r"\.[0-9a-f]{16}\.data", n)}
+    return {n for n in names if re.fullmatch(pattern, n)}
 
 
 def _data_locations(path: Path) -> set[str]:

@@ -171,11 +171,12 @@ class TensorCapture:
             yield self.run(batch)
 
     def collect(self, batches: Iterable[Feeds]) -> dict[str, np.ndarray]:
-        """The outputs of all batches, concatenated along the first axis."""
+        """The outputs of all batches, concatenated along the first axis (a scalar, such as
+        a model output that sums its batch, as one value per batch)."""
         parts: dict[str, list[np.ndarray]] = {name: [] for name in self.outputs}
         for values in self.iterate(batches):
             for name, value in values.items():
-                parts[name].append(value)
+                parts[name].append(np.atleast_1d(value))
         return {name: np.concatenate(chunks, axis=0) for name, chunks in parts.items()}
 
 

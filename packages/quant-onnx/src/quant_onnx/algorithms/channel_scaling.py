@@ -19,8 +19,9 @@ from quant_onnx.graph_edit import set_initializer
 
 
 def owned_constant(index: GraphIndex, name: str) -> np.ndarray | None:
-    """An initializer only one node reads (so rescaling it changes nothing else)."""
-    if index.initializer_proto(name) is None or len(index.consumers(name)) != 1:
+    """An initializer only one node reads and no graph output is (so rescaling it changes
+    nothing else)."""
+    if index.initializer_proto(name) is None or len(index.consumers(name)) != 1 or index.is_graph_output(name):
         return None
     return index.constant(name)
 

@@ -6,6 +6,7 @@ import onnx
 from onnx import version_converter
 
 from quant_core.errors import ModelError, one_line
+from quant_core.onnx_qdq.graph import DEFAULT_DOMAINS
 from quant_core.onnx_qdq.model_io import opset_version
 from quant_onnx.graph_edit import copy_model
 
@@ -34,4 +35,9 @@ def upgrade_opset(model: onnx.ModelProto, target_opset: int | None = None) -> on
         raise ModelError(f"cannot convert model from opset {current} to {target}: {one_line(exc)}") from exc
     # The converter keeps the old IR version; opset >= 13 needs IR >= 7.
     converted.ir_version = max(converted.ir_version, 7)
+    # It also updates only the first of a model's two spellings of the default domain ('' and
+    # 'ai.onnx'), leaving the model declaring two opsets for it.
+    for opset in converted.opset_import:
+        if opset.domain in DEFAULT_DOMAINS:
+            opset.version = target
     return converted
