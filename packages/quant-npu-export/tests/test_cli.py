@@ -117,6 +117,8 @@ def test_export_info_and_targets(files, capsys) -> None:
             ["simulate", "{model}", "--data", "{tmp}/bad.npy", "--out", "{tmp}/y.npy"],
             "--data: cannot read '{tmp}/bad.npy'",
         ),
+        (["simulate", "{model}", "--data", "{tmp}/zero.npz", "--out", "{tmp}/y.npy"], "--data: cannot read"),
+        (["simulate", "{model}", "--data", "{tmp}/cut.npz", "--out", "{tmp}/y.npy"], "--data: cannot read"),
         (["simulate", "{model}", "--data", "{tmp}/wide.npy", "--out", "{tmp}/y.npy"], "expected shape [N,"),
         (
             ["simulate", "{model}", "--data", "{tmp}/text.npy", "--out", "{tmp}/y.npy"],
@@ -134,6 +136,10 @@ def test_bad_input_is_one_line_and_exit_2(files, capsys, argv: list[str], messag
         main(["legalize", str(model), str(legal)])
         model = legal
     (tmp / "bad.npy").write_bytes(b"\x93NUMPY\x01\x00damaged")  # numpy raises ValueError, a bug were it not caught
+    (tmp / "zero.npz").write_bytes(b"")  # an empty file: numpy raises EOFError
+    np.savez(tmp / "whole.npz", x=np.load(data))
+    (tmp / "cut.npz").write_bytes((tmp / "whole.npz").read_bytes()[:40])  # truncated: BadZipFile
+    (tmp / "whole.npz").unlink()
     np.save(tmp / "wide.npy", np.concatenate([np.load(data)] * 2, axis=1))
     np.save(tmp / "text.npy", np.array(["a", "b"]))
     np.save(tmp / "empty.npy", np.load(data)[:0])

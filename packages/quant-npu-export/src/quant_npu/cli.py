@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from quant_algos.cli_runner import EXIT_BAD_INPUT, EXIT_OK, run_command
-from quant_core.errors import DataError, OutputError, one_line
+from quant_core.errors import UNREADABLE_ARRAY_FILE, DataError, OutputError, one_line
 
 EXIT_VIOLATIONS = 1
 _LOG = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def _load_data(path: str) -> np.ndarray | dict[str, np.ndarray]:
         if source.suffix == ".npz":
             with np.load(source, allow_pickle=False) as archive:
                 return {name: archive[name] for name in archive.files}
-    except ValueError as exc:  # numpy's word for a damaged or pickled file
+    except UNREADABLE_ARRAY_FILE as exc:  # a damaged, pickled, empty or truncated file
         raise DataError(f"--data: cannot read '{source}': {one_line(exc)}") from None
     raise DataError(f"--data: '{source}' is not allowed; allowed: a .npy or .npz file")
 
