@@ -54,6 +54,24 @@ def test_reduces_output_mse_and_codes_are_floor_or_ceil(groups, kind):
     assert r.weight.dtype == np.float32 and np.array_equal(r.bias, b)
 
 
+@pytest.mark.parametrize("zero_point, dtype", [(0, "int8"), (128, "uint8")])
+def test_weights_on_the_grid_keep_their_code(zero_point, dtype):
+    # Pruned zeros and exact grid values have floor == ceil; a target shifted upward
+    # pulls every rounding up, and used to move them a whole step.
+    rng = np.random.default_rng(0)
+    scale = 0.0625
+    w = (rng.normal(size=(4, 12)) * 0.5).astype(np.float32)
+    w[:, :4] = 0.0
+    w[:, 4:6] = np.float32(scale) * rng.integers(-4, 5, size=(4, 2))
+    x = np.abs(rng.normal(size=(256, 12))).astype(np.float32)
+    qp = QParams.per_tensor(scale, zero_point, dtype)
+    r = adaround_layer(w, None, qp, x, x @ w.T + 0.3, FAST, quiet=True)
+    assert not r.fell_back and r.loss < r.loss_nearest
+    codes = r.codes.astype(np.float64) - zero_point
+    assert np.array_equal(codes[:, :6], w[:, :6] / scale)
+    assert np.all((codes == np.floor(w / scale)) | (codes == np.ceil(w / scale)))
+
+
 def test_deterministic_for_a_seed():
     w, b, xq, target, geo = _conv_problem(seed=3)
     qp = QParams.per_tensor(0.05, 0, "int8")
