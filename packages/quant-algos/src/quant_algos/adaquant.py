@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -88,12 +89,16 @@ def adaquant_pool(
     name: str = "layer",
     quiet: bool = False,
     settings: PoolSettings | None = None,
+    learn_bias: bool = True,
 ) -> ReconstructionResult:
     """:func:`adaquant_layer` on a pool already drawn from the layer's data (what the
-    layer-by-layer driver streams into, :mod:`quant_algos.drivers.reconstruction`)."""
+    layer-by-layer driver streams into, :mod:`quant_algos.drivers.reconstruction`).
+    ``learn_bias=False``: the bias stays as given (a layer whose bias cannot be written
+    back), so the weights are learned, and judged against nearest rounding, with the bias
+    the model keeps; the result's ``bias`` is then None."""
     return solve_layer(
         "AdaQuant",
-        _adaquant_layer,
+        partial(_adaquant_layer, learn_bias=learn_bias),
         config,
         weight,
         bias,
@@ -116,6 +121,7 @@ def _adaquant_layer(
     *,
     name: str,
     quiet: bool,
+    learn_bias: bool = True,
 ) -> ReconstructionResult:
     from quant_algos.torch_quant import FakeQuantizer  # torch is imported only when AdaQuant runs
 
@@ -123,7 +129,7 @@ def _adaquant_layer(
     w_param = torch.from_numpy(w.copy()).to(device).requires_grad_(True)
     params = [w_param]
     b_param = None
-    if problem.bias is not None:
+    if problem.bias is not None and learn_bias:
         b_param = problem.bias.clone().requires_grad_(True)
         params.append(b_param)
     opt = torch.optim.Adam(params, lr=cfg.learning_rate)
