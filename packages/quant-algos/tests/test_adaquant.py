@@ -30,6 +30,25 @@ def test_reduces_mse_on_linear_layer_with_biased_inputs():
     assert np.array_equal(again.codes, r.codes)
 
 
+@pytest.mark.parametrize("iterations, checked", [(30, 0), (99, 50)])
+def test_the_steps_after_the_last_check_are_kept(iterations, checked):
+    # The weights were scored only every 50 steps: 30 steps learned nothing at all (nearest
+    # rounding came back), and 99 gave what 50 did.
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(6, 10)).astype(np.float32)
+    x = np.abs(rng.normal(size=(512, 10))).astype(np.float32)
+    xq = np.floor(x * 2) / 2
+    qp = QParams.per_tensor(0.25, 0, "int8")
+
+    def learn(steps: int):
+        config = AdaQuantConfig(learning_rate=1e-2, num_iterations=steps)
+        return adaquant_layer(w, np.zeros(6, np.float32), qp, xq, x @ w.T, config, quiet=True, seed=1)
+
+    r = learn(iterations)
+    assert r.iterations == iterations
+    assert r.loss < (learn(checked).loss if checked else r.loss_nearest)
+
+
 def test_conv_with_relu_never_worse_than_nearest():
     rng = np.random.default_rng(1)
     w = (rng.normal(size=(4, 3, 3, 3)) * 0.3).astype(np.float32)

@@ -55,9 +55,9 @@ def adaquant_layer(
 ) -> ReconstructionResult:
     """Learn the weights (and the bias, when the layer has one) of one Conv2d or Gemm
     layer; the arguments are those of :func:`quant_algos.adaround.adaround_layer`.
-    Every 50 iterations the quantized weights are scored on a fixed slice of the pool
-    and the best are kept; early stop when that score has not improved by 0.1 % for
-    200 iterations. The returned ``weight`` is the learned weight quantized with
+    Every 50 iterations, and after the last, the quantized weights are scored on a fixed
+    slice of the pool and the best are kept; early stop when that score has not improved
+    by 0.1 % for 200 iterations. The returned ``weight`` is the learned weight quantized with
     ``weight_qparams`` and dequantized; ``bias`` is the learned float bias.
     """
     settings = PoolSettings(positions_per_sample, max_pool_bytes, seed)
@@ -152,10 +152,12 @@ def _adaquant_layer(
             loss.backward()
             opt.step()
             done = it + 1
-            if done % _CHECK_EVERY == 0:
+            # The last step is scored too: otherwise every step after the last multiple of
+            # _CHECK_EVERY (all of them, below it) would be thrown away.
+            if done % _CHECK_EVERY == 0 or done == cfg.num_iterations:
                 with torch.no_grad():
                     score = float(problem.loss(fake_quant_ste(w_param), b_param, check))
-                bar.update(_CHECK_EVERY)
+                bar.update(done - bar.n)
                 bar.set_postfix(loss=f"{score:.4g}", refresh=False)
                 if score < best:
                     stale = 0 if score < best * (1.0 - _MIN_IMPROVEMENT) else stale + 1
