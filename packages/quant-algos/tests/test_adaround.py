@@ -7,6 +7,7 @@ from reference_ops import conv2d
 from quant_algos.adaround import adaround_layer, beta_at
 from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.algorithm_config import AdaRoundConfig
+from quant_core.errors import ConfigError, ModelError
 from quant_core.qparams import QParams, qparams_from_range, quantize, round_values
 from quant_core.spec import QuantSpec
 
@@ -107,8 +108,10 @@ def test_bad_arguments_are_named():
         adaround_layer(w, b, bad, xq, target, FAST, geometry=geo, quiet=True)
     with pytest.raises(ValueError, match="targets"):
         adaround_layer(w, b, qp, xq, target[:, :, :5], FAST, geometry=geo, quiet=True)
-    if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="CUDA"):
+    with pytest.raises(ModelError, match="bias: shape"):  # was torch's RuntimeError from a reshape
+        adaround_layer(w, b[:-1], qp, xq, target, FAST, geometry=geo, quiet=True)
+    if not torch.cuda.is_available():  # a ConfigError naming the field, not a RuntimeError
+        with pytest.raises(ConfigError, match="device: 'cuda'"):
             adaround_layer(w, b, qp, xq, target, AdaRoundConfig(device="cuda"), geometry=geo, quiet=True)
 
 
