@@ -73,6 +73,16 @@ def test_weights_on_the_grid_keep_their_code(zero_point, dtype):
     assert np.all((codes == np.floor(w / scale)) | (codes == np.ceil(w / scale)))
 
 
+def test_an_inf_in_the_data_gives_nearest_rounding_not_floor():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 8)).astype(np.float32)
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    x[3, 2] = np.inf
+    qp = QParams.per_tensor(0.05, 0, "int8")
+    r = adaround_layer(w, None, qp, x, None, AdaRoundConfig(num_iterations=100), quiet=True)
+    assert r.fell_back and np.array_equal(r.codes, quantize(w, qp))
+
+
 def test_deterministic_for_a_seed():
     w, b, xq, target, geo = _conv_problem(seed=3)
     qp = QParams.per_tensor(0.05, 0, "int8")

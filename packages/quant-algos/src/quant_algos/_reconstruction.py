@@ -250,7 +250,9 @@ def finish(
     loss_nearest = problem.full_loss(nearest, None)
     learned = dequantize(codes, qp)
     loss = problem.full_loss(learned, bias)
-    if loss > loss_nearest:
+    # A NaN loss (an Inf in the layer's data) proves nothing better: AdaRound's rounding
+    # variables go NaN there and every weight would come back rounded down.
+    if not loss <= loss_nearest:
         return ReconstructionResult(
             nearest, problem_bias(problem), quantize(w, qp), loss_nearest, loss_nearest, iterations, stopped_early, True
         )
