@@ -7,6 +7,7 @@ from reference_ops import conv2d
 from quant_algos.adaround import adaround_layer, beta_at
 from quant_algos.reconstruction_data import ConvGeometry
 from quant_core.algorithm_config import AdaRoundConfig
+from quant_core.errors import ConfigError, ModelError
 from quant_core.qparams import QParams, qparams_from_range, quantize, round_values
 from quant_core.spec import QuantSpec
 
@@ -54,6 +55,34 @@ def test_reduces_output_mse_and_codes_are_floor_or_ceil(groups, kind):
     assert r.weight.dtype == np.float32 and np.array_equal(r.bias, b)
 
 
+@pytest.mark.parametrize("zero_point, dtype", [(0, "int8"), (128, "uint8")])
+def test_weights_on_the_grid_keep_their_code(zero_point, dtype):
+    # Pruned zeros and exact grid values have floor == ceil; a target shifted upward
+    # pulls every rounding up, and used to move them a whole step.
+    rng = np.random.default_rng(0)
+    scale = 0.0625
+    w = (rng.normal(size=(4, 12)) * 0.5).astype(np.float32)
+    w[:, :4] = 0.0
+    w[:, 4:6] = np.float32(scale) * rng.integers(-4, 5, size=(4, 2))
+    x = np.abs(rng.normal(size=(256, 12))).astype(np.float32)
+    qp = QParams.per_tensor(scale, zero_point, dtype)
+    r = adaround_layer(w, None, qp, x, x @ w.T + 0.3, FAST, quiet=True)
+    assert not r.fell_back and r.loss < r.loss_nearest
+    codes = r.codes.astype(np.float64) - zero_point
+    assert np.array_equal(codes[:, :6], w[:, :6] / scale)
+    assert np.all((codes == np.floor(w / scale)) | (codes == np.ceil(w / scale)))
+
+
+def test_an_inf_in_the_data_gives_nearest_rounding_not_floor():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 8)).astype(np.float32)
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    x[3, 2] = np.inf
+    qp = QParams.per_tensor(0.05, 0, "int8")
+    r = adaround_layer(w, None, qp, x, None, AdaRoundConfig(num_iterations=100), quiet=True)
+    assert r.fell_back and np.array_equal(r.codes, quantize(w, qp))
+
+
 def test_deterministic_for_a_seed():
     w, b, xq, target, geo = _conv_problem(seed=3)
     qp = QParams.per_tensor(0.05, 0, "int8")
@@ -89,8 +118,10 @@ def test_bad_arguments_are_named():
         adaround_layer(w, b, bad, xq, target, FAST, geometry=geo, quiet=True)
     with pytest.raises(ValueError, match="targets"):
         adaround_layer(w, b, qp, xq, target[:, :, :5], FAST, geometry=geo, quiet=True)
-    if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="CUDA"):
+    with pytest.raises(ModelError, match="bias: shape"):  # was torch's RuntimeError from a reshape
+        adaround_layer(w, b[:-1], qp, xq, target, FAST, geometry=geo, quiet=True)
+    if not torch.cuda.is_available():  # a ConfigError naming the field, not a RuntimeError
+        with pytest.raises(ConfigError, match="device: 'cuda'"):
             adaround_layer(w, b, qp, xq, target, AdaRoundConfig(device="cuda"), geometry=geo, quiet=True)
 
 

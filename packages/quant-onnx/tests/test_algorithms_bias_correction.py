@@ -261,6 +261,35 @@ def test_a_matmul_then_add_has_its_float_bias_corrected(method):
     assert sqnr_db(f, run(corrected, batches)) > sqnr_db(f, run(qdq, batches))
 
 
+@pytest.mark.parametrize("method", ["empirical", "analytic"])
+def test_a_matmul_then_add_whose_bias_xint8_quantizes_is_corrected_on_its_grid(method):
+    # xint8 quantizes the Add's bias like any other input (codes behind a DequantizeLinear):
+    # bias correction used to pass such a MatMul by without a note, its error left whole.
+    model = matmul_mlp(sizes=(12, 4, 4))
+    batches = [{k: v + 1.0 for k, v in batch.items()} for batch in batches_for(model, count=3)]
+    calibrated, qdq = quantize_for_passes(model, batches, power_of_two=True)
+    dq_of = {n.output[0]: n for n in qdq.graph.node if n.op_type == "DequantizeLinear"}
+    add = next(n for n in qdq.graph.node if n.name == "fc2_bias")
+    bias_dq = next(
+        dq_of[i] for i in add.input if i in dq_of and dq_of[i].input[0] in {t.name for t in qdq.graph.initializer}
+    )
+    assert [(layer.name, layer.bias_allowed) for layer in OnnxLayerRunner(calibrated, qdq, batches).layers()] == [
+        ("fc1", True),
+        ("fc2", True),
+    ]
+    corrected, notes = apply_bias_correction(calibrated, qdq, batches, BiasCorrectionConfig(method=method), quiet=True)
+    assert notes == []
+    before, after = (initializer(m, bias_dq.input[0]) for m in (qdq, corrected))
+    assert after.dtype == before.dtype and after.shape == before.shape and not np.array_equal(after, before)
+    assert np.array_equal(initializer(corrected, bias_dq.input[1]), initializer(qdq, bias_dq.input[1]))
+    errors_before = _mean_add_errors(calibrated, qdq, batches)
+    errors_after = _mean_add_errors(calibrated, corrected, batches)
+    for tensor in ("h", "y"):  # what is left: the outputs' own coarse grid (0.125) and the bias's step
+        assert np.abs(errors_after[tensor]).max() < 0.25 * np.abs(errors_before[tensor]).max(), tensor
+    f = run(calibrated.model, batches)
+    assert sqnr_db(f, run(corrected, batches)) > sqnr_db(f, run(qdq, batches))
+
+
 def test_a_float_bias_two_adds_read_is_left_alone():
     # Rewriting it for one layer would change the other's.
     model = matmul_mlp(sizes=(12, 4, 4))

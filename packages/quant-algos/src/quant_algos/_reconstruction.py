@@ -227,6 +227,8 @@ def make_problem(
     groups, size, k = pool.patches.shape
     if w.shape[0] % groups:
         raise ModelError(f"groups: {groups} does not divide Cout={w.shape[0]}")
+    if bias is not None and np.shape(bias) != (w.shape[0],):
+        raise ModelError(f"bias: shape {np.shape(bias)} does not match Cout={w.shape[0]}")
     per = settings.positions_per_sample
     rows = max(1, min(size, batch_size * min(pool.rows_per_sample, per)))
     rows = min(rows, max(_MIN_MINIBATCH_ROWS, _MAX_MINIBATCH_BYTES // (groups * k * pool.patches.itemsize)))
@@ -248,7 +250,9 @@ def finish(
     loss_nearest = problem.full_loss(nearest, None)
     learned = dequantize(codes, qp)
     loss = problem.full_loss(learned, bias)
-    if loss > loss_nearest:
+    # A NaN loss (an Inf in the layer's data) proves nothing better: AdaRound's rounding
+    # variables go NaN there and every weight would come back rounded down.
+    if not loss <= loss_nearest:
         return ReconstructionResult(
             nearest, problem_bias(problem), quantize(w, qp), loss_nearest, loss_nearest, iterations, stopped_early, True
         )

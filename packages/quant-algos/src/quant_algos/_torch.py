@@ -27,8 +27,9 @@ def check_torch(feature: str, extra: str = "quant-algos[torch]") -> None:
 
 
 def torch_device(torch: ModuleType, device: str) -> object:
+    # A config error like any other field's: the CLI reports a RuntimeError as onnxruntime's.
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device: {device!r} was requested but CUDA is not available; use device='cpu'")
+        raise ConfigError(f"device: {device!r} was requested but CUDA is not available; allowed here: cpu")
     return torch.device(device)
 
 

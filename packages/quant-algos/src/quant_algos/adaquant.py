@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -54,9 +55,9 @@ def adaquant_layer(
 ) -> ReconstructionResult:
     """Learn the weights (and the bias, when the layer has one) of one Conv2d or Gemm
     layer; the arguments are those of :func:`quant_algos.adaround.adaround_layer`.
-    Every 50 iterations the quantized weights are scored on a fixed slice of the pool
-    and the best are kept; early stop when that score has not improved by 0.1 % for
-    200 iterations. The returned ``weight`` is the learned weight quantized with
+    Every 50 iterations, and after the last, the quantized weights are scored on a fixed
+    slice of the pool and the best are kept; early stop when that score has not improved
+    by 0.1 % for 200 iterations. The returned ``weight`` is the learned weight quantized with
     ``weight_qparams`` and dequantized; ``bias`` is the learned float bias.
     """
     settings = PoolSettings(positions_per_sample, max_pool_bytes, seed)
@@ -88,12 +89,16 @@ def adaquant_pool(
     name: str = "layer",
     quiet: bool = False,
     settings: PoolSettings | None = None,
+    learn_bias: bool = True,
 ) -> ReconstructionResult:
     """:func:`adaquant_layer` on a pool already drawn from the layer's data (what the
-    layer-by-layer driver streams into, :mod:`quant_algos.drivers.reconstruction`)."""
+    layer-by-layer driver streams into, :mod:`quant_algos.drivers.reconstruction`).
+    ``learn_bias=False``: the bias stays as given (a layer whose bias cannot be written
+    back), so the weights are learned, and judged against nearest rounding, with the bias
+    the model keeps; the result's ``bias`` is then None."""
     return solve_layer(
         "AdaQuant",
-        _adaquant_layer,
+        partial(_adaquant_layer, learn_bias=learn_bias),
         config,
         weight,
         bias,
@@ -116,6 +121,7 @@ def _adaquant_layer(
     *,
     name: str,
     quiet: bool,
+    learn_bias: bool = True,
 ) -> ReconstructionResult:
     from quant_algos.torch_quant import FakeQuantizer  # torch is imported only when AdaQuant runs
 
@@ -123,7 +129,7 @@ def _adaquant_layer(
     w_param = torch.from_numpy(w.copy()).to(device).requires_grad_(True)
     params = [w_param]
     b_param = None
-    if problem.bias is not None:
+    if problem.bias is not None and learn_bias:
         b_param = problem.bias.clone().requires_grad_(True)
         params.append(b_param)
     opt = torch.optim.Adam(params, lr=cfg.learning_rate)
@@ -146,10 +152,12 @@ def _adaquant_layer(
             loss.backward()
             opt.step()
             done = it + 1
-            if done % _CHECK_EVERY == 0:
+            # The last step is scored too: otherwise every step after the last multiple of
+            # _CHECK_EVERY (all of them, below it) would be thrown away.
+            if done % _CHECK_EVERY == 0 or done == cfg.num_iterations:
                 with torch.no_grad():
                     score = float(problem.loss(fake_quant_ste(w_param), b_param, check))
-                bar.update(_CHECK_EVERY)
+                bar.update(done - bar.n)
                 bar.set_postfix(loss=f"{score:.4g}", refresh=False)
                 if score < best:
                     stale = 0 if score < best * (1.0 - _MIN_IMPROVEMENT) else stale + 1

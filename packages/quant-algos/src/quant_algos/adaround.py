@@ -99,8 +99,10 @@ def adaround_layer(
         max_pool_bytes: memory for the pool of (patch, target) rows.
 
     Returns:
-        :class:`ReconstructionResult`; ``weight`` is ``(floor(w/s) + [h(V) >= 0.5]) * s``
-        (never worse than nearest rounding on the pool: otherwise nearest is returned).
+        :class:`ReconstructionResult`; ``weight`` is ``(floor(w/s) + [h(V) >= 0.5]) * s``,
+        ``floor(w/s)`` where ``w/s`` is already on the grid (a weight rounds to its floor or
+        ceil, never further), and never worse than nearest rounding on the pool: otherwise
+        nearest is returned.
     """
     settings = PoolSettings(positions_per_sample, max_pool_bytes, seed)
     cfg = config or AdaRoundConfig()
@@ -165,19 +167,22 @@ def _adaround_layer(
     zp_np = qp.zero_point.reshape(shape).astype(np.float32)
     w_floor_np = round_values(w / scale_np, RoundMode.FLOOR)  # same float32 division as quant_core.quantize
     rest = np.clip(w / scale_np - w_floor_np, 0.0, 1.0)
+    # A weight on the grid (a pruned zero) has floor == ceil: rounding it "up" would move it
+    # a whole step, so its h stays 0 and only the others choose.
+    movable_np = (rest > 0).astype(np.float32)
     # Start V where h(V) equals the fractional part, i.e. at the float weight.
     v_init = -np.log((ZETA - GAMMA) / (np.clip(rest, 1e-4, 1 - 1e-4) - GAMMA) - 1.0)
 
     def t(a: np.ndarray) -> Any:
         return torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(device)
 
-    scale, zp, w_floor = t(scale_np), t(zp_np), t(w_floor_np)
+    scale, zp, w_floor, movable = t(scale_np), t(zp_np), t(w_floor_np), t(movable_np)
     qmin, qmax = float(qp.qmin), float(qp.qmax)
     v = t(v_init).requires_grad_(True)
     opt = torch.optim.Adam([v], lr=cfg.learning_rate)
 
     def h_of(v_: Any) -> Any:
-        return torch.clamp(torch.sigmoid(v_) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
+        return torch.clamp(torch.sigmoid(v_) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0) * movable
 
     def soft_weight(h: Any) -> Any:
         return (torch.clamp(w_floor + h + zp, qmin, qmax) - zp) * scale

@@ -141,6 +141,9 @@ def reconstruct_layers(
             except DataError as error:
                 raise DataError(f"{method}: layer {layer.name!r}: {error}") from None
             captured = time.perf_counter()
+            # AdaQuant learns a bias only where one can be written back: codes learned with a
+            # bias the model then does not get can be worse than nearest rounding.
+            extra = {"learn_bias": layer.bias_allowed} if learn_bias else {}
             result = solve(
                 layer.float_weight,
                 layer.bias,
@@ -151,6 +154,7 @@ def reconstruct_layers(
                 name=layer.name,
                 quiet=quiet,
                 settings=pool_settings,
+                **extra,
             )
             del pool, builder
             learned = time.perf_counter()

@@ -71,12 +71,13 @@ def _per_channel(node: onnx.NodeProto, bias: np.ndarray, channels: int) -> np.nd
 
 
 def _added_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> tuple[str, str] | None:
-    """The float constant an ``Add`` adds to ``node``'s output, one value per output column
+    """The constant an ``Add`` adds to ``node``'s output, one value per output column
     (shape ``[C]`` or ``[1, ..., C]``): a linear layer's bias that its exporter wrote as
     MatMul then Add, the output quantized or not between them; returned with the tensor the
-    Add adds it to. ``None`` when a tensor on the way has other readers, the Add is not that,
-    or the constant is not an initializer of that Add's own (rewriting a shared one would
-    change its other readers)."""
+    Add adds it to. The constant is a float initializer or, where the config quantizes the
+    Add's inputs (xint8), one behind a per-tensor DequantizeLinear. ``None`` when a tensor
+    on the way has other readers, the Add is not that, or the constant is not the Add's own
+    (rewriting a shared one would change its other readers)."""
     tensor = node.output[0]
     add = index.sole_consumer(tensor)
     if add is not None and add.op_type == "QuantizeLinear" and not index.is_graph_output(tensor):
@@ -89,14 +90,50 @@ def _added_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> tuple
     if add is None or add.op_type != "Add" or index.is_graph_output(tensor) or len(add.input) != 2:
         return None
     other = add.input[1] if add.input[0] == tensor else add.input[0]
-    value = index.constant(other)
-    own = index.initializer_proto(other) is not None and index.consumers(other) == [add]
-    if value is None or not own or index.is_graph_output(other) or not np.issubdtype(value.dtype, np.floating):
+    if index.consumers(other) != [add] or index.is_graph_output(other):
         return None
-    shape = np.shape(value)
+    value = _added_constant(index, other)
+    if value is None:
+        return None
+    shape = np.shape(value[0])
     if not shape or shape[-1] != channels or any(d != 1 for d in shape[:-1]):
         return None
     return other, tensor
+
+
+def _added_constant(index: GraphIndex, tensor: str) -> tuple[np.ndarray, QParams | None, str] | None:
+    """The value of an added bias (:func:`_added_bias`), the qparams of its stored codes
+    (``None``: a float initializer) and the initializer that holds it; ``None`` when it is
+    neither a float initializer nor integer codes behind a per-tensor DequantizeLinear that
+    nothing else reads."""
+    proto = index.initializer_proto(tensor)
+    if proto is not None:
+        value = index.constant(tensor)
+        if value is None or not np.issubdtype(value.dtype, np.floating):
+            return None
+        return value, None, tensor
+    dq = index.producer(tensor)
+    if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+        return None
+    codes_proto = index.initializer_proto(dq.input[0])
+    codes, scale = index.constant(dq.input[0]), index.constant(dq.input[1])
+    zero_point = index.constant(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+    if (
+        codes_proto is None
+        or codes_proto.data_type not in DTYPE_OF_ONNX
+        or index.consumers(dq.input[0]) != [dq]
+        or codes is None
+        or scale is None
+        or np.size(scale) != 1
+        or (zero_point is None and len(dq.input) > 2 and dq.input[2])
+    ):
+        return None
+    qp = QParams.per_tensor(
+        float(np.asarray(scale).reshape(())),
+        0 if zero_point is None else int(np.asarray(zero_point).reshape(())),
+        DTYPE_OF_ONNX[codes_proto.data_type],
+    )
+    return dequantize(codes, qp).astype(np.float32), qp, dq.input[0]
 
 
 def _oi(qp: QParams, transposed: bool) -> QParams:
@@ -238,8 +275,9 @@ class OnnxLayerRunner:
         added_bias = _added_bias(node, qdq, int(float_weight.shape[0])) if node.op_type == "MatMul" else None
         bias: np.ndarray | None
         try:
-            if added_bias is not None:
-                bias = np.asarray(qdq.constant(added_bias[0]), np.float32).reshape(-1)
+            added = None if added_bias is None else _added_constant(qdq, added_bias[0])
+            if added is not None:
+                bias = np.asarray(added[0], np.float32).reshape(-1)
             else:
                 bias = self._current_bias(node, qdq, int(float_weight.shape[0]))
         except ModelError as error:  # e.g. a per-row Gemm C: not a per-channel bias to correct
@@ -387,10 +425,21 @@ class OnnxLayerRunner:
         return None
 
     def _store_added_bias(self, tensor: str, values: np.ndarray) -> None:
-        """Write a MatMul's float bias (the initializer its Add adds) in its own shape and dtype."""
-        old = next(t for t in self.model.graph.initializer if t.name == tensor)
-        stored = values.reshape(tuple(old.dims)).astype(helper.tensor_dtype_to_np_dtype(old.data_type))
-        set_initializer(self.model.graph, tensor, stored)
+        """Write a MatMul's bias (what its Add adds) in its own shape and dtype: the float
+        initializer, or the codes behind its DequantizeLinear on their stored grid."""
+        found = _added_constant(GraphIndex(self.model.graph), tensor)
+        assert found is not None  # found when the layer was described; nothing rewires it since
+        _old, qp, name = found
+        # On the grid the codes are stored at (int8 at its power-of-two position under xint8,
+        # uint8 with its zero point where the activations are encoded so): the Add still reads
+        # what the plan's qparams give; a correction below one step of it is lost.
+        old = next(t for t in self.model.graph.initializer if t.name == name)
+        stored = values if qp is None else quantize(values, qp)
+        set_initializer(
+            self.model.graph,
+            name,
+            stored.reshape(tuple(old.dims)).astype(helper.tensor_dtype_to_np_dtype(old.data_type)),
+        )
 
     def _store_bias(self, name: str, codes: np.ndarray, qp: QParams) -> None:
         # The quantized walk's index of this model: its structure is current (adding the
