@@ -239,3 +239,18 @@ def test_mixed_precision_target_types_take_any_iterable_or_one_target() -> None:
         PrecisionTarget.A8W16,
     )
     assert MixedPrecisionConfig(target_types=iter(["a16w16"]), max_layers=1).target_types == (PrecisionTarget.A16W16,)
+
+
+def test_configs_whose_name_overrides_match_in_another_order_are_not_equal() -> None:
+    # The first matching glob decides, so the order is part of the config; dict equality
+    # ignored it, and a round trip that reordered them would still have compared equal.
+    first = _config(name_overrides={"head/*": HEAD, "head/fc": HEAD_FC})
+    second = _config(name_overrides={"head/fc": HEAD_FC, "head/*": HEAD})
+    assert first.for_node("head/fc", "Gemm") != second.for_node("head/fc", "Gemm")
+    assert first != second
+    # Op types have no order: the same entries in another order are the same config.
+    same = _config(op_type_overrides={"Conv": CONV, "Gemm": HEAD}) == _config(
+        op_type_overrides={"Gemm": HEAD, "Conv": CONV}
+    )
+    assert same
+    assert hash(first) == hash(_config(name_overrides={"head/*": HEAD, "head/fc": HEAD_FC}))
