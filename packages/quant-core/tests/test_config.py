@@ -209,3 +209,48 @@ def test_numbers_a_config_file_holds_still_pass() -> None:
     assert FixedRange(-1, 2).max_val == 2.0 and isinstance(FixedRange(-1, 2).max_val, float)
     assert QuantConfig(GLOBAL, exclude="Softmax").exclude == ("Softmax",)
     assert MixedPrecisionConfig(accuracy_target=30, size_budget=1.5).size_budget == 1.5
+
+
+_BEYOND_FLOAT = 10**400  # a Python int no float holds: math.isfinite and float() overflow
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: MovingAverageMinMax(momentum=_BEYOND_FLOAT), "momentum"),
+        (lambda: Percentile(percentile=_BEYOND_FLOAT), "percentile"),
+        (lambda: FixedRange(-_BEYOND_FLOAT, 1.0), "min_val"),
+        (lambda: FixedRange(0.0, _BEYOND_FLOAT), "max_val"),
+        (lambda: CLEConfig(tolerance=_BEYOND_FLOAT), "tolerance"),
+        (lambda: SmoothQuantConfig(alpha=_BEYOND_FLOAT), "alpha"),
+        (lambda: MixedPrecisionConfig(accuracy_target=_BEYOND_FLOAT), "accuracy_target"),
+        (lambda: MixedPrecisionConfig(target_types=None, max_layers=1), "target_types"),
+        (lambda: MixedPrecisionConfig(target_types=5, max_layers=1), "target_types"),
+    ],
+)
+def test_values_that_raised_a_bare_error_are_config_errors_naming_the_field(build: Any, field: str) -> None:
+    # Each raised OverflowError or TypeError ("'int' object is not iterable") before.
+    with pytest.raises(ConfigError, match=rf"^{field}: .*allowed: "):
+        build()
+
+
+def test_mixed_precision_target_types_take_any_iterable_or_one_target() -> None:
+    assert MixedPrecisionConfig(target_types=PrecisionTarget.A8W16, max_layers=1).target_types == (
+        PrecisionTarget.A8W16,
+    )
+    assert MixedPrecisionConfig(target_types=iter(["a16w16"]), max_layers=1).target_types == (PrecisionTarget.A16W16,)
+
+
+def test_configs_whose_name_overrides_match_in_another_order_are_not_equal() -> None:
+    # The first matching glob decides, so the order is part of the config; dict equality
+    # ignored it, and a round trip that reordered them would still have compared equal.
+    first = _config(name_overrides={"head/*": HEAD, "head/fc": HEAD_FC})
+    second = _config(name_overrides={"head/fc": HEAD_FC, "head/*": HEAD})
+    assert first.for_node("head/fc", "Gemm") != second.for_node("head/fc", "Gemm")
+    assert first != second
+    # Op types have no order: the same entries in another order are the same config.
+    same = _config(op_type_overrides={"Conv": CONV, "Gemm": HEAD}) == _config(
+        op_type_overrides={"Gemm": HEAD, "Conv": CONV}
+    )
+    assert same
+    assert hash(first) == hash(_config(name_overrides={"head/*": HEAD, "head/fc": HEAD_FC}))

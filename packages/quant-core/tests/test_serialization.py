@@ -364,3 +364,31 @@ def test_a_report_with_non_finite_numbers_is_strict_json() -> None:
         "rows": [[1, "-inf"]],
         "n": 3,
     }
+
+
+_MOMENTUM = '{{"schema_version": 2, "global_config": {{"input": {{"dtype": "int8", "observer": {{"method": "moving_average", "momentum": {}}}}}}}}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # An integer beyond float's range in a float field: math.isfinite/float() overflow.
+        (_MOMENTUM.format("1" + "0" * 400), r"^\$\.global_config\.input\.observer\.momentum: 10+ is not allowed; "),
+        # More digits than Python converts: json.loads raises a plain ValueError.
+        (_MOMENTUM.format("1" * 5000), r"^\$: invalid JSON: Exceeds the limit"),
+        # Nesting deeper than the parser recurses: a RecursionError.
+        ("[" * 100_000 + "]" * 100_000, r"^\$: invalid JSON: maximum recursion depth"),
+        ('{"a": ' * 100_000 + "1" + "}" * 100_000, r"^\$: invalid JSON: maximum recursion depth"),
+    ],
+)
+def test_json_beyond_what_python_reads_is_a_config_error(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        config_from_json(text)
+
+
+def test_a_config_path_that_cannot_be_read_is_a_config_error(tmp_path: Path) -> None:
+    from quant_core.presets import resolve_config
+
+    for load in (load_config, resolve_config):
+        with pytest.raises(ConfigError, match=f"^config: file '{re.escape(str(tmp_path))}' cannot be read"):
+            load(tmp_path)

@@ -175,6 +175,32 @@ def test_loader_of_image_label_pairs_and_num_batches() -> None:
     assert qmodel(images(1)[0]).shape == (8, 5)
 
 
+@pytest.mark.parametrize("algorithms", [(), ("cle",)], ids=["calibration", "held-for-algorithms"])
+def test_config_num_samples_caps_the_calibration_samples(algorithms: tuple[str, ...]) -> None:
+    # The config's calibration.num_samples was ignored: quant-onnx reads the first N
+    # samples, the torch backend every batch, so one config file gave two sets of scales.
+    from quant_core.algorithm_config import CLEConfig
+    from quant_core.config import CalibrationConfig
+
+    torch.manual_seed(0)
+    small, large = torch.randn(4, 3, 8, 8), 100 * torch.randn(4, 3, 8, 8)
+    algos = tuple(CLEConfig() for _ in algorithms)
+    base = get_preset("a8w8").evolve(algorithms=algos)
+
+    def input_scale(config: QuantConfig, loader: list[torch.Tensor]) -> float:
+        q = ModelQuantizer(config, quiet=True)
+        model = q.quantize_model(conv_bn_net(), torch.randn(1, 3, 8, 8), loader)
+        return float(dict(activation_quantizers(model))["x"].current_qparams().scale)
+
+    capped = base.evolve(calibration=CalibrationConfig(num_samples=6))
+    # Six samples: the first batch and half the second, the last batch cut.
+    assert input_scale(capped, [small, large]) == input_scale(base, [small, large[:2]])
+    assert input_scale(capped, [small, large]) != input_scale(base, [small, large])
+    assert input_scale(base.evolve(calibration=CalibrationConfig(num_samples=4)), [small, large]) == input_scale(
+        base, [small]
+    )
+
+
 def test_same_model_data_config_give_identical_models() -> None:
     q = ModelQuantizer("xint8", quiet=True)
     states = []

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from quant_core.errors import ConfigError
+from quant_core.errors import ConfigError, listed
 from quant_core.observer_config import is_finite_number
 from quant_core.spec import parse_enum
 
@@ -306,7 +306,10 @@ class SensitivityMetric(enum.Enum):
 
 
 def _targets(value: Any) -> tuple[PrecisionTarget, ...]:
-    items = (value,) if isinstance(value, (str, PrecisionTarget)) else tuple(value)
+    allowed = f"a list of {', '.join(t.value for t in PrecisionTarget)}"
+    items = (
+        (value,) if isinstance(value, PrecisionTarget) else listed(value, "target_types", allowed, any_iterable=True)
+    )
     return tuple(parse_enum(PrecisionTarget, v, "target_types") for v in items)
 
 

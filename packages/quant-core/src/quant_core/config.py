@@ -102,6 +102,14 @@ def _name_overrides(value: Any) -> dict[str, OperatorConfig]:
     return _overrides("name_overrides", value)
 
 
+def _item_set(value: Mapping[str, OperatorConfig]) -> frozenset[tuple[str, OperatorConfig]]:
+    return frozenset(value.items())
+
+
+def _item_sequence(value: Mapping[str, OperatorConfig]) -> tuple[tuple[str, OperatorConfig], ...]:
+    return tuple(value.items())
+
+
 def _str_tuple(value: Any) -> tuple[str, ...]:
     items = listed(value, "exclude", "a list of node-name globs or op types (strings)")
     for item in items:
@@ -191,8 +199,14 @@ class QuantConfig:
     """
 
     global_config: OperatorConfig = attrs.field(validator=_instance_of(OperatorConfig, "an OperatorConfig"))
-    op_type_overrides: Mapping[str, OperatorConfig] = attrs.field(factory=dict, converter=_op_type_overrides)
-    name_overrides: Mapping[str, OperatorConfig] = attrs.field(factory=dict, converter=_name_overrides)
+    # Compared (and hashed) as their items: name overrides in order, since the first
+    # matching glob decides and two orders are two configs; op types in any order.
+    op_type_overrides: Mapping[str, OperatorConfig] = attrs.field(
+        factory=dict, converter=_op_type_overrides, eq=_item_set
+    )
+    name_overrides: Mapping[str, OperatorConfig] = attrs.field(
+        factory=dict, converter=_name_overrides, eq=_item_sequence
+    )
     exclude: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     algorithms: tuple[AlgorithmConfig, ...] = attrs.field(default=(), converter=_algorithms)
     calibration: CalibrationConfig = attrs.field(

@@ -40,14 +40,21 @@ def _number(value: Any) -> bool:
 
 def is_finite_number(value: Any) -> bool:
     """A finite Python ``int`` or ``float``, not a ``bool`` (what a config file can hold:
-    a string, a numpy scalar or an infinity would be accepted here and fail when saved)."""
-    return _number(value) and math.isfinite(value)
+    a string, a numpy scalar or an infinity would be accepted here and fail when saved).
+    An integer beyond float's range is not one: no float field can hold it."""
+    if not _number(value):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large to convert to a float
+        return False
 
 
 def _float_if_number(value: Any) -> Any:
-    """``float(value)`` for an ``int`` or ``float``; anything else as it is, for the check to
-    refuse (``float()`` would turn a string or a bool into a number)."""
-    return float(value) if _number(value) else value
+    """``float(value)`` for an ``int`` or ``float`` that has one; anything else as it is, for
+    the check to refuse (``float()`` would turn a string or a bool into a number, and raise
+    on an integer beyond float's range)."""
+    return float(value) if is_finite_number(value) else value
 
 
 def _integer(value: Any) -> bool:

@@ -42,7 +42,8 @@ import attrs
 import numpy as np
 
 from quant_core.atomic_io import atomic_write
-from quant_core.errors import ConfigError
+from quant_core.errors import ConfigError, one_line
+from quant_core.observer_config import is_finite_number
 
 if typing.TYPE_CHECKING:
     from quant_core.config import QuantConfig
@@ -187,8 +188,8 @@ def _from_data(cls: Any, data: Any, path: str, nullable: bool = False) -> Any:
     if cls is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             _wrong_type(path, "a number", data, nullable)
-        if not math.isfinite(data):
-            raise ConfigError(f"{path}: {data!r} is not allowed; allowed: finite numbers")
+        if not is_finite_number(data):  # an infinity, or an integer beyond float's range
+            raise ConfigError(f"{path}: {data!r} is not allowed; allowed: finite numbers within float's range")
         return float(data)
     if cls is str:
         if not isinstance(data, str):
@@ -398,8 +399,12 @@ def config_from_json(text: str) -> QuantConfig:
 
     try:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"$: invalid JSON: {exc}") from None
+    except ConfigError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        # Besides a syntax error (JSONDecodeError): an integer of more digits than Python
+        # converts (ValueError) and nesting deeper than the parser recurses.
+        raise ConfigError(f"$: invalid JSON: {one_line(exc)}") from None
     if not isinstance(data, dict):
         _wrong_type("$", "an object", data)
     supported = ", ".join(map(str, SUPPORTED_SCHEMA_VERSIONS))
@@ -471,6 +476,10 @@ def load_config(path: str | os.PathLike[str]) -> QuantConfig:
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{os.fspath(path)}: not UTF-8 text (byte {exc.start}); allowed: a JSON config file"
+        ) from None
+    except OSError as exc:  # a folder, a file without read permission
+        raise ConfigError(
+            f"config: file '{os.fspath(path)}' cannot be read ({exc.strerror or exc}); allowed: a JSON config file"
         ) from None
     try:
         return config_from_json(text)

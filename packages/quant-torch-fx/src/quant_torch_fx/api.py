@@ -269,13 +269,21 @@ class ModelQuantizer:
         self, model: nn.Module, example_inputs: Any, calib_loader: Iterable[Any], *, num_batches: int | None = None
     ) -> nn.Module:
         """Post-training quantization: capture, plan, calibrate on ``calib_loader`` (tensors
-        or ``(tensor, label)`` batches; a list works). Returns the fake-quantized model in
-        eval mode; ``model`` is not modified."""
+        or ``(tensor, label)`` batches; a list works; its first ``config.calibration.num_samples``
+        samples when the config sets them, as in the ONNX backend). Returns the fake-quantized
+        model in eval mode; ``model`` is not modified."""
         check_model(model)
         check_num_batches(num_batches)
         if not self.config.algorithms:
             prepared = self.prepare(model, example_inputs, mode="ptq")
-            calibrate(prepared, calib_loader, self.signature(example_inputs), num_batches=num_batches, quiet=self.quiet)
+            calibrate(
+                prepared,
+                calib_loader,
+                self.signature(example_inputs),
+                num_batches=num_batches,
+                num_samples=self.config.calibration.num_samples,
+                quiet=self.quiet,
+            )
             return prepared.eval()
         # The algorithms read the calibration set several times: it is held (on the model's
         # device), and under torch.distributed they read every rank's (the same model on all).
@@ -291,7 +299,8 @@ class ModelQuantizer:
         """The loader's first ``num_batches`` checked batches, on the model's device, as a list
         (for passes that read the calibration set more than once)."""
         signature = self.signature(example_inputs)
-        held = list(itertools.islice(batches(loader, signature, model_device(model)), num_batches))
+        num_samples = self.config.calibration.num_samples
+        held = list(itertools.islice(batches(loader, signature, model_device(model), num_samples), num_batches))
         if not held:
             raise DataError("calibration: the data loader yielded no batches")
         return held
@@ -302,7 +311,14 @@ class ModelQuantizer:
         """(Re)calibrate a prepared model in place: activation observers over the data, then
         qparams (learnable QAT parameters start from them)."""
         observing = start_observing(prepared)
-        run_batches(prepared, calib_loader, self.signature(example_inputs), num_batches=num_batches, quiet=self.quiet)
+        run_batches(
+            prepared,
+            calib_loader,
+            self.signature(example_inputs),
+            num_batches=num_batches,
+            num_samples=self.config.calibration.num_samples,
+            quiet=self.quiet,
+        )
         finish_calibration(prepared, observing)
         return prepared
 

@@ -115,10 +115,12 @@ def run_batches(
     signature: InputSignature,
     *,
     num_batches: int | None = None,
+    num_samples: int | None = None,
     desc: str = "calibrating",
     quiet: bool = False,
 ) -> int:
-    """Run ``model`` (eval mode, no grad) over the loader's checked batches; returns how many ran."""
+    """Run ``model`` (eval mode, no grad) over the loader's checked batches (its first
+    ``num_samples`` samples, when given); returns how many ran."""
     check_num_batches(num_batches)
     warn_if_openmp_spins()
     total = loader_length(loader)
@@ -127,7 +129,7 @@ def run_batches(
     device = model_device(model)
     seen = 0
     with evaluating(model):
-        checked = first_taken(batches(loader, signature, device))  # a bad first batch fails before the bar
+        checked = first_taken(batches(loader, signature, device, num_samples))  # a bad first batch fails first
         for inputs in tqdm(checked, total=total, desc=desc, unit="batch", disable=quiet):
             model(*inputs)
             seen += 1
@@ -188,9 +190,11 @@ def calibrate(
     signature: InputSignature,
     *,
     num_batches: int | None = None,
+    num_samples: int | None = None,
     quiet: bool = False,
 ) -> None:
-    """Calibrate every prepared graph in ``model`` (in place; see the module docstring)."""
+    """Calibrate every prepared graph in ``model`` (in place; see the module docstring) on
+    the loader's first ``num_samples`` samples (``None``: all)."""
     observing = start_observing(model)
-    run_batches(model, loader, signature, num_batches=num_batches, quiet=quiet)
+    run_batches(model, loader, signature, num_batches=num_batches, num_samples=num_samples, quiet=quiet)
     finish_calibration(model, observing)

@@ -111,10 +111,28 @@ class InputSignature:
         return values
 
 
-def batches(loader: Iterable[Any], signature: InputSignature, device: torch.device | None) -> Iterator[tuple[Any, ...]]:
-    """The loader's batches as checked input tuples on ``device``."""
+def batches(
+    loader: Iterable[Any], signature: InputSignature, device: torch.device | None, num_samples: int | None = None
+) -> Iterator[tuple[Any, ...]]:
+    """The loader's batches as checked input tuples on ``device``; with ``num_samples``, its
+    first that many samples (a config's ``calibration.num_samples``, which the ONNX backend
+    reads the same way): the last batch is cut, unless the batch size is fixed
+    (``dynamic_batch=False``), where it is taken whole.
+
+    Example:
+        >>> sig = InputSignature.of((torch.zeros(1, 3),))
+        >>> [b[0].shape[0] for b in batches([torch.zeros(4, 3)] * 3, sig, None, num_samples=6)]
+        [4, 2]
+    """
+    seen = 0
     for index, item in enumerate(loader):
+        if num_samples is not None and seen >= num_samples:
+            return
         values = signature.inputs(item, index)
+        if num_samples is not None:
+            if signature.dynamic_batch:
+                values = tuple(v[: num_samples - seen] if isinstance(v, torch.Tensor) else v for v in values)
+            seen += len(values[0]) if isinstance(values[0], torch.Tensor) and values[0].dim() else 1
         if device is not None:
             values = tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in values)
         yield values

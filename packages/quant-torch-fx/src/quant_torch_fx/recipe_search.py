@@ -157,15 +157,9 @@ def calibration_batches(
         ]
         num_samples = None
     held: list[tuple[Any, ...]] = []
-    seen = 0
-    for values in batches(data, signature, device):
-        if num_samples is not None and seen >= num_samples:
-            break
-        if num_samples is not None:
-            values = tuple(v[: num_samples - seen] if isinstance(v, torch.Tensor) else v for v in values)
+    for values in batches(data, signature, device, num_samples):
         check_finite(values, f"calibration_data: batch {len(held)}")
         held.append(values)
-        seen += len(values[0]) if isinstance(values[0], torch.Tensor) else 1
     if not held:
         raise DataError("calibration_data: no batches")
     return held
