@@ -353,3 +353,40 @@ def test_export_with_example_inputs_that_do_not_fit_is_one_line(tmp_path) -> Non
     message = str(caught.value)
     assert "example_inputs ([1, 5, 8, 8])" in message and "\n" not in message
     assert not (tmp_path / "m.onnx").exists()
+
+
+class _FrozenBody(nn.Module):
+    """conv + batch norm, a batch norm on its own, a Linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.alone = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.alone(F.relu(self.bn(self.conv(x))))
+        return self.head(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "xint8"])
+def test_parameters_the_user_froze_stay_frozen_through_qat(preset: str) -> None:
+    torch.manual_seed(0)
+    net = _FrozenBody().eval()
+    for name, parameter in net.named_parameters():
+        parameter.requires_grad_(name.startswith("head"))
+    data = [(x, torch.randint(0, 3, (8,))) for x in images(3)]
+    q = ModelQuantizer(preset, quiet=True)
+    qat = q.prepare_qat(net, torch.randn(1, 3, 8, 8), calib_loader=[x for x, _ in data])
+    weights = {name: p for name, p in qat.named_parameters() if "learned" not in name}
+    assert any(isinstance(m, ConvBn) for m in qat.modules())
+    # Before: the conv bias and every batch norm's gamma and beta were trainable copies.
+    assert sorted(name for name, p in weights.items() if p.requires_grad) == ["head.bias", "head.weight"]
+    before = {name: p.detach().clone() for name, p in weights.items()}
+    train_qat(qat, data, epochs=2, lr=1e-2, freeze_batch_norm=True, quiet=True)
+    changed = sorted(name for name, p in weights.items() if not torch.equal(p, before[name]))
+    assert changed == ["head.bias", "head.weight"]
+    # A trainable model keeps every copy trainable.
+    trainable = q.prepare_qat(_FrozenBody().eval(), torch.randn(1, 3, 8, 8))
+    assert all(p.requires_grad for p in trainable.parameters())

@@ -213,7 +213,10 @@ def _batch_norm_module(gm: GraphModule, node: Node) -> GraphBatchNorm | None:
             module.num_batches_tracked.fill_(tracked)
         for name, source in (("weight", weight), ("bias", bias)):
             if isinstance(source, Node) and source.op == "get_attr":
-                getattr(module, name).copy_(get_attr_value(gm, source))
+                value = get_attr_value(gm, source)
+                getattr(module, name).copy_(value)
+                # A parameter the user froze stays frozen: QAT must not train it.
+                getattr(module, name).requires_grad_(value.requires_grad)
             elif source is not None:
                 return None
     return module
@@ -317,6 +320,8 @@ def modularize(gm: GraphModule, *, fold_batch_norms: bool) -> None:
                 assert isinstance(target, torch._ops.OpOverload)
                 conv_bn = ConvBn(target, weight, bias, tuple(conv.args[3:]), bn)
                 conv_bn.weight.requires_grad_(weight.requires_grad)
+                if conv_bn.bias is not None and bias is not None:
+                    conv_bn.bias.requires_grad_(bias.requires_grad)
                 name = plan_name(conv)  # QAT plans name the layer as PTQ plans do
                 path = _free_path(gm, _owner_path(weight_node))
                 call = _replace_with_module(gm, [conv, node], path, conv_bn, (conv.args[0],))
