@@ -371,16 +371,18 @@ class _FrozenBody(nn.Module):
 
 
 @pytest.mark.parametrize("preset", ["a8w8", "xint8"])
-def test_parameters_the_user_froze_stay_frozen_through_qat(preset: str) -> None:
+@pytest.mark.parametrize("fold", [False, True])
+def test_parameters_the_user_froze_stay_frozen_through_qat(preset: str, fold: bool) -> None:
     torch.manual_seed(0)
     net = _FrozenBody().eval()
     for name, parameter in net.named_parameters():
         parameter.requires_grad_(name.startswith("head"))
     data = [(x, torch.randint(0, 3, (8,))) for x in images(3)]
     q = ModelQuantizer(preset, quiet=True)
-    qat = q.prepare_qat(net, torch.randn(1, 3, 8, 8), calib_loader=[x for x, _ in data])
+    example = torch.randn(1, 3, 8, 8)
+    qat = q.prepare_qat(net, example, calib_loader=[x for x, _ in data], fold_batch_norm=fold)
     weights = {name: p for name, p in qat.named_parameters() if "learned" not in name}
-    assert any(isinstance(m, ConvBn) for m in qat.modules())
+    assert any(isinstance(m, ConvBn) for m in qat.modules()) != fold
     # Before: the conv bias and every batch norm's gamma and beta were trainable copies.
     assert sorted(name for name, p in weights.items() if p.requires_grad) == ["head.bias", "head.weight"]
     before = {name: p.detach().clone() for name, p in weights.items()}
@@ -388,5 +390,16 @@ def test_parameters_the_user_froze_stay_frozen_through_qat(preset: str) -> None:
     changed = sorted(name for name, p in weights.items() if not torch.equal(p, before[name]))
     assert changed == ["head.bias", "head.weight"]
     # A trainable model keeps every copy trainable.
-    trainable = q.prepare_qat(_FrozenBody().eval(), torch.randn(1, 3, 8, 8))
+    trainable = q.prepare_qat(_FrozenBody().eval(), example, fold_batch_norm=fold)
     assert all(p.requires_grad for p in trainable.parameters())
+    # Weights frozen, biases and batch norms trained (BitFit): the folded bias trains too.
+    bitfit = _FrozenBody().eval()
+    for name, parameter in bitfit.named_parameters():
+        parameter.requires_grad_(not name.endswith("weight"))
+    biases = q.prepare_qat(bitfit, example, fold_batch_norm=fold)
+    flags = {
+        name.rpartition(".")[2]: p.requires_grad
+        for name, p in biases.named_parameters()
+        if "conv" in name and "learned" not in name
+    }
+    assert flags == ({"weight_folded": False, "weight_folded_bias": True} if fold else {"weight": False, "bias": True})

@@ -276,8 +276,11 @@ def _fold_into_conv(gm: GraphModule, conv: Node, bn_node: Node, bn: GraphBatchNo
     taken = set(dir(parent))
     base = unique_name(f"{leaf}_folded", taken | {name.removesuffix("_bias") for name in taken})
     names = (base, f"{base}_bias")
-    for name, value in zip(names, (new_weight, new_bias), strict=True):
-        setattr(parent, name, nn.Parameter(value, requires_grad=weight.requires_grad))
+    # Each folded value trains where one of its sources does (QAT with folded batch norms):
+    # the weight with the convolution's weight, the bias with the conv bias or beta.
+    bias_trains = any(p is not None and p.requires_grad for p in (bias, bn.bias))
+    for name, value, trains in zip(names, (new_weight, new_bias), (weight.requires_grad, bias_trains), strict=True):
+        setattr(parent, name, nn.Parameter(value, requires_grad=trains))
     prefix = f"{owner}." if owner else ""
     with gm.graph.inserting_before(conv):
         w_attr = gm.graph.get_attr(prefix + names[0])
