@@ -11,7 +11,7 @@ from models import conv_bn_net, images
 from torch import nn
 
 from quant_core.config import OperatorConfig, QuantConfig
-from quant_core.errors import ConfigError, ModelError
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.spec import QuantSpec
 from quant_torch_fx import ModelQuantizer, train_qat
 from quant_torch_fx.capture import copy_captured
@@ -403,3 +403,24 @@ def test_parameters_the_user_froze_stay_frozen_through_qat(preset: str, fold: bo
         if "conv" in name and "learned" not in name
     }
     assert flags == ({"weight_folded": False, "weight_folded_bias": True} if fold else {"weight": False, "bias": True})
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "xint8"])
+def test_a_failed_calibration_leaves_no_quantizer_observing(preset: str) -> None:
+    net = conv_bn_net()
+    data = [(x, torch.randint(0, 5, (8,))) for x in images(2)]
+    bad = images(1)[0].clone()
+    bad[0, 0, 0, 0] = float("nan")
+    q = ModelQuantizer(preset, quiet=True)
+    qat = q.prepare_qat(net, torch.randn(1, 3, 8, 8))
+    with pytest.raises(DataError, match="calibration"):
+        qat(bad)  # the first batch the model sees calibrates it, and this one holds NaN
+    # Before: the quantizers stayed observing with fake quantization off, the first-batch
+    # calibration took that for a calibration under way, and QAT trained the float model.
+    train_qat(qat, data, lr=1e-3, quiet=True)
+    quantizers = [fq for _key, fq in activation_quantizers(qat)]
+    assert all(fq.quantizing and not fq.observing and fq.initialized for fq in quantizers)
+    q.freeze(qat)
+    with pytest.raises(DataError, match="calibration"):
+        q.calibrate(qat, [bad], torch.randn(1, 3, 8, 8))
+    assert all(fq.quantizing and not fq.observing for fq in quantizers)
