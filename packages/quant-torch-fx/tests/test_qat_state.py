@@ -11,7 +11,7 @@ from models import conv_bn_net, images
 from torch import nn
 
 from quant_core.config import OperatorConfig, QuantConfig
-from quant_core.errors import ConfigError, ModelError
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.spec import QuantSpec
 from quant_torch_fx import ModelQuantizer, train_qat
 from quant_torch_fx.capture import copy_captured
@@ -353,3 +353,74 @@ def test_export_with_example_inputs_that_do_not_fit_is_one_line(tmp_path) -> Non
     message = str(caught.value)
     assert "example_inputs ([1, 5, 8, 8])" in message and "\n" not in message
     assert not (tmp_path / "m.onnx").exists()
+
+
+class _FrozenBody(nn.Module):
+    """conv + batch norm, a batch norm on its own, a Linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.alone = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.alone(F.relu(self.bn(self.conv(x))))
+        return self.head(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "xint8"])
+@pytest.mark.parametrize("fold", [False, True])
+def test_parameters_the_user_froze_stay_frozen_through_qat(preset: str, fold: bool) -> None:
+    torch.manual_seed(0)
+    net = _FrozenBody().eval()
+    for name, parameter in net.named_parameters():
+        parameter.requires_grad_(name.startswith("head"))
+    data = [(x, torch.randint(0, 3, (8,))) for x in images(3)]
+    q = ModelQuantizer(preset, quiet=True)
+    example = torch.randn(1, 3, 8, 8)
+    qat = q.prepare_qat(net, example, calib_loader=[x for x, _ in data], fold_batch_norm=fold)
+    weights = {name: p for name, p in qat.named_parameters() if "learned" not in name}
+    assert any(isinstance(m, ConvBn) for m in qat.modules()) != fold
+    # Before: the conv bias and every batch norm's gamma and beta were trainable copies.
+    assert sorted(name for name, p in weights.items() if p.requires_grad) == ["head.bias", "head.weight"]
+    before = {name: p.detach().clone() for name, p in weights.items()}
+    train_qat(qat, data, epochs=2, lr=1e-2, freeze_batch_norm=True, quiet=True)
+    changed = sorted(name for name, p in weights.items() if not torch.equal(p, before[name]))
+    assert changed == ["head.bias", "head.weight"]
+    # A trainable model keeps every copy trainable.
+    trainable = q.prepare_qat(_FrozenBody().eval(), example, fold_batch_norm=fold)
+    assert all(p.requires_grad for p in trainable.parameters())
+    # Weights frozen, biases and batch norms trained (BitFit): the folded bias trains too.
+    bitfit = _FrozenBody().eval()
+    for name, parameter in bitfit.named_parameters():
+        parameter.requires_grad_(not name.endswith("weight"))
+    biases = q.prepare_qat(bitfit, example, fold_batch_norm=fold)
+    flags = {
+        name.rpartition(".")[2]: p.requires_grad
+        for name, p in biases.named_parameters()
+        if "conv" in name and "learned" not in name
+    }
+    assert flags == ({"weight_folded": False, "weight_folded_bias": True} if fold else {"weight": False, "bias": True})
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "xint8"])
+def test_a_failed_calibration_leaves_no_quantizer_observing(preset: str) -> None:
+    net = conv_bn_net()
+    data = [(x, torch.randint(0, 5, (8,))) for x in images(2)]
+    bad = images(1)[0].clone()
+    bad[0, 0, 0, 0] = float("nan")
+    q = ModelQuantizer(preset, quiet=True)
+    qat = q.prepare_qat(net, torch.randn(1, 3, 8, 8))
+    with pytest.raises(DataError, match="calibration"):
+        qat(bad)  # the first batch the model sees calibrates it, and this one holds NaN
+    # Before: the quantizers stayed observing with fake quantization off, the first-batch
+    # calibration took that for a calibration under way, and QAT trained the float model.
+    train_qat(qat, data, lr=1e-3, quiet=True)
+    quantizers = [fq for _key, fq in activation_quantizers(qat)]
+    assert all(fq.quantizing and not fq.observing and fq.initialized for fq in quantizers)
+    q.freeze(qat)
+    with pytest.raises(DataError, match="calibration"):
+        q.calibrate(qat, [bad], torch.randn(1, 3, 8, 8))
+    assert all(fq.quantizing and not fq.observing for fq in quantizers)

@@ -61,11 +61,11 @@ from quant_torch_fx.algorithms.passes import (
 )
 from quant_torch_fx.calibrate import (
     calibrate,
+    calibrating,
     check_num_batches,
     finish_calibration,
     model_device,
     run_batches,
-    start_observing,
 )
 from quant_torch_fx.capture import as_args, capture, record_inputs
 from quant_torch_fx.data import InputSignature, batches, keep_signature
@@ -310,16 +310,17 @@ class ModelQuantizer:
     ) -> nn.Module:
         """(Re)calibrate a prepared model in place: activation observers over the data, then
         qparams (learnable QAT parameters start from them)."""
-        observing = start_observing(prepared)
-        run_batches(
-            prepared,
-            calib_loader,
-            self.signature(example_inputs),
-            num_batches=num_batches,
-            num_samples=self.config.calibration.num_samples,
-            quiet=self.quiet,
-        )
-        finish_calibration(prepared, observing)
+        signature = self.signature(example_inputs)
+        with calibrating(prepared) as observing:
+            run_batches(
+                prepared,
+                calib_loader,
+                signature,
+                num_batches=num_batches,
+                num_samples=self.config.calibration.num_samples,
+                quiet=self.quiet,
+            )
+            finish_calibration(prepared, observing)
         return prepared
 
     # -------------------------------------------------------------------------------- QAT

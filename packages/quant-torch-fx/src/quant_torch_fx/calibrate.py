@@ -86,6 +86,29 @@ def start_observing(model: nn.Module) -> list[FakeQuantizer]:
 
 
 @contextmanager
+def calibrating(model: nn.Module) -> Iterator[list[FakeQuantizer]]:
+    """:func:`start_observing` for a pass that ends in :func:`finish_calibration` (inside
+    the block). A pass that fails (a batch with NaN, a forward that raises) puts every
+    quantizer's ``observing`` and ``quantizing`` back as they were: left observing, every
+    later forward would run unquantized and go on observing, and a QAT first-batch
+    calibration, seeing a calibration still running, would never start, so training would
+    run without quantization until ``freeze`` refused the model."""
+    quantizers = [
+        fq
+        for gm in quantized_graphs(model)
+        for fq in (*(q for _key, q in activation_quantizers(gm)), *(q for _node, q in weight_quantizers(gm)))
+    ]
+    switches = [(fq.observing, fq.quantizing) for fq in quantizers]
+    observing = start_observing(model)
+    try:
+        yield observing
+    except BaseException:
+        for fq, (was_observing, was_quantizing) in zip(quantizers, switches, strict=True):
+            fq.observing, fq.quantizing = was_observing, was_quantizing
+        raise
+
+
+@contextmanager
 def evaluating(model: nn.Module) -> Iterator[None]:
     """``model`` in eval mode (batch norm on its running statistics, none updated) without
     gradients; each submodule's mode is restored after (``model.train(True)`` would also
@@ -195,6 +218,6 @@ def calibrate(
 ) -> None:
     """Calibrate every prepared graph in ``model`` (in place; see the module docstring) on
     the loader's first ``num_samples`` samples (``None``: all)."""
-    observing = start_observing(model)
-    run_batches(model, loader, signature, num_batches=num_batches, num_samples=num_samples, quiet=quiet)
-    finish_calibration(model, observing)
+    with calibrating(model) as observing:
+        run_batches(model, loader, signature, num_batches=num_batches, num_samples=num_samples, quiet=quiet)
+        finish_calibration(model, observing)

@@ -213,7 +213,10 @@ def _batch_norm_module(gm: GraphModule, node: Node) -> GraphBatchNorm | None:
             module.num_batches_tracked.fill_(tracked)
         for name, source in (("weight", weight), ("bias", bias)):
             if isinstance(source, Node) and source.op == "get_attr":
-                getattr(module, name).copy_(get_attr_value(gm, source))
+                value = get_attr_value(gm, source)
+                getattr(module, name).copy_(value)
+                # A parameter the user froze stays frozen: QAT must not train it.
+                getattr(module, name).requires_grad_(value.requires_grad)
             elif source is not None:
                 return None
     return module
@@ -273,8 +276,11 @@ def _fold_into_conv(gm: GraphModule, conv: Node, bn_node: Node, bn: GraphBatchNo
     taken = set(dir(parent))
     base = unique_name(f"{leaf}_folded", taken | {name.removesuffix("_bias") for name in taken})
     names = (base, f"{base}_bias")
-    for name, value in zip(names, (new_weight, new_bias), strict=True):
-        setattr(parent, name, nn.Parameter(value, requires_grad=weight.requires_grad))
+    # Each folded value trains where one of its sources does (QAT with folded batch norms):
+    # the weight with the convolution's weight, the bias with the conv bias or beta.
+    bias_trains = any(p is not None and p.requires_grad for p in (bias, bn.bias))
+    for name, value, trains in zip(names, (new_weight, new_bias), (weight.requires_grad, bias_trains), strict=True):
+        setattr(parent, name, nn.Parameter(value, requires_grad=trains))
     prefix = f"{owner}." if owner else ""
     with gm.graph.inserting_before(conv):
         w_attr = gm.graph.get_attr(prefix + names[0])
@@ -317,6 +323,8 @@ def modularize(gm: GraphModule, *, fold_batch_norms: bool) -> None:
                 assert isinstance(target, torch._ops.OpOverload)
                 conv_bn = ConvBn(target, weight, bias, tuple(conv.args[3:]), bn)
                 conv_bn.weight.requires_grad_(weight.requires_grad)
+                if conv_bn.bias is not None and bias is not None:
+                    conv_bn.bias.requires_grad_(bias.requires_grad)
                 name = plan_name(conv)  # QAT plans name the layer as PTQ plans do
                 path = _free_path(gm, _owner_path(weight_node))
                 call = _replace_with_module(gm, [conv, node], path, conv_bn, (conv.args[0],))

@@ -32,7 +32,7 @@ from torch.fx import GraphModule
 from quant_core.errors import ConfigError
 from quant_core.observers import make_observer
 from quant_core.spec import QuantSpec, ScaleType
-from quant_torch_fx.calibrate import evaluating, finish_calibration, start_observing
+from quant_torch_fx.calibrate import calibrating, evaluating, finish_calibration
 from quant_torch_fx.observe import observe
 from quant_torch_fx.prepare import (
     activation_quantizers,
@@ -137,7 +137,11 @@ def calibrate_on_first_batch(gm: GraphModule, args: tuple[Any, ...], kwargs: dic
     info.first_batch_seen = True
     if not any(waits_for_data(fq) for fq in quantizers):
         return
-    observing = start_observing(gm)
-    with evaluating(gm):  # no batch-norm statistics updated by this extra pass
-        gm.forward(*args, **kwargs)  # not gm(...): that would call this hook again
-    finish_calibration(gm, observing)
+    try:
+        with calibrating(gm) as observing:
+            with evaluating(gm):  # no batch-norm statistics updated by this extra pass
+                gm.forward(*args, **kwargs)  # not gm(...): that would call this hook again
+            finish_calibration(gm, observing)
+    except BaseException:
+        info.first_batch_seen = False  # the next batch calibrates
+        raise
