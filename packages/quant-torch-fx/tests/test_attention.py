@@ -267,3 +267,33 @@ def test_qat_without_a_calibration_loader_derives_the_masked_ranges_from_its_fir
         expected, quantized = model(x), frozen(x)
     sqnr = float(10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum()))
     assert sqnr > 17, sqnr
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "a16w8"])
+def test_an_encoder_layer_under_nn_transformers_causal_mask_quantizes_and_exports(preset: str) -> None:
+    # nn.MultiheadAttention unsqueezes the -inf mask of generate_square_subsequent_mask; the
+    # Unsqueeze quantized the constant and calibration refused its -inf.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+
+    class Causal(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+            self.register_buffer("mask", mask)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(x, src_mask=self.mask)
+
+    model = Causal().eval()
+    x = torch.randn(16, 6, 16, generator=torch.Generator().manual_seed(1))
+    q = ModelQuantizer(preset, quiet=True)
+    frozen = q.freeze(q.quantize_model(model, x[:1], [x]))
+    with torch.no_grad():
+        expected, quantized = model(x), frozen(x)
+    sqnr = 10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum())
+    assert sqnr > 30, sqnr
+    proto = onnx_model(frozen, (x[:1],), opset=19)
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
