@@ -351,3 +351,37 @@ def test_baddbmm_is_written_out_as_the_captured_op_computes(beta: float, alpha: 
     assert decompose_attention(gm) == 1
     assert "baddbmm" not in [op_name(n) for n in gm.graph.nodes]
     torch.testing.assert_close(gm(*args), Scores()(*args))
+
+
+class InfMaskedAttention(MaskedAttention):
+    """The same weights under an additive causal mask of ``-inf`` (nn.Transformer's)."""
+
+    def __init__(self) -> None:
+        super().__init__(causal=True)
+        self.register_buffer("additive", nn.Transformer.generate_square_subsequent_mask(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.additive)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+@pytest.mark.parametrize("calibrated", [True, False], ids=["calib_loader", "first_batch"])
+def test_qat_under_an_inf_mask_keeps_finite_gradients_and_derived_qparams(calibrated: bool) -> None:
+    # The mask's and masked scores' quantizers learned a TQT threshold like any other: its
+    # gradient over the -inf fill was NaN, and one optimizer step made the model NaN.
+    model = InfMaskedAttention().eval()
+    x = torch.randn(16, 6, 8, generator=torch.Generator().manual_seed(1))
+    q = ModelQuantizer("xint8", quiet=True)
+    qat = q.prepare_qat(model, x[:1], calib_loader=[x] if calibrated else None)
+    optimizer = torch.optim.SGD(qat.parameters(), lr=1e-2)
+    for _ in range(2):
+        loss = qat(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in qat.parameters() if p.grad is not None)
+        optimizer.step()
+    frozen = q.freeze(qat.eval())
+    with torch.no_grad():
+        assert torch.isfinite(frozen(x)).all()
