@@ -120,6 +120,22 @@ def test_float_scale_presets_keep_scores_and_mask_float(preset: str) -> None:
     assert all(plan.group_of(t) is None for t in ("s", "mask", "m"))
 
 
+@pytest.mark.parametrize("preset", ["a8w8", "a16w8"])
+@pytest.mark.parametrize("fill", [-100.0, -np.inf], ids=["swin", "minus_inf"])
+def test_float_scale_presets_keep_a_constant_mask_read_through_data_movement_float(preset: str, fill: float) -> None:
+    # nn.MultiheadAttention unsqueezes its attn_mask (nn.Transformer's causal mask is -inf):
+    # the Unsqueeze quantized the constant, whose observer then refused the -inf.
+    win = np.triu(np.full((TOKENS, TOKENS), fill, np.float32), 1)
+    graph = attention(
+        [PlanNode("unsq", "Unsqueeze", ("win",), ("mask",)), PlanNode("add", "Add", ("mask", "s"), ("m",))],
+        "m",
+        {"win": win},
+    )
+    plan = plan_quantization(graph, get_preset(preset))
+    assert all(plan.group_of(t) is None for t in ("win", "mask", "m", "s")), plan.groups
+    assert "win" not in observer_feeds(plan)
+
+
 def test_masked_positions_stay_masked_and_visible_scores_keep_their_grid() -> None:
     """Calibrated as the backends do: the visible scores get the step they would get
     without a mask, and every masked position quantizes to a value whose softmax weight

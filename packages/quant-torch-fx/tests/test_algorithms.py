@@ -302,3 +302,34 @@ def test_cle_crosses_a_pad_only_where_channels_keep_their_order(pad, value, chai
     test = torch.cat(images(1, batch=8, seed=5))
     with float_mode(qmodel), torch.no_grad():
         np.testing.assert_allclose(qmodel(test).numpy(), net(test).numpy(), rtol=1e-4, atol=1e-4)
+
+
+class _SelfAttention(torch.nn.Module):
+    """nn.MultiheadAttention over ``[batch, tokens, features]``: its output projection reads
+    ``[tokens * batch, features]``, and sequence-first its input projection reads
+    ``[tokens, batch, features]`` (the batch is not their axis 0)."""
+
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=batch_first)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.attn.batch_first:
+            return self.attn(x, x, x, need_weights=False)[0]
+        x = x.transpose(0, 1)
+        return self.attn(x, x, x, need_weights=False)[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("algorithm", [GPTQConfig(), AdaRoundConfig(num_iterations=20)], ids=["gptq", "adaround"])
+def test_layers_whose_input_is_not_batch_first_are_reconstructed(batch_first: bool, algorithm: object) -> None:
+    # Each layer's samples were counted on its input's axis 0: 12 tokens of 2 batches for a
+    # pool sized for 16 samples, and a DataError from a valid model (a16w8 carries GPTQ).
+    net = _SelfAttention(batch_first).eval()
+    generator = torch.Generator().manual_seed(1)
+    calibration = [torch.randn(8, 6, 16, generator=generator) for _ in range(2)]
+    q = ModelQuantizer(get_preset("a8w8").evolve(algorithms=(algorithm,)), quiet=True)
+    qmodel = q.quantize_model(net, calibration[0][:1], calibration)
+    layers = graph_info(qmodel).algorithms[algorithm.kind]["layers"]  # type: ignore[attr-defined]
+    assert len(layers) == 2 and all(layer["loss"] <= layer["loss_nearest"] for layer in layers)

@@ -267,3 +267,121 @@ def test_qat_without_a_calibration_loader_derives_the_masked_ranges_from_its_fir
         expected, quantized = model(x), frozen(x)
     sqnr = float(10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum()))
     assert sqnr > 17, sqnr
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "a16w8"])
+def test_an_encoder_layer_under_nn_transformers_causal_mask_quantizes_and_exports(preset: str) -> None:
+    # nn.MultiheadAttention unsqueezes the -inf mask of generate_square_subsequent_mask; the
+    # Unsqueeze quantized the constant and calibration refused its -inf.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+
+    class Causal(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+            self.register_buffer("mask", mask)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layer(x, src_mask=self.mask)
+
+    model = Causal().eval()
+    x = torch.randn(16, 6, 16, generator=torch.Generator().manual_seed(1))
+    q = ModelQuantizer(preset, quiet=True)
+    frozen = q.freeze(q.quantize_model(model, x[:1], [x]))
+    with torch.no_grad():
+        expected, quantized = model(x), frozen(x)
+    sqnr = 10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum())
+    assert sqnr > 30, sqnr
+    proto = onnx_model(frozen, (x[:1],), opset=19)
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
+
+
+class AttendWithWeights(nn.Module):
+    """nn.MultiheadAttention returning its weights (``need_weights``, the default) under a
+    mask: it adds the mask to the scores in one ``baddbmm``."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.register_buffer("mask", mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, weights = self.attn(x, x, x, attn_mask=self.mask)
+        return y + weights.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "xint8"])
+@pytest.mark.parametrize(
+    "mask",
+    [nn.Transformer.generate_square_subsequent_mask(6), torch.ones(6, 6, dtype=torch.bool).triu(1)],
+    ids=["float_inf", "bool"],
+)
+def test_attention_returning_its_weights_under_a_mask_quantizes_and_exports(preset: str, mask: torch.Tensor) -> None:
+    # baddbmm had no planner policy and no ONNX rule: Q.K^T ran float, the -inf mask was
+    # observed (calibration refused it) and the export refused the op.
+    model = AttendWithWeights(mask).eval()
+    x = torch.randn(16, 6, 16, generator=torch.Generator().manual_seed(1))
+    q = ModelQuantizer(preset, quiet=True)
+    frozen = q.freeze(q.quantize_model(model, x[:1], [x]))
+    with torch.no_grad():
+        expected, quantized = model(x), frozen(x)
+    sqnr = 10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum())
+    assert sqnr > 25, sqnr
+    proto = onnx_model(frozen, (x[:1],), opset=19)
+    producers = {o: n.op_type for n in proto.graph.node for o in n.output}
+    matmuls = [n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm")]
+    assert len(matmuls) == 4  # the two projections, Q.K^T and attn.V: every input dequantized
+    assert all(producers.get(i) == "DequantizeLinear" for n in matmuls for i in n.input[:2])
+    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
+    np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
+
+
+@pytest.mark.parametrize(("beta", "alpha"), [(1, 1), (0.5, 2.0), (0, 1)])
+def test_baddbmm_is_written_out_as_the_captured_op_computes(beta: float, alpha: float) -> None:
+    class Scores(nn.Module):
+        def forward(self, bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.baddbmm(bias, a, b, beta=beta, alpha=alpha)
+
+    args = (torch.randn(2, 3, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+    gm = torch.export.export(Scores(), args).module()
+    assert decompose_attention(gm) == 1
+    assert "baddbmm" not in [op_name(n) for n in gm.graph.nodes]
+    torch.testing.assert_close(gm(*args), Scores()(*args))
+
+
+class InfMaskedAttention(MaskedAttention):
+    """The same weights under an additive causal mask of ``-inf`` (nn.Transformer's)."""
+
+    def __init__(self) -> None:
+        super().__init__(causal=True)
+        self.register_buffer("additive", nn.Transformer.generate_square_subsequent_mask(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.additive)
+        return self.proj(y.transpose(1, 2).reshape(b, n, c))
+
+
+@pytest.mark.parametrize("calibrated", [True, False], ids=["calib_loader", "first_batch"])
+def test_qat_under_an_inf_mask_keeps_finite_gradients_and_derived_qparams(calibrated: bool) -> None:
+    # The mask's and masked scores' quantizers learned a TQT threshold like any other: its
+    # gradient over the -inf fill was NaN, and one optimizer step made the model NaN.
+    model = InfMaskedAttention().eval()
+    x = torch.randn(16, 6, 8, generator=torch.Generator().manual_seed(1))
+    q = ModelQuantizer("xint8", quiet=True)
+    qat = q.prepare_qat(model, x[:1], calib_loader=[x] if calibrated else None)
+    optimizer = torch.optim.SGD(qat.parameters(), lr=1e-2)
+    for _ in range(2):
+        loss = qat(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in qat.parameters() if p.grad is not None)
+        optimizer.step()
+    frozen = q.freeze(qat.eval())
+    with torch.no_grad():
+        assert torch.isfinite(frozen(x)).all()

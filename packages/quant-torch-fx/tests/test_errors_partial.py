@@ -76,6 +76,59 @@ def test_regions_must_exist_and_not_nest() -> None:
         ModelQuantizer(regions=["backbone", "backbone.conv"], quiet=True).prepare(Gated(), torch.randn(1, 3, 8, 8))
 
 
+class CallsAttention(nn.Module):
+    """A parent calling its attention with keywords, or reading one of its attributes (as
+    ``nn.TransformerEncoderLayer`` reads ``self_attn.batch_first``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.how = how
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "keywords":
+            return self.attn(x, x, x, attn_mask=self.mask)[0]
+        return self.attn(x, x, x)[0] * self.attn.num_heads
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("keywords", r"regions: 'attn' is called with keyword arguments \(attn_mask\); allowed: submodules called"),
+        ("attribute", r"regions: CallsAttention reads 'num_heads' of region 'attn', which a captured region"),
+    ],
+)
+def test_a_region_its_parent_calls_with_keywords_or_reads_from_is_refused_by_name(how: str, message: str) -> None:
+    # The region was captured with its positional arguments only and keeps no attributes:
+    # torch's own ValueError (kwarg mismatch) or an AttributeError came out of calibration.
+    x = torch.randn(4, 4, 8)
+    with pytest.raises(ConfigError, match=message):
+        ModelQuantizer("a8w8", regions=["attn"], quiet=True).quantize_model(CallsAttention(how).eval(), x[:1], [x])
+
+
+class PaddedCausal(nn.Module):
+    """Attention under nn.Transformer's -inf causal mask and a key padding mask: torch sums
+    the two, which is no mask the planner recognises, so the -inf constant is observed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(4))
+        self.register_buffer("padding", torch.tensor([[False, False, False, True]]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        padding = self.padding.expand(x.shape[0], 4)
+        return self.attn(x, x, x, attn_mask=self.causal, key_padding_mask=padding, need_weights=False)[0]
+
+
+def test_an_infinite_constant_is_refused_naming_it() -> None:
+    # The constant's observer refused it with "range: contains infinite values" and no name.
+    x = torch.randn(4, 4, 8)
+    with pytest.raises(DataError, match=r"^calibration: constant 'causal': range: contains infinite values"):
+        ModelQuantizer("a8w8", quiet=True).quantize_model(PaddedCausal().eval(), x[:1], [x])
+
+
 def test_wrong_shape_loader_fails_on_its_first_batch_naming_the_expected_shape(capsys) -> None:
     seen = []
 

@@ -181,7 +181,8 @@ class ModelQuantizer:
             keep_signature(prepared, self.signature(example_inputs))
             return prepared
         root = copy.deepcopy(model).eval()
-        recorded = record_inputs(root, args)
+        keywords: dict[str, tuple[str, ...]] = {}
+        recorded = record_inputs(root, args, keywords)
         names = sorted(self.regions)
         for a, b in itertools.pairwise(names):
             if b.startswith(a + "."):
@@ -193,10 +194,16 @@ class ModelQuantizer:
                 raise ConfigError(f"regions: {name!r} is not a submodule of {type(model).__name__}") from None
             if name not in recorded:
                 raise ConfigError(f"regions: {name!r} is not called when the model runs on the example inputs")
+            if name in keywords:  # the captured region takes its positional arguments only
+                raise ConfigError(
+                    f"regions: {name!r} is called with keyword arguments ({', '.join(keywords[name])}); "
+                    "allowed: submodules called with positional arguments only"
+                )
             gm = capture(sub, recorded[name], dynamic_batch=self.dynamic_batch)
             root.set_submodule(
                 name, self._instrument(gm, mode, excluded, None, fold_batch_norms, check_selectors=False)
             )
+        _check_region_reads(model, root, args, self.regions)
         plans = [graph_info(gm).plan for gm in quantized_graphs(root)]
         check_selectors(
             self.config,
@@ -429,6 +436,24 @@ class ModelQuantizer:
                 "algorithms": dict(info.algorithms),
             }
         return graphs
+
+
+def _check_region_reads(model: nn.Module, root: nn.Module, args: tuple[Any, ...], regions: Sequence[str]) -> None:
+    """The model runs with its regions captured: a parent that reads a region's attributes
+    (``nn.TransformerEncoderLayer`` reads ``self_attn.batch_first``) finds a graph module
+    without them. The quantizers pass values through until calibration."""
+    try:
+        with torch.no_grad():
+            root(*args)
+    except AttributeError as exc:
+        if "GraphModule" not in str(exc):
+            raise
+        attribute = exc.name or str(exc).rsplit(" ", 1)[-1].strip("'")
+        readers = [name for name in regions if hasattr(model.get_submodule(name), attribute)] or list(regions)
+        raise ConfigError(
+            f"regions: {type(model).__name__} reads {attribute!r} of region {readers[0]!r}, which a captured "
+            "region does not keep; allowed: submodules their parent only calls (quantize the parent)"
+        ) from None
 
 
 def _as_list(value: Any, field: str, allowed: str) -> tuple[Any, ...]:

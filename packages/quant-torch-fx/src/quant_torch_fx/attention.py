@@ -23,6 +23,9 @@ Grouped-query attention (``enable_gqa``, fewer key/value heads) repeats each key
 head for its group of query heads (``unsqueeze``, ``expand``, ``flatten``), as torch does.
 Attention dropout is refused: a captured model runs in eval mode, where it is 0.
 
+``baddbmm(mask, q, k^T)`` (``nn.MultiheadAttention`` with ``need_weights`` and a mask) is
+written out too, as ``bmm`` then ``add`` of its input (``<name>_bmm``, ``_add``).
+
 A row whose every position a boolean mask hides: torch returns zeros, the decomposition
 (masked positions at the most negative float32, not ``-inf``, so the row stays finite)
 the mean of ``v``'s rows. Only such rows differ.
@@ -70,9 +73,12 @@ def decompose_attention(gm: GraphModule) -> int:
     default scale or a causal mask over sizes only known at run time."""
     count = 0
     for node in list(gm.graph.nodes):
-        if op_name(node) != "scaled_dot_product_attention":
+        if op_name(node) == "scaled_dot_product_attention":
+            _Writer(gm, node).rewrite()
+        elif op_name(node) == "baddbmm":
+            _Writer(gm, node).rewrite_baddbmm()
+        else:
             continue
-        _Writer(gm, node).rewrite()
         count += 1
     if count:
         gm.graph.lint()
@@ -88,8 +94,8 @@ class _Writer:
         self.gm = gm
         self.node = node
         self.bound = bind(node)
-        query = self.bound["query"].meta.get("val")
-        self.fake_mode = query.fake_mode if isinstance(query, FakeTensor) else None
+        first = node.all_input_nodes[0].meta.get("val") if node.all_input_nodes else None
+        self.fake_mode = first.fake_mode if isinstance(first, FakeTensor) else None
 
     def error(self, what: str) -> ModelError:
         return ModelError(f"node {self.node.name!r} (scaled_dot_product_attention): {what}")
@@ -109,6 +115,23 @@ class _Writer:
         if mask is not None:
             scores = self.call(aten.add.Tensor, scores, self.additive(mask), name="masked")
         out = self.call(aten.matmul.default, self.call(aten.softmax.int, scores, -1, name="softmax"), v, name="av")
+        self.node.replace_all_uses_with(out)
+        self.gm.graph.erase_node(self.node)
+
+    def rewrite_baddbmm(self) -> None:
+        """``baddbmm(input, b1, b2, beta, alpha)`` as ``bmm(b1, b2) * alpha + input * beta``:
+        ``nn.MultiheadAttention`` with ``need_weights`` adds its mask to the scores this way,
+        and a fused op would hide ``Q·K^T`` and the mask from the planner (and has no ONNX
+        rule). ``beta=0`` ignores ``input``, as torch does."""
+        beta, alpha = self.bound.get("beta", 1), self.bound.get("alpha", 1)
+        out = self.call(aten.bmm.default, self.bound["batch1"], self.bound["batch2"], name="bmm")
+        if alpha != 1:
+            out = self.call(aten.mul.Tensor, out, alpha, name="alpha")
+        if beta != 0:
+            added = self.bound["self"]
+            if beta != 1:
+                added = self.call(aten.mul.Tensor, added, beta, name="beta")
+            out = self.call(aten.add.Tensor, out, added, name="add")
         self.node.replace_all_uses_with(out)
         self.gm.graph.erase_node(self.node)
 

@@ -235,18 +235,23 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     return construct, location
 
 
-def record_inputs(model: nn.Module, args: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
-    """Each submodule's positional arguments on its first call while ``model`` runs."""
+def record_inputs(
+    model: nn.Module, args: tuple[Any, ...], keywords: dict[str, tuple[str, ...]] | None = None
+) -> dict[str, tuple[Any, ...]]:
+    """Each submodule's positional arguments on its first call while ``model`` runs (and in
+    ``keywords``, when given, the names of the keyword arguments of the calls that pass any)."""
     recorded: dict[str, tuple[Any, ...]] = {}
     handles = []
     for name, module in model.named_modules():
         if not name:
             continue
 
-        def hook(_module: nn.Module, inputs: tuple[Any, ...], name: str = name) -> None:
+        def hook(_module: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], name: str = name) -> None:
             recorded.setdefault(name, inputs)
+            if keywords is not None and kwargs:
+                keywords.setdefault(name, tuple(kwargs))
 
-        handles.append(module.register_forward_pre_hook(hook))
+        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             model(*args)

@@ -41,7 +41,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from quant_core.config import QuantConfig
-from quant_core.errors import ConfigError, ModelError
+from quant_core.errors import ConfigError, DataError, ModelError
 from quant_core.plan import PlanGraph, PlanNode, QuantPlan, activation_kind, plan_quantization, weight_is_transposed
 from quant_core.qparams import QParams
 from quant_torch_fx.aten_map import op_name
@@ -444,7 +444,10 @@ def observe_constants(gm: GraphModule) -> None:
         for member in group.observed:
             node = by_name.get(member)
             if node is not None and node.op == "get_attr":
-                observe(fq.observer, get_attr_value(gm, node))
+                try:
+                    observe(fq.observer, get_attr_value(gm, node))
+                except DataError as exc:  # an infinite constant (a mask nothing recognised)
+                    raise DataError(f"calibration: constant {member!r}: {exc}") from None
 
 
 def activation_qparams_lookup(gm: GraphModule) -> Any:

@@ -14,7 +14,8 @@ known); learnable activation qparams start from a calibration pass, or, without 
 a calibration on the first batch the model sees (all ranks' first batches together under
 ``torch.distributed``): the same observers, saturation bounds, derived ranges (masked
 attention scores) and constants as any calibration, in one extra forward pass without
-gradients, in eval mode.
+gradients, in eval mode. Derived ranges (masked scores and their mask) keep those qparams
+through training, straight through, rather than learn them.
 
 Example:
     >>> from quant_core.spec import QuantSpec
@@ -64,11 +65,13 @@ def enable_qat(model: nn.Module, method: str, *, compiled: bool = False) -> None
         raise ConfigError(f"qat_method: {method!r} is not allowed; allowed: {', '.join(QAT_METHODS)}")
     for gm in quantized_graphs(model):
         info = graph_info(gm)
-        for _key, fq in activation_quantizers(gm):
+        for key, fq in activation_quantizers(gm):
             chosen = method_for(fq.spec, method)
             fq.compiled = compiled
             fq.observing = False
-            if chosen == "ste":
+            # Masked scores and their mask take qparams derived from the scores' range, not
+            # learned: a threshold's gradient over the mask's -inf fill is NaN.
+            if chosen == "ste" or info.plan.derived_of(key) is not None:
                 fq.quantizing = False  # until calibrated
                 continue
             fq.enable_learning(chosen)

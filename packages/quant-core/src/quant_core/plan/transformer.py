@@ -444,8 +444,10 @@ def _mask_path(graph: GraphView, tensor: str) -> list[str]:
 
 def _mask_tensors(graph: GraphView, mask: str) -> set[str]:
     """``mask`` (a :func:`mask_fill` mask) and what it is computed from: the tensors back
-    through data movement to where it is made (a ``Where``'s output) or read (a constant)."""
-    return ({mask} | {t for t in _mask_path(graph, mask) if graph.constant(t) is None}) - {""}
+    through data movement to where it is made (a ``Where``'s output) or read (a constant:
+    ``nn.MultiheadAttention`` unsqueezes a ``-inf`` causal mask, and a data-movement op
+    would quantize its constant input, observing the fill)."""
+    return ({mask} | set(_mask_path(graph, mask))) - {""}
 
 
 def _masked_scores(graph: GraphView, softmax: PlanNode, scores: set[str]) -> MaskedScores | None:

@@ -50,6 +50,26 @@ def _oi(qp: QParams, transposed: bool) -> QParams:
     return qp.evolve(axis=1 - qp.axis) if transposed and qp.axis is not None else qp
 
 
+def samples_first(values: np.ndarray, samples: int) -> np.ndarray:
+    """A layer's input or output of one batch of ``samples`` with the samples on axis 0, as
+    the drivers count them: a sequence-first tensor ``[tokens, batch, features]`` (what
+    ``nn.MultiheadAttention`` projects) has them on axis 1, and its output projection reads
+    ``[tokens * batch, features]``, which is split into ``samples`` groups of rows.
+
+    Example:
+        >>> samples_first(np.zeros((6, 8, 16)), 8).shape, samples_first(np.zeros((48, 16)), 8).shape
+        ((8, 6, 16), (8, 6, 16))
+    """
+    if values.ndim < 2 or values.shape[0] == samples:
+        return values
+    axis = next((i for i in range(1, values.ndim - 1) if values.shape[i] == samples), None)
+    if axis is not None:
+        return np.moveaxis(values, axis, 0)
+    if samples and values.shape[0] % samples == 0:
+        return values.reshape(samples, -1, *values.shape[1:])
+    return values
+
+
 class TorchLayerRunner:
     """A :class:`~quant_algos.drivers.runner.LayerRunner` over a calibrated graph
     module ``gm`` (PTQ, or QAT with batch norm folded; changed in place) on held
@@ -172,10 +192,10 @@ class TorchLayerRunner:
     def _fx(self, layer: QuantLayer) -> Node:
         return self._nodes[self.info.weighted[layer.name]]
 
-    @staticmethod
-    def _run(walk: IncrementalGraphRunner, name: str, *, commit: bool = True) -> Iterator[np.ndarray]:
+    def _run(self, walk: IncrementalGraphRunner, name: str, *, commit: bool = True) -> Iterator[np.ndarray]:
+        counts = [sample_count(b) for b in self.batches]
         for (value,) in walk.compute([name], commit=commit):
-            yield value.detach().float().cpu().numpy()
+            yield samples_first(value.detach().float().cpu().numpy(), counts.pop(0))
 
     def close(self) -> None:
         """Delete the live tensors the walks left on disk."""
