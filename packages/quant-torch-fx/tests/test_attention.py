@@ -286,17 +286,23 @@ def test_an_encoder_layer_under_nn_transformers_causal_mask_quantizes_and_export
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.layer(x, src_mask=self.mask)
 
-    model = Causal().eval()
+    _quantized_exported_and_checked(Causal().eval(), preset, min_sqnr=30)
+
+
+def _quantized_exported_and_checked(model: nn.Module, preset: str, min_sqnr: float) -> onnx.ModelProto:
+    """``model`` quantized with ``preset`` and frozen, its output SQNR above ``min_sqnr`` dB,
+    and its export run by onnx's ReferenceEvaluator equal to the frozen model's output."""
     x = torch.randn(16, 6, 16, generator=torch.Generator().manual_seed(1))
     q = ModelQuantizer(preset, quiet=True)
     frozen = q.freeze(q.quantize_model(model, x[:1], [x]))
     with torch.no_grad():
         expected, quantized = model(x), frozen(x)
     sqnr = 10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum())
-    assert sqnr > 30, sqnr
+    assert sqnr > min_sqnr, sqnr
     proto = onnx_model(frozen, (x[:1],), opset=19)
     (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
     np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
+    return proto
 
 
 class AttendWithWeights(nn.Module):
@@ -323,21 +329,11 @@ class AttendWithWeights(nn.Module):
 def test_attention_returning_its_weights_under_a_mask_quantizes_and_exports(preset: str, mask: torch.Tensor) -> None:
     # baddbmm had no planner policy and no ONNX rule: Q.K^T ran float, the -inf mask was
     # observed (calibration refused it) and the export refused the op.
-    model = AttendWithWeights(mask).eval()
-    x = torch.randn(16, 6, 16, generator=torch.Generator().manual_seed(1))
-    q = ModelQuantizer(preset, quiet=True)
-    frozen = q.freeze(q.quantize_model(model, x[:1], [x]))
-    with torch.no_grad():
-        expected, quantized = model(x), frozen(x)
-    sqnr = 10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum())
-    assert sqnr > 25, sqnr
-    proto = onnx_model(frozen, (x[:1],), opset=19)
+    proto = _quantized_exported_and_checked(AttendWithWeights(mask).eval(), preset, min_sqnr=25)
     producers = {o: n.op_type for n in proto.graph.node for o in n.output}
     matmuls = [n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm")]
     assert len(matmuls) == 4  # the two projections, Q.K^T and attn.V: every input dequantized
     assert all(producers.get(i) == "DequantizeLinear" for n in matmuls for i in n.input[:2])
-    (got,) = ReferenceEvaluator(proto).run(None, {"input": x.numpy()})
-    np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
 
 
 @pytest.mark.parametrize(("beta", "alpha"), [(1, 1), (0.5, 2.0), (0, 1)])
