@@ -23,6 +23,7 @@ from quant_core.conversions import (
     parse_conversions,
     zero_insert,
 )
+from quant_core.errors import ConfigError
 from quant_core.plan.conversions import find_matches, float_view
 from quant_core.plan.graph import PlanGraph, PlanNode
 from quant_core.presets import get_preset
@@ -51,6 +52,8 @@ def test_config_field_is_checked_ordered_and_round_trips() -> None:
         get_preset("xint8").evolve(npu_conversions=("hardswish",))
     with pytest.raises(ValueError, match="listed twice"):
         parse_conversions(["silu", "silu"])
+    with pytest.raises(ConfigError, match=r"^npu_conversions: \['silu'\] is not allowed"):  # was a bare TypeError
+        parse_conversions([["silu"]])
     assert QuantConfig(global_config=get_preset("a8w8").global_config).npu_conversions == ()
 
 

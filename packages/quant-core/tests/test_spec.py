@@ -7,6 +7,7 @@ from hypothesis import given
 from quant_core_strategies import specs
 
 from quant_core.dtypes import DType
+from quant_core.errors import ConfigError
 from quant_core.observer_config import (
     MSE,
     Entropy,
@@ -70,10 +71,13 @@ def test_invalid_combination_names_the_field(kwargs: dict[str, Any], field: str)
         (lambda: PowerOfTwoMSE(search_above=17), "search_above"),
         (lambda: PowerOfTwoMSE(search_below=-1), "search_below"),
         (lambda: observer_config("kl"), "observer.method"),
+        (lambda: observer_config(["percentile"]), "observer.method"),  # was a bare TypeError
+        (lambda: observer_config("percentile", foo=1), "observer.foo"),  # was a bare TypeError
+        (lambda: observer_config("minmax", bins=8), "observer.bins"),
     ],
 )
 def test_invalid_observer_config_names_the_field(factory: Any, field: str) -> None:
-    with pytest.raises(ValueError, match=rf"^{field}: .*allowed"):
+    with pytest.raises(ConfigError, match=rf"^{field}: .*allowed"):
         factory()
 
 

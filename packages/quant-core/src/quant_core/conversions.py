@@ -215,7 +215,7 @@ def parse_conversions(value: Any, field: str = "npu_conversions") -> tuple[str, 
     """
     items = listed(value, field, f"a list of {', '.join(RULES)}")
     for item in items:
-        if item not in RULES:
+        if not isinstance(item, str) or item not in RULES:  # a list inside the list is unhashable
             raise ConfigError(f"{field}: {item!r} is not allowed; allowed: {', '.join(RULES)}")
     duplicated = sorted({i for i in items if items.count(i) > 1})
     if duplicated:

@@ -262,11 +262,13 @@ def observer_config(method: str, **params: Any) -> ObserverConfig:
         >>> observer_config("percentile", percentile=99.9)
         Percentile(percentile=99.9, bins=2048)
     """
-    try:
-        cls = OBSERVER_CONFIGS[method]
-    except KeyError:
-        raise ConfigError(
-            f"observer.method: {method!r} is not a known method; allowed: {', '.join(OBSERVER_CONFIGS)}"
-        ) from None
+    cls = OBSERVER_CONFIGS.get(method) if isinstance(method, str) else None
+    if cls is None:
+        raise ConfigError(f"observer.method: {method!r} is not a known method; allowed: {', '.join(OBSERVER_CONFIGS)}")
+    fields = [f.name for f in attrs.fields(cls)]
+    unknown = sorted(set(params) - set(fields))
+    if unknown:  # cls(**params) would raise a bare TypeError
+        allowed = ", ".join(fields) if fields else "none"
+        raise ConfigError(f"observer.{unknown[0]}: not a parameter of {method!r}; allowed: {allowed}")
     result: ObserverConfig = cls(**params)
     return result
