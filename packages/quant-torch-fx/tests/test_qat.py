@@ -132,7 +132,9 @@ def test_freeze_refuses_an_lsq_scale_that_training_pushed_past_zero(kind: str) -
     fq = next(iter(learners.values()))
     with torch.no_grad():
         fq.learned.fill_(-0.01)
-    with pytest.raises(ValueError, match=rf"learned LSQ scale of {fq.name!r} fell to -0.01.*default_optimizer"):
+    with pytest.raises(
+        ValueError, match=rf"learned LSQ scale of {fq.name!r} fell to -0.01.*lower qparam_lr.*default_optimizer"
+    ):
         q.freeze(qat)
 
 

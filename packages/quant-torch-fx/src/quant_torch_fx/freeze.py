@@ -148,8 +148,9 @@ def _check_learned_scale(fq: FakeQuantizer) -> None:
     if lowest <= 0.0:
         raise ModelError(
             f"freeze: the learned LSQ scale of {fq.name!r} fell to {lowest:.3g}; training moved it past zero. "
-            "Give each scale a learning rate relative to its size: train with train_qat, or build the "
-            "optimizer with quant_torch_fx.training.default_optimizer(model, lr, qparam_lr=None)"
+            "Its learning rate was too large for it: with train_qat, lower qparam_lr (or lr); with your own "
+            "optimizer, give each scale a rate relative to its size, as "
+            "quant_torch_fx.training.default_optimizer(model, lr, qparam_lr=None) does"
         )
 
 
