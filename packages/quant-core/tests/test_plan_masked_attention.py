@@ -55,6 +55,17 @@ GRAPHS = {
         "m",
         {"fill": np.float32(-np.inf)},
     ),
+    # nn.MultiheadAttention with attn_mask and key_padding_mask: the two masks added
+    "sum of a causal constant and a boolean Where": lambda: attention(
+        [
+            PlanNode("w", "Where", ("keep", "zero", "fill"), ("pad",)),
+            PlanNode("unsq", "Unsqueeze", ("causal",), ("moved",)),
+            PlanNode("both", "Add", ("moved", "pad"), ("mask",)),
+            PlanNode("add", "Add", ("s", "mask"), ("m",)),
+        ],
+        "m",
+        {"causal": CAUSAL, "fill": np.float32(-np.inf)},
+    ),
     "masked_fill on the scores": lambda: attention(
         [PlanNode("w", "Where", ("keep", "s", "fill"), ("m",))], "m", {"fill": np.float32(-1e4)}
     ),
@@ -166,3 +177,36 @@ def test_masked_positions_stay_masked_and_visible_scores_keep_their_grid() -> No
     fill_range = make_observer(plan.group_of("m").spec)  # type: ignore[union-attr]
     fill_range.update(scores + CAUSAL)
     assert float(fill_range.qparams().scale) > 1e30
+
+
+SUM = "sum of a causal constant and a boolean Where"
+
+
+def test_a_sum_of_two_masks_is_a_mask_and_a_mask_plus_a_bias_is_not() -> None:
+    graph = GRAPHS[SUM]()
+    assert mask_fill(graph, "mask") == float(CAUSAL.min())  # the larger fill: -inf + the causal one
+    (found,) = find_blocks(graph).masked_scores
+    assert set(found.mask_tensors) == {"mask", "moved", "causal", "pad"}
+    bias = RNG.standard_normal((TOKENS, TOKENS)).astype(np.float32)
+    graph_with_bias = attention(
+        [
+            PlanNode("w", "Where", ("keep", "zero", "fill"), ("pad",)),
+            PlanNode("both", "Add", ("bias", "pad"), ("mask",)),
+            PlanNode("add", "Add", ("s", "mask"), ("m",)),
+        ],
+        "m",
+        {"bias": bias, "fill": np.float32(-np.inf)},
+    )
+    assert mask_fill(graph_with_bias, "mask") is None and find_blocks(graph_with_bias).masked_scores == ()
+
+
+@pytest.mark.parametrize("preset", ["a8w8", "a16w8", "xint8"])
+def test_a_sum_of_masks_is_float_or_derived_never_observed(preset: str) -> None:
+    # before: each summand was its own group, observed with its -inf (calibration refused it)
+    plan = plan_quantization(GRAPHS[SUM](), get_preset(preset))
+    feeds = observer_feeds(plan)
+    assert not {"causal", "moved", "pad", "mask", "m"} & set(feeds)
+    if preset == "xint8":  # quantized where an integer device runs them, on ranges from the scores
+        for tensor in ("moved", "pad", "mask"):
+            group = plan.group_of(tensor)
+            assert group is not None and plan.derived_of(group.key) is not None, tensor

@@ -336,6 +336,41 @@ def test_attention_returning_its_weights_under_a_mask_quantizes_and_exports(pres
     assert all(producers.get(i) == "DequantizeLinear" for n in matmuls for i in n.input[:2])
 
 
+class CausalAndPadded(nn.Module):
+    """nn.MultiheadAttention under a causal mask and a key-padding mask (a second, boolean
+    model input): torch adds the two masks before the scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(6))
+
+    def forward(self, x: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x, attn_mask=self.causal, key_padding_mask=padded, need_weights=False)[0]
+
+
+@pytest.mark.parametrize(("preset", "min_sqnr"), [("a8w8", 30), ("a16w8", 40), ("xint8", 15)])
+def test_attention_under_a_causal_and_a_padding_mask_quantizes_and_exports(preset: str, min_sqnr: float) -> None:
+    # The sum of the two masks was no mask to the planner: each -inf summand was observed,
+    # and calibration refused it under every preset.
+    model = CausalAndPadded().eval()
+    x = torch.randn(16, 6, 16, generator=torch.Generator().manual_seed(1))
+    padded = torch.zeros(16, 6, dtype=torch.bool)
+    padded[:, 5] = True
+    padded[::2, 4] = True
+    q = ModelQuantizer(preset, quiet=True)
+    frozen = q.freeze(q.quantize_model(model, (x[:1], padded[:1]), [(x, padded)]))
+    with torch.no_grad():
+        expected, quantized = model(x, padded), frozen(x, padded)
+    sqnr = 10 * torch.log10(expected.pow(2).sum() / (expected - quantized).pow(2).sum())
+    assert sqnr > min_sqnr, sqnr
+    proto = onnx_model(frozen, (x[:1], padded[:1]), opset=19)
+    feeds = dict(zip([i.name for i in proto.graph.input], (x.numpy(), padded.numpy()), strict=True))
+    (got,) = ReferenceEvaluator(proto).run(None, feeds)
+    np.testing.assert_allclose(got, quantized.numpy(), rtol=0, atol=1e-4 * float(quantized.abs().max()))
+
+
 @pytest.mark.parametrize(("beta", "alpha"), [(1, 1), (0.5, 2.0), (0, 1)])
 def test_baddbmm_is_written_out_as_the_captured_op_computes(beta: float, alpha: float) -> None:
     class Scores(nn.Module):

@@ -723,10 +723,12 @@ class _Planner:
                 continue
             margin = _softmax_margin(found, by_tensor, target.spec)
             scores[target.key] = DerivedRange(target.key, (source.key,), margin, masked=False)
-            mask = by_tensor.get(found.mask) if found.mask else None
-            if mask is not None and mask is not target and mask is not source:
-                masks.setdefault(mask.key, []).append(source.key)
-                margins[mask.key] = max(margins.get(mask.key, 0.0), margin)
+            # every tensor holding the fill (a sum of masks adds two, each its own group)
+            for tensor in found.mask_tensors:
+                mask = by_tensor.get(tensor)
+                if mask is not None and mask is not target and mask is not source:
+                    masks.setdefault(mask.key, []).append(source.key)
+                    margins[mask.key] = max(margins.get(mask.key, 0.0), margin)
         fills = [DerivedRange(key, tuple(dict.fromkeys(src)), margins[key], masked=True) for key, src in masks.items()]
         return tuple(scores.values()) + tuple(d for d in fills if d.group not in scores)
 

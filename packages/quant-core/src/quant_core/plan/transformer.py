@@ -90,6 +90,8 @@ class MaskedScores:
         scores: the scores before the mask (the Add's or Where's other data input).
         mask: the additive mask tensor the Add reads (``""`` for a Where on the scores).
         softmax_output: the output of the Softmax the masked scores feed.
+        mask_tensors: ``mask`` and what it is computed from (data movement, the masks a
+            sum of masks adds), each holding the fill.
 
     Example:
         >>> MaskedScores("masked", "scores", "mask", "p").mask
@@ -100,6 +102,7 @@ class MaskedScores:
     scores: str
     mask: str
     softmax_output: str
+    mask_tensors: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -393,17 +396,24 @@ def _attention_weights(graph: GraphView, probs: str) -> tuple[str, ...]:
     return tuple(found) if reads else ()
 
 
+# How many sums of masks deep a mask is followed (nn.MultiheadAttention makes one).
+_MAX_MASK_SUMS = 3
+
+
 def _is_fill(value: float | None) -> bool:
     return value is not None and value <= MASK_FILL_LIMIT
 
 
-def mask_fill(graph: GraphView, tensor: str) -> float | None:
+def mask_fill(graph: GraphView, tensor: str, depth: int = 0) -> float | None:
     """The fill of ``tensor`` when it is an additive attention mask, else ``None``: a
     constant whose values are ``0`` and one fill at most :data:`MASK_FILL_LIMIT` (a causal
     mask, Swin's shift mask), or a ``Where`` choosing between ``0`` and such a fill, each a
     scalar or a ``ConstantOfShape`` (a boolean mask made additive at run time, as
-    ``nn.MultiheadAttention`` does with ``zeros_like``), either possibly through data movement
-    and ``Expand``. Recognised by structure; a bias with other values is no mask.
+    ``nn.MultiheadAttention`` does with ``zeros_like``), or the sum of two masks
+    (``nn.MultiheadAttention`` adds its key-padding mask to its attention mask), each possibly
+    through data movement and ``Expand``. Recognised by structure; a bias with other values
+    is no mask. A sum's fill is the larger of its masks' fills: every value of the sum but 0
+    lies at or below it.
 
     Example:
         >>> import numpy as np
@@ -427,7 +437,21 @@ def mask_fill(graph: GraphView, tensor: str) -> float | None:
         chosen = {a, b} - {0.0}
         fill = chosen.pop() if len(chosen) == 1 and 0.0 in (a, b) else None
         return fill if _is_fill(fill) else None
+    added = _added_masks(graph, source, depth)
+    if added:
+        fills = [f for t in added if (f := mask_fill(graph, t, depth + 1)) is not None]
+        return float(max(fills))
     return None
+
+
+def _added_masks(graph: GraphView, source: str, depth: int) -> tuple[str, ...]:
+    """The two inputs of the ``Add`` writing ``source`` when both are masks (a few sums
+    deep at most), else nothing."""
+    producer = graph.producer(source)
+    if depth >= _MAX_MASK_SUMS or producer is None or producer.op_type != "Add" or len(producer.inputs) != 2:
+        return ()
+    inputs = tuple(producer.inputs)
+    return inputs if all(mask_fill(graph, t, depth + 1) is not None for t in inputs) else ()
 
 
 def _mask_path(graph: GraphView, tensor: str) -> list[str]:
@@ -446,8 +470,12 @@ def _mask_tensors(graph: GraphView, mask: str) -> set[str]:
     """``mask`` (a :func:`mask_fill` mask) and what it is computed from: the tensors back
     through data movement to where it is made (a ``Where``'s output) or read (a constant:
     ``nn.MultiheadAttention`` unsqueezes a ``-inf`` causal mask, and a data-movement op
-    would quantize its constant input, observing the fill)."""
-    return ({mask} | set(_mask_path(graph, mask))) - {""}
+    would quantize its constant input, observing the fill), through both masks of a sum."""
+    path = _mask_path(graph, mask)
+    found = {mask} | set(path)
+    for added in _added_masks(graph, path[-1], 0):
+        found |= _mask_tensors(graph, added)
+    return found - {""}
 
 
 def _masked_scores(graph: GraphView, softmax: PlanNode, scores: set[str]) -> MaskedScores | None:
@@ -463,7 +491,9 @@ def _masked_scores(graph: GraphView, softmax: PlanNode, scores: set[str]) -> Mas
         if producer.op_type == "Add" and len(producer.inputs) == 2:
             for data, mask in (producer.inputs, producer.inputs[::-1]):
                 if data in scores and graph.constant(data) is None and mask_fill(graph, mask) is not None:
-                    return MaskedScores(tensor, data, mask, softmax.outputs[0])
+                    return MaskedScores(
+                        tensor, data, mask, softmax.outputs[0], tuple(sorted(_mask_tensors(graph, mask)))
+                    )
             return None
         if producer.op_type == "Where" and len(producer.inputs) == 3:
             for data, fill in (producer.inputs[1:], producer.inputs[:0:-1]):
@@ -657,7 +687,7 @@ def find_blocks(graph: GraphView) -> TransformerBlocks:
             masked.append(found)
             # float where the scores are (no integer kernel reads it), back to where it is
             # made; a computed -inf fill could not even be observed
-            internal |= _mask_tensors(graph, found.mask)
+            internal |= set(found.mask_tensors)
     if norms or gelus or softmaxes:
         products = _linear_products(graph)
         internal |= products | _linear_biases(graph, products)
