@@ -107,26 +107,26 @@ def test_a_region_its_parent_calls_with_keywords_or_reads_from_is_refused_by_nam
         ModelQuantizer("a8w8", regions=["attn"], quiet=True).quantize_model(CallsAttention(how).eval(), x[:1], [x])
 
 
-class PaddedCausal(nn.Module):
-    """Attention under nn.Transformer's -inf causal mask and a key padding mask: torch sums
-    the two, which is no mask the planner recognises, so the -inf constant is observed."""
+class JoinsAnInfiniteConstant(nn.Module):
+    """A Linear reading the input joined to a constant that holds -inf (no attention mask:
+    nothing but the observer can refuse it)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
-        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(4))
-        self.register_buffer("padding", torch.tensor([[False, False, False, True]]))
+        self.linear = nn.Linear(8, 8)
+        causal = torch.zeros(1, 4, 4)
+        causal[0, 0, 3] = float("-inf")
+        self.register_buffer("causal", causal)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        padding = self.padding.expand(x.shape[0], 4)
-        return self.attn(x, x, x, attn_mask=self.causal, key_padding_mask=padding, need_weights=False)[0]
+        return self.linear(torch.cat([x[..., :4], self.causal.expand(x.shape[0], 4, 4)], -1))
 
 
 def test_an_infinite_constant_is_refused_naming_it() -> None:
     # The constant's observer refused it with "range: contains infinite values" and no name.
     x = torch.randn(4, 4, 8)
     with pytest.raises(DataError, match=r"^calibration: constant 'causal': range: contains infinite values"):
-        ModelQuantizer("a8w8", quiet=True).quantize_model(PaddedCausal().eval(), x[:1], [x])
+        ModelQuantizer("a8w8", quiet=True).quantize_model(JoinsAnInfiniteConstant().eval(), x[:1], [x])
 
 
 def test_wrong_shape_loader_fails_on_its_first_batch_naming_the_expected_shape(capsys) -> None:
