@@ -437,21 +437,18 @@ def mask_fill(graph: GraphView, tensor: str, depth: int = 0) -> float | None:
         chosen = {a, b} - {0.0}
         fill = chosen.pop() if len(chosen) == 1 and 0.0 in (a, b) else None
         return fill if _is_fill(fill) else None
-    added = _added_masks(graph, source, depth)
-    if added:
-        fills = [f for t in added if (f := mask_fill(graph, t, depth + 1)) is not None]
-        return float(max(fills))
-    return None
+    summed = _mask_sum(graph, source, depth)
+    return max(summed.values()) if summed else None
 
 
-def _added_masks(graph: GraphView, source: str, depth: int) -> tuple[str, ...]:
-    """The two inputs of the ``Add`` writing ``source`` when both are masks (a few sums
-    deep at most), else nothing."""
+def _mask_sum(graph: GraphView, source: str, depth: int) -> dict[str, float]:
+    """Each input of the ``Add`` writing ``source`` with its fill, when both are masks (a
+    few sums deep at most), else nothing."""
     producer = graph.producer(source)
     if depth >= _MAX_MASK_SUMS or producer is None or producer.op_type != "Add" or len(producer.inputs) != 2:
-        return ()
-    inputs = tuple(producer.inputs)
-    return inputs if all(mask_fill(graph, t, depth + 1) is not None for t in inputs) else ()
+        return {}
+    fills = {t: mask_fill(graph, t, depth + 1) for t in producer.inputs}
+    return {t: f for t, f in fills.items() if f is not None} if None not in fills.values() else {}
 
 
 def _mask_path(graph: GraphView, tensor: str) -> list[str]:
@@ -466,15 +463,15 @@ def _mask_path(graph: GraphView, tensor: str) -> list[str]:
     return path
 
 
-def _mask_tensors(graph: GraphView, mask: str) -> set[str]:
+def _mask_tensors(graph: GraphView, mask: str, depth: int = 0) -> set[str]:
     """``mask`` (a :func:`mask_fill` mask) and what it is computed from: the tensors back
     through data movement to where it is made (a ``Where``'s output) or read (a constant:
     ``nn.MultiheadAttention`` unsqueezes a ``-inf`` causal mask, and a data-movement op
     would quantize its constant input, observing the fill), through both masks of a sum."""
     path = _mask_path(graph, mask)
     found = {mask} | set(path)
-    for added in _added_masks(graph, path[-1], 0):
-        found |= _mask_tensors(graph, added)
+    for added in _mask_sum(graph, path[-1], depth):
+        found |= _mask_tensors(graph, added, depth + 1)
     return found - {""}
 
 
