@@ -54,15 +54,7 @@ from quant_core import presets
 from quant_core.algorithm_config import ActivationEqualizationConfig, check_in_range
 from quant_core.bias import EncodedBias
 from quant_core.config import QuantConfig
-from quant_core.onnx_qdq.model_io import (
-    check_float32,
-    check_not_quantized,
-    check_output_paths,
-    load_model,
-    opset_version,
-    save_model,
-    source_label,
-)
+from quant_core.onnx_qdq.model_io import check_output_paths, load_float_model, opset_version, save_model
 from quant_core.plan import PlanGraph, QuantPlan
 from quant_core.qdq import encode_activation_dtype, required_opset
 from quant_core.spec import QuantSpec
@@ -230,9 +222,7 @@ class ModelQuantizer:
     def preprocess(self, model: ModelSource) -> tuple[onnx.ModelProto, dict[str, int]]:
         """Phase 1 without the plan: the pre-processed float model (named nodes, the
         config's model hooks run) and what pre-processing changed."""
-        loaded = load_model(model)
-        check_float32(loaded, source_label(model))
-        check_not_quantized(loaded, source_label(model))
+        loaded = load_float_model(model)
         options = self.preprocess_options
         if self.config.npu_conversions and not options.npu_conversions:
             options = attrs.evolve(options, npu_conversions=self.config.npu_conversions)

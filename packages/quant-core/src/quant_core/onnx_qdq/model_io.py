@@ -196,6 +196,16 @@ def check_not_quantized(model: onnx.ModelProto, label: str = "<in-memory model>"
     )
 
 
+def load_float_model(source: PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """:func:`load_model` of a model quantization takes: float32 (:func:`check_float32`) and
+    not quantized already (:func:`check_not_quantized`), refused naming ``source``
+    otherwise. Static and dynamic quantization both start here."""
+    loaded = load_model(source)
+    check_float32(loaded, source_label(source))
+    check_not_quantized(loaded, source_label(source))
+    return loaded
+
+
 def check_model(model: onnx.ModelProto, label: str = "<in-memory model>") -> None:
     """Run onnx.checker on models under 2 GiB; ModelError with the finding on one line.
     Tensors left in their files by :func:`load_model` are checked as typed inputs (their

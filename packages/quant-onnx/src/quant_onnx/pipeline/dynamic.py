@@ -39,14 +39,7 @@ from quant_core.config import QuantConfig
 from quant_core.dtypes import DType
 from quant_core.errors import ConfigError
 from quant_core.onnx_qdq.graph import GraphIndex, is_default_domain, node_attribute, node_inputs, plan_node
-from quant_core.onnx_qdq.model_io import (
-    check_float32,
-    check_not_quantized,
-    check_output_path,
-    load_model,
-    save_model,
-    source_label,
-)
+from quant_core.onnx_qdq.model_io import check_output_path, load_float_model, save_model
 from quant_core.plan import check_selectors, resolve_weight_spec
 from quant_core.qparams import quantize
 from quant_core.spec import QuantSpec
@@ -201,12 +194,9 @@ def quantize_dynamic_model(
     from quant_core.presets import resolve_config
 
     quant_config = resolve_config(config)
-    loaded = load_model(model)
     # Refused as in static mode: a float16 graph's ops would all stay float, and a quantized
     # one would be quantized a second time, both reported as success.
-    check_float32(loaded, source_label(model))
-    check_not_quantized(loaded, source_label(model))
-    float_model = preprocess(loaded, preprocess_options)
+    float_model = preprocess(load_float_model(model), preprocess_options)
     ensure_node_names(float_model)
     check_selectors(quant_config, ((node.name, node.op_type) for node in float_model.graph.node))
     writer = _DynamicWriter(float_model, quant_config)
