@@ -51,7 +51,7 @@ class _Storage:
     transposed: bool
     input_tensor: str  # the float model's input tensor of the layer (the plan's name)
     float_output: str
-    added_bias: str | None = None  # a MatMul's bias: the float constant an Add adds to its output
+    added_bias: str | None = None  # a MatMul's bias: the constant an Add adds to its output
     biased_output: str | None = None  # ... and what that Add adds it to (the output, dequantized)
 
 
@@ -70,11 +70,11 @@ def _per_channel(node: onnx.NodeProto, bias: np.ndarray, channels: int) -> np.nd
     return per_channel
 
 
-def _added_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> tuple[str, str] | None:
+def _added_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> tuple[str, str, np.ndarray] | None:
     """The constant an ``Add`` adds to ``node``'s output, one value per output column
     (shape ``[C]`` or ``[1, ..., C]``): a linear layer's bias that its exporter wrote as
     MatMul then Add, the output quantized or not between them; returned with the tensor the
-    Add adds it to. The constant is a float initializer or, where the config quantizes the
+    Add adds it to and its value (float32, as the Add reads it). The constant is a float initializer or, where the config quantizes the
     Add's inputs (xint8), one behind a per-tensor DequantizeLinear. ``None`` when a tensor
     on the way has other readers, the Add is not that, or the constant is not the Add's own
     (rewriting a shared one would change its other readers)."""
@@ -92,13 +92,13 @@ def _added_bias(node: onnx.NodeProto, index: GraphIndex, channels: int) -> tuple
     other = add.input[1] if add.input[0] == tensor else add.input[0]
     if index.consumers(other) != [add] or index.is_graph_output(other):
         return None
-    value = _added_constant(index, other)
-    if value is None:
+    found = _added_constant(index, other)
+    if found is None:
         return None
-    shape = np.shape(value[0])
+    shape = np.shape(found[0])
     if not shape or shape[-1] != channels or any(d != 1 for d in shape[:-1]):
         return None
-    return other, tensor
+    return other, tensor, np.asarray(found[0], np.float32)
 
 
 def _added_constant(index: GraphIndex, tensor: str) -> tuple[np.ndarray, QParams | None, str] | None:
@@ -275,9 +275,8 @@ class OnnxLayerRunner:
         added_bias = _added_bias(node, qdq, int(float_weight.shape[0])) if node.op_type == "MatMul" else None
         bias: np.ndarray | None
         try:
-            added = None if added_bias is None else _added_constant(qdq, added_bias[0])
-            if added is not None:
-                bias = np.asarray(added[0], np.float32).reshape(-1)
+            if added_bias is not None:
+                bias = added_bias[2].reshape(-1)
             else:
                 bias = self._current_bias(node, qdq, int(float_weight.shape[0]))
         except ModelError as error:  # e.g. a per-row Gemm C: not a per-channel bias to correct
@@ -306,7 +305,7 @@ class OnnxLayerRunner:
             transposed,
             float_node.input[0],
             float_node.output[0],
-            *(added_bias or (None, None)),
+            *(added_bias[:2] if added_bias is not None else (None, None)),
         )
         return layer
 
