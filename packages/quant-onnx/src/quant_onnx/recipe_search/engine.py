@@ -83,6 +83,7 @@ from quant_algos.search.walk import (
     with_report,
 )
 from quant_core.config import CalibrationConfig, QuantConfig
+from quant_core.observers.derived import DEFAULT_STATISTICS_BINS
 from quant_core.onnx_qdq.model_io import check_output_paths, load_model, save_model
 from quant_core.plan import PlanGraph, QuantPlan, observer_feeds, planning_key
 from quant_onnx.algorithms.equalized_calibration import (
@@ -261,7 +262,7 @@ class _Shared:
         taking = MeansTaken(request) if request is not None and entry not in self.input_means else None
         passes: list[str] = []
 
-        def collect(missing: list[str], bins: int) -> dict[str, Any]:
+        def collect(missing: list[str], bins: int = DEFAULT_STATISTICS_BINS) -> dict[str, Any]:
             passes.append("statistics")
             with_means: dict[str, Any] = {} if taking is None else {"input_means": taking, "runs_as": runs_as}
             return collect_statistics(
@@ -284,15 +285,7 @@ class _Shared:
             return calibrated, label
         if taking is not None:
             if not passes:  # every statistic was there already: a pass for the means alone
-                collect_statistics(
-                    prepared.model,
-                    (),
-                    self.feeds,
-                    total_batches=len(self.feeds),
-                    quiet=self.quiet,
-                    input_means=taking,
-                    runs_as=runs_as,
-                )
+                collect([])
             found = taking.result()
             assert found is not None  # a request was made
             self.input_means[entry] = found
