@@ -329,7 +329,7 @@ class _Checker:
                 "(the device divides every window by the kernel's size)",
                 False,
             )
-        if int_attribute(node, "ceil_mode", 0) and self.ceil_adds_windows(step):
+        if int_attribute(node, "ceil_mode", 0) and _ceil_adds_windows(known):
             self.step_add(
                 step,
                 "unsupported_attribute",
@@ -349,16 +349,6 @@ class _Checker:
             return None
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in step.node.attribute}
         return Geometry.from_node_attributes(attributes, kernel), (int(spatial[0]), int(spatial[1]))  # type: ignore[arg-type]
-
-    def ceil_adds_windows(self, step: Step) -> bool:
-        """Whether ``ceil_mode`` gives the pool windows past the end of its input: not where
-        every window fits (even sizes at stride 2, as a ResNet-D shortcut's pool), and
-        assumed where the input's size is unknown."""
-        known = self.pool_geometry(step)
-        if known is None:
-            return True
-        ceil, spatial = known
-        return ceil.padding(*spatial) != attrs.evolve(ceil, ceil_mode=False).padding(*spatial)
 
     def check_resize_scales(self, step: Step) -> None:
         scales = resize_scales(self.qdq, step.node)
@@ -497,6 +487,16 @@ def check(
 
     loaded = load_model(model)
     return check_loaded(loaded, load_profile(target), deployment_selection(loaded, cpu))
+
+
+def _ceil_adds_windows(known: tuple[Geometry, tuple[int, int]] | None) -> bool:
+    """Whether ``ceil_mode`` gives a pool (its :meth:`_Checker.pool_geometry`) windows past
+    the end of its input: not where every window fits (even sizes at stride 2, as a
+    ResNet-D shortcut's pool), and assumed where the input's size is unknown."""
+    if known is None:
+        return True
+    ceil, spatial = known
+    return ceil.padding(*spatial) != attrs.evolve(ceil, ceil_mode=False).padding(*spatial)
 
 
 def check_loaded(model: onnx.ModelProto, profile: NPUProfile, cpu: CpuSelection | None = None) -> CheckResult:
