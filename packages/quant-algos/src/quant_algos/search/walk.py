@@ -164,12 +164,10 @@ def check_arguments(
         raise ConfigError(f"target: {target!r} is not allowed; allowed: a finite number")
     if budget_s is not None and not budget_s > 0:
         raise ConfigError(f"budget_s: {budget_s!r} is out of range; allowed: a number > 0")
-    for name, value, optional in (("eval_batch_size", eval_batch_size, False), ("eval_samples", eval_samples, True)):
-        if optional and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            allowed = "null or an integer >= 1" if optional else "an integer >= 1"
-            raise ConfigError(f"{name}: {value!r} is out of range; allowed: {allowed}")
+    check_in_range("eval_batch_size", eval_batch_size, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+    check_in_range(
+        "eval_samples", eval_samples, lambda v: v is None or (isinstance(v, int) and v >= 1), "null or an integer >= 1"
+    )
     check_in_range("seed", seed, lambda v: isinstance(v, int | np.integer) and v >= 0, "an integer >= 0")
     return Acceptance(float(target), confidence)
 
