@@ -193,9 +193,9 @@ class TorchLayerRunner:
         return self._nodes[self.info.weighted[layer.name]]
 
     def _run(self, walk: IncrementalGraphRunner, name: str, *, commit: bool = True) -> Iterator[np.ndarray]:
-        counts = [sample_count(b) for b in self.batches]
-        for (value,) in walk.compute([name], commit=commit):
-            yield samples_first(value.detach().float().cpu().numpy(), counts.pop(0))
+        counts = (sample_count(b) for b in self.batches)  # the walk computes batch by batch
+        for (value,), count in zip(walk.compute([name], commit=commit), counts, strict=False):
+            yield samples_first(value.detach().float().cpu().numpy(), count)
 
     def close(self) -> None:
         """Delete the live tensors the walks left on disk."""
